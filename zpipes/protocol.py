@@ -1,0 +1,355 @@
+"""The ZPIPES wire protocol: message types, encoding and decoding. No I/O.
+
+Every ZPIPES message is exactly one ZeroMQ frame::
+
+    0xAA 0xA0 | message id (1 byte) | fields...
+
+Fields, in the order of the table below: a *string* is a 1-byte length and that many bytes
+(so at most 255 bytes), a *number-4* is a big-endian unsigned 32-bit integer, a *chunk* is a
+number-4 length and that many bytes.
+
+Decoding never raises: a malformed frame gives a :class:`DecodeError` value that says what is
+wrong, so a service can answer INVALID and carry on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+SIGNATURE = b"\xaa\xa0"
+MAX_STRING = 255
+MAX_NUMBER4 = 0xFFFFFFFF
+
+_U32 = struct.Struct(">I")
+_HEADER_CHUNK = struct.Struct(">2sBI")  # signature, id, chunk length
+
+
+class MessageId(IntEnum):
+    INPUT = 1
+    INPUT_OK = 2
+    INPUT_FAILED = 3
+    OUTPUT = 4
+    OUTPUT_OK = 5
+    OUTPUT_FAILED = 6
+    READ = 7
+    READ_OK = 8
+    READ_END = 9
+    READ_TIMEOUT = 10
+    READ_FAILED = 11
+    WRITE = 12
+    WRITE_OK = 13
+    WRITE_TIMEOUT = 14
+    WRITE_FAILED = 15
+    CLOSE = 16
+    CLOSE_OK = 17
+    CLOSE_FAILED = 18
+    PING = 19
+    PING_OK = 20
+    INVALID = 21
+
+
+# --- messages a client sends (commands) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """Open the pipe for reading."""
+
+    pipename: bytes
+    id = MessageId.INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Open the pipe for writing."""
+
+    pipename: bytes
+    id = MessageId.OUTPUT
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """Read up to ``size`` bytes; ``timeout`` in ms, 0 = wait for ever."""
+
+    size: int
+    timeout: int
+    id = MessageId.READ
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """Write one chunk; ``timeout`` in ms, 0 = wait for ever."""
+
+    chunk: bytes
+    timeout: int
+    id = MessageId.WRITE
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    id = MessageId.CLOSE
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    id = MessageId.PING
+
+
+# --- messages the broker sends (replies) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InputOk:
+    id = MessageId.INPUT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class InputFailed:
+    reason: str
+    id = MessageId.INPUT_FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOk:
+    id = MessageId.OUTPUT_OK
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFailed:
+    reason: str
+    id = MessageId.OUTPUT_FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOk:
+    chunk: bytes
+    id = MessageId.READ_OK
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEnd:
+    id = MessageId.READ_END
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTimeout:
+    id = MessageId.READ_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    reason: str
+    id = MessageId.READ_FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOk:
+    id = MessageId.WRITE_OK
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTimeout:
+    id = MessageId.WRITE_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed:
+    reason: str
+    id = MessageId.WRITE_FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class CloseOk:
+    id = MessageId.CLOSE_OK
+
+
+@dataclass(frozen=True, slots=True)
+class CloseFailed:
+    reason: str
+    id = MessageId.CLOSE_FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class PingOk:
+    id = MessageId.PING_OK
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    id = MessageId.INVALID
+
+
+Command = Input | Output | Read | Write | Close | Ping
+Reply = (
+    InputOk | InputFailed | OutputOk | OutputFailed | ReadOk | ReadEnd | ReadTimeout | ReadFailed
+    | WriteOk | WriteTimeout | WriteFailed | CloseOk | CloseFailed | PingOk | Invalid
+)
+Message = Command | Reply
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeError:
+    """A frame that is not a valid ZPIPES message (of the expected direction)."""
+
+    reason: str
+
+
+# Field layout of every message: "s" string, "4" number-4, "c" chunk.
+# The order of the letters is the order of the fields and of the dataclass attributes.
+LAYOUT: dict[MessageId, tuple[type, str]] = {
+    MessageId.INPUT: (Input, "s"),
+    MessageId.INPUT_OK: (InputOk, ""),
+    MessageId.INPUT_FAILED: (InputFailed, "s"),
+    MessageId.OUTPUT: (Output, "s"),
+    MessageId.OUTPUT_OK: (OutputOk, ""),
+    MessageId.OUTPUT_FAILED: (OutputFailed, "s"),
+    MessageId.READ: (Read, "44"),
+    MessageId.READ_OK: (ReadOk, "c"),
+    MessageId.READ_END: (ReadEnd, ""),
+    MessageId.READ_TIMEOUT: (ReadTimeout, ""),
+    MessageId.READ_FAILED: (ReadFailed, "s"),
+    MessageId.WRITE: (Write, "c4"),
+    MessageId.WRITE_OK: (WriteOk, ""),
+    MessageId.WRITE_TIMEOUT: (WriteTimeout, ""),
+    MessageId.WRITE_FAILED: (WriteFailed, "s"),
+    MessageId.CLOSE: (Close, ""),
+    MessageId.CLOSE_OK: (CloseOk, ""),
+    MessageId.CLOSE_FAILED: (CloseFailed, "s"),
+    MessageId.PING: (Ping, ""),
+    MessageId.PING_OK: (PingOk, ""),
+    MessageId.INVALID: (Invalid, ""),
+}
+
+COMMAND_IDS = frozenset(
+    {MessageId.INPUT, MessageId.OUTPUT, MessageId.READ, MessageId.WRITE, MessageId.CLOSE,
+     MessageId.PING}
+)
+REPLY_IDS = frozenset(MessageId) - COMMAND_IDS
+
+# Which string fields carry text (str) rather than names (bytes).
+_TEXT_FIELDS = frozenset({"reason"})
+
+
+def reason_text(text: str) -> str:
+    """Cut a human reason so that it fits a ZPIPES string (255 bytes of UTF-8)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= MAX_STRING:
+        return text
+    return raw[:MAX_STRING].decode("utf-8", errors="ignore")
+
+
+# --- encoding --------------------------------------------------------------------------------
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message as one frame. Raises ValueError for a value the wire cannot carry
+    (a string over 255 bytes, a number outside 0..2**32-1); it never truncates silently."""
+    cls, layout = LAYOUT[msg.id]
+    parts = [SIGNATURE, bytes((msg.id,))]
+    for letter, name in zip(layout, _field_names(cls), strict=True):
+        value = getattr(msg, name)
+        if letter == "s":
+            raw = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+            if len(raw) > MAX_STRING:
+                raise ValueError(f"{cls.__name__}.{name} is {len(raw)} bytes; at most 255 fit")
+            parts += (bytes((len(raw),)), raw)
+        elif letter == "4":
+            if not 0 <= value <= MAX_NUMBER4:
+                raise ValueError(f"{cls.__name__}.{name}={value} is not a 32-bit unsigned number")
+            parts.append(_U32.pack(value))
+        else:
+            if len(value) > MAX_NUMBER4:
+                raise ValueError(f"{cls.__name__}.{name} is too long for a chunk")
+            parts += (_U32.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes:
+    """READ_OK whose chunk is the concatenation of ``chunks``, built with one copy."""
+    size = sum(len(c) for c in chunks)
+    return b"".join([_HEADER_CHUNK.pack(SIGNATURE, MessageId.READ_OK, size), *chunks])
+
+
+def encode_write_parts(chunk: bytes | memoryview, timeout: int) -> tuple[bytes, bytes]:
+    """Header and trailer of a WRITE around ``chunk``, for callers that assemble the frame
+    in a buffer of their own (no copy of the chunk here)."""
+    if not 0 <= timeout <= MAX_NUMBER4:
+        raise ValueError(f"Write.timeout={timeout} is not a 32-bit unsigned number")
+    return _HEADER_CHUNK.pack(SIGNATURE, MessageId.WRITE, len(chunk)), _U32.pack(timeout)
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+
+def decode(frame: bytes | memoryview) -> Message | DecodeError:
+    """Decode one frame. Chunks are returned as zero-copy slices of ``frame``."""
+    data = memoryview(frame)
+    if len(data) < 3:
+        return DecodeError(f"frame of {len(data)} bytes is shorter than a header")
+    if data[0:2] != SIGNATURE:
+        return DecodeError(f"bad signature {bytes(data[0:2]).hex()}, expected aaa0")
+    try:
+        msg_id = MessageId(data[2])
+    except ValueError:
+        return DecodeError(f"unknown message id {data[2]}")
+    cls, layout = LAYOUT[msg_id]
+    pos = 3
+    values = []
+    for letter, name in zip(layout, _field_names(cls), strict=True):
+        if letter == "s":
+            if pos + 1 > len(data):
+                return DecodeError(f"{msg_id.name}: truncated {name}")
+            size = data[pos]
+            pos += 1
+            if pos + size > len(data):
+                return DecodeError(f"{msg_id.name}: {name} overruns the frame")
+            raw = bytes(data[pos : pos + size])
+            values.append(raw.decode("utf-8", errors="replace") if name in _TEXT_FIELDS else raw)
+            pos += size
+        elif letter == "4":
+            if pos + 4 > len(data):
+                return DecodeError(f"{msg_id.name}: truncated {name}")
+            values.append(_U32.unpack_from(data, pos)[0])
+            pos += 4
+        else:
+            if pos + 4 > len(data):
+                return DecodeError(f"{msg_id.name}: truncated {name} length")
+            size = _U32.unpack_from(data, pos)[0]
+            pos += 4
+            if pos + size > len(data):
+                return DecodeError(f"{msg_id.name}: {name} of {size} bytes overruns the frame")
+            values.append(data[pos : pos + size])
+            pos += size
+    if pos != len(data):
+        return DecodeError(f"{msg_id.name}: {len(data) - pos} trailing bytes")
+    return cls(*values)
+
+
+def decode_command(frames: Sequence[bytes | memoryview]) -> Command | DecodeError:
+    """What a broker accepts from a client: exactly one frame holding a command."""
+    if len(frames) != 1:
+        return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
+    msg = decode(frames[0])
+    if not isinstance(msg, DecodeError) and msg.id not in COMMAND_IDS:
+        return DecodeError(f"{msg.id.name} is a broker reply, not a client command")
+    return msg
+
+
+def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply | DecodeError:
+    """What a client accepts from a broker: exactly one frame holding a reply."""
+    if len(frames) != 1:
+        return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
+    msg = decode(frames[0])
+    if not isinstance(msg, DecodeError) and msg.id not in REPLY_IDS:
+        return DecodeError(f"{msg.id.name} is a client command, not a broker reply")
+    return msg
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))

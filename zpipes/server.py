@@ -1,0 +1,398 @@
+"""The ZPIPES server core: clients, their state machines and the pipe table. No I/O.
+
+The caller (the broker's ZPIPES service) feeds it what arrives and what time it is::
+
+    server.receive(routing_id, frames, now)   # a message from a client
+    server.tick(now)                          # at server.next_deadline(): timeouts, expiry
+    server.unreachable(routing_id, now)       # a reply could not be delivered
+    server.shutdown(now)                      # the broker is stopping
+
+and sends what collects in ``server.outbox``: ``(routing_id, frame)`` pairs, in order.
+
+Each client runs the table of zpipes/machine.py; the actions below are the table's verbs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import protocol as p
+from .machine import IDLE_STATES, Event, State, rule_for
+from .pipes import DEFAULT_CAPACITY, PipeTable, ReadEnd, WriteResult
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    capacity: int = DEFAULT_CAPACITY  # bytes buffered per reader before writers wait
+    client_timeout: float = 60.0  # seconds of silence before a client is expired
+    max_clients: int = 10_000
+    max_pipelined: int = 64  # commands queued behind a pending one
+    max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
+    animate: bool = False  # log every transition
+
+
+_EVENT_OF: dict[type, Event] = {
+    p.Input: Event.INPUT,
+    p.Output: Event.OUTPUT,
+    p.Read: Event.READ,
+    p.Write: Event.WRITE,
+    p.Close: Event.CLOSE,
+    p.Ping: Event.PING,
+    p.DecodeError: Event.MALFORMED,
+}
+
+# Why a pending or queued request fails, by the event that made it fail.
+_REASONS: dict[Event, str] = {
+    Event.CLOSE: "pipe closed by client",
+    Event.EXPIRED: "client expired: silent for too long",
+    Event.SHUTDOWN: "broker stopping",
+    Event.NO_READERS: "no readers",
+}
+_INVALID_REASON = "invalid command"
+
+_FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
+    Event.INPUT: p.InputFailed,
+    Event.OUTPUT: p.OutputFailed,
+    Event.READ: p.ReadFailed,
+    Event.WRITE: p.WriteFailed,
+}
+
+_ENCODED = {cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout,
+                                             p.WriteOk, p.WriteTimeout, p.CloseOk, p.PingOk,
+                                             p.Invalid)}
+
+
+@dataclass(eq=False)
+class Client:
+    routing_id: bytes
+    id: int  # a short number for logs
+    last_seen: float
+    state: State = State.START
+    end: int | None = None  # id of the pipe end this client has open
+    pipe: bytes | None = None
+    queue: deque[tuple[Event, Any]] = field(default_factory=deque)
+    queued_bytes: int = 0
+    request: Any = None  # the active READ or WRITE
+    request_event: Event | None = None
+    request_serial: int = 0
+    deadline: float | None = None  # when the active request times out
+    timer_armed: bool = False
+    # the event being handled and what the actions pass along
+    event: Event | None = None
+    msg: Any = None
+    reason: str = ""
+    next_event: Event | None = None
+    read_data: list[memoryview] | None = None
+    terminated: bool = False
+
+
+class ZpipesServer:
+    def __init__(self, config: ServerConfig | None = None, log: Any = None) -> None:
+        self.config = config or ServerConfig()
+        self.log = log if log is not None else _NullLog()
+        self.pipes = PipeTable(self.config.capacity)
+        self.clients: dict[bytes, Client] = {}
+        self.outbox: list[tuple[bytes, bytes]] = []
+        self._by_end: dict[int, Client] = {}
+        self._client_ids = itertools.count(1)
+        self._end_ids = itertools.count(1)
+        self._timers: list[tuple[float, int, bytes]] = []  # (deadline, request serial, client)
+        self._woken: deque[int] = deque()
+        self._now = 0.0
+        self._next_sweep = 0.0
+        self._actions: dict[str, Callable[[Client], None]] = {
+            "open pipe reader": self._open_pipe_reader,
+            "open pipe writer": self._open_pipe_writer,
+            "send INPUT_OK": self._reply(p.InputOk),
+            "send INPUT_FAILED": self._reply_failed(p.InputFailed),
+            "send OUTPUT_OK": self._reply(p.OutputOk),
+            "send OUTPUT_FAILED": self._reply_failed(p.OutputFailed),
+            "start request": self._start_request,
+            "try read": self._try_read,
+            "try write": self._try_write,
+            "wait for pipe": self._wait_for_pipe,
+            "finish request": self._finish_request,
+            "send READ_OK": self._send_read_ok,
+            "send READ_END": self._reply(p.ReadEnd),
+            "send READ_TIMEOUT": self._reply(p.ReadTimeout),
+            "send READ_FAILED": self._reply_failed(p.ReadFailed),
+            "send WRITE_OK": self._reply(p.WriteOk),
+            "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
+            "send WRITE_FAILED": self._reply_failed(p.WriteFailed),
+            "send CLOSE_OK": self._reply(p.CloseOk),
+            "send PING_OK": self._reply(p.PingOk),
+            "send INVALID": self._reply(p.Invalid),
+            "queue command": self._queue_command,
+            "fail queued commands": self._fail_queued_commands,
+            "close pipe end": self._close_pipe_end,
+            "terminate": self._terminate,
+        }
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def receive(self, routing_id: bytes, frames: Sequence[bytes | memoryview], now: float) -> None:
+        """A message from a client (the frames after the routing id)."""
+        self._now = now
+        msg = p.decode_command(frames)
+        client = self.clients.get(routing_id)
+        if client is None:
+            if len(self.clients) >= self.config.max_clients:
+                self._refuse(routing_id, msg, "too many clients")
+                return
+            client = Client(routing_id, next(self._client_ids), now)
+            self.clients[routing_id] = client
+        client.last_seen = now
+        if isinstance(msg, p.DecodeError):
+            self.log.warning("invalid frame", client=client.id, pipe=_name(client.pipe),
+                             error=msg.reason)
+        self._execute(client, _EVENT_OF[type(msg)], msg)
+        self._wake()
+
+    def tick(self, now: float) -> None:
+        """Fire what is due at ``now``: request timeouts and client expiry."""
+        self._now = now
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, serial, routing_id = heapq.heappop(timers)
+            client = self.clients.get(routing_id)
+            if client is not None and client.request_serial == serial and client.request:
+                client.timer_armed = False
+                self._execute(client, Event.TIMEOUT)
+        if now >= self._next_sweep:
+            self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
+            limit = now - self.config.client_timeout
+            for client in [c for c in self.clients.values() if c.last_seen <= limit]:
+                self.log.info("client expired", client=client.id, pipe=_name(client.pipe),
+                              silent_s=round(now - client.last_seen, 3))
+                self._execute(client, Event.EXPIRED)
+        self._wake()
+
+    def next_deadline(self) -> float:
+        """When ``tick`` should next be called (monotonic seconds)."""
+        if self._timers:
+            return min(self._timers[0][0], self._next_sweep)
+        return self._next_sweep
+
+    def unreachable(self, routing_id: bytes, now: float) -> None:
+        """A reply to this client could not be delivered: it has gone. Clean up as on expiry."""
+        self._now = now
+        client = self.clients.get(routing_id)
+        if client is not None:
+            self.log.info("client unreachable", client=client.id, pipe=_name(client.pipe))
+            self._execute(client, Event.EXPIRED)
+            self._wake()
+
+    def shutdown(self, now: float) -> None:
+        """Answer every pending request (*_FAILED "broker stopping") and detach every end."""
+        self._now = now
+        for client in list(self.clients.values()):
+            self._execute(client, Event.SHUTDOWN)
+        self._wake()
+
+    # --- the engine --------------------------------------------------------------------------
+
+    def _execute(self, client: Client, event: Event, msg: Any = None) -> None:
+        while True:
+            while event is not None:
+                rule = rule_for(client.state, event)
+                if self.config.animate:
+                    self.log.info("animate", client=client.id, pipe=_name(client.pipe),
+                                  state=str(client.state), event=str(event),
+                                  actions=list(rule.actions), next=str(rule.next))
+                client.event, client.msg, client.next_event = event, msg, None
+                client.reason = _REASONS.get(event, _INVALID_REASON)
+                for action in rule.actions:
+                    self._actions[action](client)
+                client.state = rule.next
+                event, msg = client.next_event, None
+            if client.terminated or client.state not in IDLE_STATES or not client.queue:
+                return
+            event, msg = client.queue.popleft()  # pipelining: next queued command
+            if event is Event.WRITE:
+                client.queued_bytes -= len(msg.chunk)
+
+    def _wake(self) -> None:
+        """Retry the pending requests of ends that the pipe table says may now be answered."""
+        woken = self._woken
+        while woken:
+            client = self._by_end.get(woken.popleft())
+            if client is not None and client.state not in IDLE_STATES:
+                self._execute(client, Event.PIPE_CHANGED)
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def _open_pipe_reader(self, client: Client) -> None:
+        self._open(client, "reader", self.pipes.attach_reader)
+
+    def _open_pipe_writer(self, client: Client) -> None:
+        self._open(client, "writer", self.pipes.attach_writer)
+
+    def _open(self, client: Client, role: str, attach: Callable[[bytes, int], set[int]]) -> None:
+        name = bytes(client.msg.pipename)
+        problem = pipe_name_problem(name)
+        if problem:
+            client.reason = problem
+            client.next_event = Event.ERROR
+            self.log.info("pipe open refused", client=client.id, pipe=_name(name), role=role,
+                          reason=problem)
+            return
+        end = next(self._end_ids)
+        self._woken.extend(attach(name, end))
+        client.end, client.pipe = end, name
+        self._by_end[end] = client
+        client.next_event = Event.OK
+        pipe = self.pipes.pipes[name]
+        self.log.info("pipe opened", client=client.id, pipe=_name(name), role=role,
+                      readers=len(pipe.readers), writers=len(pipe.writers))
+
+    def _close_pipe_end(self, client: Client) -> None:
+        end = client.end
+        if end is None:
+            return
+        pipe = self.pipes.pipe_of(end)
+        if pipe is not None and end in pipe.readers:
+            r = pipe.readers[end]
+            role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
+        else:
+            role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
+        self._woken.extend(self.pipes.detach(end))
+        del self._by_end[end]
+        self.log.info("pipe closed", client=client.id, pipe=_name(client.pipe), role=role,
+                      why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
+                      **sizes)
+        client.end = client.pipe = None
+
+    def _start_request(self, client: Client) -> None:
+        msg = client.msg
+        client.request, client.request_event = msg, client.event
+        client.request_serial += 1
+        client.deadline = self._now + msg.timeout / 1000 if msg.timeout else None
+        client.timer_armed = False
+
+    def _try_read(self, client: Client) -> None:
+        size = client.request.size
+        if size == 0:  # like read(2) with a count of 0
+            client.read_data, client.next_event = [], Event.HAVE_DATA
+            return
+        result, woken = self.pipes.read(client.end, size)
+        self._woken.extend(woken)
+        if result is ReadEnd.WAIT:
+            client.next_event = Event.WAIT
+        elif result is ReadEnd.END:
+            client.next_event = Event.END_OF_PIPE
+        else:
+            client.read_data, client.next_event = result, Event.HAVE_DATA
+
+    def _try_write(self, client: Client) -> None:
+        result, woken = self.pipes.write(client.end, client.request.chunk)
+        self._woken.extend(woken)
+        client.next_event = {
+            WriteResult.ACCEPTED: Event.ACCEPTED,
+            WriteResult.WAIT: Event.WAIT,
+            WriteResult.NO_READERS: Event.NO_READERS,
+        }[result]
+
+    def _wait_for_pipe(self, client: Client) -> None:
+        if client.deadline is not None and not client.timer_armed:
+            client.timer_armed = True
+            heapq.heappush(self._timers,
+                           (client.deadline, client.request_serial, client.routing_id))
+
+    def _finish_request(self, client: Client) -> None:
+        client.request = client.request_event = client.deadline = client.read_data = None
+        client.timer_armed = False
+
+    def _send_read_ok(self, client: Client) -> None:
+        self.outbox.append((client.routing_id, p.encode_read_ok(client.read_data)))
+
+    def _reply(self, cls: type) -> Callable[[Client], None]:
+        frame = _ENCODED[cls]
+
+        def send(client: Client) -> None:
+            self.outbox.append((client.routing_id, frame))
+
+        return send
+
+    def _reply_failed(self, cls: Callable[[str], Any]) -> Callable[[Client], None]:
+        def send(client: Client) -> None:
+            self.outbox.append((client.routing_id, p.encode(cls(p.reason_text(client.reason)))))
+
+        return send
+
+    def _queue_command(self, client: Client) -> None:
+        event, msg = client.event, client.msg
+        size = len(msg.chunk) if event is Event.WRITE else 0
+        if (len(client.queue) >= self.config.max_pipelined
+                or client.queued_bytes + size > self.config.max_pipelined_bytes):
+            self.log.warning("pipelining limit", client=client.id, pipe=_name(client.pipe),
+                             queued=len(client.queue), queued_bytes=client.queued_bytes)
+            self._fail_command(client.routing_id, event, "too many pipelined requests")
+            return
+        client.queue.append((event, msg))
+        client.queued_bytes += size
+
+    def _fail_queued_commands(self, client: Client) -> None:
+        while client.queue:
+            event, _ = client.queue.popleft()
+            self._fail_command(client.routing_id, event, client.reason)
+        client.queued_bytes = 0
+
+    def _fail_command(self, routing_id: bytes, event: Event, reason: str) -> None:
+        """The one reply to a command that will not be carried out: its *_FAILED, or INVALID
+        for commands that have none."""
+        reply = _FAILED_REPLY.get(event)
+        frame = _ENCODED[p.Invalid] if reply is None else p.encode(reply(p.reason_text(reason)))
+        self.outbox.append((routing_id, frame))
+
+    def _terminate(self, client: Client) -> None:
+        client.terminated = True
+        self.clients.pop(client.routing_id, None)
+
+    def _refuse(self, routing_id: bytes, msg: Any, reason: str) -> None:
+        """Answer a command from a client we will not take on."""
+        event = _EVENT_OF[type(msg)]
+        if event is Event.PING:
+            self.outbox.append((routing_id, _ENCODED[p.PingOk]))
+        else:
+            self._fail_command(routing_id, event, reason)
+
+    # --- questions ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "clients": len(self.clients),
+            "pipes": {
+                _name(name): {"readers": len(pipe.readers), "writers": len(pipe.writers),
+                              "buffered": sum(r.queued for r in pipe.readers.values())}
+                for name, pipe in self.pipes.pipes.items()
+            },
+        }
+
+
+def pipe_name_problem(name: bytes) -> str | None:
+    """Why ``name`` cannot name a pipe, or None if it can (1..255 bytes of UTF-8)."""
+    if not name:
+        return "pipe name is empty"
+    if len(name) > p.MAX_STRING:
+        return "pipe name is longer than 255 bytes"
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return "pipe name is not valid UTF-8"
+    return None
+
+
+def _name(name: bytes | None) -> str | None:
+    return None if name is None else name.decode("utf-8", errors="backslashreplace")
+
+
+class _NullLog:
+    def _drop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    debug = info = warning = error = _drop
