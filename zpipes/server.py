@@ -53,7 +53,6 @@ _REASONS: dict[Event, str] = {
     Event.SHUTDOWN: "broker stopping",
     Event.NO_READERS: "no readers",
 }
-_INVALID_REASON = "invalid command"
 
 _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
     Event.INPUT: p.InputFailed,
@@ -202,10 +201,11 @@ class ZpipesServer:
                 rule = rule_for(client.state, event)
                 if self.config.animate:
                     self.log.info("animate", client=client.id, pipe=_name(client.pipe),
-                                  state=str(client.state), event=str(event),
+                                  state=str(client.state), on=str(event),
                                   actions=list(rule.actions), next=str(rule.next))
                 client.event, client.msg, client.next_event = event, msg, None
-                client.reason = _REASONS.get(event, _INVALID_REASON)
+                if event in _REASONS:
+                    client.reason = _REASONS[event]
                 for action in rule.actions:
                     self._actions[action](client)
                 client.state = rule.next
@@ -360,6 +360,12 @@ class ZpipesServer:
             self.outbox.append((routing_id, _ENCODED[p.PingOk]))
         else:
             self._fail_command(routing_id, event, reason)
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """New limits and timeouts; they apply from the next event on."""
+        self.config = config
+        self.pipes.capacity = config.capacity
+        self._next_sweep = 0.0
 
     # --- questions ---------------------------------------------------------------------------
 

@@ -1,0 +1,386 @@
+"""The ZPIPES server core without sockets: the state machine table driven by messages and a
+fake clock. Each original defect and selftest expectation is a named test here; the same
+scenarios run against a real broker process in test_broker_e2e.py."""
+
+import pytest
+
+from zpipes import protocol as p
+from zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
+from zpipes.server import ServerConfig, ZpipesServer
+
+R, W, R2, W2 = b"reader", b"writer", b"reader2", b"writer2"
+
+
+class Harness:
+    def __init__(self, **config):
+        self.server = ZpipesServer(ServerConfig(**config))
+        self.now = 100.0
+
+    def send(self, client, msg):
+        frame = msg if isinstance(msg, bytes) else p.encode(msg)
+        self.server.receive(client, [frame], self.now)
+
+    def advance(self, seconds):
+        self.now += seconds
+        self.server.tick(self.now)
+
+    def replies(self, client):
+        """Replies to ``client`` since the last call, decoded; READ_OK chunks as bytes."""
+        mine = [p.decode(f) for c, f in self.server.outbox if c == client]
+        self.server.outbox[:] = [(c, f) for c, f in self.server.outbox if c != client]
+        return [p.ReadOk(bytes(m.chunk)) if isinstance(m, p.ReadOk) else m for m in mine]
+
+
+@pytest.fixture
+def h():
+    return Harness()
+
+
+def open_pair(h, name=b"p"):
+    h.send(R, p.Input(name))
+    h.send(W, p.Output(name))
+    assert h.replies(R) == [p.InputOk()]
+    assert h.replies(W) == [p.OutputOk()]
+
+
+# --- the original's selftest ------------------------------------------------------------------
+
+
+def test_original_selftest_reads_writes_and_end(h):
+    open_pair(h, b"test pipe")
+    h.send(R, p.Read(6, 100))
+    h.advance(0.1)
+    assert h.replies(R) == [p.ReadTimeout()]
+    for chunk in (b"CHUNK1", b"CHUNK2", b"CHUNK3"):
+        h.send(W, p.Write(chunk, 100))
+    assert h.replies(W) == [p.WriteOk()] * 3
+    h.send(R, p.Read(1, 100))
+    h.send(R, p.Read(10, 100))
+    assert h.replies(R) == [p.ReadOk(b"C"), p.ReadOk(b"HUNK1CHUNK")]
+    h.send(W, p.Close())
+    assert h.replies(W) == [p.CloseOk()]
+    h.send(R, p.Read(50, 100))
+    h.send(R, p.Read(50, 100))
+    assert h.replies(R) == [p.ReadOk(b"2CHUNK3"), p.ReadEnd()]
+    h.send(R, p.Write(b"CHUNK1", 100))  # a write on a reader connection
+    assert h.replies(R) == [p.Invalid()]
+
+
+def test_original_selftest_pipelined_reads(h):
+    open_pair(h, b"test pipe 2")
+    for _ in range(3):
+        h.send(R, p.Read(6, 300))
+    h.advance(0.2)
+    h.send(R, p.Ping())  # answered at once, with READs pending
+    assert h.replies(R) == [p.PingOk()]
+    h.advance(0.11)
+    assert h.replies(R) == [p.ReadTimeout()]  # the first READ
+    h.advance(0.2)  # the second READ's timeout runs from when it became active
+    assert h.replies(R) == []
+    h.send(W, p.Write(b"CHUNK1", 300))
+    assert h.replies(R) == [p.ReadOk(b"CHUNK1")]
+    h.send(W, p.Close())
+    assert h.replies(R) == [p.ReadEnd()]
+
+
+def test_original_selftest_write_without_timeout_waits_for_a_reader(h):
+    h.send(W, p.Output(b"p"))
+    h.send(W, p.Write(b"data", 0))
+    for _ in range(20):  # ten minutes, pinging to stay alive
+        h.advance(30)
+        h.send(W, p.Ping())
+    assert h.replies(W) == [p.OutputOk()] + [p.PingOk()] * 20
+    h.send(R, p.Input(b"p"))
+    assert h.replies(W) == [p.WriteOk()]
+
+
+def test_original_selftest_close_during_pending_write(h):
+    h.send(W, p.Output(b"p"))
+    h.send(W, p.Write(b"data", 0))
+    h.send(W, p.Close())
+    assert h.replies(W) == [p.OutputOk(), p.WriteFailed("pipe closed by client"), p.CloseOk()]
+
+
+# --- defects of the original --------------------------------------------------------------------
+
+
+def test_defect1_read_with_too_little_data_answers_at_once(h):
+    open_pair(h)
+    h.send(W, p.Write(b"abc", 0))
+    h.send(R, p.Read(100, 1000))
+    assert h.replies(R) == [p.ReadOk(b"abc")]  # as soon as data is there: no hang, no wait
+
+
+def test_defect1_read_timeout_is_never_late(h):
+    open_pair(h)
+    h.send(R, p.Read(100, 250))
+    h.advance(0.249)
+    assert h.replies(R) == []
+    h.advance(0.001)
+    assert h.replies(R) == [p.ReadTimeout()]
+
+
+def test_defect2_ping_does_not_cancel_a_pending_timeout(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 500))
+    h.send(W, p.Write(b"", 0))  # not data
+    for _ in range(4):
+        h.advance(0.1)
+        h.send(R, p.Ping())
+    h.advance(0.11)
+    assert h.replies(R) == [p.PingOk()] * 4 + [p.ReadTimeout()]
+    h.send(W, p.Output(b"x"))  # INVALID on a writer: its pending nothing, end detached
+    h.send(W2, p.Output(b"q"))
+    h.send(W2, p.Write(b"x", 300))
+    h.send(W2, p.Ping())
+    h.advance(0.3)
+    assert h.replies(W2) == [p.OutputOk(), p.PingOk(), p.WriteTimeout()]
+
+
+def test_defect3_ping_does_not_replace_a_pending_read(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Ping())
+    h.send(W, p.Write(b"payload", 0))
+    assert h.replies(R) == [p.PingOk(), p.ReadOk(b"payload")]
+
+
+def test_defect4_writer_opening_while_reader_has_a_read_pending(h):
+    h.send(R, p.Input(b"p"))
+    h.send(R, p.Read(10, 0))
+    h.send(W, p.Output(b"p"))
+    h.send(W, p.Write(b"hi", 0))
+    assert h.replies(R) == [p.InputOk(), p.ReadOk(b"hi")]
+    assert h.replies(W) == [p.OutputOk(), p.WriteOk()]
+
+
+def test_defect5_malformed_frames_get_invalid_and_others_go_on(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 0))
+    for junk in (b"", b"\x00", b"\xaa\xa0", b"\xaa\xa0\xff", b"\xaa\xa0\x01\x09ab",
+                 p.encode(p.ReadOk(b"x"))):
+        h.send(b"hostile", junk)
+    assert h.replies(b"hostile") == [p.Invalid()] * 6
+    h.send(W, p.Write(b"intact", 0))
+    assert h.replies(R) == [p.ReadOk(b"intact")]
+
+
+def test_defect6_invalid_command_leaves_no_dangling_end(h):
+    open_pair(h)
+    h.send(W, p.Read(1, 0))  # READ on a writer
+    assert h.replies(W) == [p.Invalid()]
+    assert len(h.server.pipes.pipes[b"p"].writers) == 0
+    h.send(R, b"\xaa\xa0\xee")  # garbage on a reader
+    assert h.replies(R) == [p.Invalid()]
+    assert h.server.pipes.pipes == {}
+    h.send(R, p.Input(b"p"))  # the connection can open again
+    assert h.replies(R) == [p.InputOk()]
+
+
+def test_malformed_frame_behind_a_pending_read_keeps_reply_order(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 0))
+    h.send(R, b"junk")
+    h.send(R, p.Read(10, 0))
+    h.send(W, p.Write(b"one", 0))
+    # the pending READ is answered first; then the junk: INVALID, end detached; then the
+    # queued READ on a connection that has no pipe open any more: INVALID
+    assert h.replies(R) == [p.ReadOk(b"one"), p.Invalid(), p.Invalid()]
+
+
+# --- end-of-stream, failures, closing -------------------------------------------------------------
+
+
+def test_end_timeout_and_failure_are_distinct(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 50))
+    h.advance(0.05)
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Close())
+    h.send(R2, p.Input(b"p"))
+    h.send(W, p.Close())
+    h.send(R2, p.Read(10, 0))
+    assert h.replies(R) == [p.ReadTimeout(), p.ReadFailed("pipe closed by client"), p.CloseOk()]
+    assert h.replies(R2) == [p.InputOk(), p.ReadEnd()]
+
+
+def test_close_fails_every_queued_request_then_closes(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Close())
+    failed = p.ReadFailed("pipe closed by client")
+    assert h.replies(R) == [failed, failed, failed, p.CloseOk()]
+
+
+def test_writer_gets_no_readers_when_its_readers_leave(h):
+    open_pair(h)
+    h.send(W, p.Write(b"x", 0))
+    h.send(R, p.Close())
+    h.send(W, p.Write(b"y", 0))
+    assert h.replies(W) == [p.WriteOk(), p.WriteFailed("no readers")]
+
+
+def test_backpressure_makes_write_wait_not_grow():
+    h = Harness(capacity=8)
+    open_pair(h)
+    for _ in range(5):
+        h.send(W, p.Write(b"12345", 0))
+    assert h.replies(W) == [p.WriteOk(), p.WriteOk()]  # 10 bytes buffered, the rest queue
+    assert h.server.pipes.buffered_bytes() == 10
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"1234512345")]
+    assert h.replies(W) == [p.WriteOk(), p.WriteOk()]
+
+
+def test_read_of_zero_bytes_answers_empty_at_once(h):
+    open_pair(h)
+    h.send(R, p.Read(0, 0))
+    assert h.replies(R) == [p.ReadOk(b"")]
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [(b"", "pipe name is empty"), (b"\xff\xfe", "pipe name is not valid UTF-8")],
+)
+def test_bad_pipe_names_are_refused(h, name, reason):
+    h.send(R, p.Input(name))
+    h.send(W, p.Output(name))
+    assert h.replies(R) == [p.InputFailed(reason)]
+    assert h.replies(W) == [p.OutputFailed(reason)]
+    h.send(R, p.Input("ünïcode ✓".encode()))
+    assert h.replies(R) == [p.InputOk()]
+
+
+def test_second_open_on_one_connection_is_invalid_and_detaches(h):
+    h.send(R, p.Input(b"p"))
+    h.send(R, p.Input(b"q"))
+    assert h.replies(R) == [p.InputOk(), p.Invalid()]
+    assert h.server.pipes.pipes == {}
+
+
+def test_close_without_an_open_pipe_is_invalid_like_the_original(h):
+    h.send(R, p.Close())
+    assert h.replies(R) == [p.Invalid()]
+
+
+# --- heartbeats, expiry, limits, shutdown ---------------------------------------------------------
+
+
+def test_silent_client_expires_and_its_end_is_detached():
+    h = Harness(client_timeout=2.0)
+    open_pair(h)
+    h.send(W, p.Write(b"started", 0))
+    h.send(R, p.Read(1, 0))
+    h.send(R, p.Read(10, 0))
+    h.send(R, p.Read(10, 0))  # pending when the reader falls silent
+    for _ in range(6):  # the writer keeps talking, the reader is silent
+        h.advance(0.5)
+        h.send(W, p.Ping())
+    assert h.replies(R) == [p.ReadOk(b"s"), p.ReadOk(b"tarted"),
+                            p.ReadFailed("client expired: silent for too long")]
+    assert R not in h.server.clients
+    h.send(W, p.Write(b"x", 0))
+    assert h.replies(W)[-1] == p.WriteFailed("no readers")
+
+
+def test_any_traffic_counts_as_liveness():
+    h = Harness(client_timeout=1.0)
+    open_pair(h)
+    for _ in range(10):
+        h.advance(0.5)
+        h.send(R, p.Ping())
+        h.send(W, p.Write(b"x", 0))
+    assert R in h.server.clients and W in h.server.clients
+
+
+def test_unreachable_client_is_cleaned_up(h):
+    open_pair(h)
+    h.server.unreachable(R, h.now)
+    assert R not in h.server.clients
+    h.send(W, p.Write(b"x", 0))
+    h.advance(0.01)
+    assert h.replies(W) == [p.WriteOk()] or h.server.pipes.pipes[b"p"].readers == {}
+
+
+def test_pipelining_is_bounded():
+    h = Harness(max_pipelined=3)
+    open_pair(h)
+    for _ in range(6):
+        h.send(R, p.Read(1, 0))
+    assert h.replies(R) == [p.ReadFailed("too many pipelined requests")] * 2
+
+
+def test_pipelined_write_bytes_are_bounded():
+    h = Harness(max_pipelined_bytes=10, capacity=1)
+    h.send(W, p.Output(b"p"))
+    for _ in range(4):
+        h.send(W, p.Write(b"123456", 0))
+    assert h.replies(W) == [p.OutputOk()] + [p.WriteFailed("too many pipelined requests")] * 2
+
+
+def test_client_limit():
+    h = Harness(max_clients=1)
+    h.send(R, p.Input(b"p"))
+    h.send(W, p.Output(b"p"))
+    h.send(W2, p.Ping())
+    assert h.replies(W) == [p.OutputFailed("too many clients")]
+    assert h.replies(W2) == [p.PingOk()]
+
+
+def test_shutdown_answers_pending_requests(h):
+    open_pair(h)
+    h.send(R, p.Read(10, 0))
+    h.send(W2, p.Output(b"q"))
+    h.send(W2, p.Write(b"x", 0))
+    h.server.shutdown(h.now)
+    assert h.replies(R) == [p.ReadFailed("broker stopping")]
+    assert h.replies(W2)[-1] == p.WriteFailed("broker stopping")
+    assert h.server.clients == {} and h.server.pipes.pipes == {}
+
+
+def test_animate_traces_every_transition():
+    lines = []
+
+    class Log:
+        def info(self, event, **kw):
+            if event == "animate":
+                lines.append(kw)
+
+        debug = warning = error = info
+
+    server = ZpipesServer(ServerConfig(animate=True), Log())
+    server.receive(R, [p.encode(p.Input(b"p"))], 0.0)
+    assert [(t["state"], t["on"], t["next"]) for t in lines] == [
+        ("start", "INPUT", "before reading"), ("before reading", "ok", "reading")]
+    assert lines[0]["actions"] == ["open pipe reader"] and lines[0]["pipe"] is None
+
+
+# --- the table itself ---------------------------------------------------------------------------
+
+
+def test_every_state_has_an_answer_for_every_command():
+    for state in State:
+        for event in COMMANDS:
+            if state in (State.BEFORE_READING, State.BEFORE_WRITING):
+                continue  # transient: commands are never taken there
+            rule = rule_for(state, event)
+            assert rule.next in State
+    assert set(UNEXPECTED) == {State.START, State.READING, State.WRITING}
+
+
+def test_every_action_in_the_table_is_implemented():
+    server = ZpipesServer()
+    for rules in [*TABLE.values()]:
+        for rule in rules.values():
+            for action in rule.actions:
+                assert action in server._actions
+    for rule in UNEXPECTED.values():
+        for action in rule.actions:
+            assert action in server._actions
+
+
+def test_stale_internal_events_change_nothing():
+    assert rule_for(State.START, Event.TIMEOUT).actions == ()
+    assert rule_for(State.READING, Event.PIPE_CHANGED).next is State.READING

@@ -1,0 +1,150 @@
+"""The ZPIPES service: a ROUTER socket and a clock around the sans-I/O server core.
+
+All protocol decisions are taken by zpipes.server.ZpipesServer; this module only moves frames
+between the socket and the core, and calls the core's ``tick`` when its next deadline comes.
+
+Each readiness event drains the socket with non-blocking receives (up to a budget, so timers
+still run under load), and big frames travel without copies (``copy=False``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import zmq
+
+from zbroker.service import Service, ServiceContext, ServiceError
+from zpipes.server import ServerConfig, ZpipesServer
+
+DRAIN_BUDGET = 1000  # messages taken per readiness event before giving timers a turn
+ZERO_COPY_MIN = 1 << 16  # frames at least this big are sent without a copy
+FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
+
+
+def server_config(config: Any) -> ServerConfig:
+    """The core's settings from the broker's config."""
+    clients = config.clients
+    return ServerConfig(
+        capacity=config.services.zpipes.capacity,
+        client_timeout=clients.timeout,
+        max_clients=clients.max_clients,
+        max_pipelined=clients.max_pipelined,
+        max_pipelined_bytes=clients.max_pipelined_bytes,
+        animate=config.log.animate,
+    )
+
+
+class ZpipesService(Service):
+    name = "zpipes"
+
+    def __init__(self) -> None:
+        self.server: ZpipesServer | None = None
+        self.endpoint = ""
+        self._sock: zmq.Socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._log: Any = None
+
+    async def start(self, ctx: ServiceContext, config: Any) -> None:
+        section = config.services.zpipes
+        self.endpoint = section.endpoint.format(name=ctx.broker_name)
+        self._loop, self._log = ctx.loop, ctx.log
+        sock = ctx.zmq_context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # tell us when a client has gone
+        sock.setsockopt(zmq.MAXMSGSIZE, section.max_chunk + FRAME_OVERHEAD)
+        sock.setsockopt(zmq.LINGER, 1000)
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            if exc.errno == zmq.EADDRINUSE:
+                raise ServiceError(
+                    f"a broker named {ctx.broker_name!r} is already running on this host "
+                    f"({self.endpoint} is in use)"
+                ) from None
+            raise ServiceError(f"cannot bind ZPIPES to {self.endpoint}: {exc}") from None
+        self._sock = sock
+        self.server = ZpipesServer(server_config(config), ctx.log)
+        self._loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
+        self._schedule()
+        self._loop.call_soon(self._on_readable)  # the FD is edge-triggered: look once now
+        ctx.log.info("zpipes bound", endpoint=self.endpoint,
+                     capacity=section.capacity, max_chunk=section.max_chunk,
+                     client_timeout=config.clients.timeout)
+
+    async def stop(self) -> None:
+        sock, server, loop = self._sock, self.server, self._loop
+        if sock is None or server is None or loop is None:
+            return
+        loop.remove_reader(sock.getsockopt(zmq.FD))
+        if self._timer is not None:
+            self._timer.cancel()
+        server.shutdown(loop.time())
+        self._flush()
+        sock.close(linger=500)  # let the last replies go out
+        self._sock = None
+
+    def reload(self, new: Any, old: Any) -> None:
+        if self.server is None:
+            return
+        if new.services.zpipes.endpoint != old.services.zpipes.endpoint:
+            self._log.warning("zpipes endpoint change needs a restart",
+                              running=old.services.zpipes.endpoint,
+                              configured=new.services.zpipes.endpoint)
+        self.server.reconfigure(server_config(new))
+
+    def status(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, **(self.server.status() if self.server else {})}
+
+    # --- I/O ---------------------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        sock, server = self._sock, self.server
+        if sock is None or server is None:
+            return
+        now = self._loop.time()
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            server.receive(frames[0].bytes, [f.buffer for f in frames[1:]], now)
+            if server.outbox:
+                self._flush()
+        self._flush()
+        self._schedule()
+        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._on_readable)
+
+    def _flush(self) -> None:
+        sock, server = self._sock, self.server
+        while server.outbox:
+            outbox, server.outbox = server.outbox, []
+            for routing_id, frame in outbox:
+                try:
+                    sock.send(routing_id, zmq.SNDMORE | zmq.NOBLOCK)
+                    sock.send(frame, zmq.NOBLOCK, copy=len(frame) < ZERO_COPY_MIN)
+                except zmq.ZMQError as exc:
+                    # EHOSTUNREACH: the client has gone; EAGAIN: it stopped reading replies.
+                    self._log.info("reply undeliverable", error=exc.strerror)
+                    server.unreachable(routing_id, self._loop.time())
+
+    def _schedule(self) -> None:
+        at = self.server.next_deadline()
+        if at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = at
+            self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        if self.server is None or self._sock is None:
+            return
+        self.server.tick(self._loop.time())
+        self._flush()
+        self._schedule()
+        if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._on_readable)
