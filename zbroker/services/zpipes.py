@@ -49,7 +49,7 @@ class ZpipesService(Service):
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
-        self.endpoint = section.endpoint.format(name=ctx.broker_name)
+        self.endpoint = section.endpoint  # the config has filled in the broker name
         self._loop, self._log = ctx.loop, ctx.log
         sock = ctx.zmq_context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # tell us when a client has gone

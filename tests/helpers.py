@@ -1,0 +1,202 @@
+"""Running real broker processes in tests.
+
+    b = spawn_broker(tmp_path, config={"log": {"level": "debug"}})
+    b.wait_until_up()            # the ZPIPES endpoint accepts connections
+    assert b.stop() == 0         # SIGTERM, then the exit status
+
+Every broker gets a unique name (never "local"), runs with its own config file, its working
+directory and XDG_RUNTIME_DIR in the test's temporary directory, and its standard error in a
+file (``b.stderr()``). Every wait has a deadline. The ``start_broker`` and ``broker`` fixtures
+(conftest.py) kill whatever is still running at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ENDPOINT = "ipc://@/zpipes/{name}"
+UP_TIMEOUT = 10.0  # seconds for a broker to start listening
+STOP_TIMEOUT = 10.0  # seconds for a broker to exit after a signal
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A broker name no other test (or test run) uses."""
+    return f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def socket_address(endpoint: str) -> tuple[int, Any]:
+    """(address family, address) to reach a ZeroMQ ipc:// or tcp:// endpoint with a plain
+    socket. ``ipc://@name`` is the abstract socket "\\0name"."""
+    transport, _, address = endpoint.partition("://")
+    if transport == "ipc":
+        return socket.AF_UNIX, "\0" + address[1:] if address.startswith("@") else address
+    if transport == "tcp":
+        host, _, port = address.rpartition(":")
+        host = "127.0.0.1" if host in ("*", "0.0.0.0", "") else host.strip("[]")
+        return socket.AF_INET6 if ":" in host else socket.AF_INET, (host, int(port))
+    raise ValueError(f"cannot probe endpoint {endpoint!r}")
+
+
+def endpoint_accepts(endpoint: str) -> bool:
+    """True if something listens on the endpoint (a plain connect succeeds)."""
+    family, address = socket_address(endpoint)
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(address)
+        except OSError:
+            return False
+        return True
+
+
+def broker_env(tmp_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["XDG_RUNTIME_DIR"] = str(tmp_dir)
+    env.pop("NO_COLOR", None)
+    return env
+
+
+@dataclass
+class BrokerProcess:
+    name: str
+    endpoint: str
+    proc: subprocess.Popen[bytes]
+    dir: Path  # working directory, XDG_RUNTIME_DIR, config and stderr files
+    config_path: Path | None
+    stderr_path: Path
+    _stderr_file: Any = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def run_dir(self) -> Path:
+        """The default run directory (given XDG_RUNTIME_DIR as set by broker_env)."""
+        return self.dir / "zbroker" / self.name
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_until_up(self, timeout: float = UP_TIMEOUT) -> BrokerProcess:
+        """Wait until the endpoint accepts connections; fail early if the broker exits."""
+        def up() -> bool:
+            if not self.alive():
+                raise AssertionError(f"broker {self.name} exited with status "
+                                     f"{self.proc.returncode} before it was up:\n{self.stderr()}")
+            return endpoint_accepts(self.endpoint)
+
+        wait_for(up, timeout, f"broker {self.name} to listen on {self.endpoint}")
+        return self
+
+    def send_signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = STOP_TIMEOUT) -> int:
+        """The exit status; fails (after killing it) if the broker runs on past ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"broker {self.name} still running after {timeout}s; "
+                                 f"killed. stderr:\n{self.stderr()}") from None
+        finally:
+            if self.proc.returncode is not None:
+                self._close()
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
+        """Send ``signum`` and return the exit status."""
+        if self.alive():
+            self.send_signal(signum)
+        return self.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL if still running (teardown)."""
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(STOP_TIMEOUT)
+        self._close()
+
+    def _close(self) -> None:
+        if self._stderr_file is not None:
+            self._stderr_file.close()
+            self._stderr_file = None
+
+
+def write_config(path: Path, config: dict[str, Any] | str) -> Path:
+    """Write a config dict as YAML (a str is written as is)."""
+    text = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def spawn_broker(tmp_dir: Path, name: str | None = None,
+                 config: dict[str, Any] | str | None = None,
+                 args: Sequence[str] = ()) -> BrokerProcess:
+    """Start ``python -m zbroker NAME --config FILE *args`` (not waiting for it).
+
+    ``config``: a dict (written as YAML), a str (written as is), or None (an empty file: the
+    embedded defaults; the broker never reads a config of the machine it runs on).
+    """
+    name = name or unique_name()
+    bdir = tmp_dir / f"broker-{name}"
+    bdir.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(bdir / "zbroker.cfg", config if config is not None else "")
+    stderr_path = bdir / "stderr.txt"
+    stderr_file = open(stderr_path, "wb")  # a file, never a pipe that could fill up
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zbroker", name, "--config", str(config_path), *args],
+        cwd=bdir, env=broker_env(bdir), stdin=subprocess.DEVNULL,
+        stdout=stderr_file, stderr=stderr_file,
+    )
+    return BrokerProcess(name=name, endpoint=_endpoint(config, name), proc=proc, dir=bdir,
+                         config_path=config_path, stderr_path=stderr_path,
+                         _stderr_file=stderr_file)
+
+
+def _endpoint(config: Any, name: str) -> str:
+    template = DEFAULT_ENDPOINT
+    if isinstance(config, dict):
+        zpipes = (config.get("services") or {}).get("zpipes") or {}
+        if isinstance(zpipes, dict) and isinstance(zpipes.get("endpoint"), str):
+            template = zpipes["endpoint"]
+    return template.replace("{name}", name)
+
+
+def run_zbroker(args: Sequence[str], cwd: Path, timeout: float = 30.0
+                ) -> subprocess.CompletedProcess[str]:
+    """Run a zbroker command that exits by itself (``--help``, ``check-config``, a failing
+    start) and return its result."""
+    return subprocess.run([sys.executable, "-m", "zbroker", *args], cwd=cwd,
+                          env=broker_env(cwd), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)

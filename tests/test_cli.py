@@ -1,0 +1,81 @@
+"""The zbroker command line, in-process (the running broker: test_broker_process.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from zbroker import cli
+
+
+def test_help_explains_the_broker(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "ipc://@/zpipes/NAME" in out
+    assert "check-config" in out
+    assert "SIGTERM" in out and "SIGHUP" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("zbroker ")
+
+
+def test_bad_log_level_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["x", "--log-level", "loud"])
+    assert info.value.code == 2
+    assert "invalid choice: 'loud'" in capsys.readouterr().err
+
+
+def test_overrides_from_the_command_line():
+    args = cli.broker_parser().parse_args(["b1", "--log-level", "debug", "--animate"])
+    assert cli.overrides_from(args) == {"broker": {"name": "b1"},
+                                        "log": {"level": "debug", "animate": True}}
+    assert cli.overrides_from(cli.broker_parser().parse_args([])) == {}
+
+
+def test_invalid_name_fails_before_starting(capsys, tmp_path):
+    assert cli.main(["no/slashes", "--config", str(tmp_path / "missing.cfg")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("zbroker: cannot read config file")
+    (tmp_path / "empty.cfg").write_text("")
+    assert cli.main(["no/slashes", "--config", str(tmp_path / "empty.cfg")]) == 1
+    assert capsys.readouterr().err.startswith("zbroker: command line: broker.name: got")
+
+
+def test_check_config_ok_and_error(capsys, tmp_path):
+    good = tmp_path / "good.cfg"
+    good.write_text("log: {level: debug}\n")
+    assert cli.main(["check-config", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: OK\n"
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("clients: {max_clients: 0}\n")
+    assert cli.main(["check-config", str(bad)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"zbroker: {bad}: clients.max_clients: got 0, "
+                            "expected an integer >= 1\n")
+
+
+def test_check_config_without_a_file_checks_what_the_broker_would_read(capsys, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "find_config_file", lambda: None)
+    assert cli.main(["check-config"]) == 0
+    assert "embedded defaults" in capsys.readouterr().out
+    (tmp_path / "zbroker.cfg").write_text("log: {level: nope}\n")
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["check-config"]) == 1
+    assert "log.level: got 'nope'" in capsys.readouterr().err
+
+
+def test_sub_commands_are_dispatched_by_first_word(monkeypatch):
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "status", lambda argv: seen.append(list(argv)) or 0)
+    assert cli.main(["status", "--json"]) == 0
+    assert seen == [["--json"]]

@@ -1,0 +1,339 @@
+"""The typed config: defaults, the example file, parsing and every validation error."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zbroker.config import (
+    MAX_CHUNK_LIMIT,
+    Config,
+    ConfigError,
+    config_diff,
+    default_config,
+    find_config_file,
+    load_config,
+    parse_config,
+    parse_size,
+    schema_keys,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO_ROOT / "zbroker.cfg.example"
+
+
+@pytest.fixture(autouse=True)
+def _no_xdg(monkeypatch):
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+
+
+def load_text(tmp_path: Path, text: str, overrides: dict | None = None) -> Config:
+    path = tmp_path / "zbroker.cfg"
+    path.write_text(text)
+    return load_config(path, overrides)
+
+
+def error_of(tmp_path: Path, text: str, overrides: dict | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_text(tmp_path, text, overrides)
+    return info.value
+
+
+# --- defaults --------------------------------------------------------------------------------
+
+
+def test_embedded_defaults():
+    c = default_config()
+    assert c.broker.name == "local"
+    assert c.broker.run_dir == Path(f"/tmp/zbroker-{os.getuid()}/local")
+    assert c.log.level == "info"
+    assert c.log.format == "console"
+    assert c.log.file is None
+    assert c.log.animate is False
+    assert c.clients.timeout == 60.0 and isinstance(c.clients.timeout, float)
+    assert c.clients.max_clients == 10_000
+    assert c.clients.max_pipelined == 64
+    assert c.clients.max_pipelined_bytes == 8 * 1024 * 1024
+    assert c.services.zpipes.enabled is True
+    assert c.services.zpipes.endpoint == "ipc://@/zpipes/local"
+    assert c.services.zpipes.capacity == 1024 * 1024
+    assert c.services.zpipes.max_chunk == 16 * 1024 * 1024
+    assert c.source is None
+
+
+def test_no_file_anywhere_gives_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config(None, search=[tmp_path / "none.cfg"]) == default_config()
+    assert load_config(None, search=[]).source is None
+
+
+def test_search_path_takes_the_first_existing_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    second = tmp_path / "etc.cfg"
+    second.write_text("log: {level: error}\n")
+    search = ["./zbroker.cfg", str(second)]
+    assert find_config_file(search) == second
+    assert load_config(None, search=search).log.level == "error"
+    (tmp_path / "zbroker.cfg").write_text("log: {level: debug}\n")
+    c = load_config(None, search=search)
+    assert c.log.level == "debug" and c.source == Path("zbroker.cfg")
+
+
+def test_run_dir_defaults_to_xdg_runtime_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert default_config("b1").broker.run_dir == tmp_path / "zbroker" / "b1"
+
+
+def test_name_placeholders_are_resolved(tmp_path):
+    c = load_text(tmp_path, """
+broker: {name: alpha, run_dir: "/var/run/zb/{name}"}
+log: {file: "/var/log/zbroker-{name}.log"}
+services: {zpipes: {endpoint: "tcp://*:5670"}}
+""")
+    assert c.broker.run_dir == Path("/var/run/zb/alpha")
+    assert c.log.file == Path("/var/log/zbroker-alpha.log")
+    assert c.services.zpipes.endpoint == "tcp://*:5670"
+    c = load_text(tmp_path, "broker: {name: beta}\n")
+    assert c.services.zpipes.endpoint == "ipc://@/zpipes/beta"
+
+
+def test_config_is_frozen():
+    c = default_config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.log.level = "debug"  # type: ignore[misc]
+
+
+# --- the example file ------------------------------------------------------------------------
+
+
+def test_example_file_is_exactly_the_defaults():
+    c = load_config(EXAMPLE)
+    assert c == default_config()
+    assert config_diff(default_config(), c) == []
+
+
+def _yaml_keys(data: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in data.items():
+        if isinstance(v, dict):
+            keys += _yaml_keys(v, f"{prefix}{k}.")
+        else:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
+def test_example_file_shows_every_key():
+    assert _yaml_keys(yaml.safe_load(EXAMPLE.read_text())) == schema_keys()
+
+
+# --- sizes and durations ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("1MiB", 1 << 20), ("16 MiB", 16 << 20), ("512KiB", 512 << 10), ("1GiB", 1 << 30),
+    ("2 gib", 2 << 30), ("1tib", 1 << 40), ("100", 100), ("100B", 100), ("1kB", 1000),
+    ("3MB", 3_000_000), ("1.5KiB", 1536), (" 8 MiB ", 8 << 20),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "MiB", "1.3B", "1 parsec", "-1KiB", "1e3", "0x10", "1 2"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+@given(n=st.integers(min_value=0, max_value=2**40),
+       unit=st.sampled_from([("", 1), ("B", 1), ("KiB", 1024), ("MiB", 1 << 20),
+                             ("GiB", 1 << 30), ("kB", 1000), ("MB", 10**6)]),
+       space=st.sampled_from(["", " "]))
+def test_parse_size_any_integer_and_unit(n, unit, space):
+    suffix, factor = unit
+    assert parse_size(f"{n}{space}{suffix}") == n * factor
+
+
+def test_sizes_accept_ints_and_strings(tmp_path):
+    c = load_text(tmp_path, """
+clients: {max_pipelined_bytes: 4096}
+services: {zpipes: {capacity: "64 KiB", max_chunk: 4GiB - 1}}
+""".replace("4GiB - 1", str(MAX_CHUNK_LIMIT)))
+    assert c.clients.max_pipelined_bytes == 4096
+    assert c.services.zpipes.capacity == 65536
+    assert c.services.zpipes.max_chunk == MAX_CHUNK_LIMIT
+
+
+@pytest.mark.parametrize("value, expected", [("60", 60.0), ("0.25", 0.25), ("1.0e-3", 0.001)])
+def test_durations_accept_ints_and_floats(tmp_path, value, expected):
+    c = load_text(tmp_path, f"clients: {{timeout: {value}}}\n")
+    assert c.clients.timeout == expected and isinstance(c.clients.timeout, float)
+
+
+# --- every validation error, with the key path, the bad value and what is allowed ------------
+
+BAD_VALUES = [
+    # (yaml, key, bad value as shown, what is allowed)
+    ("broker: {name: ''}", "broker.name", "''", "a name of 1 to 64 letters"),
+    ("broker: {name: a/b}", "broker.name", "'a/b'", "a name of 1 to 64 letters"),
+    ("broker: {name: 42}", "broker.name", "42", "a name of"),
+    ("broker: {name: " + "x" * 65 + "}", "broker.name", "'xxx", "1 to 64"),
+    ("broker: {run_dir: 7}", "broker.run_dir", "7", "a path, or null"),
+    ("broker: {run_dir: '/x/{uid}'}", "broker.run_dir", "'/x/{uid}'", "{name} is the only"),
+    ("log: {level: verbose}", "log.level", "'verbose'", "one of: debug, info, warning, error"),
+    ("log: {level: INFO}", "log.level", "'INFO'", "one of: debug, info, warning, error"),
+    ("log: {format: xml}", "log.format", "'xml'", "one of: console, json"),
+    ("log: {file: [a]}", "log.file", "a list", "a path, or null"),
+    ("log: {animate: 'maybe'}", "log.animate", "'maybe'", "true or false"),
+    ("log: {animate: 1}", "log.animate", "1", "true or false"),
+    ("clients: {timeout: 0}", "clients.timeout", "0", "a number of seconds > 0"),
+    ("clients: {timeout: -5}", "clients.timeout", "-5", "a number of seconds > 0"),
+    ("clients: {timeout: '60s'}", "clients.timeout", "'60s'", "a number of seconds > 0"),
+    ("clients: {timeout: true}", "clients.timeout", "True", "a number of seconds > 0"),
+    ("clients: {timeout: .inf}", "clients.timeout", "inf", "a number of seconds > 0"),
+    ("clients: {timeout: .nan}", "clients.timeout", "nan", "a number of seconds > 0"),
+    ("clients: {timeout: null}", "clients.timeout", "null", "a number of seconds > 0"),
+    ("clients: {max_clients: 0}", "clients.max_clients", "0", "an integer >= 1"),
+    ("clients: {max_clients: 1.5}", "clients.max_clients", "1.5", "an integer >= 1"),
+    ("clients: {max_clients: '10'}", "clients.max_clients", "'10'", "an integer >= 1"),
+    ("clients: {max_pipelined: -1}", "clients.max_pipelined", "-1", "an integer >= 1"),
+    ("clients: {max_pipelined: false}", "clients.max_pipelined", "False", "an integer"),
+    ("clients: {max_pipelined_bytes: 0}", "clients.max_pipelined_bytes", "0",
+     "a size in bytes"),
+    ("clients: {max_pipelined_bytes: 8 MiBs}", "clients.max_pipelined_bytes", "'8 MiBs'",
+     '"512KiB" or "16 MiB"'),
+    ("services: {zpipes: {enabled: 'no'}}", "services.zpipes.enabled", "'no'", "true or false"),
+    ("services: {zpipes: {endpoint: 'udp://x:1'}}", "services.zpipes.endpoint", "'udp://x:1'",
+     "transport tcp, ipc, inproc"),
+    ("services: {zpipes: {endpoint: 'zpipes'}}", "services.zpipes.endpoint", "'zpipes'",
+     "a ZeroMQ endpoint"),
+    ("services: {zpipes: {endpoint: 'ipc://'}}", "services.zpipes.endpoint", "'ipc://'",
+     "a ZeroMQ endpoint"),
+    ("services: {zpipes: {endpoint: 'ipc://@/z/{broker}'}}", "services.zpipes.endpoint",
+     "'ipc://@/z/{broker}'", "{name} is the only placeholder"),
+    ("services: {zpipes: {capacity: 0.5}}", "services.zpipes.capacity", "0.5", "a size"),
+    ("services: {zpipes: {capacity: 0}}", "services.zpipes.capacity", "0", ">= 1"),
+    ("services: {zpipes: {max_chunk: 4GiB}}", "services.zpipes.max_chunk", "'4GiB'",
+     "from 1 to 4294967295"),
+]
+
+
+@pytest.mark.parametrize("text, key, shown, allowed", BAD_VALUES)
+def test_bad_value_message_names_file_key_value_and_allowed(tmp_path, text, key, shown, allowed):
+    err = error_of(tmp_path, text + "\n")
+    message = str(err)
+    assert message.startswith(f"{tmp_path / 'zbroker.cfg'}: {key}: got {shown}"), message
+    assert allowed in message.partition(", expected ")[2], message
+    assert err.key == key
+    assert err.source == str(tmp_path / "zbroker.cfg")
+
+
+def test_fractional_sizes_are_fine_when_whole(tmp_path):
+    c = load_text(tmp_path, "services: {zpipes: {capacity: 1.5MiB}}\n")
+    assert c.services.zpipes.capacity == 3 << 19
+
+
+@pytest.mark.parametrize("text, key, fragments", [
+    ("colour: blue", "colour", ["unknown key 'colour'", "at the top level",
+                                "broker, log, clients, services"]),
+    ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
+                                                "did you mean 'timeout'?",
+                                                "under 'clients'", "max_pipelined_bytes"]),
+    ("services: {pzq: {enabled: true}}", "services.pzq", ["unknown key 'services.pzq'",
+                                                          "known keys under 'services': zpipes"]),
+    ("services: {zpipes: {capacity: 1, size: 2}}", "services.zpipes.size",
+     ["unknown key 'services.zpipes.size'"]),
+])
+def test_unknown_keys_are_errors(tmp_path, text, key, fragments):
+    err = error_of(tmp_path, text + "\n")
+    for fragment in fragments:
+        assert fragment in str(err), str(err)
+    assert err.key == key
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("- a\n- b\n", ["got a list, expected a mapping of sections"]),
+    ("just words\n", ["got 'just words', expected a mapping of sections"]),
+    ("log: debug\n", ["log: got 'debug', expected a mapping of keys (level, format, file, "
+                      "animate)"]),
+    ("services: {zpipes: on}\n", ["services.zpipes: got True, expected a mapping"]),
+    ("log: {level: [debug\n", ["not valid YAML", "line 2"]),
+    ("log:\n  level: info\n  level: debug\n", ["line 3, column 3", "duplicate key 'level'"]),
+    ("\tlog: x\n", ["not valid YAML", "line 1"]),
+])
+def test_malformed_files(tmp_path, text, fragments):
+    err = str(error_of(tmp_path, text))
+    assert err.startswith(str(tmp_path / "zbroker.cfg") + ": ")
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_empty_file_and_empty_sections_mean_defaults(tmp_path):
+    assert load_text(tmp_path, "") == default_config()
+    assert load_text(tmp_path, "# nothing\n") == default_config()
+    assert load_text(tmp_path, "log:\nservices:\n  zpipes:\n") == default_config()
+
+
+def test_missing_or_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot read config file '.*nope.cfg': No such file"):
+        load_config(tmp_path / "nope.cfg")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path)  # a directory
+    (tmp_path / "bin.cfg").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "bin.cfg")
+
+
+# --- overrides (the command line) ------------------------------------------------------------
+
+
+def test_overrides_win_over_the_file(tmp_path):
+    c = load_text(tmp_path, "broker: {name: filename}\nlog: {level: error, format: json}\n",
+                  {"broker": {"name": "cli"}, "log": {"level": "debug", "animate": True}})
+    assert c.broker.name == "cli"
+    assert c.log.level == "debug" and c.log.format == "json" and c.log.animate is True
+    assert c.services.zpipes.endpoint == "ipc://@/zpipes/cli"
+
+
+def test_bad_override_is_blamed_on_the_command_line(tmp_path):
+    err = error_of(tmp_path, "", {"broker": {"name": "no spaces"}})
+    assert str(err).startswith("command line: broker.name: got 'no spaces'")
+
+
+def test_an_override_does_not_hide_a_broken_section(tmp_path):
+    err = error_of(tmp_path, "broker: 5\n", {"broker": {"name": "cli"}})
+    assert "broker: got 5, expected a mapping of keys (name, run_dir)" in str(err)
+
+
+def test_parse_config_from_data():
+    c = parse_config({"services": {"zpipes": {"endpoint": "inproc://zp-{name}"}}},
+                     {"broker": {"name": "n1"}})
+    assert c.services.zpipes.endpoint == "inproc://zp-n1"
+    with pytest.raises(ConfigError, match=r"^config: clients.timeout"):
+        parse_config({"clients": {"timeout": 0}})
+
+
+# --- comparing -------------------------------------------------------------------------------
+
+
+def test_config_diff_lists_changed_keys_in_schema_order():
+    old = default_config()
+    new = parse_config({"services": {"zpipes": {"capacity": 5}}, "log": {"level": "debug"}})
+    assert config_diff(old, new) == ["log.level", "services.zpipes.capacity"]
+    assert config_diff(new, new) == []
+
+
+def test_schema_keys():
+    assert schema_keys() == [
+        "broker.name", "broker.run_dir",
+        "log.level", "log.format", "log.file", "log.animate",
+        "clients.timeout", "clients.max_clients", "clients.max_pipelined",
+        "clients.max_pipelined_bytes",
+        "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
+        "services.zpipes.max_chunk",
+    ]

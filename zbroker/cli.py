@@ -1,0 +1,153 @@
+"""The ``zbroker`` command: run a broker, or a management sub-command.
+
+    zbroker [NAME] [--config FILE] [--log-level LEVEL] [--animate]
+    zbroker check-config [FILE]
+
+A first argument that names a sub-command (see COMMANDS) runs that sub-command; anything else
+is the broker's own command line. A sub-command is a function ``(argv) -> exit code``; to add
+one, write it and register it in COMMANDS. (So a broker cannot be named like a sub-command.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import logs
+from .config import CONFIG_SEARCH_PATH, LOG_LEVELS, ConfigError, find_config_file, load_config
+
+DESCRIPTION = """\
+Run a zbroker: one process per host that hosts ZeroMQ messaging services. The first service
+is ZPIPES, reliable named pipes: `zpipes write NAME` and `zpipes read NAME` find the broker
+by its name and talk to it on its ZPIPES endpoint, by default ipc://@/zpipes/NAME (an
+abstract IPC socket: nothing appears in the file system; key services.zpipes.endpoint).
+The broker's name must be unique on the host; a second broker of the same name fails to
+start."""
+
+EPILOG = f"""\
+config:
+  Without --config the broker reads {" then ".join(CONFIG_SEARCH_PATH)}, else runs on
+  the embedded defaults. The command line wins over the file. See zbroker.cfg.example.
+
+signals:
+  SIGTERM, SIGINT (Ctrl-C)  stop the broker (exit status 0)
+  SIGHUP                    re-read the config file and reopen the log file; a broken config
+                            is refused and the broker keeps running on the one it has
+
+commands:
+  zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
+
+exit status: 0 after a clean stop, 1 if the broker could not start (the reason is printed
+on standard error as "zbroker: ...")."""
+
+
+def _error(message: str) -> None:
+    print(f"zbroker: {message}", file=sys.stderr)
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("zbroker")
+    except importlib.metadata.PackageNotFoundError:
+        import zbroker
+
+        return getattr(zbroker, "__version__", "(version unknown: not installed)")
+
+
+def broker_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zbroker",
+        usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate]\n"
+              "       %(prog)s COMMAND [ARGS]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("name", metavar="NAME", nargs="?",
+                        help="the broker's name, unique on this host (default: broker.name "
+                             "of the config, 'local')")
+    parser.add_argument("--config", "-c", metavar="FILE", help="config file (YAML)")
+    parser.add_argument("--log-level", "-l", metavar="LEVEL", choices=LOG_LEVELS,
+                        help="log level: " + ", ".join(LOG_LEVELS) + " (key log.level)")
+    parser.add_argument("--animate", action="store_true",
+                        help="trace every ZPIPES state machine transition (key log.animate)")
+    parser.add_argument("--version", action="version", version=f"zbroker {version()}")
+    return parser
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys the command line sets, nested like the config file."""
+    over: dict[str, dict[str, Any]] = {}
+    if args.name is not None:
+        over.setdefault("broker", {})["name"] = args.name
+    if args.log_level is not None:
+        over.setdefault("log", {})["level"] = args.log_level
+    if args.animate:
+        over.setdefault("log", {})["animate"] = True
+    return over
+
+
+def run_broker(argv: Sequence[str]) -> int:
+    from .broker import Broker, StartupError
+    from .service import ServiceError
+
+    args = broker_parser().parse_args(argv)
+    overrides = overrides_from(args)
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        _error(str(exc))
+        return 1
+    try:
+        logs.configure(config.log.level, config.log.format, config.log.file)
+    except OSError as exc:
+        _error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
+        return 1
+    broker = Broker(config, config_path=args.config, overrides=overrides)
+    try:
+        return broker.run_forever()
+    except (ServiceError, StartupError, ConfigError) as exc:
+        if config.log.file is not None:
+            broker.log.error("broker failed to start", name=config.broker.name, reason=str(exc))
+        _error(str(exc))
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C before the broker's own handler was in place
+        return 130
+
+
+def check_config(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="zbroker check-config",
+        description="Validate a zbroker config file: print OK, or the first error with the key "
+                    "at fault, and exit with status 0 or 1. Without FILE, check the file the "
+                    "broker would read: " + ", then ".join(CONFIG_SEARCH_PATH) + ".",
+    )
+    parser.add_argument("file", metavar="FILE", nargs="?", help="the config file to check")
+    args = parser.parse_args(argv)
+    try:
+        path = args.file if args.file is not None else find_config_file()
+        load_config(path) if path is not None else load_config(None, search=())
+    except ConfigError as exc:
+        _error(str(exc))
+        return 1
+    if path is None:
+        print("OK: no config file found; the broker would run on the embedded defaults")
+    else:
+        print(f"{path}: OK")
+    return 0
+
+
+#: sub-commands by name: each takes the arguments after its name and returns an exit status
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "check-config": check_config,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    return run_broker(argv)

@@ -1,0 +1,483 @@
+"""The broker's typed configuration: YAML in, frozen dataclasses out.
+
+Every setting has an embedded default, so the broker runs without any file. A file only
+names what differs. Loading is strict: an unknown key, a value of the wrong type or out of
+range is a :class:`ConfigError` whose message names the file, the key path, the bad value
+and what is allowed, e.g.::
+
+    /etc/zbroker/zbroker.cfg: clients.timeout: got -5, expected a number of seconds > 0
+
+The schema is the dataclasses below, read top to bottom. Each leaf is a ``setting`` with its
+default and a parser; each section is a ``section``. To add a section (``cluster``, a new
+service under ``services``), write its dataclass and add one ``section(...)`` field to its
+parent; loading, validation, unknown-key errors and :func:`config_diff` follow by themselves.
+A service's section must have an ``enabled`` setting: the broker starts the enabled ones.
+
+Resolved at load time: ``{name}`` in ``services.zpipes.endpoint``, ``broker.run_dir`` and
+``log.file`` becomes the broker name, and ``broker.run_dir`` gets its default
+(``$XDG_RUNTIME_DIR/zbroker/<name>``, else ``/tmp/zbroker-<uid>/<name>``). So a loaded Config
+holds what the broker uses: sizes are ints (bytes), durations floats (seconds), paths Paths.
+
+Tests and tools that need more sections can subclass Config and pass ``schema=`` to
+:func:`load_config` / :func:`parse_config`; the broker reloads with the schema it was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Where the broker looks for its config when not given one, in order.
+CONFIG_SEARCH_PATH: tuple[str, ...] = ("./zbroker.cfg", "/etc/zbroker/zbroker.cfg")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("console", "json")
+ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
+MAX_CHUNK_LIMIT = 2**32 - 1  # a ZPIPES chunk carries a 4-octet length
+
+
+class ConfigError(Exception):
+    """The config cannot be used. The message is for the operator, ready to print.
+
+    ``key`` is the dotted key path at fault (or None), ``source`` the file (or None).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, source: str | None = None):
+        super().__init__(message)
+        self.key = key
+        self.source = source
+
+
+class _Invalid(ValueError):
+    """Raised by a parser: the argument says what would have been allowed."""
+
+
+# --- parsers: raw YAML value -> typed value, or _Invalid("what is allowed") -------------------
+
+Parser = Callable[[Any], Any]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Parser:
+    what = _bounds("an integer", minimum, maximum)
+
+    def parse(value: Any) -> int:
+        if not _is_int(value) or not _within(value, minimum, maximum):
+            raise _Invalid(what)
+        return value
+
+    return parse
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid("true or false")
+    return value
+
+
+def choice(*allowed: str) -> Parser:
+    def parse(value: Any) -> str:
+        if value not in allowed:
+            raise _Invalid("one of: " + ", ".join(allowed))
+        return value
+
+    return parse
+
+
+def duration(*, above: float = 0.0) -> Parser:
+    """Seconds, int or float, strictly greater than ``above``."""
+    what = f"a number of seconds > {above:g}"
+
+    def parse(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Invalid(what)
+        if not math.isfinite(value) or value <= above:
+            raise _Invalid(what)
+        return float(value)
+
+    return parse
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(text: str) -> int:
+    """``"16 MiB"`` -> 16777216. Units (any case): B, KiB, MiB, GiB, TiB, kB, MB, GB, TB.
+    Raises ValueError when the text is not a size or not a whole number of bytes."""
+    m = _SIZE_RE.fullmatch(text)
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if m is None or unit is None:
+        raise ValueError(f"not a size: {text!r}")
+    number = m.group(1)
+    if "." not in number:
+        return int(number) * unit
+    whole, frac = number.split(".")
+    numerator = int(whole + frac) * unit
+    denominator = 10 ** len(frac)
+    if numerator % denominator:
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return numerator // denominator
+
+
+def size(minimum: int = 0, maximum: int | None = None) -> Parser:
+    what = _bounds('a size in bytes, as an integer or a string like "512KiB" or "16 MiB"',
+                   minimum, maximum, _format_size)
+
+    def parse(value: Any) -> int:
+        if _is_int(value):
+            n = value
+        elif isinstance(value, str):
+            try:
+                n = parse_size(value)
+            except ValueError:
+                raise _Invalid(what) from None
+        else:
+            raise _Invalid(what)
+        if not _within(n, minimum, maximum):
+            raise _Invalid(what)
+        return n
+
+    return parse
+
+
+def broker_name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+        raise _Invalid("a name of 1 to 64 letters, digits, '.', '_' or '-', "
+                       "starting with a letter or digit")
+    return value
+
+
+def _template(what: str, value: Any) -> str:
+    """A string in which ``{name}`` is the only placeholder."""
+    if not isinstance(value, str) or not value:
+        raise _Invalid(what)
+    if re.search(r"[{}]", value.replace("{name}", "")):
+        raise _Invalid(what + "; {name} is the only placeholder")
+    return value
+
+
+def endpoint(value: Any) -> str:
+    what = ("a ZeroMQ endpoint such as 'ipc://@/zpipes/{name}' or 'tcp://*:5670' "
+            "(transport " + ", ".join(ENDPOINT_TRANSPORTS) + ")")
+    value = _template(what, value)
+    transport, sep, address = value.partition("://")
+    if not sep or transport not in ENDPOINT_TRANSPORTS or not address:
+        raise _Invalid(what)
+    return value
+
+
+def optional_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    return _template("a path, or null", value)
+
+
+def _bounds(what: str, lo: int | None, hi: int | None,
+            fmt: Callable[[int], str] = str) -> str:
+    if lo is not None and hi is not None:
+        return f"{what}, from {fmt(lo)} to {fmt(hi)}"
+    if lo is not None:
+        return f"{what} >= {fmt(lo)}"
+    if hi is not None:
+        return f"{what} <= {fmt(hi)}"
+    return what
+
+
+def _within(n: int, lo: int | None, hi: int | None) -> bool:
+    return (lo is None or n >= lo) and (hi is None or n <= hi)
+
+
+def _format_size(n: int) -> str:
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}"
+    return str(n)
+
+
+# --- the schema ----------------------------------------------------------------------------
+
+
+def setting(default: Any, parse: Parser) -> Any:
+    """A leaf of the schema: its default (an already-parsed value) and its parser."""
+    return field(default=default, metadata={"parse": parse})
+
+
+def section(cls: type) -> Any:
+    """A nested section of the schema."""
+    return field(default_factory=cls, metadata={"section": cls})
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    name: str = setting("local", broker_name)
+    #: null -> $XDG_RUNTIME_DIR/zbroker/<name> or /tmp/zbroker-<uid>/<name>; a Path once loaded
+    run_dir: Path | None = setting(None, optional_path)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = setting("info", choice(*LOG_LEVELS))
+    format: str = setting("console", choice(*LOG_FORMATS))
+    file: Path | None = setting(None, optional_path)  # None: stderr
+    animate: bool = setting(False, boolean)  # trace every ZPIPES state machine transition
+
+
+@dataclass(frozen=True)
+class ClientsConfig:
+    timeout: float = setting(60.0, duration())  # silence before a client is expired
+    max_clients: int = setting(10_000, integer(minimum=1))
+    max_pipelined: int = setting(64, integer(minimum=1))  # queued commands per client
+    max_pipelined_bytes: int = setting(8 << 20, size(minimum=1))
+
+
+@dataclass(frozen=True)
+class ZpipesConfig:
+    enabled: bool = setting(True, boolean)
+    endpoint: str = setting("ipc://@/zpipes/{name}", endpoint)
+    capacity: int = setting(1 << 20, size(minimum=1))  # bytes buffered per reader
+    max_chunk: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    zpipes: ZpipesConfig = section(ZpipesConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    broker: BrokerConfig = section(BrokerConfig)
+    log: LogConfig = section(LogConfig)
+    clients: ClientsConfig = section(ClientsConfig)
+    services: ServicesConfig = section(ServicesConfig)
+    #: the file this config was read from; None for the embedded defaults
+    source: Path | None = field(default=None, compare=False)
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def find_config_file(search: Sequence[str | os.PathLike[str]] = CONFIG_SEARCH_PATH) -> Path | None:
+    """The first existing file of ``search`` (relative names are from the current directory)."""
+    for candidate in search:
+        path = Path(candidate)
+        if path.is_file():
+            return path
+    return None
+
+
+def load_config(path: str | os.PathLike[str] | None, overrides: Mapping[str, Any] | None = None,
+                *, search: Sequence[str | os.PathLike[str]] = CONFIG_SEARCH_PATH,
+                schema: type[Config] = Config) -> Config:
+    """Read and validate the config.
+
+    ``path``: the file to read; if None, the first file of ``search`` that exists, else the
+    embedded defaults. ``overrides``: values from the command line, nested like the file
+    (``{"broker": {"name": "x"}}``); they win over the file. ``schema``: Config or a subclass
+    of it with more sections.
+    """
+    file = Path(path) if path is not None else find_config_file(search)
+    data: Any = None
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"cannot read config file {str(file)!r}: {reason}",
+                              source=str(file)) from None
+        data = _parse_yaml(text, str(file))
+    return parse_config(data, overrides, source=file, schema=schema)
+
+
+def parse_config(data: Any, overrides: Mapping[str, Any] | None = None, *,
+                 source: str | os.PathLike[str] | None = None,
+                 schema: type[Config] = Config) -> Config:
+    """Validate already-parsed YAML data (None or a mapping) into a Config."""
+    label = str(source) if source is not None else "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{label}: got {_show(data)}, expected a mapping of sections "
+                          f"({', '.join(_keys(schema))})", source=_opt(source))
+    merged = _merge(data, overrides or {})
+    cfg = _build(schema, merged, (), label, overrides or {}, _opt(source))
+    cfg = _resolve(cfg)
+    return dataclasses.replace(cfg, source=Path(source) if source is not None else None)
+
+
+def default_config(name: str = "local") -> Config:
+    """The embedded defaults (no file is read), for broker ``name``."""
+    return parse_config(None, {"broker": {"name": name}})
+
+
+def _opt(source: Any) -> str | None:
+    return str(source) if source is not None else None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, str | int | float | bool) or key is None:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _parse_yaml(text: str, label: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{label}: {where}not valid YAML: {problem}", source=label) from None
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        elif isinstance(value, Mapping) and out.get(key) is not None:
+            pass  # the file's value is not a section: keep it, so that its error is reported
+        else:
+            out[key] = value
+    return out
+
+
+def _is_override(overrides: Mapping[str, Any], path: tuple[str, ...]) -> bool:
+    node: Any = overrides
+    for part in path:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
+           overrides: Mapping[str, Any], source: str | None) -> Any:
+    dotted = ".".join(path)
+    if data is None:  # an empty section ("log:" and nothing under it)
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{label}: {dotted}: got {_show(data)}, expected a mapping of keys "
+                          f"({', '.join(_keys(cls))})", key=dotted, source=source)
+    known = _keys(cls)
+    for key in data:
+        if key not in known:
+            where = f"{dotted}.{key}" if dotted else str(key)
+            hint = difflib.get_close_matches(str(key), known, n=1)
+            did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+            parent = f"under {dotted!r}" if dotted else "at the top level"
+            raise ConfigError(f"{label}: unknown key {where!r}{did_you_mean}; known keys "
+                              f"{parent}: {', '.join(known)}", key=where, source=source)
+    values: dict[str, Any] = {}
+    for f in _schema_fields(cls):
+        if f.name not in data:
+            continue
+        sub = (*path, f.name)
+        if "section" in f.metadata:
+            values[f.name] = _build(f.metadata["section"], data[f.name], sub, label,
+                                    overrides, source)
+            continue
+        value = data[f.name]
+        try:
+            values[f.name] = f.metadata["parse"](value)
+        except _Invalid as exc:
+            key = ".".join(sub)
+            origin = "command line" if _is_override(overrides, sub) else label
+            raise ConfigError(f"{origin}: {key}: got {_show(value)}, expected {exc}",
+                              key=key, source=source) from None
+    return cls(**values)
+
+
+def _schema_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if "parse" in f.metadata or "section" in f.metadata]
+
+
+def _keys(cls: type) -> list[str]:
+    return [f.name for f in _schema_fields(cls)]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    return repr(value)
+
+
+def _resolve(cfg: Config) -> Config:
+    name = cfg.broker.name
+    run_dir = cfg.broker.run_dir
+    if run_dir is None:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        base = Path(xdg) / "zbroker" if xdg else Path(f"/tmp/zbroker-{os.getuid()}")
+        run_dir_path = base / name
+    else:
+        run_dir_path = Path(str(run_dir).replace("{name}", name)).expanduser().absolute()
+    log_file = cfg.log.file
+    log_path = Path(str(log_file).replace("{name}", name)).expanduser() if log_file else None
+    zpipes = cfg.services.zpipes
+    return dataclasses.replace(
+        cfg,
+        broker=dataclasses.replace(cfg.broker, run_dir=run_dir_path),
+        log=dataclasses.replace(cfg.log, file=log_path),
+        services=dataclasses.replace(
+            cfg.services,
+            zpipes=dataclasses.replace(zpipes, endpoint=zpipes.endpoint.replace("{name}", name)),
+        ),
+    )
+
+
+# --- comparing configs ---------------------------------------------------------------------
+
+
+def iter_settings(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) for every setting of a config or section, in schema order."""
+    for f in _schema_fields(type(cfg)):
+        value = getattr(cfg, f.name)
+        key = f"{prefix}{f.name}"
+        if "section" in f.metadata:
+            yield from iter_settings(value, key + ".")
+        else:
+            yield key, value
+
+
+def config_diff(old: Config, new: Config) -> list[str]:
+    """The dotted keys whose values differ between two configs, in schema order."""
+    new_values = dict(iter_settings(new))
+    return [key for key, value in iter_settings(old) if new_values[key] != value]
+
+
+def schema_keys() -> list[str]:
+    """Every dotted key of the schema."""
+    return [key for key, _ in iter_settings(Config())]
