@@ -48,6 +48,7 @@ class Event(StrEnum):
     END_OF_PIPE = "end of pipe"  # a READ finds the pipe drained and its writers gone
     ACCEPTED = "accepted"  # a WRITE's chunk was taken by the pipe
     NO_READERS = "no readers"  # a WRITE's readers have all gone (like EPIPE)
+    FAILED = "failed"  # the stream broke (e.g. a peer broker it ran through was lost)
     WAIT = "wait"  # the active request cannot be answered yet
     PIPE_CHANGED = "pipe changed"  # the pipe may now answer the active request
     TIMEOUT = "timeout"  # the active request's timeout passed
@@ -95,6 +96,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
     S.PROCESSING_READ: {
         E.HAVE_DATA: _r(S.READING, "send READ_OK", "finish request"),
         E.END_OF_PIPE: _r(S.READING, "send READ_END", "finish request"),
+        E.FAILED: _r(S.READING, "send READ_FAILED", "finish request"),
         E.WAIT: _r(S.PROCESSING_READ, "wait for pipe"),
         E.PIPE_CHANGED: _r(S.PROCESSING_READ, "try read"),
         E.TIMEOUT: _r(S.READING, "send READ_TIMEOUT", "finish request"),
@@ -129,6 +131,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
     S.PROCESSING_WRITE: {
         E.ACCEPTED: _r(S.WRITING, "send WRITE_OK", "finish request"),
         E.NO_READERS: _r(S.WRITING, "send WRITE_FAILED", "finish request"),
+        E.FAILED: _r(S.WRITING, "send WRITE_FAILED", "finish request"),
         E.WAIT: _r(S.PROCESSING_WRITE, "wait for pipe"),
         E.PIPE_CHANGED: _r(S.PROCESSING_WRITE, "try write"),
         E.TIMEOUT: _r(S.WRITING, "send WRITE_TIMEOUT", "finish request"),

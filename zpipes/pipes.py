@@ -15,6 +15,17 @@ Semantics (see docs/zpipes-semantics.md):
   gone, the writer is broken: writes fail with "no readers".
 * A reader gets end-of-stream when its buffer is empty, no writer is attached, and a writer was
   attached at some time while it was (a reader that opened first waits for a writer).
+
+Ends on other brokers of the cluster stand in the table as *remote* ends (proxies), so the
+rules above hold cluster-wide:
+
+* A remote reader is fed through ``outgoing``: each chunk accepted for it is handed to the caller
+  to send, and counts against its capacity until the reader's broker gives ``credit`` back.
+* A remote writer's chunks arrive through ``deliver``; the first one to a reader says that the
+  reader is in its audience. What local readers take of remote data is returned as ``credits``.
+* When a remote end's broker is lost (``detach(end, lost=True)``), the ends whose stream it was
+  part of break: a writer that was writing to it fails, a reader it was writing to fails (its
+  stream may be missing data); ``failure`` says why.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ class WriteResult(Enum):
     ACCEPTED = "accepted"
     WAIT = "wait"  # no reader yet, or a reader's buffer is full
     NO_READERS = "no readers"  # the audience has gone: like EPIPE
+    FAILED = "failed"  # the stream broke (see the writer's ``failure``)
 
 
 class ReadEnd(Enum):
@@ -39,15 +51,22 @@ class ReadEnd(Enum):
 
     WAIT = "wait"
     END = "end"
+    FAILED = "failed"  # the stream broke (see the reader's ``failure``)
+
+
+PEER_LOST = "peer lost"
 
 
 @dataclass(eq=False)
 class Reader:
     end: int
     pipe: Pipe
+    remote: bool = False
     chunks: deque[memoryview] = field(default_factory=deque)
-    queued: int = 0  # bytes buffered for this reader
+    origins: deque[int | None] = field(default_factory=deque)  # remote writer of each chunk
+    queued: int = 0  # bytes buffered for this reader (remote: sent and not yet credited)
     saw_writer: bool = False
+    failure: str | None = None
     bytes_in: int = 0  # bytes ever queued for this reader
     bytes_out: int = 0  # bytes ever read
 
@@ -56,8 +75,10 @@ class Reader:
 class Writer:
     end: int
     pipe: Pipe
+    remote: bool = False
     started: bool = False
     audience: set[int] = field(default_factory=set)
+    failure: str | None = None
     bytes_in: int = 0
 
 
@@ -83,38 +104,52 @@ class PipeTable:
         self.pipes: dict[bytes, Pipe] = {}
         self._readers: dict[int, Reader] = {}
         self._writers: dict[int, Writer] = {}
+        # chunks for remote readers: (reader end, writer end, first chunk of the stream?, chunk)
+        self.outgoing: list[tuple[int, int, bool, memoryview]] = []
+        # bytes of remote writers' chunks taken by local readers: (writer end, reader end) -> n
+        self.credits: dict[tuple[int, int], int] = {}
 
     # --- attach and detach -------------------------------------------------------------------
 
-    def attach_reader(self, name: bytes, end: int) -> set[int]:
+    def attach_reader(self, name: bytes, end: int, remote: bool = False) -> set[int]:
         self._check_new(end)
         pipe = self.pipes.setdefault(name, Pipe(name))
-        reader = Reader(end, pipe, saw_writer=bool(pipe.writers))
+        reader = Reader(end, pipe, remote=remote, saw_writer=bool(pipe.writers))
         pipe.readers[end] = reader
         self._readers[end] = reader
         return pipe.wake_all()  # writers waiting for a first reader
 
-    def attach_writer(self, name: bytes, end: int) -> set[int]:
+    def attach_writer(self, name: bytes, end: int, remote: bool = False) -> set[int]:
         self._check_new(end)
         pipe = self.pipes.setdefault(name, Pipe(name))
-        writer = Writer(end, pipe)
+        writer = Writer(end, pipe, remote=remote)
         pipe.writers[end] = writer
         self._writers[end] = writer
         for reader in pipe.readers.values():
             reader.saw_writer = True
         return set()
 
-    def detach(self, end: int) -> set[int]:
-        """Remove an end (reader or writer); what it had buffered is discarded."""
+    def detach(self, end: int, lost: bool = False) -> set[int]:
+        """Remove an end (reader or writer); what it had buffered is discarded. ``lost``: its
+        broker was lost, so the streams it took part in are broken, not ended."""
         if end in self._readers:
             reader = self._readers.pop(end)
             pipe = reader.pipe
             del pipe.readers[end]
             for writer in pipe.writers.values():
-                writer.audience.discard(end)
+                if end in writer.audience:
+                    writer.audience.discard(end)
+                    if lost and writer.failure is None:
+                        writer.failure = PEER_LOST
         elif end in self._writers:
-            pipe = self._writers.pop(end).pipe
+            writer = self._writers.pop(end)
+            pipe = writer.pipe
             del pipe.writers[end]
+            if lost:
+                for reader_end in writer.audience:
+                    reader = pipe.readers.get(reader_end)
+                    if reader is not None and reader.failure is None:
+                        reader.failure = PEER_LOST
         else:
             return set()
         pipe.waiting.discard(end)
@@ -129,6 +164,8 @@ class PipeTable:
         """Offer one chunk. ACCEPTED queues it for every reader of the writer's audience."""
         writer = self._writers[end]
         pipe = writer.pipe
+        if writer.failure is not None:
+            return WriteResult.FAILED, set()
         if writer.started:
             if not writer.audience:
                 return WriteResult.NO_READERS, set()
@@ -141,23 +178,30 @@ class PipeTable:
         if any(reader.queued >= self.capacity for reader in audience):
             pipe.waiting.add(end)
             return WriteResult.WAIT, set()
-        if not writer.started:
+        first = not writer.started
+        if first:
             writer.started = True
             writer.audience = {reader.end for reader in audience}
         view = memoryview(chunk)
         size = len(view)
         writer.bytes_in += size
-        if size:
-            for reader in audience:
+        for reader in audience:
+            if reader.remote:  # the first chunk goes out even when empty: it starts the stream
+                if size or first:
+                    self.outgoing.append((reader.end, end, first, view))
+            elif size:
                 reader.chunks.append(view)
-                reader.queued += size
-                reader.bytes_in += size
+                reader.origins.append(None)
+            reader.queued += size
+            reader.bytes_in += size
         return WriteResult.ACCEPTED, pipe.wake_all()
 
     def read(self, end: int, size: int) -> tuple[list[memoryview] | ReadEnd, set[int]]:
         """Take up to ``size`` bytes (at least one) as a list of slices, or say END or WAIT."""
         reader = self._readers[end]
         pipe = reader.pipe
+        if reader.failure is not None:
+            return ReadEnd.FAILED, set()
         if not reader.chunks:
             if reader.saw_writer and not pipe.writers:
                 return ReadEnd.END, set()
@@ -165,16 +209,21 @@ class PipeTable:
             return ReadEnd.WAIT, set()
         taken: list[memoryview] = []
         want = size
-        chunks = reader.chunks
+        chunks, origins = reader.chunks, reader.origins
         while want and chunks:
             head = chunks[0]
             if len(head) <= want:
-                taken.append(chunks.popleft())
-                want -= len(head)
+                piece = chunks.popleft()
+                origin = origins.popleft()
             else:
-                taken.append(head[:want])
+                piece = head[:want]
                 chunks[0] = head[want:]
-                want = 0
+                origin = origins[0]
+            taken.append(piece)
+            want -= len(piece)
+            if origin is not None:
+                key = (origin, end)
+                self.credits[key] = self.credits.get(key, 0) + len(piece)
         got = size - want
         was_full = reader.queued >= self.capacity
         reader.queued -= got
@@ -182,7 +231,59 @@ class PipeTable:
         woken = pipe.wake_all() if was_full and reader.queued < self.capacity else set()
         return taken, woken
 
+    # --- remote ends ---------------------------------------------------------------------------
+
+    def deliver(self, writer_end: int, reader_end: int, first: bool, chunk: Chunk) -> set[int]:
+        """A chunk of a remote writer for a local reader. Chunks for ends that are gone, or for
+        a reader that is not in the writer's audience, are dropped."""
+        writer = self._writers.get(writer_end)
+        reader = self._readers.get(reader_end)
+        if (writer is None or reader is None or not writer.remote or reader.remote
+                or reader.pipe is not writer.pipe):
+            return set()
+        if first:
+            writer.started = True
+            writer.audience.add(reader_end)
+        elif reader_end not in writer.audience:
+            return set()
+        view = memoryview(chunk)
+        if len(view):
+            reader.chunks.append(view)
+            reader.origins.append(writer_end)
+            reader.queued += len(view)
+            reader.bytes_in += len(view)
+            writer.bytes_in += len(view)
+        return reader.pipe.wake_all()
+
+    def credit(self, reader_end: int, size: int) -> set[int]:
+        """A remote reader's broker says the reader took ``size`` more bytes."""
+        reader = self._readers.get(reader_end)
+        if reader is None or not reader.remote:
+            return set()
+        was_full = reader.queued >= self.capacity
+        reader.queued = max(0, reader.queued - size)
+        reader.bytes_out += size
+        return reader.pipe.wake_all() if was_full and reader.queued < self.capacity else set()
+
+    def take_outgoing(self) -> list[tuple[int, int, bool, memoryview]]:
+        out, self.outgoing = self.outgoing, []
+        return out
+
+    def take_credits(self) -> dict[tuple[int, int], int]:
+        out, self.credits = self.credits, {}
+        return out
+
     # --- questions ---------------------------------------------------------------------------
+
+    def failure(self, end: int) -> str | None:
+        owner = self._readers.get(end) or self._writers.get(end)
+        return owner.failure if owner else None
+
+    def local_ends(self) -> list[tuple[str, bytes, int]]:
+        """(role, pipe name, end) of every local end, for a peer that joins."""
+        ends = [("reader", r.pipe.name, e) for e, r in self._readers.items() if not r.remote]
+        ends += [("writer", w.pipe.name, e) for e, w in self._writers.items() if not w.remote]
+        return ends
 
     def pipe_of(self, end: int) -> Pipe | None:
         owner = self._readers.get(end) or self._writers.get(end)
@@ -195,8 +296,8 @@ class PipeTable:
         return self._writers[end]
 
     def buffered_bytes(self) -> int:
-        """Bytes held for all readers (a chunk fanned out to N readers counts N times)."""
-        return sum(reader.queued for reader in self._readers.values())
+        """Bytes held for local readers (a chunk fanned out to N readers counts N times)."""
+        return sum(r.queued for r in self._readers.values() if not r.remote)
 
     def _check_new(self, end: int) -> None:
         if end in self._readers or end in self._writers:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import peering
 from . import protocol as p
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import DEFAULT_CAPACITY, PipeTable, ReadEnd, WriteResult
@@ -52,6 +53,13 @@ _REASONS: dict[Event, str] = {
     Event.EXPIRED: "client expired: silent for too long",
     Event.SHUTDOWN: "broker stopping",
     Event.NO_READERS: "no readers",
+}
+
+_WRITE_EVENT = {
+    WriteResult.ACCEPTED: Event.ACCEPTED,
+    WriteResult.WAIT: Event.WAIT,
+    WriteResult.NO_READERS: Event.NO_READERS,
+    WriteResult.FAILED: Event.FAILED,
 }
 
 _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
@@ -104,6 +112,10 @@ class ZpipesServer:
         self._woken: deque[int] = deque()
         self._now = 0.0
         self._next_sweep = 0.0
+        self.peers: set[str] = set()
+        self.peer_outbox: list[tuple[str, list[bytes | memoryview]]] = []
+        self._proxies: dict[tuple[str, int], int] = {}  # (peer, its end) -> our stand-in end
+        self._proxy_of: dict[int, tuple[str, int]] = {}
         self._actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
             "open pipe writer": self._open_pipe_writer,
@@ -223,6 +235,8 @@ class ZpipesServer:
             client = self._by_end.get(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
                 self._execute(client, Event.PIPE_CHANGED)
+        if self.peers:
+            self._to_peers()
 
     # --- actions -----------------------------------------------------------------------------
 
@@ -246,6 +260,7 @@ class ZpipesServer:
         client.end, client.pipe = end, name
         self._by_end[end] = client
         client.next_event = Event.OK
+        self._broadcast(peering.Attach(role, end, name))
         pipe = self.pipes.pipes[name]
         self.log.info("pipe opened", client=client.id, pipe=_name(name), role=role,
                       readers=len(pipe.readers), writers=len(pipe.writers))
@@ -262,6 +277,7 @@ class ZpipesServer:
             role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
         self._woken.extend(self.pipes.detach(end))
         del self._by_end[end]
+        self._broadcast(peering.Detach(end))
         self.log.info("pipe closed", client=client.id, pipe=_name(client.pipe), role=role,
                       why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
                       **sizes)
@@ -285,17 +301,18 @@ class ZpipesServer:
             client.next_event = Event.WAIT
         elif result is ReadEnd.END:
             client.next_event = Event.END_OF_PIPE
+        elif result is ReadEnd.FAILED:
+            client.reason = self.pipes.failure(client.end) or "failed"
+            client.next_event = Event.FAILED
         else:
             client.read_data, client.next_event = result, Event.HAVE_DATA
 
     def _try_write(self, client: Client) -> None:
         result, woken = self.pipes.write(client.end, client.request.chunk)
         self._woken.extend(woken)
-        client.next_event = {
-            WriteResult.ACCEPTED: Event.ACCEPTED,
-            WriteResult.WAIT: Event.WAIT,
-            WriteResult.NO_READERS: Event.NO_READERS,
-        }[result]
+        if result is WriteResult.FAILED:
+            client.reason = self.pipes.failure(client.end) or "failed"
+        client.next_event = _WRITE_EVENT[result]
 
     def _wait_for_pipe(self, client: Client) -> None:
         if client.deadline is not None and not client.timer_armed:
@@ -360,6 +377,83 @@ class ZpipesServer:
             self.outbox.append((routing_id, _ENCODED[p.PingOk]))
         else:
             self._fail_command(routing_id, event, reason)
+
+    # --- peer brokers --------------------------------------------------------------------------
+
+    def peer_up(self, peer: str, now: float) -> None:
+        """A peer broker joined (a new life of it: ``peer`` names one session): tell it every
+        end we have, so pipes opened before it came find their other ends."""
+        self._now = now
+        self.peers.add(peer)
+        for role, name, end in self.pipes.local_ends():
+            self.peer_outbox.append((peer, peering.encode(peering.Attach(role, end, name))))
+
+    def peer_down(self, peer: str, now: float) -> None:
+        """A peer broker was lost: the streams that ran through it break (*_FAILED "peer
+        lost"), never end quietly."""
+        self._now = now
+        self.peers.discard(peer)
+        lost = [(key, proxy) for key, proxy in self._proxies.items() if key[0] == peer]
+        for key, proxy in lost:
+            del self._proxies[key]
+            del self._proxy_of[proxy]
+            self._woken.extend(self.pipes.detach(proxy, lost=True))
+        if lost:
+            self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
+        self._wake()
+
+    def peer_receive(self, peer: str, frames: Sequence[bytes | memoryview], now: float) -> None:
+        """A ZPIPES peer message from ``peer``."""
+        self._now = now
+        if peer not in self.peers:
+            return  # late traffic of a peer already declared lost
+        msg = peering.decode(frames)
+        if isinstance(msg, peering.Data):
+            proxy = self._proxies.get((peer, msg.writer_end))
+            if proxy is not None:
+                self._woken.extend(self.pipes.deliver(proxy, msg.reader_end, msg.first, msg.chunk))
+        elif isinstance(msg, peering.Credit):
+            proxy = self._proxies.get((peer, msg.reader_end))
+            if proxy is not None:
+                self._woken.extend(self.pipes.credit(proxy, msg.size))
+        elif isinstance(msg, peering.Attach):
+            if (peer, msg.end) not in self._proxies and not pipe_name_problem(msg.pipe):
+                proxy = next(self._end_ids)
+                self._proxies[(peer, msg.end)] = proxy
+                self._proxy_of[proxy] = (peer, msg.end)
+                attach = (self.pipes.attach_reader if msg.role == "reader"
+                          else self.pipes.attach_writer)
+                self._woken.extend(attach(msg.pipe, proxy, remote=True))
+                self.log.info("remote end attached", peer=peer, pipe=_name(msg.pipe),
+                              role=msg.role, remote_end=msg.end)
+        elif isinstance(msg, peering.Detach):
+            proxy = self._proxies.pop((peer, msg.end), None)
+            if proxy is not None:
+                pipe = self.pipes.pipe_of(proxy)
+                del self._proxy_of[proxy]
+                self._woken.extend(self.pipes.detach(proxy))
+                self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
+                              remote_end=msg.end)
+        else:
+            self.log.warning("invalid peer message", peer=peer, error=msg.reason)
+        self._wake()
+
+    def _to_peers(self) -> None:
+        """Turn what the pipe table has for remote ends into peer messages."""
+        for proxy, writer_end, first, chunk in self.pipes.take_outgoing():
+            peer, reader_end = self._proxy_of[proxy]
+            self.peer_outbox.append(
+                (peer, peering.encode(peering.Data(writer_end, reader_end, first, chunk))))
+        for (proxy, reader_end), size in self.pipes.take_credits().items():
+            owner = self._proxy_of.get(proxy)
+            if owner is not None:
+                self.peer_outbox.append(
+                    (owner[0], peering.encode(peering.Credit(reader_end, size))))
+
+    def _broadcast(self, msg: peering.PeerMessage) -> None:
+        frames = peering.encode(msg)
+        for peer in self.peers:
+            self.peer_outbox.append((peer, frames))
 
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""

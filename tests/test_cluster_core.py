@@ -1,0 +1,253 @@
+"""Pipes across brokers, without sockets: several ZpipesServer cores joined by an in-memory
+link that carries their peer messages. The same scenarios run over real namespaces in
+test_cluster_netns.py."""
+
+import pytest
+
+from zpipes import protocol as p
+from zpipes.server import ServerConfig, ZpipesServer
+
+
+class Cluster:
+    def __init__(self, names, **config):
+        self.servers = {n: ZpipesServer(ServerConfig(**config)) for n in names}
+        self.now = 0.0
+        self.cut: set[frozenset] = set()
+
+    def join(self, a, b):
+        self.servers[a].peer_up(b, self.now)
+        self.servers[b].peer_up(a, self.now)
+        self.pump()
+
+    def join_all(self):
+        names = list(self.servers)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                self.join(a, b)
+
+    def lose(self, victim):
+        """``victim`` dies: every other broker notices (heartbeat timeout)."""
+        del self.servers[victim]
+        for s in self.servers.values():
+            if victim in s.peers:
+                s.peer_down(victim, self.now)
+        self.pump()
+
+    def pump(self):
+        moved = True
+        while moved:
+            moved = False
+            for name, s in list(self.servers.items()):
+                out, s.peer_outbox = s.peer_outbox, []
+                for peer, frames in out:
+                    moved = True
+                    if peer in self.servers and frozenset((name, peer)) not in self.cut:
+                        self.servers[peer].peer_receive(name, [bytes(f) for f in frames], self.now)
+
+    def send(self, broker, client, msg):
+        self.servers[broker].receive(client, [p.encode(msg)], self.now)
+        self.pump()
+
+    def advance(self, seconds):
+        self.now += seconds
+        for s in self.servers.values():
+            s.tick(self.now)
+        self.pump()
+
+    def replies(self, broker, client):
+        s = self.servers[broker]
+        mine = [p.decode(f) for c, f in s.outbox if c == client]
+        s.outbox[:] = [(c, f) for c, f in s.outbox if c != client]
+        return [p.ReadOk(bytes(m.chunk)) if isinstance(m, p.ReadOk) else m for m in mine]
+
+
+@pytest.fixture
+def c():
+    cl = Cluster("ABC")
+    cl.join_all()
+    return cl
+
+
+@pytest.mark.parametrize("reader_first", [True, False])
+def test_writer_on_a_reader_on_b(c, reader_first):
+    opens = [("B", b"r", p.Input(b"x")), ("A", b"w", p.Output(b"x"))]
+    for broker, client, msg in opens if reader_first else opens[::-1]:
+        c.send(broker, client, msg)
+    c.send("A", b"w", p.Write(b"hello ", 0))
+    c.send("A", b"w", p.Write(b"world", 0))
+    c.send("A", b"w", p.Close())
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk(), p.CloseOk()]
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"hello world"), p.ReadEnd(),
+                                    p.ReadEnd()]
+
+
+def test_stream_and_end_across_brokers(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("B", b"r", p.Read(100, 0))  # pending before any data
+    c.send("A", b"w", p.Write(b"hello", 0))
+    c.send("A", b"w", p.Close())
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"hello"), p.ReadEnd()]
+    assert c.servers["C"].pipes.pipes[b"x"].readers  # C knows of B's reader
+    c.send("B", b"r", p.Close())
+    assert all(s.pipes.pipes == {} for s in c.servers.values())  # gone everywhere
+
+
+def test_write_waits_for_a_remote_reader(c):
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"data", 0))
+    assert c.replies("A", b"w") == [p.OutputOk()]
+    c.send("C", b"r", p.Input(b"x"))
+    assert c.replies("A", b"w") == [p.WriteOk()]
+    c.send("C", b"r", p.Read(10, 0))
+    assert c.replies("C", b"r") == [p.InputOk(), p.ReadOk(b"data")]
+
+
+def test_fan_out_to_readers_on_two_brokers_and_locally(c):
+    for broker in "ABC":
+        c.send(broker, b"r", p.Input(b"fan"))
+    c.send("A", b"w", p.Output(b"fan"))
+    c.send("A", b"w", p.Write(b"one", 0))
+    c.send("A", b"w", p.Write(b"two", 0))
+    c.send("A", b"w", p.Close())
+    for broker in "ABC":
+        c.send(broker, b"r", p.Read(100, 0))
+        c.send(broker, b"r", p.Read(100, 0))
+        assert c.replies(broker, b"r") == [p.InputOk(), p.ReadOk(b"onetwo"), p.ReadEnd()]
+
+
+def test_late_remote_reader_gets_none_of_a_started_stream(c):
+    c.send("B", b"r1", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"first", 0))
+    c.send("C", b"r2", p.Input(b"x"))
+    c.send("A", b"w", p.Write(b"second", 0))
+    c.send("A", b"w", p.Close())
+    c.send("B", b"r1", p.Read(100, 0))
+    c.send("C", b"r2", p.Read(100, 0))
+    assert c.replies("B", b"r1")[1:] == [p.ReadOk(b"firstsecond")]
+    assert c.replies("C", b"r2")[1:] == [p.ReadEnd()]
+
+
+def test_slow_remote_reader_throttles_the_writer_by_credit():
+    c = Cluster("AB", capacity=10)
+    c.join_all()
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    for _ in range(6):
+        c.send("A", b"w", p.Write(b"12345", 0))
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk()]
+    assert c.servers["B"].pipes.buffered_bytes() == 10  # bounded on the reader's broker too
+    c.send("B", b"r", p.Read(5, 0))  # credit flows back: one more chunk may go
+    assert c.replies("A", b"w") == [p.WriteOk()]
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("A", b"w") == [p.WriteOk(), p.WriteOk()]
+    assert c.replies("B", b"r")[1:] == [p.ReadOk(b"12345"), p.ReadOk(b"1234512345")]
+
+
+def test_peer_lost_fails_the_writer_pending_write(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"a", 0))
+    c.cut.add(frozenset("AB"))  # B's credits no longer arrive: the writer waits...
+    c.servers["A"].pipes.capacity = 1
+    c.send("A", b"w", p.Write(b"b", 0))
+    c.lose("B")  # ...until B is declared lost
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteFailed("peer lost")]
+    c.send("A", b"w", p.Write(b"c", 0))  # and it stays failed: no WRITE_OK into the void
+    assert c.replies("A", b"w") == [p.WriteFailed("peer lost")]
+
+
+def test_peer_lost_fails_the_reader_not_end_of_stream(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"partial", 0))
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))  # pending when A dies
+    c.lose("A")
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"partial"), p.ReadFailed("peer lost")]
+
+
+def test_losing_a_peer_that_had_not_written_is_not_a_failure(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("C", b"w", p.Output(b"x"))
+    c.lose("A")  # A's writer never wrote: no stream of it is missing
+    c.send("C", b"w", p.Write(b"fine", 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"fine")]
+
+
+def test_broker_joining_late_learns_the_open_pipes():
+    """Defect 8 / seed "sometimes reader and writer pipes don't connect"."""
+    c = Cluster("AB")
+    c.send("A", b"w", p.Output(b"late"))
+    c.send("A", b"w", p.Write(b"waiting", 0))
+    c.join("A", "B")
+    c.send("B", b"r", p.Input(b"late"))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"waiting")]
+
+
+def test_seed_rapid_writer_opens_do_not_cross_wires(c):
+    """Seed "rapid writer opens asserts": writer on A, reader on B, new writer on B; writes."""
+    c.send("A", b"w1", p.Output(b"pipe"))
+    c.send("B", b"r", p.Input(b"pipe"))
+    c.send("B", b"w2", p.Output(b"pipe"))
+    c.send("B", b"w2", p.Write(b"from B", 0))
+    c.send("A", b"w1", p.Write(b"from A", 0))
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"w2")[-1] == p.WriteOk()
+    assert c.replies("A", b"w1")[-1] == p.WriteOk()
+    assert c.replies("B", b"r")[1:] == [p.ReadOk(b"from Bfrom A")]
+
+
+def test_seed_rapid_open_close_reopen_keeps_ids_apart(c):
+    """Seed "zpipes_client_new asserts on rapid open" and defect 8: a late message of an old
+    attachment cannot act on a new one."""
+    c.send("A", b"w", p.Output(b"pipe"))
+    c.send("B", b"r", p.Input(b"pipe"))
+    c.send("A", b"w", p.Write(b"old", 0))
+    c.send("A", b"w", p.Close())
+    c.send("B", b"r", p.Close())
+    c.send("A", b"w", p.Output(b"pipe"))  # same connections, new attachments
+    c.send("B", b"r", p.Input(b"pipe"))
+    c.send("A", b"w", p.Write(b"new", 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"r")[-1] == p.ReadOk(b"new")
+
+
+def test_segv_sequence_open_write_then_remote_read(c):
+    """Seed "segv on multi-broker": writer on one broker, reader on another."""
+    c.send("A", b"w", p.Output(b"pipe"))
+    c.send("B", b"r", p.Input(b"pipe"))
+    assert c.replies("B", b"r") == [p.InputOk()]
+    assert c.replies("A", b"w") == [p.OutputOk()]
+
+
+def test_writer_close_reaches_reader_after_its_data(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    for i in range(5):
+        c.send("A", b"w", p.Write(b"%d" % i, 0))
+    c.send("A", b"w", p.Close())
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"r")[1:] == [p.ReadOk(b"01234"), p.ReadEnd()]
+
+
+def test_malformed_peer_messages_are_dropped(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.servers["B"].peer_receive("A", [b"DATA", b"short"], c.now)
+    c.servers["B"].peer_receive("A", [], c.now)
+    c.servers["B"].peer_receive("Z", [b"DETACH", b"\0" * 8], c.now)  # not a peer
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"ok", 0))
+    c.send("B", b"r", p.Read(10, 0))
+    assert c.replies("B", b"r")[-1] == p.ReadOk(b"ok")
