@@ -1,0 +1,725 @@
+"""Unit tests of the client's protocol logic (no sockets), its errors, open() argument checks and
+the CLI's argument handling; and a few tests of the client's socket layer against a scripted
+stand-in for the broker (no real broker)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import zpipes
+from zpipes import cli
+from zpipes import protocol as p
+from zpipes.client import (
+    EOF,
+    WRITE_HEADROOM,
+    WRITE_TAILROOM,
+    Phase,
+    ReaderProtocol,
+    WriterProtocol,
+    check_pipe_name,
+)
+from zpipes.errors import (
+    BrokenPipe,
+    BrokerUnavailable,
+    PipeFailed,
+    PipeTimeout,
+    ProtocolError,
+    ZpipesError,
+)
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def opened_reader(**kwargs) -> ReaderProtocol:
+    proto = ReaderProtocol("pipe", **kwargs)
+    proto.open_command()
+    proto.receive(p.InputOk())
+    assert proto.phase is Phase.OPEN
+    return proto
+
+
+def opened_writer(**kwargs) -> WriterProtocol:
+    proto = WriterProtocol("pipe", **kwargs)
+    proto.open_command()
+    proto.receive(p.OutputOk())
+    assert proto.phase is Phase.OPEN
+    return proto
+
+
+def feed(proto: ReaderProtocol, *chunks: bytes) -> None:
+    """READ_OK replies, as frames, as the client gets them."""
+    for chunk in chunks:
+        proto.reads_sent(1)
+        proto.receive_frame(p.encode(p.ReadOk(chunk)))
+
+
+def joined(parts) -> bytes:
+    return b"".join(bytes(part) for part in parts)
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def test_pipe_names():
+    assert check_pipe_name("abc") == b"abc"
+    assert check_pipe_name(b"abc") == b"abc"
+    assert check_pipe_name("é" * 127) == "é".encode() * 127  # 254 bytes
+    assert check_pipe_name("x" * 255) == b"x" * 255
+    for bad in ("", b"", "x" * 256, "é" * 128, b"\xff\xfe"):
+        with pytest.raises(ValueError):
+            check_pipe_name(bad)
+    with pytest.raises(TypeError):
+        check_pipe_name(42)  # type: ignore[arg-type]
+
+
+def test_open_checks_arguments_before_connecting():
+    with pytest.raises(ValueError, match="mode"):
+        zpipes.open("p", "a")
+    with pytest.raises(TypeError, match="window"):
+        zpipes.open("p", "r", window=2)
+    with pytest.raises(TypeError, match="encoding"):
+        zpipes.open("p", "rb", encoding="utf-8")
+    with pytest.raises(ValueError):
+        zpipes.open("", "r")
+    with pytest.raises(ValueError):
+        zpipes.open("p", "w", chunk_size=4 << 20, window=4)  # over the broker's 8 MiB
+    with pytest.raises(ValueError):
+        zpipes.open("p", "r", read_ahead=0)
+
+
+def test_no_broker_fails_fast():
+    name = f"absent-{uuid.uuid4().hex[:8]}"
+    start = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match="not running"):
+        zpipes.open("p", "r", broker=name)
+    assert time.monotonic() - start < 1
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_error_hierarchy():
+    broken = BrokenPipe("write failed: no readers", "no readers")
+    assert isinstance(broken, PipeFailed) and isinstance(broken, ZpipesError)
+    assert isinstance(broken, BrokenPipeError)
+    assert broken.reason == "no readers" and broken.errno == 32
+    assert str(broken) == "write failed: no readers"
+    timeout = PipeTimeout("timed out", written=5)
+    assert isinstance(timeout, TimeoutError) and isinstance(timeout, ZpipesError)
+    assert timeout.written == 5 and str(timeout) == "timed out"
+    for cls in (PipeFailed, BrokerUnavailable, ProtocolError):
+        assert issubclass(cls, ZpipesError)
+        assert not issubclass(cls, TimeoutError)
+
+
+# --- reader: open and close ------------------------------------------------------------------
+
+
+def test_reader_open_frame_and_refusal():
+    proto = ReaderProtocol("hello")
+    assert proto.open_command() == bytes.fromhex("aaa0010568656c6c6f")
+    assert proto.phase is Phase.OPENING and proto.needs_close
+    proto.receive(p.PingOk())
+    assert proto.phase is Phase.OPENING
+    proto.receive(p.InputFailed("pipe is busy"))
+    assert proto.phase is Phase.FAILED and not proto.needs_close
+    assert isinstance(proto.error, PipeFailed) and proto.error.reason == "pipe is busy"
+    assert "hello" in str(proto.error)
+
+
+def test_reader_unexpected_open_reply_is_protocol_error():
+    proto = ReaderProtocol("x")
+    proto.open_command()
+    proto.receive(p.OutputOk())
+    assert proto.phase is Phase.BROKEN and isinstance(proto.error, ProtocolError)
+    assert not proto.needs_close
+
+
+def test_reader_close_discards_outstanding_replies():
+    proto = opened_reader()
+    proto.reads_sent(proto.reads_wanted())
+    assert proto.close_command() == bytes.fromhex("aaa010")
+    proto.receive(p.ReadOk(b"late data"))
+    proto.receive(p.ReadFailed("closed"))
+    proto.receive(p.ReadFailed("closed"))
+    assert proto.phase is Phase.CLOSING and proto.ready == 0
+    assert proto.reads_wanted(blocking=True) == 0
+    proto.receive(p.CloseOk())
+    assert proto.phase is Phase.CLOSED and proto.close_error is None
+
+
+def test_close_failed_and_invalid_while_closing():
+    proto = opened_reader()
+    proto.close_command()
+    proto.receive(p.CloseFailed("oops"))
+    assert proto.phase is Phase.CLOSED and proto.close_error.reason == "oops"
+    proto = opened_reader()
+    proto.close_command()
+    proto.receive(p.Invalid())  # the broker had forgotten us: closed anyway
+    assert proto.phase is Phase.CLOSED and proto.close_error is None
+
+
+# --- reader: requests ------------------------------------------------------------------------
+
+
+def test_reader_keeps_reads_outstanding_within_limits():
+    proto = opened_reader(read_size=100, read_ahead=3)
+    assert proto.read_frame == p.encode(p.Read(100, 0))
+    assert proto.reads_wanted() == 3
+    proto.reads_sent(3)
+    assert proto.reads_wanted() == 0
+    proto.receive(p.ReadOk(b"x" * 100))
+    assert proto.outstanding == 2 and proto.reads_wanted() == 1
+    proto.reads_sent(1)
+    for _ in range(3):
+        proto.receive(p.ReadOk(b"x" * 100))
+    assert proto.ready == 400 >= proto.buffer_limit == 300
+    assert proto.reads_wanted() == 0  # the program is not reading: stop asking
+    assert proto.reads_wanted(blocking=True) == 3  # it waits for more: ask anyway
+
+
+def test_reader_read_timeout_reply_only_frees_the_request():
+    proto = opened_reader()
+    proto.reads_sent(1)
+    proto.receive(p.ReadTimeout())
+    assert proto.outstanding == 0 and proto.ready == 0 and not proto.final
+
+
+# --- reader: the stream ----------------------------------------------------------------------
+
+
+def test_take_across_chunks_keeps_the_rest():
+    proto = opened_reader()
+    feed(proto, b"abcdef", b"ghi", b"jklmnop")
+    assert proto.ready == 16
+    assert joined(proto.take(1)) == b"a"
+    assert joined(proto.take(7)) == b"bcdefgh"
+    assert proto.ready == 8
+    assert bytes(proto.take_view(2)) == b"i"  # one chunk at most
+    assert bytes(proto.take_view(3)) == b"jkl"
+    assert bytes(proto.peek_view()) == b"mnop"
+    assert joined(proto.take(100)) == b"mnop"
+    assert proto.ready == 0 and proto.take(5) == [] and len(proto.take_view()) == 0
+
+
+def test_unread_puts_data_back_in_front():
+    proto = opened_reader()
+    feed(proto, b"abc", b"def")
+    parts = proto.take(4)
+    proto.unread(parts)
+    assert proto.ready == 6 and joined(proto.take(6)) == b"abcdef"
+
+
+def test_received_chunks_are_not_copied():
+    proto = opened_reader()
+    frame = bytearray(p.encode(p.ReadOk(b"0123456789")))
+    proto.reads_sent(1)
+    proto.receive_frame(frame)
+    frame[-1:] = b"X"  # the buffer is shared: the view sees the change
+    assert bytes(proto.take_view()) == b"012345678X"
+
+
+def test_find_newline_across_chunks():
+    proto = opened_reader()
+    feed(proto, b"ab", b"c\nd", b"ef\n")
+    assert proto.find_newline() == 3
+    assert proto.find_newline(4) == 7
+    assert proto.find_newline(4, 7) == -1
+    assert proto.find_newline(0, 3) == -1
+    assert proto.find_newline(8) == -1
+
+
+def test_end_of_stream_marker():
+    proto = opened_reader()
+    proto.reads_sent(4)
+    proto.receive(p.ReadOk(b"tail"))
+    proto.receive(p.ReadEnd())
+    proto.receive(p.ReadEnd())  # several ENDs in a row are one end
+    proto.receive(p.ReadEnd())
+    assert proto.final and proto.marker is EOF and proto.ready == 4
+    assert proto.reads_wanted(blocking=True) == 0  # nothing more to ask before the end is seen
+    with pytest.raises(RuntimeError):
+        proto.consume_eof()  # data first
+    assert joined(proto.take(10)) == b"tail"
+    proto.consume_eof()
+    assert not proto.final and proto.ready == 0
+    assert proto.reads_wanted() == 4 - proto.outstanding
+
+
+def test_data_after_end_of_stream_is_kept_for_the_next_stream():
+    proto = opened_reader()
+    proto.reads_sent(3)
+    proto.receive(p.ReadEnd())
+    proto.receive(p.ReadOk(b"new writer"))
+    proto.receive(p.ReadEnd())
+    assert proto.ready == 0 and proto.marker is EOF
+    proto.consume_eof()
+    assert proto.ready == 10 and proto.marker is EOF
+    assert joined(proto.take(10)) == b"new writer"
+
+
+def test_read_failed_is_a_sticky_marker_after_the_data():
+    proto = opened_reader()
+    proto.reads_sent(3)
+    proto.receive(p.ReadOk(b"data"))
+    proto.receive(p.ReadFailed("broker stopping"))
+    proto.receive(p.ReadFailed("broker stopping"))
+    assert proto.ready == 4 and proto.final
+    assert isinstance(proto.marker, PipeFailed) and proto.marker.reason == "broker stopping"
+    assert len(proto._later) == 1  # one error is enough
+    assert proto.reads_wanted(blocking=True) == 0
+    proto.take(4)
+    assert isinstance(proto.marker, PipeFailed)
+    with pytest.raises(RuntimeError):
+        proto.consume_eof()
+
+
+@pytest.mark.parametrize(
+    "reply", [p.Invalid(), p.WriteOk(), p.InputOk(), p.CloseOk()], ids=lambda r: r.id.name
+)
+def test_reader_unexpected_replies_break_the_end(reply):
+    proto = opened_reader()
+    proto.reads_sent(4)
+    feed(proto, b"abc")
+    proto.receive(reply)
+    assert proto.phase is Phase.BROKEN and not proto.needs_close
+    assert isinstance(proto.marker, ProtocolError) and proto.ready == 3
+    assert proto.outstanding == 0 and proto.reads_wanted(blocking=True) == 0
+
+
+@pytest.mark.parametrize(
+    "frame", [b"", b"\xaa", b"\xaa\xa1\x08", b"\xaa\xa0\x63", b"\xaa\xa0\x07" + bytes(8),
+              b"\xaa\xa0\x08\x00\x00\x00\x09abc"],
+)
+def test_reader_garbage_is_a_protocol_error(frame):
+    proto = opened_reader()
+    proto.receive_frame(frame)
+    assert proto.phase is Phase.BROKEN and isinstance(proto.marker, ProtocolError)
+
+
+def test_ping_ok_changes_nothing():
+    proto = opened_reader()
+    proto.reads_sent(2)
+    proto.receive_frame(p.encode(p.PingOk()))
+    assert proto.phase is Phase.OPEN and proto.outstanding == 2 and not proto.final
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(max_size=2000),
+    cuts=st.lists(st.integers(1, 300), max_size=40),
+    takes=st.lists(st.integers(1, 400), min_size=1, max_size=40),
+)
+def test_stream_survives_any_chunking(data, cuts, takes):
+    """However the data is cut into READ_OKs and however it is taken, it comes out whole."""
+    proto = opened_reader()
+    pos = 0
+    for cut in cuts:
+        if pos < len(data):
+            feed(proto, data[pos : pos + cut])
+            pos += cut
+    if pos < len(data):
+        feed(proto, data[pos:])
+    proto.reads_sent(1)
+    proto.receive(p.ReadEnd())
+    out = bytearray()
+    i = 0
+    while proto.ready:
+        size = takes[i % len(takes)]
+        if i % 3 == 2:
+            out += proto.take_view(size)
+        else:
+            out += joined(proto.take(size))
+        i += 1
+    assert bytes(out) == data and proto.marker is EOF
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=20).map(lambda b: b.replace(b"\0", b"\n")),
+                    max_size=12),
+    start=st.integers(0, 250),
+    stop=st.integers(0, 250),
+)
+def test_find_newline_matches_bytes_find(chunks, start, stop):
+    proto = opened_reader()
+    feed(proto, *chunks)
+    whole = b"".join(chunks)
+    expected = whole.find(b"\n", start, min(stop, len(whole)))
+    assert proto.find_newline(start, stop) == expected
+
+
+# --- writer ----------------------------------------------------------------------------------
+
+
+def test_writer_frames_match_the_codec():
+    proto = opened_writer()
+    assert proto.write_frame(b"abc") == p.encode(p.Write(b"abc", 0))
+    assert proto.write_frame(memoryview(b"xyzw")[1:3]) == p.encode(p.Write(b"yz", 0))
+    assert WriterProtocol("hello").open_command() == bytes.fromhex("aaa0040568656c6c6f")
+
+
+def test_writer_builds_frames_in_place():
+    proto = opened_writer()
+    buf = bytearray(WRITE_HEADROOM + 10 + WRITE_TAILROOM)
+    view = memoryview(buf)
+    view[WRITE_HEADROOM : WRITE_HEADROOM + 5] = b"hello"
+    frame = proto.fill_write_frame(view, 5)
+    assert bytes(frame) == p.encode(p.Write(b"hello", 0))
+    assert frame.obj is buf  # no copy
+
+
+def test_writer_window_and_acknowledgements():
+    proto = opened_writer(chunk_size=10, window=2)
+    assert not proto.window_full
+    proto.write_sent(10)
+    proto.write_sent(3)
+    assert proto.window_full and proto.outstanding == 2 and proto.outstanding_bytes == 13
+    proto.receive(p.PingOk())
+    proto.receive(p.WriteOk())
+    assert not proto.window_full and proto.outstanding_bytes == 3
+    assert proto.bytes_sent == 13 and proto.bytes_acked == 10
+    proto.receive(p.WriteOk())
+    assert proto.outstanding == 0 and proto.bytes_acked == 13
+    proto.check()
+
+
+def test_writer_no_readers_is_a_broken_pipe_and_sticks():
+    proto = opened_writer()
+    proto.write_sent(5)
+    proto.write_sent(5)
+    proto.receive(p.WriteFailed("no readers"))
+    proto.receive(p.WriteFailed("some later reason"))
+    assert proto.outstanding == 0
+    for _ in range(2):
+        with pytest.raises(BrokenPipe) as info:
+            proto.check()
+        assert isinstance(info.value, BrokenPipeError) and info.value.reason == "no readers"
+
+
+def test_writer_other_failures():
+    proto = opened_writer()
+    proto.write_sent(5)
+    proto.receive(p.WriteFailed("pipe destroyed"))
+    with pytest.raises(PipeFailed) as info:
+        proto.check()
+    assert not isinstance(info.value, BrokenPipe)
+    proto = opened_writer()
+    proto.write_sent(5)
+    proto.receive(p.WriteTimeout())  # never asked for: a chunk went missing
+    with pytest.raises(PipeFailed):
+        proto.check()
+    assert proto.bytes_acked == 0
+
+
+def test_writer_open_refused_and_invalid():
+    proto = WriterProtocol("x")
+    proto.open_command()
+    proto.receive(p.OutputFailed("too many writers"))
+    assert proto.phase is Phase.FAILED and proto.error.reason == "too many writers"
+    proto = opened_writer()
+    proto.write_sent(5)
+    proto.receive(p.Invalid())
+    assert proto.phase is Phase.BROKEN and proto.outstanding == 0 and not proto.needs_close
+    with pytest.raises(ProtocolError):
+        proto.check()
+    proto = opened_writer()
+    proto.receive(p.ReadOk(b"?"))
+    with pytest.raises(ProtocolError):
+        proto.check()
+
+
+def test_writer_close_discards_write_replies():
+    proto = opened_writer()
+    proto.write_sent(5)
+    proto.write_sent(5)
+    proto.close_command()
+    proto.receive(p.WriteOk())
+    proto.receive(p.WriteFailed("closed"))
+    proto.check()  # a failure caused by our own CLOSE is no error
+    proto.receive(p.CloseOk())
+    assert proto.phase is Phase.CLOSED and proto.outstanding == 0 and proto.bytes_acked == 5
+
+
+def test_writer_option_limits():
+    for kwargs in ({"chunk_size": 0}, {"window": 0}, {"window": 33},
+                   {"chunk_size": 3 << 20, "window": 3}):
+        with pytest.raises(ValueError):
+            WriterProtocol("x", **kwargs)
+
+
+# --- CLI arguments ---------------------------------------------------------------------------
+
+
+def test_cli_parser():
+    parser = cli.build_parser()
+    args = parser.parse_args(["write", "p"])
+    assert args.command == "write" and args.name == "p"
+    assert not hasattr(args, "broker") and not hasattr(args, "timeout")
+    args = parser.parse_args(["--broker", "b1", "read", "p", "--timeout", "2.5"])
+    assert (args.command, args.name, args.broker, args.timeout) == ("read", "p", "b1", 2.5)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["copy", "p"], ["read"], ["read", "p", "--timeout", "0"],
+     ["read", "p", "--timeout", "soon"], ["write", "x" * 256], ["write", ""]],
+)
+def test_cli_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_cli_without_broker_exits_1_with_one_line(capsys):
+    name = f"absent-{uuid.uuid4().hex[:8]}"
+    assert cli.main(["read", "p", "--broker", name]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("zpipes: ") and err.count("\n") == 1 and "not running" in err
+
+
+# --- the socket layer, against a scripted stand-in for the broker ----------------------------
+
+
+class ScriptedBroker:
+    """A ROUTER on a broker endpoint that answers INPUT/OUTPUT, PING (if ``pings``) and CLOSE,
+    records everything and answers other commands only via ``reply``."""
+
+    def __init__(self, pings: bool = True, write_ok: bool = False):
+        self.name = f"unit-{uuid.uuid4().hex[:8]}"
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(zpipes.endpoint(self.name))
+        self.pings = pings
+        self.write_ok = write_ok
+        self.seen: list = []
+        self.peer: bytes | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            with self.lock:
+                if not self.sock.poll(10):
+                    continue
+                peer, frame = self.sock.recv_multipart()
+                self.peer = peer
+                msg = p.decode(frame)
+                self.seen.append(msg)
+                answer = {
+                    p.Input: p.InputOk(), p.Output: p.OutputOk(), p.Close: p.CloseOk(),
+                    p.Ping: p.PingOk() if self.pings else None,
+                    p.Write: p.WriteOk() if self.write_ok else None,
+                }.get(type(msg))
+                if answer is not None:
+                    self.sock.send_multipart([peer, p.encode(answer)])
+
+    def reply(self, msg):
+        with self.lock:
+            self.sock.send_multipart([self.peer, p.encode(msg)])
+
+    def count(self, cls) -> int:
+        return sum(isinstance(m, cls) for m in list(self.seen))
+
+    def wait_for(self, cls, count: int) -> list:
+        deadline = time.monotonic() + 5
+        while self.count(cls) < count:
+            assert time.monotonic() < deadline, f"broker got no {count} {cls.__name__}"
+            time.sleep(0.01)
+        return [m for m in list(self.seen) if isinstance(m, cls)]
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def broker():
+    b = ScriptedBroker()
+    yield b
+    b.close()
+
+
+def test_client_timeout_keeps_outstanding_reads(broker):
+    with zpipes.open("p", "r", broker=broker.name, timeout=0.2, read_ahead=2) as reader:
+        start = time.monotonic()
+        with pytest.raises(PipeTimeout):
+            reader.read(3)
+        assert 0.15 < time.monotonic() - start < 1.5
+        assert broker.count(p.Read) == 2
+        assert all(m.timeout == 0 for m in broker.seen if isinstance(m, p.Read))
+        broker.reply(p.ReadOk(b"ab"))
+        with pytest.raises(PipeTimeout):
+            reader.read(3)  # two bytes are not three; nothing is consumed
+        broker.reply(p.ReadOk(b"cd"))
+        assert reader.read(3) == b"abc"
+        assert reader.read1(10) == b"d"
+        broker.reply(p.ReadEnd())
+        assert reader.read() == b""
+    assert isinstance(broker.seen[-1], p.Close)
+
+
+def test_client_pings_while_waiting_and_while_idle(broker):
+    reader = zpipes.open("p", "r", broker=broker.name, ping_interval=0.1)
+    time.sleep(0.5)  # the program is busy elsewhere: the heartbeat thread pings
+    assert broker.count(p.Ping) >= 3
+    reader.timeout = 0.5
+    before = broker.count(p.Ping)
+    with pytest.raises(PipeTimeout):
+        reader.read(1)
+    assert broker.count(p.Ping) >= before + 3
+    reader.close()
+
+
+def test_silent_broker_is_noticed():
+    silent = ScriptedBroker(pings=False)
+    try:
+        reader = zpipes.open("p", "r", broker=silent.name, ping_interval=0.1, broker_timeout=0.6)
+        start = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match="not responding"):
+            reader.read(1)
+        assert time.monotonic() - start < 2
+        reader.close()  # does not wait for a broker that is gone
+    finally:
+        silent.close()
+
+
+def test_writer_window_and_errors_on_later_calls(broker):
+    writer = zpipes.open("p", "w", broker=broker.name, chunk_size=4, window=2, timeout=0.3)
+    assert writer.write(b"abcdefgh") == 8  # two WRITEs fill the window: no wait yet
+    with pytest.raises(PipeTimeout) as info:
+        writer.write(b"ijklmn")
+    assert info.value.written == 0
+    broker.reply(p.WriteOk())
+    assert writer.write(b"ij") == 2
+    writes = broker.wait_for(p.Write, 3)
+    assert [bytes(m.chunk) for m in writes] == [b"abcd", b"efgh", b"ij"]
+    broker.reply(p.WriteFailed("no readers"))
+    broker.reply(p.WriteOk())
+    time.sleep(0.1)
+    with pytest.raises(BrokenPipe):
+        writer.write(b"more")
+    with pytest.raises(BrokenPipeError):
+        writer.close()
+    assert writer.closed and isinstance(broker.seen[-1], p.Close)
+
+
+def test_write_from_reads_what_is_there():
+    broker = ScriptedBroker(write_ok=True)
+    rfd, wfd = os.pipe()
+    try:
+        writer = zpipes.open("p", "w", broker=broker.name)
+        os.write(wfd, b"line one\n")
+        assert writer.write_from(rfd) == 9
+        assert bytes(broker.wait_for(p.Write, 1)[0].chunk) == b"line one\n"
+
+        def produce():
+            os.write(wfd, b"x" * 300_000)
+            os.close(wfd)
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        got = 0
+        while n := writer.write_from(rfd):
+            got += n
+        assert got == 300_000
+        assert writer.write_from(rfd) == 0  # still at end, without reading again
+        producer.join()
+        writer.close()
+        writes = [m for m in broker.seen if isinstance(m, p.Write)]
+        assert b"".join(bytes(m.chunk) for m in writes[1:]) == b"x" * 300_000
+        assert isinstance(broker.seen[-1], p.Close)
+    finally:
+        os.close(rfd)
+        broker.close()
+
+
+def test_reader_stream_calls(broker):
+    reader = zpipes.open("p", "r", broker=broker.name, timeout=2)
+    broker.wait_for(p.Read, 4)
+    for chunk in (b"first li", b"ne\nsecond line\nthird", b" line\n", b"0123456789"):
+        broker.reply(p.ReadOk(chunk))
+    assert reader.readline() == b"first line\n"
+    assert reader.readline(3) == b"sec"
+    assert next(reader) == b"ond line\n"
+    assert reader.peek()[:5] == b"third"
+    buf = bytearray(12)
+    assert reader.readinto(buf) == 12 and buf == b"third line\n0"
+    assert reader.readinto1(memoryview(buf)[:4]) == 4 and buf[:4] == b"1234"
+    assert bytes(reader.readview(2)) == b"56"
+    broker.reply(p.ReadEnd())
+    assert reader.read(100) == b"789"  # short: the stream ends after it
+    assert reader.read(100) == b""
+    broker.reply(p.ReadOk(b"a new writer's stream\nno newline"))
+    broker.reply(p.ReadFailed("broker stopping"))
+    lines = iter(reader)
+    assert next(lines) == b"a new writer's stream\n"
+    with pytest.raises(PipeFailed):
+        next(lines)  # a last line without newline would look like the end of the stream
+    reader.close()
+
+
+def test_failure_never_looks_like_end(broker):
+    reader = zpipes.open("p", "r", broker=broker.name, timeout=2)
+    broker.wait_for(p.Read, 4)
+    broker.reply(p.ReadOk(b"partial"))
+    broker.reply(p.ReadFailed("broker stopping"))
+    time.sleep(0.1)
+    with pytest.raises(PipeFailed, match="broker stopping"):
+        reader.read(100)  # a short read would look like the end of the stream
+    with pytest.raises(PipeFailed):
+        reader.readline()
+    with pytest.raises(PipeFailed):
+        reader.read()
+    assert reader.read1(100) == b"partial"  # what did arrive is still there
+    with pytest.raises(PipeFailed):
+        reader.read1(100)
+    reader.close()
+
+
+def test_endpoint_option_over_tcp():
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        def serve():
+            peer, frame = router.recv_multipart()
+            assert p.decode(frame) == p.Output(b"p")
+            router.send_multipart([peer, p.encode(p.OutputOk())])
+            peer, frame = router.recv_multipart()
+            while isinstance(p.decode(frame), p.Ping):
+                peer, frame = router.recv_multipart()
+            assert isinstance(p.decode(frame), p.Close)
+            router.send_multipart([peer, p.encode(p.CloseOk())])
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        writer = zpipes.open("p", "w", broker="elsewhere", endpoint=f"tcp://127.0.0.1:{port}")
+        writer.close()
+        server.join(5)
+        assert not server.is_alive()
+    finally:
+        router.close()
+
+
+def test_endpoint_probe_fails_fast_on_a_closed_tcp_port():
+    probe = zmq.Context.instance().socket(zmq.ROUTER)
+    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    probe.close(linger=0)
+    time.sleep(0.05)
+    with pytest.raises(BrokerUnavailable):
+        zpipes.open("p", "r", endpoint=f"tcp://127.0.0.1:{port}")

@@ -1,0 +1,1433 @@
+"""The ZPIPES client: named pipes served by a broker, as Python file objects.
+
+    with zpipes.open("events", "w") as pipe:      # a PipeWriter
+        pipe.write(b"hello\\n")
+    with zpipes.open("events", "r") as pipe:      # a PipeReader
+        for line in pipe:
+            ...
+
+Streams, not chunks: a reader's ``read(n)`` returns exactly ``n`` bytes unless the stream ended
+(then fewer, then ``b""``), however the writer cut its data. Nothing is ever dropped: a partly
+consumed chunk keeps its rest for the next call, and a timeout leaves everything in flight in
+flight. End of stream (``b""``), a timeout (:class:`~zpipes.errors.PipeTimeout`, a
+``TimeoutError``) and a failure (:class:`~zpipes.errors.ZpipesError`) never look alike.
+
+Layout of this module:
+
+* :class:`ReaderProtocol` and :class:`WriterProtocol` hold the protocol logic of one pipe end:
+  which requests are outstanding, what each reply means, the reader's stream buffer. They do
+  no I/O and read no clock, so they are tested without sockets.
+* :class:`_Channel` does the I/O: one DEALER socket to the broker, shared under a lock with a
+  heartbeat thread that pings the broker while the program does not call the library (and
+  drains replies so that they never pile up in the socket). It notices a silent broker.
+* :class:`PipeReader` and :class:`PipeWriter` are the file objects that tie the two together.
+
+Throughput: a reader keeps ``read_ahead`` READs of ``read_size`` bytes outstanding, sent with
+wire timeout 0 (timeouts are kept by the client, so that a timeout never loses a request that
+the broker may still answer), and receives without copying. A writer sends chunks of up to
+``chunk_size`` bytes with up to ``window`` WRITEs unacknowledged; ``write`` returns once the
+data is sent, and ``flush``/``close`` wait until the broker took all of it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import math
+import os
+import re
+import select
+import socket
+import sys
+import threading
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from enum import Enum
+from time import monotonic
+from typing import Any
+
+import zmq
+import zmq.utils.garbage  # noqa: F401 - see _close_open_ends
+
+from zpipes import protocol as p
+from zpipes.errors import (
+    BrokenPipe,
+    BrokerUnavailable,
+    PipeFailed,
+    PipeTimeout,
+    ProtocolError,
+    ZpipesError,
+)
+
+DEFAULT_BROKER = "local"
+DEFAULT_READ_SIZE = 1 << 20  # bytes asked for by one READ
+DEFAULT_READ_AHEAD = 4  # READs kept outstanding by a reader
+DEFAULT_CHUNK_SIZE = 1 << 20  # largest chunk sent by one WRITE
+DEFAULT_WINDOW = 4  # WRITEs a writer may have unacknowledged
+DEFAULT_PING_INTERVAL = 1.0  # seconds: ping the broker when we sent nothing for this long
+DEFAULT_BROKER_TIMEOUT = 5.0  # seconds: a broker silent for this long while we wait is gone
+CLOSE_LINGER_MS = 200  # how long a closed socket may still try to deliver its last message
+
+# The broker's limits on pipelining (per client): stay well below them.
+MAX_OUTSTANDING = 32
+MAX_WINDOW_BYTES = 8 << 20
+
+ZERO_COPY_MIN = 64 << 10  # below this, copying into the frame is cheaper than zero-copy
+WRITE_HEADROOM = 7  # signature, id, chunk length: in front of a WRITE's data
+WRITE_TAILROOM = 4  # timeout: after a WRITE's data
+
+_PING = p.encode(p.Ping())
+_CLOSE = p.encode(p.Close())
+_NEWLINE = re.compile(b"\n")
+
+
+def endpoint(broker: str) -> str:
+    """The ZeroMQ endpoint of a broker: ``ipc://@/zpipes/<broker>``."""
+    return f"ipc://@/zpipes/{broker}"
+
+
+def check_pipe_name(name: str | bytes) -> bytes:
+    """A pipe name as the wire carries it: 1 to 255 bytes of UTF-8. Raises ValueError."""
+    if isinstance(name, str):
+        raw = name.encode("utf-8")
+    elif isinstance(name, bytes | bytearray | memoryview):
+        raw = bytes(name)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"pipe name {raw!r} is not valid UTF-8") from None
+    else:
+        raise TypeError(f"pipe name must be str or bytes, not {type(name).__name__}")
+    if not 1 <= len(raw) <= p.MAX_STRING:
+        raise ValueError(f"pipe name must be 1 to {p.MAX_STRING} bytes of UTF-8, not {len(raw)}")
+    return raw
+
+
+def check_broker_name(broker: str) -> str:
+    if not isinstance(broker, str):
+        raise TypeError(f"broker name must be str, not {type(broker).__name__}")
+    if not broker or "\0" in broker or len(broker.encode("utf-8")) > 90:
+        raise ValueError(f"invalid broker name {broker!r}")
+    return broker
+
+
+# ============================================================================================
+# Protocol logic (no I/O, no clock)
+# ============================================================================================
+
+
+class Phase(Enum):
+    NEW = "new"
+    OPENING = "opening"  # INPUT/OUTPUT sent
+    OPEN = "open"
+    CLOSING = "closing"  # CLOSE sent; every reply but CLOSE_OK/CLOSE_FAILED is discarded
+    CLOSED = "closed"
+    FAILED = "failed"  # the open was refused
+    BROKEN = "broken"  # the broker answered INVALID or garbage: it detached our pipe end
+
+
+class _Eof:
+    """End-of-stream marker in a reader's stream."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EOF"
+
+
+EOF = _Eof()
+
+
+class _EndProtocol:
+    """What readers and writers share: opening, closing, and the replies that mean the same
+    for both."""
+
+    _open_ok: type
+    _open_failed: type
+    _role: str
+
+    def __init__(self, name: str | bytes) -> None:
+        self.name = check_pipe_name(name)
+        self.phase = Phase.NEW
+        self.error: ZpipesError | None = None  # why the end is unusable (open refused, broken)
+        self.close_error: ZpipesError | None = None  # CLOSE_FAILED
+
+    @property
+    def label(self) -> str:
+        return self.name.decode("utf-8")
+
+    # --- commands ---
+
+    def open_command(self) -> bytes:
+        if self.phase is not Phase.NEW:
+            raise RuntimeError("the pipe end was opened already")
+        self.phase = Phase.OPENING
+        return self._open_frame()
+
+    def _open_frame(self) -> bytes:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def needs_close(self) -> bool:
+        """True while the broker holds a pipe end for us that a CLOSE should release."""
+        return self.phase in (Phase.OPENING, Phase.OPEN)
+
+    def close_command(self) -> bytes:
+        self.phase = Phase.CLOSING
+        return _CLOSE
+
+    # --- replies ---
+
+    def receive_frame(self, frame: Any) -> None:
+        """Take one frame from the broker."""
+        reply = p.decode_reply([frame])
+        if isinstance(reply, p.DecodeError):
+            self.receive_garbage(reply.reason)
+        else:
+            self.receive(reply)
+
+    def receive_garbage(self, reason: str) -> None:
+        if self.phase in (Phase.OPENING, Phase.OPEN):
+            self._break(ProtocolError(f"pipe {self.label!r}: bad reply from broker: {reason}"))
+
+    def receive(self, reply: p.Reply) -> None:
+        kind = type(reply)
+        if kind is p.PingOk:
+            return
+        phase = self.phase
+        if phase is Phase.OPEN:
+            self._receive_open(reply)
+        elif phase is Phase.CLOSING:
+            if kind is p.CloseOk or kind is p.Invalid:
+                # INVALID: the broker no longer knew us (it expired us or restarted); the end
+                # is gone either way.
+                self.phase = Phase.CLOSED
+            elif kind is p.CloseFailed:
+                self.phase = Phase.CLOSED
+                self.close_error = PipeFailed(
+                    f"close of pipe {self.label!r} failed: {reply.reason}", reply.reason
+                )
+            else:
+                self._discard(reply)
+        elif phase is Phase.OPENING:
+            if kind is self._open_ok:
+                self.phase = Phase.OPEN
+            elif kind is self._open_failed:
+                self.phase = Phase.FAILED
+                self.error = PipeFailed(
+                    f"cannot open pipe {self.label!r} for {self._role}: {reply.reason}",
+                    reply.reason,
+                )
+            else:
+                self._unexpected(reply)
+        # NEW, CLOSED, FAILED, BROKEN: late replies mean nothing any more
+
+    def _receive_open(self, reply: p.Reply) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _discard(self, reply: p.Reply) -> None:
+        """A reply to a request that a CLOSE cancelled."""
+
+    def _unexpected(self, reply: p.Reply) -> None:
+        if type(reply) is p.Invalid:
+            self._break(ProtocolError(
+                f"pipe {self.label!r}: the broker rejected a command as invalid and dropped "
+                "the pipe end"
+            ))
+        else:
+            self._break(ProtocolError(
+                f"pipe {self.label!r}: unexpected {reply.id.name} from broker while "
+                f"{self.phase.value} for {self._role}"
+            ))
+
+    def _break(self, error: ZpipesError) -> None:
+        self.phase = Phase.BROKEN
+        if self.error is None:
+            self.error = error
+
+
+class ReaderProtocol(_EndProtocol):
+    """The reading end: outstanding READs and the stream buffer.
+
+    The stream is a sequence of data chunks (memoryviews, consumed by slicing: no copies) and
+    markers: :data:`EOF` (READ_END) or an exception (READ_FAILED, INVALID). Data before the
+    first marker is *ready* (``ready`` bytes in ``_chunks``); the first marker and everything
+    after it wait in ``_later``. Consuming an EOF marker makes the data after it ready (a new
+    writer may start a new stream, as with a named pipe); an error marker is never consumed.
+    """
+
+    _open_ok = p.InputOk
+    _open_failed = p.InputFailed
+    _role = "reading"
+
+    def __init__(
+        self,
+        name: str | bytes,
+        read_size: int = DEFAULT_READ_SIZE,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        buffer_limit: int | None = None,
+    ) -> None:
+        super().__init__(name)
+        if not 1 <= read_size <= p.MAX_NUMBER4:
+            raise ValueError(f"read_size must be 1 to {p.MAX_NUMBER4}, not {read_size}")
+        if not 1 <= read_ahead <= MAX_OUTSTANDING:
+            raise ValueError(f"read_ahead must be 1 to {MAX_OUTSTANDING}, not {read_ahead}")
+        self.read_size = read_size
+        self.read_ahead = read_ahead
+        self.buffer_limit = read_size * read_ahead if buffer_limit is None else buffer_limit
+        self.read_frame = p.encode(p.Read(read_size, 0))
+        self.outstanding = 0  # READs sent and not answered
+        self.ready = 0  # bytes in _chunks
+        self._chunks: deque[memoryview] = deque()
+        self._later: deque[memoryview | _Eof | ZpipesError] = deque()
+
+    def _open_frame(self) -> bytes:
+        return p.encode(p.Input(self.name))
+
+    # --- requests ---
+
+    def reads_wanted(self, blocking: bool = False) -> int:
+        """How many READs to send now. ``blocking``: the caller is about to wait for data, so
+        the buffer limit does not apply (it needs more than is ready)."""
+        if self.phase is not Phase.OPEN or self._later:
+            return 0
+        if not blocking and self.ready >= self.buffer_limit:
+            return 0
+        return max(0, self.read_ahead - self.outstanding)
+
+    def reads_sent(self, count: int) -> None:
+        self.outstanding += count
+
+    # --- replies ---
+
+    def _receive_open(self, reply: p.Reply) -> None:
+        kind = type(reply)
+        if kind is p.ReadOk:
+            self._answered()
+            chunk = reply.chunk
+            if type(chunk) is not memoryview:
+                chunk = memoryview(chunk)
+            if len(chunk):
+                if self._later:
+                    self._later.append(chunk)
+                else:
+                    self._chunks.append(chunk)
+                    self.ready += len(chunk)
+        elif kind is p.ReadEnd:
+            self._answered()
+            later = self._later
+            if not (later and later[-1] is EOF):  # one EOF stands for several in a row
+                later.append(EOF)
+        elif kind is p.ReadTimeout:
+            self._answered()  # we never ask the broker for timeouts; ask again
+        elif kind is p.ReadFailed:
+            self._answered()
+            self._add_error(PipeFailed(
+                f"read from pipe {self.label!r} failed: {reply.reason}", reply.reason
+            ))
+        else:
+            self._unexpected(reply)
+
+    def _answered(self) -> None:
+        if self.outstanding > 0:
+            self.outstanding -= 1
+
+    def _add_error(self, error: ZpipesError) -> None:
+        if not any(isinstance(item, ZpipesError) for item in self._later):
+            self._later.append(error)
+
+    def _break(self, error: ZpipesError) -> None:
+        super()._break(error)
+        self.outstanding = 0
+        self._add_error(error)
+
+    def _discard(self, reply: p.Reply) -> None:
+        if type(reply) in (p.ReadOk, p.ReadEnd, p.ReadTimeout, p.ReadFailed):
+            self._answered()
+
+    # --- the stream ---
+
+    @property
+    def final(self) -> bool:
+        """No more data can join the ready data: a marker follows it."""
+        return bool(self._later)
+
+    @property
+    def marker(self) -> _Eof | ZpipesError | None:
+        """The marker that follows the ready data, if one arrived."""
+        return self._later[0] if self._later else None  # type: ignore[return-value]
+
+    def take(self, size: int) -> list[memoryview]:
+        """Consume up to ``size`` ready bytes, as slices of the received chunks."""
+        parts: list[memoryview] = []
+        chunks = self._chunks
+        want = size
+        while want > 0 and chunks:
+            head = chunks[0]
+            if len(head) <= want:
+                parts.append(chunks.popleft())
+                want -= len(head)
+            else:
+                parts.append(head[:want])
+                chunks[0] = head[want:]
+                want = 0
+        self.ready -= size - want
+        return parts
+
+    def take_view(self, size: int = -1) -> memoryview:
+        """Consume up to ``size`` ready bytes (all of the first chunk if ``size`` < 0) from the
+        first ready chunk only: no copy at all. Empty if nothing is ready."""
+        chunks = self._chunks
+        if not chunks:
+            return memoryview(b"")
+        head = chunks[0]
+        if size < 0 or len(head) <= size:
+            chunks.popleft()
+        else:
+            chunks[0] = head[size:]
+            head = head[:size]
+        self.ready -= len(head)
+        return head
+
+    def peek_view(self) -> memoryview:
+        return self._chunks[0] if self._chunks else memoryview(b"")
+
+    def unread(self, parts: Iterable[memoryview]) -> None:
+        """Put data back in front of the ready data (for a caller that took too much)."""
+        parts = [part for part in parts if len(part)]
+        self._chunks.extendleft(reversed(parts))
+        self.ready += sum(len(part) for part in parts)
+
+    def find_newline(self, start: int = 0, stop: int | None = None) -> int:
+        """Offset in the ready data of the first newline in ``[start, stop)``, or -1."""
+        stop = self.ready if stop is None else min(stop, self.ready)
+        pos = 0
+        for chunk in self._chunks:
+            if pos >= stop:
+                break
+            end = pos + len(chunk)
+            if end > start:
+                match = _NEWLINE.search(chunk, max(0, start - pos), min(len(chunk), stop - pos))
+                if match:
+                    return pos + match.start()
+            pos = end
+        return -1
+
+    def consume_eof(self) -> None:
+        """Step over the EOF marker that follows the (now empty) ready data."""
+        if self._chunks or not self._later or self._later[0] is not EOF:
+            raise RuntimeError("no EOF marker to consume")
+        later = self._later
+        later.popleft()
+        while later and not (later[0] is EOF or isinstance(later[0], ZpipesError)):
+            chunk = later.popleft()
+            self._chunks.append(chunk)  # type: ignore[arg-type]
+            self.ready += len(chunk)  # type: ignore[arg-type]
+
+
+class WriterProtocol(_EndProtocol):
+    """The writing end: outstanding WRITEs and the first error, which is sticky."""
+
+    _open_ok = p.OutputOk
+    _open_failed = p.OutputFailed
+    _role = "writing"
+
+    def __init__(
+        self,
+        name: str | bytes,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        super().__init__(name)
+        if not 1 <= chunk_size <= MAX_WINDOW_BYTES:
+            raise ValueError(f"chunk_size must be 1 to {MAX_WINDOW_BYTES}, not {chunk_size}")
+        if not 1 <= window <= MAX_OUTSTANDING:
+            raise ValueError(f"window must be 1 to {MAX_OUTSTANDING}, not {window}")
+        if window * chunk_size > MAX_WINDOW_BYTES:
+            raise ValueError(
+                f"window * chunk_size must be at most {MAX_WINDOW_BYTES} bytes (broker limit)"
+            )
+        self.chunk_size = chunk_size
+        self.window = window
+        self.outstanding = 0  # WRITEs sent and not answered
+        self.outstanding_bytes = 0
+        self._sizes: deque[int] = deque()
+        self.bytes_sent = 0
+        self.bytes_acked = 0
+
+    def _open_frame(self) -> bytes:
+        return p.encode(p.Output(self.name))
+
+    @property
+    def window_full(self) -> bool:
+        return self.outstanding >= self.window
+
+    def check(self) -> None:
+        """Raise the error that makes this end unusable, if there is one."""
+        if self.error is not None:
+            raise _fresh(self.error)
+
+    # --- requests ---
+
+    def write_frame(self, chunk: bytes | memoryview) -> bytes:
+        """A WRITE of ``chunk`` (wire timeout 0) as one frame, copying the chunk once."""
+        header, trailer = p.encode_write_parts(chunk, 0)
+        return b"".join((header, chunk, trailer))
+
+    def fill_write_frame(self, buf: memoryview, length: int) -> memoryview:
+        """A WRITE frame built in place: ``buf`` holds ``length`` bytes of data after
+        :data:`WRITE_HEADROOM` free bytes, and has :data:`WRITE_TAILROOM` free bytes after
+        them. Writes the header and trailer around the data; returns the frame (a view)."""
+        end = WRITE_HEADROOM + length
+        header, trailer = p.encode_write_parts(buf[WRITE_HEADROOM:end], 0)
+        buf[:WRITE_HEADROOM] = header
+        buf[end : end + WRITE_TAILROOM] = trailer
+        return buf[: end + WRITE_TAILROOM]
+
+    def write_sent(self, size: int) -> None:
+        self.outstanding += 1
+        self.outstanding_bytes += size
+        self.bytes_sent += size
+        self._sizes.append(size)
+
+    # --- replies ---
+
+    def _receive_open(self, reply: p.Reply) -> None:
+        kind = type(reply)
+        if kind is p.WriteOk:
+            self._answered()
+        elif kind is p.WriteFailed:
+            self._answered()
+            reason = reply.reason
+            message = f"write to pipe {self.label!r} failed: {reason}"
+            if "no readers" in reason:
+                self._set_error(BrokenPipe(message, reason))
+            else:
+                self._set_error(PipeFailed(message, reason))
+        elif kind is p.WriteTimeout:
+            # We send every WRITE with wire timeout 0, so this cannot happen with a correct
+            # broker; if it does, a chunk is missing from the stream: fail loudly.
+            self._answered(acked=False)
+            self._set_error(PipeFailed(
+                f"write to pipe {self.label!r} failed: the broker timed out a write", "timeout"
+            ))
+        else:
+            self._unexpected(reply)
+
+    def _answered(self, acked: bool = True) -> None:
+        if self._sizes:
+            size = self._sizes.popleft()
+            self.outstanding -= 1
+            self.outstanding_bytes -= size
+            if acked:
+                self.bytes_acked += size
+
+    def _set_error(self, error: ZpipesError) -> None:
+        if self.error is None:
+            self.error = error
+
+    def _break(self, error: ZpipesError) -> None:
+        super()._break(error)
+        self.outstanding = self.outstanding_bytes = 0
+        self._sizes.clear()
+
+    def _discard(self, reply: p.Reply) -> None:
+        if type(reply) in (p.WriteOk, p.WriteFailed, p.WriteTimeout):
+            self._answered(acked=type(reply) is p.WriteOk)
+
+
+# ============================================================================================
+# I/O
+# ============================================================================================
+
+
+def _is_ping_ok(frame: zmq.Frame) -> bool:
+    buf = frame.buffer
+    return len(buf) == 3 and buf[2] == p.MessageId.PING_OK and buf[0] == 0xAA
+
+
+def _probe_address(address: str) -> tuple[int, Any] | None:
+    """(family, address) of a plain socket that reaches a ZeroMQ endpoint, if we know one."""
+    transport, _, rest = address.partition("://")
+    if transport == "ipc":
+        return socket.AF_UNIX, "\0" + rest[1:] if rest.startswith("@") else rest
+    if transport == "tcp":
+        host, _, port = rest.rpartition(":")
+        host = host.strip("[]")
+        if host in ("", "*", "0.0.0.0"):
+            host = "127.0.0.1"
+        try:
+            return (socket.AF_INET6 if ":" in host else socket.AF_INET), (host, int(port))
+        except ValueError:
+            return None
+    return None
+
+
+def check_broker_running(broker: str, address: str | None = None) -> None:
+    """Fail fast when nothing listens on the broker's endpoint (by default the Linux abstract
+    socket of ``ipc://@/zpipes/<broker>``), with a plain connect."""
+    address = address or endpoint(broker)
+    probe = _probe_address(address)
+    if probe is None:
+        return  # cannot tell: let ZeroMQ try
+    sock = socket.socket(probe[0], socket.SOCK_STREAM)
+    try:
+        sock.settimeout(1.0)
+        sock.connect(probe[1])
+    except (ConnectionRefusedError, FileNotFoundError):
+        raise BrokerUnavailable(
+            f"broker {broker!r} is not running (nothing listens on {address})"
+        ) from None
+    except OSError:
+        pass  # cannot tell (e.g. no route, a timeout): let ZeroMQ try
+    finally:
+        sock.close()
+
+
+class _Channel:
+    """One DEALER socket to the broker, shared by the caller's thread and a heartbeat thread.
+
+    The socket is only ever used under ``_lock``. The caller's thread holds it while it waits
+    for a reply, and then pings by itself; the heartbeat thread only works while the lock is
+    free (the program is busy elsewhere): it pings when due and drains replies into ``_inbox``
+    so that PING_OKs never pile up in the socket. Replies keep their order: ``_inbox`` first.
+    """
+
+    def __init__(
+        self,
+        broker: str,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        broker_timeout: float = DEFAULT_BROKER_TIMEOUT,
+        address: str | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if not ping_interval > 0:
+            raise ValueError("ping_interval must be positive")
+        if not broker_timeout > 0:
+            raise ValueError("broker_timeout must be positive")
+        self.broker = check_broker_name(broker)
+        self.ping_interval = ping_interval
+        self.broker_timeout = broker_timeout
+        # While we hear nothing, probe the broker often enough to tell "slow" from "gone".
+        self._probe_interval = min(ping_interval, broker_timeout / 3)
+        address = address or endpoint(broker)
+        check_broker_running(broker, address)
+        ctx = context or _context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
+        # Never reconnect: a broker that comes back has forgotten our pipe end and would leave
+        # our requests unanswered for ever. Without a connection, pings go unanswered and the
+        # broker is reported as gone.
+        sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise BrokerUnavailable(f"cannot connect to broker at {address!r}: {exc}") from None
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._inbox: deque[zmq.Frame] = deque()
+        now = monotonic()
+        self._last_send = self._last_recv = self._last_ping = now
+        self.dead: BrokerUnavailable | None = None
+        self.closed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"zpipes-heartbeat-{broker}", daemon=True
+        )
+        self._thread.start()
+
+    # --- sending ---
+
+    def send(self, frame: Any, copy: bool = True) -> None:
+        with self._lock:
+            self._send(frame, copy)
+
+    def send_many(self, frame: bytes, count: int) -> None:
+        with self._lock:
+            for _ in range(count):
+                self._send(frame, True)
+
+    def _send(self, frame: Any, copy: bool) -> None:
+        if self.dead is not None:
+            raise _fresh(self.dead)
+        sock = self._sock
+        try:
+            sock.send(frame, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            # The queue to the broker is full: the broker has not taken anything for a while.
+            start = monotonic()
+            while not sock.poll(100, zmq.POLLOUT):
+                if monotonic() - start >= self.broker_timeout:
+                    self._die()
+            sock.send(frame, zmq.NOBLOCK, copy=copy)
+        self._last_send = monotonic()
+
+    # --- receiving ---
+
+    def recv(self, deadline: float | None) -> zmq.Frame | None:
+        """The next reply (never a PING_OK); None once ``deadline`` (monotonic) has passed.
+        Pings while it waits; raises BrokerUnavailable when the broker stays silent."""
+        with self._lock:
+            if self._inbox:
+                return self._inbox.popleft()
+            if self.dead is not None:
+                raise _fresh(self.dead)
+            sock = self._sock
+            start = monotonic()
+            while True:
+                now = monotonic()
+                if now >= self._ping_due():
+                    self._ping(now)
+                alive_until = max(self._last_recv, start) + self.broker_timeout
+                if now >= alive_until:
+                    self._die()
+                wake = min(alive_until, self._ping_due())
+                if deadline is not None:
+                    wake = min(wake, deadline)
+                if sock.poll(max(0, math.ceil((wake - now) * 1000)), zmq.POLLIN):
+                    frame = sock.recv(zmq.NOBLOCK, copy=False)
+                    self._last_recv = monotonic()
+                    if not _is_ping_ok(frame):
+                        return frame
+                elif deadline is not None and monotonic() >= deadline:
+                    return None
+
+    def drain(self, limit: int = 1000) -> list[zmq.Frame]:
+        """Every reply that has arrived, without waiting."""
+        with self._lock:
+            self._drain(limit)
+            frames = list(self._inbox)
+            self._inbox.clear()
+            return frames
+
+    def _drain(self, limit: int) -> None:
+        sock = self._sock
+        got = False
+        for _ in range(limit):
+            try:
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            got = True
+            if not _is_ping_ok(frame):
+                self._inbox.append(frame)
+        if got:
+            self._last_recv = monotonic()
+
+    # --- liveness ---
+
+    def _ping_due(self) -> float:
+        # Ping when we sent nothing for an interval (the broker must hear from us), and when we
+        # heard nothing for a while (we must hear from the broker), at most once per while.
+        return min(
+            self._last_send + self.ping_interval,
+            max(self._last_recv, self._last_ping) + self._probe_interval,
+        )
+
+    def _ping(self, now: float) -> None:
+        try:
+            self._sock.send(_PING, zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the queue to the broker is full; the broker is not reading anyway
+        self._last_send = self._last_ping = now
+
+    def _die(self) -> None:
+        self.dead = BrokerUnavailable(
+            f"broker {self.broker!r} not responding (no answer for {self.broker_timeout:g} s)"
+        )
+        raise self.dead
+
+    def _heartbeat(self) -> None:
+        stop = self._stop
+        wait = min(self.ping_interval / 2, 0.5)
+        while not stop.wait(wait):
+            if not self._lock.acquire(blocking=False):
+                continue  # the caller is using the socket (and pings by itself)
+            try:
+                if self.closed or self.dead is not None:
+                    return
+                self._drain(1000)
+                now = monotonic()
+                if now >= self._ping_due():
+                    self._ping(now)
+            except zmq.ZMQError:
+                return
+            finally:
+                self._lock.release()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        with self._lock:
+            self.closed = True
+            self._sock.close(linger=0 if self.dead is not None else CLOSE_LINGER_MS)
+
+
+# --- the file objects --------------------------------------------------------------------
+
+_open_ends: weakref.WeakSet[_PipeEnd] = weakref.WeakSet()
+_zmq_context: zmq.Context | None = None
+_context_lock = threading.Lock()
+
+
+def _context() -> zmq.Context:
+    """The library's own ZeroMQ context (not the program's ``Context.instance()``), so that it
+    can be shut down at exit without disturbing anybody."""
+    global _zmq_context
+    with _context_lock:
+        if _zmq_context is None or _zmq_context.closed:
+            _zmq_context = zmq.Context()
+        return _zmq_context
+
+
+@atexit.register
+def _close_open_ends() -> None:
+    """Close what the program left open, so that no written data is left behind unsent; then
+    end our ZeroMQ context, which waits until ZeroMQ is done with every message.
+
+    This must run before pyzmq's own exit handler, which drops the buffers of zero-copy
+    messages, whether or not ZeroMQ is still sending them: exit handlers run last-registered
+    first, and importing ``zmq.utils.garbage`` above registers pyzmq's before this one."""
+    for end in list(_open_ends):
+        try:
+            end.close()
+        except Exception:  # nothing to report to at exit
+            pass
+    with _context_lock:
+        if _zmq_context is not None and not _zmq_context.closed:
+            _zmq_context.destroy(linger=CLOSE_LINGER_MS)
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    timeout = float(timeout)
+    if not timeout >= 0:
+        raise ValueError(f"timeout must be None or >= 0, not {timeout}")
+    return timeout
+
+
+class _PipeEnd(io.BufferedIOBase):
+    """What PipeReader and PipeWriter share: the channel, open, close, timeouts."""
+
+    _proto: ReaderProtocol | WriterProtocol
+    _channel: _Channel | None = None
+    _done = True  # until opened: nothing to close
+
+    def _open(
+        self,
+        broker: str,
+        timeout: float | None,
+        ping_interval: float,
+        broker_timeout: float,
+        address: str | None,
+    ) -> None:
+        self.broker = check_broker_name(broker)
+        self.timeout = _check_timeout(timeout)
+        deadline = self._deadline()
+        channel = _Channel(broker, ping_interval, broker_timeout, address)
+        self._channel = channel
+        self._done = False
+        proto = self._proto
+        try:
+            channel.send(proto.open_command())
+            while proto.phase is Phase.OPENING:
+                frame = channel.recv(deadline)
+                if frame is None:
+                    raise PipeTimeout(
+                        f"opening pipe {proto.label!r} timed out after {self.timeout:g} s"
+                    )
+                proto.receive_frame(frame)
+            if proto.phase is not Phase.OPEN:
+                raise proto.error or ProtocolError("open failed")
+        except BaseException:
+            self._finish(wait=False)
+            raise
+        _open_ends.add(self)
+
+    @property
+    def name(self) -> str:
+        """The pipe's name."""
+        return self._proto.label
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds that open, each read, each write and flush may take; None: for ever."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._timeout = _check_timeout(value)
+
+    def _deadline(self) -> float | None:
+        return None if self._timeout is None else monotonic() + self._timeout
+
+    def _timed_out(self, what: str, written: int = 0) -> PipeTimeout:
+        return PipeTimeout(
+            f"{what} pipe {self._proto.label!r} timed out after {self._timeout:g} s", written
+        )
+
+    def _feed(self, frames: Iterable[zmq.Frame]) -> None:
+        receive = self._proto.receive_frame
+        for frame in frames:
+            receive(frame)
+
+    def _finish(self, wait: bool = True) -> None:
+        """Send CLOSE (if the broker holds an end for us), wait for CLOSE_OK unless ``wait``
+        is false, close the socket. The wait is bounded by the broker's liveness."""
+        if self._done:
+            return
+        self._done = True
+        _open_ends.discard(self)
+        channel, proto = self._channel, self._proto
+        try:
+            if channel is not None and channel.dead is None and proto.needs_close:
+                channel.send(proto.close_command())
+                while wait and proto.phase is Phase.CLOSING:
+                    frame = channel.recv(None)
+                    if frame is not None:
+                        proto.receive_frame(frame)
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def abort(self) -> None:
+        """Close at once: a writer's unacknowledged data may be dropped by the broker."""
+        try:
+            self._finish()
+        except ZpipesError:
+            pass
+        finally:
+            super().close()
+
+    def _check_usable(self) -> None:
+        if self.closed:
+            raise ValueError("I/O operation on closed pipe")
+
+    def seekable(self) -> bool:
+        return False
+
+    def __del__(self) -> None:
+        if self._done or sys.is_finalizing():
+            return
+        try:
+            self.close()
+        except Exception:  # a finalizer has nobody to report to
+            pass
+
+    def __repr__(self) -> str:
+        proto = getattr(self, "_proto", None)
+        name = proto.label if proto is not None else "?"
+        state = "closed" if self.closed or proto is None else proto.phase.value
+        return f"<{type(self).__name__} {name!r} broker={getattr(self, 'broker', '?')!r} {state}>"
+
+
+class PipeReader(_PipeEnd):
+    """The reading end of a named pipe, a binary stream (``io.BufferedIOBase``).
+
+    ``read(n)`` returns exactly ``n`` bytes, fewer only at end of stream, and ``b""`` at end of
+    stream; ``read()`` reads to the end. ``read1``/``readinto1``/``readview`` return what has
+    arrived (at least one byte, waiting for some). Lines: ``readline`` and iteration.
+    Every call waits at most ``timeout`` seconds and then raises :class:`PipeTimeout`, with
+    nothing lost. When a failure follows data, the calls that promise complete results
+    (``read``, ``readinto``, ``readline``) raise at once, leaving the data; ``read1`` returns
+    it first.
+    """
+
+    def __init__(
+        self,
+        name: str | bytes,
+        broker: str = DEFAULT_BROKER,
+        timeout: float | None = None,
+        *,
+        read_size: int = DEFAULT_READ_SIZE,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        buffer_limit: int | None = None,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        broker_timeout: float = DEFAULT_BROKER_TIMEOUT,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._proto = ReaderProtocol(name, read_size, read_ahead, buffer_limit)
+        self._open(broker, timeout, ping_interval, broker_timeout, endpoint)
+        self._top_up()
+
+    def readable(self) -> bool:
+        self._check_usable()
+        return True
+
+    # --- the engine ---
+
+    def _top_up(self, blocking: bool = False) -> None:
+        proto = self._proto
+        count = proto.reads_wanted(blocking)
+        if count:
+            self._channel.send_many(proto.read_frame, count)  # type: ignore[union-attr]
+            proto.reads_sent(count)
+
+    def _fill(self, deadline: float | None) -> None:
+        """Wait for at least one reply and take every reply that has arrived."""
+        proto, channel = self._proto, self._channel
+        assert channel is not None
+        self._top_up(blocking=True)
+        if proto.outstanding == 0 and not proto.final:
+            raise ProtocolError(f"pipe {proto.label!r}: nothing to wait for")  # cannot happen
+        frame = channel.recv(deadline)
+        if frame is None:
+            raise self._timed_out("read from")
+        proto.receive_frame(frame)
+        self._feed(channel.drain())
+        self._top_up()
+
+    def _pump(self) -> None:
+        """Take the replies that arrived while the program was busy, without waiting."""
+        self._feed(self._channel.drain())  # type: ignore[union-attr]
+
+    def _at_marker(self) -> bytes:
+        """Nothing is ready and a marker follows: b"" at EOF (consumed), else raise."""
+        marker = self._proto.marker
+        if marker is EOF:
+            self._proto.consume_eof()
+            return b""
+        raise _fresh(marker)  # type: ignore[arg-type]
+
+    def _wait_ready(self, size: int) -> None:
+        """Wait until ``size`` bytes are ready or a marker follows the ready data."""
+        proto = self._proto
+        if proto.ready < size and not proto.final:
+            self._pump()
+        if proto.ready < size and not proto.final:
+            deadline = self._deadline()
+            while proto.ready < size and not proto.final:
+                self._fill(deadline)
+
+    # --- reading ---
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._check_usable()
+        if size is None or size < 0:
+            return self.readall()
+        if size == 0:
+            return b""
+        proto = self._proto
+        self._wait_ready(size)
+        if proto.ready >= size:
+            data = _join(proto.take(size))
+        elif isinstance(proto.marker, ZpipesError):
+            raise _fresh(proto.marker)
+        elif proto.ready:
+            data = _join(proto.take(proto.ready))  # short: the stream ends after it
+        else:
+            return self._at_marker()
+        self._top_up()
+        return data
+
+    def readall(self) -> bytes:
+        """Read to end of stream."""
+        self._check_usable()
+        proto = self._proto
+        deadline = self._deadline()
+        self._pump()
+        while not proto.final:
+            self._fill(deadline)
+        if isinstance(proto.marker, ZpipesError):
+            raise _fresh(proto.marker)
+        if not proto.ready:
+            return self._at_marker()
+        data = _join(proto.take(proto.ready))
+        self._top_up()
+        return data
+
+    def read1(self, size: int = -1) -> bytes:
+        self._check_usable()
+        if size == 0:
+            return b""
+        proto = self._proto
+        self._wait_ready(1)
+        if not proto.ready:
+            return self._at_marker()
+        data = _join(proto.take(proto.ready if size is None or size < 0 else size))
+        self._top_up()
+        return data
+
+    def readview(self, size: int = -1) -> memoryview:
+        """Like :meth:`read1`, without any copy: a view of (part of) one received
+        chunk, at most ``size`` bytes (``size`` < 0: the whole chunk). Empty at end of
+        stream."""
+        self._check_usable()
+        proto = self._proto
+        self._wait_ready(1)
+        if not proto.ready:
+            return memoryview(self._at_marker())
+        view = proto.take_view(size)
+        if proto.outstanding < proto.read_ahead:
+            self._top_up()
+        return view
+
+    def readinto(self, buffer: Any) -> int:
+        return self._readinto(buffer, whole=True)
+
+    def readinto1(self, buffer: Any) -> int:
+        return self._readinto(buffer, whole=False)
+
+    def _readinto(self, buffer: Any, whole: bool) -> int:
+        self._check_usable()
+        dest = memoryview(buffer).cast("B")
+        size = len(dest)
+        if size == 0:
+            return 0
+        proto = self._proto
+        self._wait_ready(size if whole else 1)
+        if whole and proto.ready < size and isinstance(proto.marker, ZpipesError):
+            raise _fresh(proto.marker)
+        if not proto.ready:
+            self._at_marker()
+            return 0
+        pos = 0
+        for part in proto.take(size):
+            dest[pos : pos + len(part)] = part
+            pos += len(part)
+        self._top_up()
+        return pos
+
+    def peek(self, size: int = 0) -> bytes:
+        """Ready bytes (at least one, waiting for some) without consuming them; b"" at end."""
+        self._check_usable()
+        proto = self._proto
+        self._wait_ready(1)
+        if not proto.ready:
+            if isinstance(proto.marker, ZpipesError):
+                raise _fresh(proto.marker)
+            return b""
+        return bytes(proto.peek_view())
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self._check_usable()
+        limit = sys.maxsize if size is None or size < 0 else size
+        if limit == 0:
+            return b""
+        proto = self._proto
+        scanned = 0
+        deadline: float | None = None
+        waited = False
+        while True:
+            stop = min(proto.ready, limit)
+            found = proto.find_newline(scanned, stop)
+            if found >= 0:
+                line = _join(proto.take(found + 1))
+                break
+            if proto.ready >= limit:
+                line = _join(proto.take(limit))
+                break
+            if proto.final:
+                if isinstance(proto.marker, ZpipesError):
+                    raise _fresh(proto.marker)
+                if not proto.ready:
+                    return self._at_marker()
+                line = _join(proto.take(proto.ready))  # the last line, without a newline
+                break
+            scanned = stop
+            if not waited:
+                waited = True
+                deadline = self._deadline()
+                self._pump()
+            else:
+                self._fill(deadline)
+        self._top_up()
+        return line
+
+    # --- closing ---
+
+    def close(self) -> None:
+        """Send CLOSE and wait for CLOSE_OK (unread data is dropped); close the socket."""
+        if self._done:
+            super().close()
+            return
+        try:
+            self._finish()
+        except ZpipesError:
+            pass  # nothing can be lost by a reader that fails to close
+        finally:
+            super().close()
+
+
+class PipeWriter(_PipeEnd):
+    """The writing end of a named pipe, a binary stream (``io.BufferedIOBase``).
+
+    ``write`` sends the data in chunks of at most ``chunk_size`` bytes, with at most
+    ``window`` chunks unacknowledged, and returns once it is sent (it waits only while the
+    window is full). An error of an earlier write is raised by the next ``write``, ``flush``
+    or ``close``. ``flush`` waits until the broker accepted everything; ``close`` flushes,
+    then closes the pipe end, so that the reader sees the end of the stream. Do close.
+    """
+
+    def __init__(
+        self,
+        name: str | bytes,
+        broker: str = DEFAULT_BROKER,
+        timeout: float | None = None,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        window: int = DEFAULT_WINDOW,
+        ping_interval: float = DEFAULT_PING_INTERVAL,
+        broker_timeout: float = DEFAULT_BROKER_TIMEOUT,
+        endpoint: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._proto = WriterProtocol(name, chunk_size, window)
+        self._fd_at_eof: set[int] = set()
+        # Buffers of write_from: those of unanswered zero-copy WRITEs (None for copied ones),
+        # and spare ones. A WRITE's buffer is free again once the broker answered it (it
+        # cannot answer before it got the whole frame, so ZeroMQ is done with it).
+        self._inflight: deque[bytearray | None] = deque()
+        self._pool: list[bytearray] = []
+        self._open(broker, timeout, ping_interval, broker_timeout, endpoint)
+
+    def writable(self) -> bool:
+        self._check_usable()
+        return True
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._proto.bytes_sent
+
+    @property
+    def bytes_acknowledged(self) -> int:
+        """Bytes the broker has accepted into the pipe."""
+        return self._proto.bytes_acked
+
+    # --- the engine ---
+
+    def _pump(self) -> None:
+        self._feed(self._channel.drain())  # type: ignore[union-attr]
+
+    def _feed(self, frames: Iterable[zmq.Frame]) -> None:
+        super()._feed(frames)
+        inflight, outstanding = self._inflight, self._proto.outstanding
+        while len(inflight) > outstanding:
+            buf = inflight.popleft()
+            if buf is not None and len(self._pool) < 2:
+                self._pool.append(buf)
+
+    def _wait_window(self, deadline: float | None, written: int) -> None:
+        """Wait until one more WRITE may be sent; raise an earlier write's error."""
+        proto, channel = self._proto, self._channel
+        assert channel is not None
+        self._pump()
+        proto.check()
+        while proto.window_full:
+            frame = channel.recv(deadline)
+            if frame is None:
+                raise self._timed_out("write to", written)
+            self._feed([frame])
+            self._pump()
+            proto.check()
+
+    def _send_chunk(self, frame: Any, size: int, buf: bytearray | None = None) -> None:
+        zero_copy = size >= ZERO_COPY_MIN
+        self._channel.send(frame, copy=not zero_copy)  # type: ignore[union-attr]
+        self._proto.write_sent(size)
+        self._inflight.append(buf if zero_copy else None)
+
+    # --- writing ---
+
+    def write(self, data: Any) -> int:
+        """Send ``data`` (any bytes-like object); returns its length once it is sent."""
+        self._check_usable()
+        view = memoryview(data).cast("B")
+        total = len(view)
+        proto = self._proto
+        if total == 0:
+            self._pump()
+            proto.check()
+            return 0
+        deadline = self._deadline()
+        step = proto.chunk_size
+        pos = 0
+        while pos < total:
+            self._wait_window(deadline, pos)
+            chunk = view[pos : pos + step]
+            self._send_chunk(proto.write_frame(chunk), len(chunk))
+            pos += len(chunk)
+        return total
+
+    def write_from(self, fd: int, size: int | None = None) -> int:
+        """Read from file descriptor ``fd`` what is available (waiting for at least one byte,
+        but never for more) up to ``size`` bytes (default: ``chunk_size``), and send it as one
+        WRITE, built in place with no copy of the data. Returns the number of bytes sent;
+        0 at end of file. Waits for the window before it reads."""
+        self._check_usable()
+        if fd in self._fd_at_eof:
+            return 0
+        proto = self._proto
+        size = proto.chunk_size if size is None else min(size, proto.chunk_size)
+        self._wait_window(self._deadline(), 0)
+        need = WRITE_HEADROOM + size + WRITE_TAILROOM
+        buf = self._pool.pop() if self._pool else None
+        if buf is None or len(buf) < need:
+            buf = bytearray(need)
+        view = memoryview(buf)
+        start, end = WRITE_HEADROOM, WRITE_HEADROOM + size
+        got = _readv_retry(fd, view[start:end])
+        if got == 0:
+            self._fd_at_eof.add(fd)
+            self._pool.append(buf)
+            return 0
+        # Take whatever else is already there, without waiting: big chunks for bulk input,
+        # no delay for interactive input.
+        while got < size and _readable_now(fd):
+            more = _readv_retry(fd, view[start + got : end])
+            if more == 0:
+                self._fd_at_eof.add(fd)
+                break
+            got += more
+        self._send_chunk(proto.fill_write_frame(view, got), got, buf)
+        if got < ZERO_COPY_MIN and len(self._pool) < 2:
+            self._pool.append(buf)  # ZeroMQ copied it
+        return got
+
+    def flush(self) -> None:
+        """Wait until the broker accepted everything written so far."""
+        if self._done:
+            return
+        self._check_usable()
+        proto, channel = self._proto, self._channel
+        assert channel is not None
+        self._pump()
+        proto.check()
+        if not proto.outstanding:
+            return
+        deadline = self._deadline()
+        while proto.outstanding:
+            frame = channel.recv(deadline)
+            if frame is None:
+                raise self._timed_out("flush of")
+            self._feed([frame])
+            self._feed(channel.drain())
+            proto.check()
+
+    # --- closing ---
+
+    def close(self) -> None:
+        """Flush, then close the pipe end (the reader sees the end of the stream) and wait
+        for the broker's CLOSE_OK. Raises what the flush raised; the end is closed anyway."""
+        if self._done:
+            super().close()
+            return
+        try:
+            try:
+                self.flush()
+            except BaseException:
+                try:
+                    self._finish()
+                except ZpipesError:
+                    pass
+                raise
+            self._finish()
+            if self._proto.close_error is not None:
+                raise self._proto.close_error
+        finally:
+            super().close()
+
+
+def _fresh(error: BaseException) -> BaseException:
+    """A stored error, ready to be raised again without piling up tracebacks."""
+    return error.with_traceback(None)
+
+
+def _join(parts: list[memoryview]) -> bytes:
+    if len(parts) == 1:
+        return bytes(parts[0])
+    return b"".join(parts)
+
+
+def _readv_retry(fd: int, buf: memoryview) -> int:
+    while True:
+        try:
+            return os.readv(fd, [buf])
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            select.select([fd], [], [])
+
+
+def _readable_now(fd: int) -> bool:
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return bool(readable)
+
+
+# --- open() -------------------------------------------------------------------------------
+
+_READER_OPTS = frozenset({"read_size", "read_ahead", "buffer_limit"})
+_WRITER_OPTS = frozenset({"chunk_size", "window"})
+_COMMON_OPTS = frozenset({"ping_interval", "broker_timeout", "endpoint"})
+_TEXT_OPTS = frozenset({"encoding", "errors", "newline", "line_buffering", "write_through"})
+
+
+def open(
+    name: str | bytes,
+    mode: str = "r",
+    broker: str = DEFAULT_BROKER,
+    timeout: float | None = None,
+    **opts: Any,
+) -> PipeReader | PipeWriter | io.TextIOWrapper:
+    """Open pipe ``name`` on ``broker`` for reading (mode ``"r"``/``"rb"``: a
+    :class:`PipeReader`) or writing (``"w"``/``"wb"``: a :class:`PipeWriter`). Modes ``"rt"``
+    and ``"wt"`` give a text stream (``io.TextIOWrapper``; options ``encoding`` (default
+    UTF-8), ``errors``, ``newline``, ``line_buffering``, ``write_through``).
+
+    ``timeout`` (seconds; None waits for ever) bounds the open and every read, write and
+    flush. Other options: ``ping_interval``, ``broker_timeout``, ``endpoint`` (a ZeroMQ
+    endpoint to use instead of the broker's default ``ipc://@/zpipes/<broker>``); for readers
+    ``read_size``, ``read_ahead``, ``buffer_limit``; for writers ``chunk_size``, ``window``.
+    """
+    if mode in ("r", "rb", "rt"):
+        own = _READER_OPTS
+    elif mode in ("w", "wb", "wt"):
+        own = _WRITER_OPTS
+    else:
+        raise ValueError(f"invalid mode {mode!r}: use 'r', 'rb', 'rt', 'w', 'wb' or 'wt'")
+    text = mode.endswith("t")
+    allowed = own | _COMMON_OPTS | (_TEXT_OPTS if text else frozenset())
+    unknown = set(opts) - allowed
+    if unknown:
+        raise TypeError(f"unexpected option(s) for mode {mode!r}: {', '.join(sorted(unknown))}")
+    text_opts = {key: opts.pop(key) for key in list(opts) if key in _TEXT_OPTS}
+    end: PipeReader | PipeWriter
+    if mode[0] == "r":
+        end = PipeReader(name, broker, timeout, **opts)
+    else:
+        end = PipeWriter(name, broker, timeout, **opts)
+    if not text:
+        return end
+    text_opts.setdefault("encoding", "utf-8")
+    return io.TextIOWrapper(end, **text_opts)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "DEFAULT_BROKER",
+    "DEFAULT_BROKER_TIMEOUT",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PING_INTERVAL",
+    "DEFAULT_READ_AHEAD",
+    "DEFAULT_READ_SIZE",
+    "DEFAULT_WINDOW",
+    "EOF",
+    "Phase",
+    "PipeReader",
+    "PipeWriter",
+    "ReaderProtocol",
+    "WriterProtocol",
+    "check_broker_running",
+    "check_pipe_name",
+    "endpoint",
+    "open",
+]
