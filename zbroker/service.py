@@ -20,6 +20,22 @@ class ServiceError(Exception):
     """A service cannot start or apply a config; the message is for the operator."""
 
 
+class ClusterPort:
+    """How a service reaches its counterparts on peer brokers (None-safe: without a cluster,
+    ``send`` returns False and ``peers`` is empty)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.node: Any = None  # the broker's cluster node, once it runs
+
+    def send(self, peer: str, frames: list[Any]) -> bool:
+        """Send frames to this service on one peer (a ``Peer.id``); False if it is gone."""
+        return self.node is not None and self.node.send(peer, self.service, frames)
+
+    def peers(self) -> list[dict[str, Any]]:
+        return self.node.peers() if self.node is not None else []
+
+
 @dataclass(frozen=True)
 class ServiceContext:
     broker_name: str
@@ -27,11 +43,13 @@ class ServiceContext:
     loop: asyncio.AbstractEventLoop
     log: Any  # a structlog BoundLogger bound with service=<name>
     run_dir: Path
+    cluster: ClusterPort | None = None
 
 
 @dataclass(frozen=True)
 class Peer:
-    """Another broker of the cluster (filled in by the cluster work)."""
+    """Another broker of the cluster, in one life: ``id`` is new each time it is admitted, so
+    state kept for an earlier life can never be mistaken for the current one."""
 
     id: str
     name: str
@@ -61,6 +79,9 @@ class Service(ABC):
 
     def peer_left(self, peer: Peer) -> None:
         """A peer broker left the cluster or was lost."""
+
+    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+        """A message from this service on a peer broker (frames as memoryviews)."""
 
     def status(self) -> dict[str, Any]:
         """What the service is doing, for management commands."""

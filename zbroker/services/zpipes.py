@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-from zbroker.service import Service, ServiceContext, ServiceError
+from zbroker.service import Peer, Service, ServiceContext, ServiceError
 from zpipes.server import ServerConfig, ZpipesServer
 
 DRAIN_BUDGET = 1000  # messages taken per readiness event before giving timers a turn
@@ -46,11 +46,12 @@ class ZpipesService(Service):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._log: Any = None
+        self._cluster: Any = None
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
         self.endpoint = section.endpoint  # the config has filled in the broker name
-        self._loop, self._log = ctx.loop, ctx.log
+        self._loop, self._log, self._cluster = ctx.loop, ctx.log, ctx.cluster
         sock = ctx.zmq_context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # tell us when a client has gone
         sock.setsockopt(zmq.MAXMSGSIZE, section.max_chunk + FRAME_OVERHEAD)
@@ -95,6 +96,21 @@ class ZpipesService(Service):
                               configured=new.services.zpipes.endpoint)
         self.server.reconfigure(server_config(new))
 
+    def peer_joined(self, peer: Peer) -> None:
+        if self.server is not None:
+            self.server.peer_up(peer.id, self._loop.time())
+            self._flush()
+
+    def peer_left(self, peer: Peer) -> None:
+        if self.server is not None:
+            self.server.peer_down(peer.id, self._loop.time())
+            self._flush()
+
+    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+        if self.server is not None:
+            self.server.peer_receive(peer.id, frames, self._loop.time())
+            self._flush()
+
     def status(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, **(self.server.status() if self.server else {})}
 
@@ -120,6 +136,12 @@ class ZpipesService(Service):
 
     def _flush(self) -> None:
         sock, server = self._sock, self.server
+        if sock is None:
+            return
+        while server.peer_outbox:
+            outbox, server.peer_outbox = server.peer_outbox, []
+            for peer, frames in outbox:
+                self._cluster.send(peer, frames)
         while server.outbox:
             outbox, server.outbox = server.outbox, []
             for routing_id, frame in outbox:

@@ -1,0 +1,318 @@
+"""The broker's place in the cluster: the peer socket, links to peers, heartbeats, and the
+services' traffic between brokers.
+
+Each broker binds one ROUTER (``cluster.bind``) and connects one DEALER to each peer it knows
+of, so traffic from B to A always travels on B's DEALER into A's ROUTER, in order. Every
+message is ``[kind, ...]``:
+
+    HELLO  json(Hello)        admission (see membership.py); answered with a HELLO reply
+    PING                      sent only when nothing else went to that peer for a while
+    BYE                       the sender is stopping: drop it now rather than at its timeout
+    SVC    service, frames... a service's own message (e.g. ZPIPES pipe traffic)
+
+Peers are found by zeroconf (discovery.py), by the static ``cluster.peers`` list, and by the
+HELLOs that reach us. Liveness comes only from what is heard (membership.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from zbroker.service import Peer as ServicePeer
+
+from .membership import Change, Hello, Membership
+
+KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
+CONTACT_RETRY = 0.25  # seconds between HELLOs to a contact that has not answered
+SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
+ZERO_COPY_MIN = 1 << 16
+
+
+class ClusterError(Exception):
+    pass
+
+
+class ClusterNode:
+    def __init__(self, config: Any, broker_name: str, zmq_context: zmq.Context,
+                 loop: asyncio.AbstractEventLoop, log: Any,
+                 on_join: Callable[[ServicePeer], None],
+                 on_leave: Callable[[ServicePeer, str], None],
+                 on_message: Callable[[ServicePeer, str, list[Any]], None]) -> None:
+        self.config = config
+        self.id = uuid.uuid4().hex
+        self.broker_name = broker_name
+        self._ctx, self._loop, self._log = zmq_context, loop, log
+        self._on_join, self._on_leave, self._on_message = on_join, on_leave, on_message
+        self.membership: Membership | None = None
+        self._router: zmq.Socket | None = None
+        self._dealers: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
+        self._contacts: dict[str, float] = {}  # endpoint -> when we last said HELLO
+        self._static: set[str] = set(config.peers)
+        self._lives: dict[str, ServicePeer] = {}  # peer id -> the life services know
+        self._timer: asyncio.TimerHandle | None = None
+        self.discovery: Any = None
+        self.endpoint = ""
+
+    # --- life cycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        router = self._ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        self._secure(router, server=True)
+        try:
+            router.bind(cfg.bind)
+        except zmq.ZMQError as exc:
+            router.close(linger=0)
+            raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: {exc}") from None
+        self._router = router
+        self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        advertised = cfg.advertise or _wildcard_host(self.endpoint)
+        me = Hello(self.id, self.broker_name, cfg.name, advertised)
+        self.membership = Membership(me, cfg.peer_timeout)
+        self._loop.add_reader(router.getsockopt(zmq.FD), self._on_readable)
+        for endpoint in self._static:
+            self.add_contact(endpoint)
+        if cfg.discovery:
+            from .discovery import Discovery
+
+            self.discovery = Discovery(self, self._log)
+            await self.discovery.start()
+        self._log.info("cluster started", cluster=cfg.name, id=self.id, endpoint=self.endpoint,
+                       advertised=advertised, discovery=cfg.discovery,
+                       static_peers=len(self._static), peer_timeout=cfg.peer_timeout)
+        self._schedule(0.0)
+        self._loop.call_soon(self._on_readable)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.discovery is not None:
+            await self.discovery.stop()
+        if self.membership is not None:
+            for peer in list(self.membership.peers.values()):
+                self._send_raw(peer.endpoint, [KIND_BYE])
+        if self._router is not None:
+            self._loop.remove_reader(self._router.getsockopt(zmq.FD))
+            self._router.close(linger=0)
+            self._router = None
+        for dealer in self._dealers.values():
+            dealer.close(linger=200)  # let the BYEs go
+        self._dealers.clear()
+
+    # --- what services use -----------------------------------------------------------------------
+
+    def send(self, life: str, service: str, frames: list[Any]) -> bool:
+        """Send a service message to one life of a peer. False if that life has ended; a peer
+        whose messages cannot be queued is declared lost at once (nothing is dropped silently)."""
+        peer_id = life.partition("#")[0]
+        known = self._lives.get(peer_id)
+        if known is None or known.id != life:
+            return False
+        peer = self.membership.peers[peer_id]
+        if self._send_raw(peer.endpoint, [KIND_SVC, service.encode(), *frames]):
+            self.membership.sent(peer_id, self._loop.time())
+            return True
+        # tell the services on the next turn of the loop, not from inside their own send
+        self._loop.call_soon(self._apply, self.membership.bye(peer_id),
+                             "unreachable (its send queue is full or its link is down)")
+        return False
+
+    def peers(self) -> list[dict[str, Any]]:
+        now = self._loop.time()
+        return [{"id": p.id, "name": p.name, "endpoint": p.endpoint,
+                 "last_heard_s": round(now - p.last_heard, 3)}
+                for p in (self.membership.peers.values() if self.membership else [])]
+
+    def add_contact(self, endpoint: str) -> None:
+        """An endpoint where a peer may listen (static list, discovery)."""
+        if endpoint != self.endpoint and endpoint not in self._contacts:
+            self._contacts[endpoint] = float("-inf")
+            self._schedule(0.0)
+
+    def drop_contact(self, endpoint: str) -> None:
+        if endpoint not in self._static:
+            self._contacts.pop(endpoint, None)
+
+    # --- I/O ---------------------------------------------------------------------------------
+
+    def _dealer(self, endpoint: str) -> zmq.Socket:
+        dealer = self._dealers.get(endpoint)
+        if dealer is None:
+            dealer = self._ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.ROUTING_ID, self.id.encode())
+            dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a peer we cannot reach
+            dealer.setsockopt(zmq.SNDHWM, SEND_HWM)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.setsockopt(zmq.RECONNECT_IVL, 100)
+            dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            dealer.setsockopt(zmq.CONNECT_TIMEOUT, 1000)
+            timeout_ms = int(self.config.peer_timeout * 1000)
+            dealer.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
+            dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+            self._secure(dealer, server=False)
+            dealer.connect(endpoint)
+            self._dealers[endpoint] = dealer
+        return dealer
+
+    def _send_raw(self, endpoint: str, frames: list[Any]) -> bool:
+        dealer = self._dealer(endpoint)
+        try:
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                flags = zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0)
+                dealer.send(frame, flags, copy=len(frame) < ZERO_COPY_MIN)
+        except zmq.Again:
+            return False
+        return True
+
+    def _writable(self, endpoint: str) -> bool:
+        """True once our link to ``endpoint`` is connected (IMMEDIATE: no queue before)."""
+        return bool(self._dealer(endpoint).getsockopt(zmq.EVENTS) & zmq.POLLOUT)
+
+    def _say_hello(self, endpoint: str, reply: bool) -> None:
+        me = self.membership.me
+        hello = Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply)
+        self._send_raw(endpoint, [KIND_HELLO, json.dumps(hello.to_dict()).encode()])
+
+    def _on_readable(self) -> None:
+        router = self._router
+        if router is None:
+            return
+        now = self._loop.time()
+        for _ in range(1000):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._handle(frames, now)
+        self._schedule_next()
+        if self._router is not None and self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._on_readable)
+
+    def _handle(self, frames: list[zmq.Frame], now: float) -> None:
+        if len(frames) < 2:
+            return
+        sender = frames[0].bytes.decode("ascii", "replace")
+        kind = frames[1].bytes
+        if kind == KIND_SVC and len(frames) >= 3:
+            if self.membership.heard(sender, now):
+                peer = self._lives[sender]
+                self._on_message(peer, frames[2].bytes.decode("ascii", "replace"),
+                                 [f.buffer for f in frames[3:]])
+        elif kind == KIND_PING:
+            self.membership.heard(sender, now)
+        elif kind == KIND_HELLO and len(frames) == 3:
+            self._hello(frames, now)
+        elif kind == KIND_BYE:
+            self._apply(self.membership.bye(sender))
+        else:
+            self._log.warning("invalid cluster message", sender=sender, kind=kind[:16])
+
+    def _hello(self, frames: list[zmq.Frame], now: float) -> None:
+        try:
+            hello = Hello.from_dict(json.loads(frames[2].bytes))
+        except ValueError:
+            hello = None
+        if hello is None:
+            self._log.warning("invalid HELLO", sender=frames[0].bytes[:40])
+            return
+        if "://*:" in hello.endpoint:  # it listens on all interfaces: use the address it came from
+            address = frames[2].get("Peer-Address")
+            hello = Hello(hello.id, hello.name, hello.cluster,
+                          hello.endpoint.replace("*", address, 1), hello.version, hello.reply)
+        if not hello.reply and hello.id not in self.membership.peers \
+                and not self._writable(hello.endpoint):
+            return  # admit it only once we can talk back; it says HELLO again shortly
+        change = self.membership.hello(hello, now)
+        if change.refused:
+            self._log.warning("peer refused", peer=hello.name, id=hello.id,
+                              endpoint=hello.endpoint, why=change.refused)
+            return
+        self._apply(change)
+        if change.reply_hello_to:
+            self._say_hello(change.reply_hello_to, reply=True)
+
+    def _apply(self, change: Change, reason: str | None = None) -> None:
+        for peer, why in change.left:
+            life = self._lives.pop(peer.id, None)
+            self._log.warning("peer left", peer=peer.name, id=peer.id, endpoint=peer.endpoint,
+                              why=reason or why)
+            if life is not None:
+                self._on_leave(life, reason or why)
+        for peer in change.joined:
+            life = ServicePeer(peer.life, peer.name, peer.endpoint)
+            self._lives[peer.id] = life
+            self._contacts.setdefault(peer.endpoint, self._loop.time())
+            self._log.info("peer joined", peer=peer.name, id=peer.id, endpoint=peer.endpoint)
+            self._on_join(life)
+
+    # --- timers ----------------------------------------------------------------------------------
+
+    def _schedule(self, delay: float) -> None:
+        at = self._loop.time() + delay
+        if self._timer is not None:
+            if self._timer.when() <= at:
+                return
+            self._timer.cancel()
+        self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _schedule_next(self) -> None:
+        if self.membership is None:
+            return
+        at = self.membership.next_deadline()
+        if self._unanswered_contacts():
+            at = min(at, self._loop.time() + CONTACT_RETRY)
+        if at != float("inf"):
+            self._schedule(max(0.0, at - self._loop.time()))
+
+    def _unanswered_contacts(self) -> list[str]:
+        up = {p.endpoint for p in self.membership.peers.values()}
+        return [e for e in self._contacts if e not in up]
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.membership is None or self._router is None:
+            return
+        now = self._loop.time()
+        to_ping, change = self.membership.due(now)
+        self._apply(change)
+        for peer in to_ping:
+            if self._send_raw(peer.endpoint, [KIND_PING]):
+                self.membership.sent(peer.id, now)
+        for endpoint in self._unanswered_contacts():
+            if now - self._contacts[endpoint] >= CONTACT_RETRY and self._writable(endpoint):
+                self._contacts[endpoint] = now
+                self._say_hello(endpoint, reply=False)
+        self._schedule_next()
+
+    # --- security ----------------------------------------------------------------------------
+
+    def _secure(self, sock: zmq.Socket, server: bool) -> None:
+        keys = getattr(self, "_keys", None)
+        if keys is None:
+            return
+        public, secret = keys
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+        if server:
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+        else:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, public)
+
+
+def _wildcard_host(endpoint: str) -> str:
+    """tcp://0.0.0.0:5670 -> tcp://*:5670 (peers then use the address our HELLO came from)."""
+    transport, _, address = endpoint.partition("://")
+    host, _, port = address.rpartition(":")
+    if transport == "tcp" and host in ("0.0.0.0", "*", "[::]", "::"):
+        return f"tcp://*:{port}"
+    return endpoint
