@@ -237,9 +237,9 @@ class ClusterNode:
             self._log.warning("peer refused", peer=hello.name, id=hello.id,
                               endpoint=hello.endpoint, why=change.refused)
             return
+        if change.reply_hello_to:  # first, so that it reaches the peer before what services
+            self._say_hello(change.reply_hello_to, reply=True)  # send it when it joins
         self._apply(change)
-        if change.reply_hello_to:
-            self._say_hello(change.reply_hello_to, reply=True)
 
     def _apply(self, change: Change, reason: str | None = None) -> None:
         for peer, why in change.left:

@@ -1,0 +1,207 @@
+"""A testbed of hosts in Linux network namespaces, each running its own broker.
+
+    hub namespace: a bridge
+    host namespaces h1..hN: eth0 (a veth into the bridge), 10.231.0.<i>/24
+
+Everything lives in namespaces made here: nothing is sent on the machine's own interfaces, and
+mDNS stays on the bridge. Abstract ipc sockets are per network namespace, so each host runs a
+broker named ``local`` and its clients find it as on a real host. Needs root and iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SUBNET = "10.231.0"
+PEER_PORT = 5670
+
+
+def available() -> str | None:
+    """Why namespaces cannot be used here, or None if they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "iproute2 ('ip') is not installed"
+    probe = f"zbprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode:
+        return f"cannot create a network namespace: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    r = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+
+class Host:
+    def __init__(self, bed: Testbed, index: int) -> None:
+        self.bed = bed
+        self.index = index
+        self.name = f"h{index}"
+        self.ns = f"{bed.prefix}{self.name}"
+        self.address = f"{SUBNET}.{index}"
+        self.endpoint = f"tcp://{self.address}:{PEER_PORT}"
+        self.broker: subprocess.Popen | None = None
+        self.dir = bed.dir / self.name
+        self.dir.mkdir()
+        self.log_path = self.dir / "broker.log"
+
+    # --- processes in this host ------------------------------------------------------------
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns, *args]
+
+    def popen(self, args: Sequence[str], **kw: Any) -> subprocess.Popen:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(self.command(args), env=env, **kw)
+        self.bed.procs.append(proc)
+        return proc
+
+    def zpipes(self, *args: str, **kw: Any) -> subprocess.Popen:
+        return self.popen([sys.executable, "-m", "zpipes", *args], **kw)
+
+    def python(self, code: str, *args: str, **kw: Any) -> subprocess.Popen:
+        return self.popen([sys.executable, "-c", code, *args], **kw)
+
+    def start_broker(self, config: dict[str, Any] | None = None, wait: bool = True) -> None:
+        cfg = {
+            "log": {"format": "json", "file": str(self.log_path), "level": "info"},
+            "broker": {"run_dir": str(self.dir / "run")},
+            "cluster": {"enabled": True, "bind": f"tcp://*:{PEER_PORT}", "peer_timeout": 2},
+        }
+        for section, values in (config or {}).items():
+            cfg.setdefault(section, {}).update(values)
+        path = self.dir / "zbroker.cfg"
+        path.write_text(yaml.safe_dump(cfg))
+        self.broker = self.popen([sys.executable, "-m", "zbroker", "local", "-c", str(path)],
+                                 stderr=open(self.dir / "broker.stderr", "ab"))
+        if wait:
+            self.wait_for_log("broker started", timeout=15)
+
+    def kill_broker(self, sig: int = signal.SIGKILL) -> None:
+        if self.broker is not None and self.broker.poll() is None:
+            self.broker.send_signal(sig)
+            self.broker.wait(10)
+
+    # --- what the broker said ------------------------------------------------------------------
+
+    def log_events(self) -> list[dict[str, Any]]:
+        if not self.log_path.exists():
+            return []
+        events = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+        return events
+
+    def wait_for_log(self, event: str, timeout: float, count: int = 1, **fields: Any) -> None:
+        def matches() -> int:
+            return sum(1 for e in self.log_events() if e.get("event") == event
+                       and all(e.get(k) == v for k, v in fields.items()))
+
+        deadline = time.monotonic() + timeout
+        while matches() < count:
+            if self.broker is not None and self.broker.poll() is not None:
+                raise AssertionError(f"{self.name}: broker exited ({self.broker.returncode}):\n"
+                                     + (self.dir / "broker.stderr").read_text()[-2000:])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: no {count} x {event!r} {fields} within "
+                                     f"{timeout} s; log tail:\n" + self.log_tail())
+            time.sleep(0.05)
+
+    def peers(self) -> set[str]:
+        """Endpoints of the peers this host's broker has now (from its join/leave log lines;
+        every host's broker is named "local")."""
+        up: dict[str, str] = {}
+        for e in self.log_events():
+            if e.get("event") == "peer joined":
+                up[e["id"]] = e["endpoint"]
+            elif e.get("event") == "peer left":
+                up.pop(e["id"], None)
+        return set(up.values())
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    # --- the network ---------------------------------------------------------------------------
+
+    def link(self, up: bool) -> None:
+        """Cut this host off the network, or bring it back."""
+        _ip("-n", self.bed.hub, "link", "set", self.bed.port(self), "up" if up else "down")
+
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.broker_pid()}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def broker_pid(self) -> int:
+        """The broker's own pid (``ip netns exec`` execs it, so it is the Popen's)."""
+        return self.broker.pid
+
+
+class Testbed:
+    def __init__(self, hosts: int, base: Path) -> None:
+        self.prefix = f"zb{uuid.uuid4().hex[:6]}"
+        self.hub = f"{self.prefix}hub"
+        self.dir = base
+        self.procs: list[subprocess.Popen] = []
+        self.hosts: list[Host] = []
+        _ip("netns", "add", self.hub)
+        try:
+            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.hub, "link", "set", "br0", "up")
+            for i in range(1, hosts + 1):
+                self.add_host(i)
+        except BaseException:
+            self.close()
+            raise
+
+    def port(self, host: Host) -> str:
+        return f"p{host.index}"
+
+    def add_host(self, index: int) -> Host:
+        host = Host(self, index)
+        _ip("netns", "add", host.ns)
+        self.hosts.append(host)
+        _ip("-n", host.ns, "link", "set", "lo", "up")
+        _ip("-n", host.ns, "link", "add", "eth0", "type", "veth", "peer", "name",
+            self.port(host), "netns", self.hub)
+        _ip("-n", self.hub, "link", "set", self.port(host), "master", "br0")
+        _ip("-n", self.hub, "link", "set", self.port(host), "up")
+        _ip("-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
+        _ip("-n", host.ns, "link", "set", "eth0", "up")
+        return host
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        for host in self.hosts:
+            subprocess.run(["ip", "netns", "del", host.ns], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.hub], capture_output=True)

@@ -1,0 +1,238 @@
+"""The cluster on a multi-host testbed: brokers in network namespaces that find each other with
+zeroconf, and pipes that cross hosts (see netns.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+
+import netns
+import pytest
+
+why_not = netns.available()
+pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+
+PEER_TIMEOUT = 2.0
+
+
+@pytest.fixture
+def testbed(tmp_path):
+    made = []
+
+    def make(hosts=3, start=True, config=None):
+        bed = netns.Testbed(hosts, tmp_path)
+        made.append(bed)
+        if start:
+            for host in bed.hosts:
+                host.start_broker(config)
+            wait_for_cluster(bed.hosts)
+        return bed
+
+    yield make
+    for bed in made:
+        bed.close()
+
+
+def wait_for_cluster(hosts, timeout=20.0):
+    endpoints = {h.endpoint for h in hosts}
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = {h.name: sorted(endpoints - {h.endpoint} - h.peers()) for h in hosts}
+        if not any(missing.values()):
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {h.name}\n{h.log_tail()}" for h in hosts)
+            raise AssertionError(f"cluster did not form: missing {missing}\n{tails}")
+        time.sleep(0.1)
+
+
+def reader(host, pipe, **kw):
+    return host.zpipes("read", pipe, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def writer(host, pipe, **kw):
+    return host.zpipes("write", pipe, stdin=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def wait_attached(host, pipe, role, count=1, timeout=10.0):
+    """Until ``host``'s broker knows of ``count`` remote ends of ``pipe`` in ``role``."""
+    host.wait_for_log("remote end attached", timeout, count=count, pipe=pipe, role=role)
+
+
+def test_brokers_find_each_other_with_zeroconf(testbed):
+    bed = testbed(3)
+    for host in bed.hosts:
+        assert host.peers() == {h.endpoint for h in bed.hosts} - {host.endpoint}
+    joined = [e for e in bed.hosts[0].log_events() if e.get("event") == "peer joined"]
+    assert {e["endpoint"] for e in joined} == {h.endpoint for h in bed.hosts[1:]}
+
+
+@pytest.mark.parametrize("reader_first", [True, False], ids=["reader-first", "writer-first"])
+def test_writer_on_a_reader_on_b(testbed, reader_first):
+    a, b, _ = testbed(3).hosts
+    data = os.urandom(3 << 20)
+    if reader_first:
+        r = reader(b, "ab")
+        wait_attached(a, "ab", "reader")
+        w = writer(a, "ab")
+    else:
+        w = writer(a, "ab")
+        wait_attached(b, "ab", "writer")
+        r = reader(b, "ab")
+    w.stdin.write(data)
+    w.stdin.close()
+    out, err = r.communicate(timeout=30)
+    assert w.wait(30) == 0, w.stderr.read()
+    assert r.returncode == 0, err
+    assert out == data
+
+
+def test_fan_out_to_readers_on_two_hosts(testbed):
+    a, b, c = testbed(3).hosts
+    rb, rc = reader(b, "fan"), reader(c, "fan")
+    wait_attached(a, "fan", "reader", count=2)
+    w = writer(a, "fan")
+    data = os.urandom(1 << 20)
+    w.stdin.write(data)
+    w.stdin.close()
+    assert w.wait(30) == 0
+    assert rb.communicate(timeout=30)[0] == data
+    assert rc.communicate(timeout=30)[0] == data
+
+
+def test_256mib_cross_host_sha256_agrees(testbed):
+    a, b, _ = testbed(3).hosts
+    r = b.popen(["sh", "-c", f"{netns.sys.executable} -m zpipes read big | sha256sum"],
+                stdout=subprocess.PIPE)
+    wait_attached(a, "big", "reader")
+    w = writer(a, "big")
+    digest = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    for i in range(256):
+        chunk = block[i:] + block[:i]
+        digest.update(chunk)
+        w.stdin.write(chunk)
+    w.stdin.close()
+    assert w.wait(120) == 0
+    assert r.communicate(timeout=120)[0].split()[0].decode() == digest.hexdigest()
+
+
+def test_sigkill_of_the_writers_broker_fails_the_reader(testbed):
+    """Defect 7: a vanished peer is noticed and its pipes fail; nothing pretends to work."""
+    a, b, _ = testbed(3).hosts
+    r = reader(b, "doomed")
+    wait_attached(a, "doomed", "reader")
+    w = writer(a, "doomed")
+    w.stdin.write(b"some data\n")
+    w.stdin.flush()
+    assert r.stdout.readline() == b"some data\n"
+    killed = time.monotonic()
+    a.kill_broker()
+    assert r.wait(PEER_TIMEOUT + 5) == 1
+    took = time.monotonic() - killed
+    assert "peer lost" in r.stderr.read().decode()
+    assert took < PEER_TIMEOUT + 1.5
+    w.kill()
+
+
+def test_reader_host_cut_off_fails_the_writer_and_heals(testbed):
+    a, b, c = testbed(3).hosts
+    r = reader(b, "cut")
+    wait_attached(a, "cut", "reader")
+    w = writer(a, "cut")
+    w.stdin.write(b"before\n")
+    w.stdin.flush()
+    assert r.stdout.readline() == b"before\n"
+    b.link(up=False)
+    cut = time.monotonic()
+    a.wait_for_log("peer left", timeout=PEER_TIMEOUT + 3)
+    assert time.monotonic() - cut < PEER_TIMEOUT + 1.5
+    try:
+        w.stdin.write(b"after\n")
+        w.stdin.flush()
+        w.stdin.close()
+    except BrokenPipeError:
+        pass
+    assert w.wait(10) == 1
+    assert "peer lost" in w.stderr.read().decode()
+    b.link(up=True)
+    wait_for_cluster([a, b, c])
+    r2 = reader(b, "healed")
+    wait_attached(a, "healed", "reader")
+    w2 = writer(a, "healed")
+    w2.stdin.write(b"works again\n")
+    w2.stdin.close()
+    assert w2.wait(30) == 0
+    assert r2.communicate(timeout=30)[0] == b"works again\n"
+    r.kill()
+
+
+def test_broker_joining_late_finds_a_pipe_opened_before(testbed):
+    """Defect 8 and seed "sometimes reader and writer pipes don't connect"."""
+    bed = testbed(2, start=False)
+    a, b = bed.hosts
+    a.start_broker()
+    w = writer(a, "early")
+    w.stdin.write(b"waited for you\n")
+    w.stdin.close()
+    time.sleep(1.0)  # the writer's pipe exists before b's broker does
+    b.start_broker()
+    wait_for_cluster([a, b])
+    r = reader(b, "early")
+    assert r.communicate(timeout=30)[0] == b"waited for you\n"
+    assert w.wait(30) == 0
+
+
+def test_static_peers_without_discovery(testbed):
+    bed = testbed(2, start=False)
+    a, b = bed.hosts
+    a.start_broker({"cluster": {"discovery": False, "peers": [b.endpoint]}})
+    b.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint]}})
+    wait_for_cluster([a, b])
+    r = reader(b, "static")
+    wait_attached(a, "static", "reader")
+    w = writer(a, "static")
+    w.stdin.write(b"no multicast needed\n")
+    w.stdin.close()
+    assert r.communicate(timeout=30)[0] == b"no multicast needed\n"
+
+
+def test_other_cluster_names_do_not_pair(testbed):
+    bed = testbed(2, start=False)
+    a, b = bed.hosts
+    a.start_broker({"cluster": {"name": "blue"}})
+    b.start_broker({"cluster": {"name": "green"}})
+    time.sleep(3)
+    assert a.peers() == set() and b.peers() == set()
+
+
+def test_slow_remote_reader_keeps_both_brokers_flat(testbed):
+    a, b, _ = testbed(3).hosts
+    code = (
+        "import sys, time, zpipes\n"
+        "n = 0\n"
+        "with zpipes.open('slow', 'r') as r:\n"
+        "    while True:\n"
+        "        d = r.read1(256 << 10)\n"
+        "        if not d: break\n"
+        "        n += len(d)\n"
+        "        time.sleep(0.002)\n"
+        "print(n)\n"
+    )
+    r = b.python(code, stdout=subprocess.PIPE)
+    wait_attached(a, "slow", "reader")
+    base = a.rss_bytes(), b.rss_bytes()
+    peak = list(base)
+    w = writer(a, "slow")
+    block = os.urandom(1 << 20)
+    for i in range(256):
+        w.stdin.write(block)
+        if i % 16 == 0:
+            peak = [max(peak[0], a.rss_bytes()), max(peak[1], b.rss_bytes())]
+    w.stdin.close()
+    assert w.wait(120) == 0
+    assert int(r.communicate(timeout=120)[0]) == 256 << 20
+    growth = [(p - q) >> 20 for p, q in zip(peak, base, strict=True)]
+    assert max(growth) < 64, f"RSS growth of the brokers in MiB: {growth}"
