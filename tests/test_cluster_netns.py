@@ -236,3 +236,33 @@ def test_slow_remote_reader_keeps_both_brokers_flat(testbed):
     assert int(r.communicate(timeout=120)[0]) == 256 << 20
     growth = [(p - q) >> 20 for p, q in zip(peak, base, strict=True)]
     assert max(growth) < 64, f"RSS growth of the brokers in MiB: {growth}"
+
+
+def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path):
+    from zbroker.cluster.security import generate_key_file
+
+    key = tmp_path / "cluster.key"
+    generate_key_file(key)
+    bed = testbed(3, start=False)
+    a, b, c = bed.hosts
+    keyed = {"cluster": {"key_file": str(key), "discovery": False,
+                         "peers": [a.endpoint, b.endpoint]}}
+    a.start_broker(keyed)
+    b.start_broker(keyed)
+    c.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint, b.endpoint]}})
+    wait_for_cluster([a, b])
+    a.wait_for_log("cluster connection refused", timeout=10)
+    time.sleep(1)
+    assert c.peers() == set() and a.peers() == {b.endpoint}
+    # traffic still flows between the keyed brokers, encrypted
+    r = reader(b, "secret")
+    wait_attached(a, "secret", "reader")
+    w = writer(a, "secret")
+    w.stdin.write(b"for key holders only\n")
+    w.stdin.close()
+    assert r.communicate(timeout=30)[0] == b"for key holders only\n"
+    # and a keyless broker's pipe of the same name never meets them
+    rc = reader(c, "secret")
+    time.sleep(0.5)
+    assert not any(e.get("event") == "remote end attached" for e in c.log_events())
+    rc.kill()

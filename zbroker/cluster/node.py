@@ -58,11 +58,21 @@ class ClusterNode:
         self._timer: asyncio.TimerHandle | None = None
         self.discovery: Any = None
         self.endpoint = ""
+        self._keys: tuple[bytes, bytes] | None = None  # CURVE (public, secret)
+        self._guard: Any = None
 
     # --- life cycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.key_file:
+            from .security import Guard, KeyFileError, load_key_file
+
+            try:
+                self._keys = load_key_file(cfg.key_file)
+            except KeyFileError as exc:
+                raise ClusterError(str(exc)) from None
+            self._guard = Guard(self._ctx, self._loop, self._log, self._keys[0])
         router = self._ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.LINGER, 0)
@@ -72,8 +82,12 @@ class ClusterNode:
             router.bind(cfg.bind)
         except zmq.ZMQError as exc:
             router.close(linger=0)
+            if self._guard is not None:
+                self._guard.close()
             raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: {exc}") from None
         self._router = router
+        if self._guard is not None:
+            self._guard.watch(router)
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         advertised = cfg.advertise or _wildcard_host(self.endpoint)
         me = Hello(self.id, self.broker_name, cfg.name, advertised)
@@ -87,7 +101,7 @@ class ClusterNode:
             self.discovery = Discovery(self, self._log)
             await self.discovery.start()
         self._log.info("cluster started", cluster=cfg.name, id=self.id, endpoint=self.endpoint,
-                       advertised=advertised, discovery=cfg.discovery,
+                       advertised=advertised, discovery=cfg.discovery, curve=bool(self._keys),
                        static_peers=len(self._static), peer_timeout=cfg.peer_timeout)
         self._schedule(0.0)
         self._loop.call_soon(self._on_readable)
@@ -107,6 +121,9 @@ class ClusterNode:
         for dealer in self._dealers.values():
             dealer.close(linger=200)  # let the BYEs go
         self._dealers.clear()
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
 
     # --- what services use -----------------------------------------------------------------------
 
@@ -232,6 +249,10 @@ class ClusterNode:
         if not hello.reply and hello.id not in self.membership.peers \
                 and not self._writable(hello.endpoint):
             return  # admit it only once we can talk back; it says HELLO again shortly
+        if hello.id == self.id:  # a contact that turned out to be ourselves
+            self._static.discard(hello.endpoint)
+            self._contacts.pop(hello.endpoint, None)
+            return
         change = self.membership.hello(hello, now)
         if change.refused:
             self._log.warning("peer refused", peer=hello.name, id=hello.id,
@@ -297,10 +318,9 @@ class ClusterNode:
     # --- security ----------------------------------------------------------------------------
 
     def _secure(self, sock: zmq.Socket, server: bool) -> None:
-        keys = getattr(self, "_keys", None)
-        if keys is None:
+        if self._keys is None:
             return
-        public, secret = keys
+        public, secret = self._keys
         sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
         if server:

@@ -1,0 +1,125 @@
+"""CURVE for the cluster link: one key pair shared by the brokers of a cluster.
+
+Every broker's peer socket is a CURVE server with the cluster's secret key, and every link to a
+peer is a CURVE client with the same key pair, so traffic is encrypted and only holders of the
+key can connect. Our own ZAP handler admits exactly the cluster's public key, and a monitor on
+the peer socket logs connections that fail the handshake (e.g. a broker without the key).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed: another security mechanism "
+                                         "(no cluster key?)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: key refused",
+}
+
+
+class KeyFileError(Exception):
+    """A cluster key file that cannot be used; the message says why."""
+
+
+def generate_key_file(path: str | os.PathLike[str]) -> str:
+    """Write a new cluster key pair to ``path`` (mode 0600); returns the public key."""
+    public, secret = zmq.curve_keypair()
+    target = Path(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("# zbroker cluster key pair: copy this file to every broker of the cluster\n")
+        yaml.safe_dump({"public": public.decode(), "secret": secret.decode()}, f)
+    return public.decode()
+
+
+def load_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
+    """(public, secret) Z85 keys from a key file; KeyFileError with a clear reason otherwise."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise KeyFileError(f"cannot read cluster key file {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str)
+                                             for k in ("public", "secret")):
+        raise KeyFileError(f"cluster key file {path}: expected 'public' and 'secret' keys")
+    public, secret = data["public"].encode(), data["secret"].encode()
+    if len(public) != 40 or len(secret) != 40:
+        raise KeyFileError(f"cluster key file {path}: keys must be 40 Z85 characters")
+    try:
+        derived = zmq.curve_public(secret)
+    except zmq.ZMQError as exc:
+        raise KeyFileError(f"cluster key file {path}: bad secret key ({exc})") from None
+    if derived != public:
+        raise KeyFileError(f"cluster key file {path}: the public key does not match the secret")
+    return public, secret
+
+
+class Guard:
+    """The ZAP handler and the handshake monitor for one broker's peer socket."""
+
+    def __init__(self, ctx: zmq.Context, loop: Any, log: Any, public: bytes) -> None:
+        self.public = public
+        self._loop, self._log = loop, log
+        self._zap = ctx.socket(zmq.ROUTER)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
+        self._monitor: zmq.Socket | None = None
+        loop.add_reader(self._zap.getsockopt(zmq.FD), self._on_zap)
+        self.refused = 0
+
+    def watch(self, sock: zmq.Socket) -> None:
+        events = 0
+        for event in _HANDSHAKE_FAILURES:
+            events |= event
+        self._monitor = sock.get_monitor_socket(events)
+        self._loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_monitor)
+        self._loop.call_soon(self._on_monitor)
+
+    def close(self) -> None:
+        for sock in (self._zap, self._monitor):
+            if sock is not None:
+                self._loop.remove_reader(sock.getsockopt(zmq.FD))
+                sock.close(linger=0)
+        self._monitor = None
+
+    def _on_zap(self) -> None:
+        while True:
+            try:
+                frames = self._zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # [routing id, "", version, request id, domain, address, identity, mechanism, creds]
+            if len(frames) < 8:
+                continue
+            rid, _, version, request_id, _domain, address, _identity, mechanism = frames[:8]
+            client_key = frames[8] if len(frames) > 8 else b""
+            ok = mechanism == b"CURVE" and z85.encode(client_key) == self.public
+            if not ok:
+                self.refused += 1
+                self._log.warning("cluster connection refused", address=address.decode(),
+                                  mechanism=mechanism.decode(), reason="not the cluster key")
+            self._zap.send_multipart([rid, b"", version, request_id,
+                                      b"200" if ok else b"400",
+                                      b"OK" if ok else b"not the cluster key", b"", b""])
+
+    def _on_monitor(self) -> None:
+        monitor = self._monitor
+        while monitor is not None:
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = parse_monitor_message(frames)
+            reason = _HANDSHAKE_FAILURES.get(event["event"])
+            if reason:
+                self.refused += 1
+                self._log.warning("cluster connection refused", reason=reason,
+                                  endpoint=event["endpoint"].decode(errors="replace"))
