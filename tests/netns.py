@@ -193,6 +193,20 @@ class Testbed:
         _ip("-n", host.ns, "link", "set", "eth0", "up")
         return host
 
+    def wait_for_cluster(self, hosts: list[Host] | None = None, timeout: float = 20.0) -> None:
+        """Until every broker of ``hosts`` (default: all) has all the others as peers."""
+        hosts = self.hosts if hosts is None else hosts
+        endpoints = {h.endpoint for h in hosts}
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = {h.name: sorted(endpoints - {h.endpoint} - h.peers()) for h in hosts}
+            if not any(missing.values()):
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {h.name}\n{h.log_tail()}" for h in hosts)
+                raise AssertionError(f"cluster did not form: missing {missing}\n{tails}")
+            time.sleep(0.1)
+
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:

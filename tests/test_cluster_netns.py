@@ -36,16 +36,7 @@ def testbed(tmp_path):
 
 
 def wait_for_cluster(hosts, timeout=20.0):
-    endpoints = {h.endpoint for h in hosts}
-    deadline = time.monotonic() + timeout
-    while True:
-        missing = {h.name: sorted(endpoints - {h.endpoint} - h.peers()) for h in hosts}
-        if not any(missing.values()):
-            return
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {h.name}\n{h.log_tail()}" for h in hosts)
-            raise AssertionError(f"cluster did not form: missing {missing}\n{tails}")
-        time.sleep(0.1)
+    hosts[0].bed.wait_for_cluster(hosts, timeout)
 
 
 def reader(host, pipe, **kw):
@@ -266,3 +257,17 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
     time.sleep(0.5)
     assert not any(e.get("event") == "remote end attached" for e in c.log_events())
     rc.kill()
+
+
+def test_cluster_simulation(testbed):
+    """The seed's "full cluster test case": 5 brokers, random sessions, every byte checked.
+    More brokers or time: ZBROKER_SIM_BROKERS / ZBROKER_SIM_SECONDS, or run cluster_sim.py."""
+    from cluster_sim import simulate
+
+    brokers = int(os.environ.get("ZBROKER_SIM_BROKERS", "5"))
+    seconds = float(os.environ.get("ZBROKER_SIM_SECONDS", "25"))
+    bed = testbed(brokers)
+    report = simulate(bed.hosts, duration=seconds, seed=7)
+    print(report.summary())
+    assert report.failures == []
+    assert report.sessions >= 5 and report.latencies_ms
