@@ -47,6 +47,7 @@ class ZpipesService(Service):
         self._timer_at = float("inf")
         self._log: Any = None
         self._cluster: Any = None
+        self._read_pending = False
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -99,17 +100,28 @@ class ZpipesService(Service):
     def peer_joined(self, peer: Peer) -> None:
         if self.server is not None:
             self.server.peer_up(peer.id, self._loop.time())
-            self._flush()
+            self._flush_outside()
 
     def peer_left(self, peer: Peer) -> None:
         if self.server is not None:
             self.server.peer_down(peer.id, self._loop.time())
-            self._flush()
+            self._flush_outside()
 
     def peer_message(self, peer: Peer, frames: list[Any]) -> None:
         if self.server is not None:
             self.server.peer_receive(peer.id, frames, self._loop.time())
-            self._flush()
+            self._flush_outside()
+
+    def _flush_outside(self) -> None:
+        """Send what the core has after an event that did not come through our socket. The
+        socket's FD is edge-triggered and a send may consume the edge of messages waiting to
+        be read: look for them, or they would wait for the next timer."""
+        self._flush()
+        self._schedule()
+        if self._sock is not None and not self._read_pending \
+                and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._read_pending = True
+            self._loop.call_soon(self._on_readable)
 
     def status(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, **(self.server.status() if self.server else {})}
@@ -117,6 +129,7 @@ class ZpipesService(Service):
     # --- I/O ---------------------------------------------------------------------------------
 
     def _on_readable(self) -> None:
+        self._read_pending = False
         sock, server = self._sock, self.server
         if sock is None or server is None:
             return
