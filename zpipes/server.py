@@ -235,7 +235,7 @@ class ZpipesServer:
             client = self._by_end.get(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
                 self._execute(client, Event.PIPE_CHANGED)
-        if self.peers:
+        if self.pipes.outgoing or self.pipes.credits:
             self._to_peers()
 
     # --- actions -----------------------------------------------------------------------------
@@ -441,9 +441,10 @@ class ZpipesServer:
     def _to_peers(self) -> None:
         """Turn what the pipe table has for remote ends into peer messages."""
         for proxy, writer_end, first, chunk in self.pipes.take_outgoing():
-            peer, reader_end = self._proxy_of[proxy]
-            self.peer_outbox.append(
-                (peer, peering.encode(peering.Data(writer_end, reader_end, first, chunk))))
+            owner = self._proxy_of.get(proxy)
+            if owner is not None:
+                self.peer_outbox.append((owner[0], peering.encode(
+                    peering.Data(writer_end, owner[1], first, chunk))))
         for (proxy, reader_end), size in self.pipes.take_credits().items():
             owner = self._proxy_of.get(proxy)
             if owner is not None:
