@@ -1,0 +1,416 @@
+"""The ``zpipes read|write`` commands as real processes (``python -m zpipes``) against a real
+broker: binary-safe streaming, exit statuses, a closed standard output, Ctrl-C, interactive
+use, and ``--help``. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import broker_env, wait_for
+
+import zpipes
+
+MiB = 1 << 20
+WAIT = 30.0  # seconds: the longest any command of these tests may run
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return broker_env(tmp_path)
+
+
+def _default_sigint() -> None:
+    # A test run started in the background may have SIGINT ignored, which a child inherits
+    # (and Python then never raises KeyboardInterrupt): give the command the usual default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def zpipes_cmd(env: dict[str, str], *args: str, stdin: Any = subprocess.PIPE,
+               stdout: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    """Start ``python -m zpipes ARGS`` (not waiting for it)."""
+    return subprocess.Popen([sys.executable, "-m", "zpipes", *args], stdin=stdin,
+                            stdout=stdout, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=_default_sigint)
+
+
+def run_zpipes(env: dict[str, str], args: Sequence[str], input: bytes = b"",
+               timeout: float = WAIT) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "zpipes", *args], input=input,
+                          capture_output=True, env=env, timeout=timeout)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = WAIT) -> tuple[int, bytes]:
+    """Wait for a command started by ``zpipes_cmd``: (exit status, standard error). Its
+    standard output must be read already, or not be a pipe."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+        raise AssertionError(f"{proc.args} still running after {timeout}s; stderr: "
+                             f"{proc.stderr.read()!r}") from None
+    return proc.returncode, proc.stderr.read()
+
+
+def read_within(fd: int, size: int, timeout: float) -> bytes:
+    """``size`` bytes from ``fd`` (fewer at end of file); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    got = b""
+    while len(got) < size:
+        left = deadline - time.monotonic()
+        assert left > 0, f"got only {got!r} of {size} bytes within {timeout}s"
+        if select.select([fd], [], [], left)[0]:
+            piece = os.read(fd, size - len(got))
+            if not piece:
+                break
+            got += piece
+    return got
+
+
+def assert_quiet_failure(status: int, err: bytes, *words: str) -> None:
+    """Exit status 1 and one line on standard error: "zpipes: ...", no traceback."""
+    text = err.decode(errors="replace")
+    assert status == 1, text
+    assert text.startswith("zpipes: ") and text.count("\n") == 1, text
+    assert "Traceback" not in text
+    for word in words:
+        assert word in text, text
+
+
+def kill_all(*procs: subprocess.Popen[bytes]) -> None:
+    """Clean-up: kill what still runs, reap it, close its pipes."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except BrokenPipeError:
+                    pass
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+
+def test_binary_safe_round_trip(broker, env):
+    data = bytes(range(256)) * 64 + b"\r\n\0\x1a\xff" + os.urandom(MiB) + b"no newline at end"
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "bin", stdin=subprocess.DEVNULL)
+    writer = run_zpipes(env, ["write", "--broker", broker.name, "bin"], input=data)
+    assert writer.returncode == 0 and writer.stderr == b""
+    out, err = reader.communicate(timeout=WAIT)
+    assert reader.returncode == 0 and err == b""
+    assert out == data
+
+
+def wait_attached(broker: Any, pipe: str, role: str = "reader") -> None:
+    """Wait until the broker logged that a ``role`` ("reader" or "writer") opened ``pipe``."""
+    def attached() -> bool:
+        return any("pipe opened" in line and f"pipe={pipe} " in line and f"role={role}" in line
+                   for line in broker.stderr().splitlines())
+
+    wait_for(attached, WAIT, f"a {role} of pipe {pipe!r} in the broker's log")
+
+
+def test_empty_input_gives_an_empty_stream(broker, env):
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "empty", stdin=subprocess.DEVNULL)
+    # as with a FIFO, a writer that came and went before the reader opened is not seen
+    wait_attached(broker, "empty")
+    writer = run_zpipes(env, ["write", "--broker", broker.name, "empty"], input=b"")
+    assert writer.returncode == 0
+    out, err = reader.communicate(timeout=WAIT)
+    assert (reader.returncode, out, err) == (0, b"", b"")
+
+
+def test_256mib_of_random_data_sha256_agrees(broker, env):
+    """``head -c 256M /dev/urandom | zpipes write p`` and ``zpipes read p | sha256sum``."""
+    blocks = 256
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "big", stdin=subprocess.DEVNULL)
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, "big",
+                        stdout=subprocess.DEVNULL)
+    sent = hashlib.sha256()
+    feeding_error: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            for _ in range(blocks):
+                block = os.urandom(MiB)
+                sent.update(block)
+                writer.stdin.write(block)
+            writer.stdin.close()
+        except BaseException as exc:  # reported below
+            feeding_error.append(exc)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    start = time.monotonic()
+    feeder.start()
+    try:
+        got = hashlib.sha256()
+        size = 0
+        fd = reader.stdout.fileno()
+        while True:
+            assert time.monotonic() - start < 120, f"only {size} bytes after 120 s"
+            if not select.select([fd], [], [], 5)[0]:
+                continue
+            piece = os.read(fd, MiB)
+            if not piece:
+                break
+            got.update(piece)
+            size += len(piece)
+        feeder.join(WAIT)
+        assert not feeding_error, feeding_error
+        assert size == blocks * MiB
+        assert got.hexdigest() == sent.hexdigest()
+        assert finish(writer) == (0, b"")
+        assert finish(reader) == (0, b"")
+    finally:
+        kill_all(writer, reader)
+
+
+# --- exit statuses ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["read", "write"])
+def test_no_broker_exits_1_with_a_message_and_no_traceback(env, command):
+    absent = f"absent-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    result = run_zpipes(env, [command, "--broker", absent, "p"], input=b"data")
+    assert time.monotonic() - start < 10
+    assert_quiet_failure(result.returncode, result.stderr, "not running")
+    assert result.stdout == b""
+
+
+def test_writer_whose_reader_left_exits_1_no_readers(broker, env):
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, "left", stdout=subprocess.DEVNULL)
+    try:
+        with zpipes.open("left", "r", broker=broker.name, timeout=10) as reader:
+            writer.stdin.write(b"first line\n")
+            writer.stdin.flush()
+            assert reader.readline() == b"first line\n"
+        # the reader has gone: what the writer sends next has nowhere to go
+        deadline = time.monotonic() + 10
+        try:
+            while writer.poll() is None and time.monotonic() < deadline:
+                writer.stdin.write(b"more\n")
+                writer.stdin.flush()
+                time.sleep(0.02)
+        except BrokenPipeError:
+            pass  # the writer exited while we fed it
+        status, err = finish(writer)
+        assert_quiet_failure(status, err, "no readers")
+    finally:
+        kill_all(writer)
+
+
+def test_read_timeout_exits_1_when_nothing_comes(broker, env):
+    start = time.monotonic()
+    result = run_zpipes(env, ["read", "--broker", broker.name, "--timeout", "0.5", "quiet"])
+    assert 0.4 < time.monotonic() - start < 10
+    assert_quiet_failure(result.returncode, result.stderr, "timed out")
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["read"],
+    ["write"],
+    ["copy", "p"],
+    ["read", ""],
+    ["read", "x" * 256],
+    ["read", "p", "extra"],
+    ["read", "--timeout", "soon", "p"],
+    ["write", "--timeout", "0", "p"],
+    ["read", "--no-such-option", "p"],
+])
+def test_usage_errors_exit_2(env, args):
+    result = run_zpipes(env, args)
+    text = result.stderr.decode()
+    assert result.returncode == 2, text
+    assert "usage:" in text and "Traceback" not in text
+
+
+# --- ends of the command's life --------------------------------------------------------------
+
+
+def test_closed_stdout_ends_read_quietly(broker, env):
+    """``zpipes read p | head -c 10``: exit 0, nothing on standard error."""
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "head", stdin=subprocess.DEVNULL)
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, "head",
+                        stdout=subprocess.DEVNULL)
+    try:
+        writer.stdin.write(b"0123456789" * 1000 + b"\n")
+        writer.stdin.flush()
+        assert read_within(reader.stdout.fileno(), 10, WAIT) == b"0123456789"
+        reader.stdout.close()  # what `head -c 10` does once it has its 10 bytes
+        try:
+            for _ in range(64):  # keep the data coming, as a producer in a pipeline would
+                writer.stdin.write(os.urandom(64 * 1024))
+                writer.stdin.flush()
+                if reader.poll() is not None:
+                    break
+        except BrokenPipeError:
+            pass
+        status = reader.wait(WAIT)
+        err = reader.stderr.read()
+        assert (status, err) == (0, b"")
+    finally:
+        kill_all(writer, reader)
+
+
+def test_closed_stdout_in_a_shell_pipeline_with_head(broker, env):
+    script = (f'{sys.executable} -m zpipes read --broker {broker.name} sh | head -c 10; '
+              'echo " status=${PIPESTATUS[0]}"')
+    reader = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env)
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, "sh", stdout=subprocess.DEVNULL)
+    try:
+        try:
+            for _ in range(200):
+                writer.stdin.write(b"0123456789" * 6000)
+                writer.stdin.flush()
+                if reader.poll() is not None:
+                    break
+        except BrokenPipeError:
+            pass
+        out, err = reader.communicate(timeout=WAIT)
+        assert out == b"0123456789 status=0\n"
+        assert err == b""
+    finally:
+        kill_all(writer, reader)
+
+
+@pytest.mark.parametrize("command", ["read", "write"])
+def test_sigint_exits_130_quietly(broker, env, command):
+    # read: waits for a writer; write: waits for input, then for a reader
+    proc = zpipes_cmd(env, command, "--broker", broker.name, "intr")
+    try:
+        if command == "write":
+            proc.stdin.write(b"waiting for a reader\n")
+            proc.stdin.flush()
+        wait_attached(broker, "intr", "writer" if command == "write" else "reader")
+        time.sleep(0.2)  # and waiting
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        status, err = finish(proc, 10)
+        assert status == 130, err
+        assert err == b""
+    finally:
+        kill_all(proc)
+
+
+def test_broker_stopping_ends_read_with_status_1_and_a_message(start_broker, env):
+    b = start_broker()
+    reader = zpipes_cmd(env, "read", "--broker", b.name, "stop", stdin=subprocess.DEVNULL)
+    try:
+        wait_attached(b, "stop")
+        time.sleep(0.2)  # connected and waiting for a writer
+        assert b.stop() == 0
+        status, err = finish(reader, 15)
+        assert_quiet_failure(status, err)
+        # the message should give the broker's reason, "broker stopping"; the client may lose
+        # that reply and report the broker as not responding instead (see the xfail below)
+        assert b"broker stopping" in err or b"not responding" in err, err
+        assert reader.stdout.read() == b""
+    finally:
+        kill_all(reader)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "client: the 'broker stopping' reply can be lost (the DEALER does not reconnect, and "
+    "libzmq drops unread inbound messages on disconnect; the command then says 'not "
+    "responding' after 5 s), and when it does arrive the command still sends CLOSE to the gone "
+    "broker and waits broker_timeout (5 s) before it exits. See test_client_e2e's xfail tests"))
+def test_read_exits_promptly_with_broker_stopping_when_the_broker_stops(start_broker, env):
+    b = start_broker()
+    reader = zpipes_cmd(env, "read", "--broker", b.name, "stop", stdin=subprocess.DEVNULL)
+    try:
+        wait_attached(b, "stop")
+        time.sleep(0.2)
+        assert b.stop() == 0
+        stopped_at = time.monotonic()
+        status, err = finish(reader, 15)
+        assert time.monotonic() - stopped_at < 2.0
+        assert_quiet_failure(status, err, "broker stopping")
+    finally:
+        kill_all(reader)
+
+
+def test_broker_killed_ends_read_with_status_1_in_bounded_time(start_broker, env):
+    b = start_broker()
+    reader = zpipes_cmd(env, "read", "--broker", b.name, "kill", stdin=subprocess.DEVNULL)
+    try:
+        wait_attached(b, "kill")
+        time.sleep(0.2)
+        b.kill()
+        killed_at = time.monotonic()
+        status, err = finish(reader, 15)
+        assert time.monotonic() - killed_at < zpipes.DEFAULT_BROKER_TIMEOUT + 3
+        assert_quiet_failure(status, err, "not responding")
+    finally:
+        kill_all(reader)
+
+
+# --- interactive use -------------------------------------------------------------------------
+
+
+def test_interactive_line_reaches_the_reader_within_0_2_s(broker, env):
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "chat", stdin=subprocess.DEVNULL)
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, "chat",
+                        stdout=subprocess.DEVNULL)
+    out = reader.stdout.fileno()
+    try:
+        # both ends open and streaming: the first line may take as long as starting up takes
+        writer.stdin.write(b"hello\n")
+        writer.stdin.flush()
+        assert read_within(out, 6, WAIT) == b"hello\n"
+        delays = []
+        for i in range(5):
+            line = f"line {i}\n".encode()
+            time.sleep(0.1)
+            start = time.monotonic()
+            writer.stdin.write(line)
+            writer.stdin.flush()  # stdin stays open: no more data, no end of input
+            assert read_within(out, len(line), 5) == line
+            delays.append(time.monotonic() - start)
+        assert max(delays) < 0.2, delays
+        writer.stdin.close()
+        assert finish(writer) == (0, b"")
+        assert finish(reader) == (0, b"")
+    finally:
+        kill_all(writer, reader)
+
+
+# --- help ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command, words", [
+    ("read", ["NAME", "standard output", "--broker", "--timeout", "end of the stream"]),
+    ("write", ["NAME", "standard input", "--broker", "--timeout", "close"]),
+])
+def test_help_of_each_sub_command_exits_0_and_explains(env, command, words):
+    result = run_zpipes(env, [command, "--help"])
+    text = result.stdout.decode()
+    assert result.returncode == 0 and result.stderr == b""
+    assert text.startswith(f"usage: zpipes {command}")
+    for word in words:
+        assert word in " ".join(text.split()), (word, text)
+
+
+def test_top_level_help_lists_both_commands_and_exit_statuses(env):
+    result = run_zpipes(env, ["--help"])
+    text = " ".join(result.stdout.decode().split())
+    assert result.returncode == 0
+    for word in ("read", "write", "Exit status", "130"):
+        assert word in text, text
