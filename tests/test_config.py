@@ -240,7 +240,7 @@ def test_fractional_sizes_are_fine_when_whole(tmp_path):
 
 @pytest.mark.parametrize("text, key, fragments", [
     ("colour: blue", "colour", ["unknown key 'colour'", "at the top level",
-                                "broker, log, clients, services"]),
+                                "broker, log, clients, cluster, services"]),
     ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
                                                 "did you mean 'timeout'?",
                                                 "under 'clients'", "max_pipelined_bytes"]),
@@ -334,6 +334,8 @@ def test_schema_keys():
         "log.level", "log.format", "log.file", "log.animate",
         "clients.timeout", "clients.max_clients", "clients.max_pipelined",
         "clients.max_pipelined_bytes",
+        "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
+        "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk",
     ]

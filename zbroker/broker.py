@@ -25,7 +25,7 @@ import zmq
 
 from . import logs
 from .config import Config, ConfigError, config_diff, load_config
-from .service import Service, ServiceContext, ServiceError
+from .service import ClusterPort, Peer, Service, ServiceContext, ServiceError
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
@@ -92,6 +92,8 @@ class Broker:
         self._stop_requested: asyncio.Event | None = None
         self._created_dirs: list[Path] = []
         self._signals: list[int] = []
+        self.cluster: Any = None  # the cluster node, when config.cluster.enabled
+        self._ports: list[ClusterPort] = []
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -131,9 +133,11 @@ class Broker:
                 service = self.registry[name]()
                 run_dir = self.config.broker.run_dir / name
                 self._created_dirs += make_private_dir(run_dir)
+                port = ClusterPort(name)
+                self._ports.append(port)
                 ctx = ServiceContext(broker_name=self.name, zmq_context=self.zmq_context,
                                      loop=self.loop, log=logs.get_logger(service=name),
-                                     run_dir=run_dir)
+                                     run_dir=run_dir, cluster=port)
                 self.log.debug("starting service", service=name)
                 try:
                     await asyncio.wait_for(service.start(ctx, self.config), START_TIMEOUT)
@@ -141,13 +145,48 @@ class Broker:
                     raise ServiceError(f"service {name!r} did not start within "
                                        f"{START_TIMEOUT:g} seconds") from None
                 self.services.append(service)
+            if self.config.cluster.enabled:
+                await self._start_cluster()
         except BaseException:
             await self.stop()
             raise
 
+    async def _start_cluster(self) -> None:
+        from .cluster.node import ClusterError, ClusterNode
+
+        by_name = {service.name: service for service in self.services}
+
+        def on_message(peer: Peer, service: str, frames: list[Any]) -> None:
+            target = by_name.get(service)
+            if target is not None:
+                target.peer_message(peer, frames)
+
+        node = ClusterNode(
+            self.config.cluster, self.name, self.zmq_context, self.loop,
+            logs.get_logger(component="cluster"),
+            on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
+            on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
+            on_message=on_message)
+        try:
+            await node.start()
+        except ClusterError as exc:
+            raise StartupError(str(exc)) from None
+        self.cluster = node
+        for port in self._ports:
+            port.node = node
+
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.
         Never hangs: a service gets STOP_TIMEOUT seconds. Safe to call twice."""
+        cluster, self.cluster = self.cluster, None
+        if cluster is not None:
+            for port in self._ports:
+                port.node = None
+            try:
+                await asyncio.wait_for(cluster.stop(), STOP_TIMEOUT)
+            except Exception:
+                self.log.exception("cluster failed to stop")
+        self._ports = []
         while self.services:
             service = self.services.pop()
             try:
@@ -198,7 +237,7 @@ class Broker:
             self.log.error("config reload refused", reason=str(exc))
             return False
         changed = config_diff(old, new)
-        fixed = [k for k in changed if k in RESTART_KEYS
+        fixed = [k for k in changed if k in RESTART_KEYS or k.startswith("cluster.")
                  or (k.startswith("services.") and k.endswith(".enabled"))]
         if fixed:
             self.log.error("config reload refused",

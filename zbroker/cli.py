@@ -39,6 +39,7 @@ signals:
 
 commands:
   zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
+  zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
 
 exit status: 0 after a clean stop, 1 if the broker could not start (the reason is printed
 on standard error as "zbroker: ...")."""
@@ -60,7 +61,7 @@ def version() -> str:
 def broker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker",
-        usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate]\n"
+        usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate] [--cluster]\n"
               "       %(prog)s COMMAND [ARGS]",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -74,6 +75,10 @@ def broker_parser() -> argparse.ArgumentParser:
                         help="log level: " + ", ".join(LOG_LEVELS) + " (key log.level)")
     parser.add_argument("--animate", action="store_true",
                         help="trace every ZPIPES state machine transition (key log.animate)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="join the cluster: find peer brokers (zeroconf and cluster.peers) "
+                             "and route pipes between hosts (key cluster.enabled; off by "
+                             "default, so a standalone broker announces nothing)")
     parser.add_argument("--version", action="version", version=f"zbroker {version()}")
     return parser
 
@@ -87,6 +92,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         over.setdefault("log", {})["level"] = args.log_level
     if args.animate:
         over.setdefault("log", {})["animate"] = True
+    if args.cluster:
+        over.setdefault("cluster", {})["enabled"] = True
     return over
 
 
@@ -140,9 +147,32 @@ def check_config(argv: Sequence[str]) -> int:
     return 0
 
 
+def keygen(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="zbroker keygen",
+        description="Write a new CURVE key pair for a cluster to FILE (mode 0600). Copy the "
+                    "file to every broker of the cluster and name it in cluster.key_file: "
+                    "cluster traffic is then encrypted, and a broker without the key cannot "
+                    "join or send anything.",
+    )
+    parser.add_argument("file", metavar="FILE", help="where to write the key pair (must not "
+                                                     "exist)")
+    args = parser.parse_args(argv)
+    from .cluster.security import generate_key_file
+
+    try:
+        public = generate_key_file(args.file)
+    except OSError as exc:
+        _error(f"cannot write {args.file}: {exc.strerror}")
+        return 1
+    print(f"{args.file}: cluster key pair written (public key {public})")
+    return 0
+
+
 #: sub-commands by name: each takes the arguments after its name and returns an exit status
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check-config": check_config,
+    "keygen": keygen,
 }
 
 

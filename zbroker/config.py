@@ -260,11 +260,36 @@ class ServicesConfig:
     zpipes: ZpipesConfig = section(ZpipesConfig)
 
 
+def optional_endpoint(value: Any) -> str | None:
+    return None if value is None else endpoint(value)
+
+
+def endpoint_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _Invalid("a list of ZeroMQ endpoints such as ['tcp://10.0.0.2:5670']")
+    return tuple(endpoint(v) for v in value)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    enabled: bool = setting(False, boolean)  # off: a standalone broker announces nothing
+    name: str = setting("default", broker_name)  # only brokers of the same cluster pair up
+    bind: str = setting("tcp://*:5670", endpoint)  # the peer socket
+    advertise: str | None = setting(None, optional_endpoint)  # what peers connect to
+    discovery: bool = setting(True, boolean)  # zeroconf announce and browse
+    peers: tuple[str, ...] = setting((), endpoint_list)  # static peer endpoints
+    peer_timeout: float = setting(3.0, duration())  # silence before a peer is lost
+    key_file: str | None = setting(None, optional_path)  # CURVE key pair shared by the cluster
+
+
 @dataclass(frozen=True)
 class Config:
     broker: BrokerConfig = section(BrokerConfig)
     log: LogConfig = section(LogConfig)
     clients: ClientsConfig = section(ClientsConfig)
+    cluster: ClusterConfig = section(ClusterConfig)
     services: ServicesConfig = section(ServicesConfig)
     #: the file this config was read from; None for the embedded defaults
     source: Path | None = field(default=None, compare=False)
