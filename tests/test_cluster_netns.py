@@ -271,3 +271,39 @@ def test_cluster_simulation(testbed):
     print(report.summary())
     assert report.failures == []
     assert report.sessions >= 5 and report.latencies_ms
+
+
+def test_seed_bugs_multi_broker_sequences(testbed):
+    """The original's multi-broker bug reports, replayed on real hosts:
+    "segv on multi-broker" (writer on one broker, reader on another),
+    "zpipes_client_new asserts on rapid open" (writer A, reader B, writer A in quick succession),
+    "rapid writer opens asserts" (writer A, reader B, new writer B, write),
+    "sometimes reader and writer pipes don't connect" (writer, sleep 1 s, reader elsewhere, write).
+    """
+    a, b, _ = testbed(3).hosts
+    # segv on multi-broker + rapid open: three opens in quick succession, nothing crashes
+    w1 = writer(a, "seed")
+    r = reader(b, "seed")
+    w2 = writer(a, "seed")
+    # rapid writer opens: a new writer on the reader's host writes too
+    w3 = writer(b, "seed")
+    wait_attached(b, "seed", "writer", count=2)
+    for w, line in ((w1, b"w1\n"), (w2, b"w2\n"), (w3, b"w3\n")):
+        w.stdin.write(line)
+        w.stdin.close()
+    for w in (w1, w2, w3):
+        assert w.wait(30) == 0, w.stderr.read()
+    out, err = r.communicate(timeout=30)
+    assert r.returncode == 0, err
+    # all-or-none per writer: every line that arrived is whole; the reader opened before any
+    # writer wrote, so it gets all three
+    assert sorted(out.splitlines()) == [b"w1", b"w2", b"w3"]
+    # sometimes reader and writer pipes don't connect
+    w = writer(a, "connect")
+    time.sleep(1.0)
+    r = reader(b, "connect")
+    w.stdin.write(b"connected\n")
+    w.stdin.close()
+    assert w.wait(30) == 0
+    assert r.communicate(timeout=30)[0] == b"connected\n"
+    assert a.broker.poll() is None and b.broker.poll() is None
