@@ -308,3 +308,39 @@ def test_sigterm_fails_pending_requests_and_exits_zero(start_broker, ctx):
         assert reader.recv() == (READ_FAILED, "broker stopping")
     finally:
         reader.close()
+
+
+def test_request_logs_carry_pipe_client_size_and_timeout(start_broker, ctx):
+    """Seed requests "detailed logging" and "no log details of read/write requests"."""
+    import json
+
+    b = start_broker(config={"log": {"level": "debug", "format": "json"}})
+    c = RawClient(ctx, b.endpoint)
+    try:
+        c.call(output(b"logged"))
+        c.send(write(b"12345", 700))
+        time.sleep(0.2)
+        c.call(close())
+    finally:
+        c.close()
+    b.stop()
+    events = [json.loads(line) for line in b.stderr().splitlines() if line.startswith("{")]
+    request = [e for e in events if e.get("event") == "request"]
+    assert request and request[0]["pipe"] == "logged" and request[0]["size"] == 5
+    assert request[0]["timeout_ms"] == 700 and isinstance(request[0]["client"], int)
+    opened = [e for e in events if e.get("event") == "pipe opened"]
+    assert opened[0]["pipe"] == "logged" and opened[0]["role"] == "writer"
+
+
+def test_oversized_frame_drops_only_that_connection(start_broker, ctx):
+    b = start_broker(config={"services": {"zpipes": {"max_chunk": "64KiB"}}})
+    big, other = RawClient(ctx, b.endpoint, timeout_ms=1000), RawClient(ctx, b.endpoint)
+    try:
+        big.call(output(b"huge"))
+        big.send(write(b"x" * (128 << 10), 0))
+        assert big.nothing_within(500)  # refused by the socket layer: no reply
+        assert other.call(ping()) == (PING_OK, None)  # everyone else goes on
+        assert other.call(input_(b"huge")) == (INPUT_OK, None)
+    finally:
+        big.close()
+        other.close()

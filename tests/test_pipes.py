@@ -158,3 +158,16 @@ def test_ends_cannot_be_reused():
     with pytest.raises(ValueError):
         t.attach_writer(b"q", 1)
     assert t.detach(99) == set()
+
+
+def test_end_comes_only_when_every_writer_has_gone():
+    t = PipeTable()
+    t.attach_reader(b"p", 1)
+    t.attach_writer(b"p", 2)
+    t.attach_writer(b"p", 3)
+    t.write(2, b"a")
+    t.detach(2)
+    assert read_all(t, 1) == b"a"
+    assert read_all(t, 1) is ReadEnd.WAIT  # writer 3 is still there
+    t.detach(3)
+    assert read_all(t, 1) is ReadEnd.END

@@ -289,6 +289,10 @@ class ZpipesServer:
         client.request_serial += 1
         client.deadline = self._now + msg.timeout / 1000 if msg.timeout else None
         client.timer_armed = False
+        size = msg.size if client.event is Event.READ else len(msg.chunk)
+        self.log.debug("request", client=client.id, pipe=_name(client.pipe),
+                       command=str(client.event), size=size, timeout_ms=msg.timeout,
+                       queued=len(client.queue))
 
     def _try_read(self, client: Client) -> None:
         size = client.request.size
