@@ -244,7 +244,8 @@ def test_fractional_sizes_are_fine_when_whole(tmp_path):
     ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
                                                 "did you mean 'timeout'?",
                                                 "under 'clients'", "max_pipelined_bytes"]),
-    ("services: {pzq: {enabled: true}}", "services.pzq", ["unknown key 'services.pzq'",
+    ("services: {pzz: {enabled: true}}", "services.pzz", ["unknown key 'services.pzz'",
+                                                          "did you mean 'pzq'?",
                                                           "known keys under 'services': zpipes"]),
     ("services: {zpipes: {capacity: 1, size: 2}}", "services.zpipes.size",
      ["unknown key 'services.zpipes.size'"]),
@@ -260,7 +261,7 @@ def test_unknown_keys_are_errors(tmp_path, text, key, fragments):
     ("- a\n- b\n", ["got a list, expected a mapping of sections"]),
     ("just words\n", ["got 'just words', expected a mapping of sections"]),
     ("log: debug\n", ["log: got 'debug', expected a mapping of keys (level, format, file, "
-                      "animate)"]),
+                      "animate, syslog)"]),
     ("services: {zpipes: on}\n", ["services.zpipes: got True, expected a mapping"]),
     ("log: {level: [debug\n", ["not valid YAML", "line 2"]),
     ("log:\n  level: info\n  level: debug\n", ["line 3, column 3", "duplicate key 'level'"]),
@@ -332,10 +333,18 @@ def test_schema_keys():
     assert schema_keys() == [
         "broker.name", "broker.run_dir",
         "log.level", "log.format", "log.file", "log.animate",
+        "log.syslog.target", "log.syslog.facility", "log.syslog.format", "log.syslog.queue",
         "clients.timeout", "clients.max_clients", "clients.max_pipelined",
         "clients.max_pipelined_bytes",
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk",
+        "services.pzq.enabled",
+        *(f"services.pzq.defaults.{k}" for k in (
+            "receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir", "sync",
+            "sync_window", "segment_size", "ack_timeout", "reaper_frequency",
+            "inflight_window", "inflight_size", "max_message_size", "max_backlog",
+            "idempotence_window", "replicas", "replication_timeout")),
+        "services.pzq.queues",
     ]

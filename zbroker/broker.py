@@ -6,6 +6,10 @@
                       needs a restart, or that a service refuses, is refused as a whole: the
                       broker logs why and keeps running on the config it has.
 
+While it runs, the broker answers management commands (status, get, set, reload, stop, logs)
+on ``<run_dir>/ctl`` (zbroker.management). ``set`` applies one setting through the same path
+as a reload; it lasts until the next reload re-reads the file.
+
 The broker knows nothing of pipes or queues: it starts each service of the registry whose
 config section (``services.<name>``) is enabled, gives it a ServiceContext, and relays
 stop and reload.
@@ -14,9 +18,11 @@ stop and reload.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import stat
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,8 @@ from typing import Any
 import zmq
 
 from . import logs
-from .config import Config, ConfigError, config_diff, load_config
+from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
+from .management import CommandError, ControlServer
 from .service import ClusterPort, Peer, Service, ServiceContext, ServiceError
 
 START_TIMEOUT = 60.0  # seconds each service has to start
@@ -92,8 +99,11 @@ class Broker:
         self._stop_requested: asyncio.Event | None = None
         self._created_dirs: list[Path] = []
         self._signals: list[int] = []
+        self.control: ControlServer | None = None
         self.cluster: Any = None  # the cluster node, when config.cluster.enabled
         self._ports: list[ClusterPort] = []
+        self.started_at = time.time()
+        self._started_mono = time.monotonic()
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -108,6 +118,7 @@ class Broker:
         self._install_signal_handlers()
         try:
             await self.start()
+            self._start_control()
             self.log.info("broker started", name=self.name, pid=os.getpid(),
                           services=[s.name for s in self.services],
                           endpoints=self.endpoints(),
@@ -178,6 +189,9 @@ class Broker:
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.
         Never hangs: a service gets STOP_TIMEOUT seconds. Safe to call twice."""
+        control, self.control = self.control, None
+        if control is not None:
+            control.stop()
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             for port in self._ports:
@@ -199,6 +213,8 @@ class Broker:
         if self.zmq_context is not None:
             self.zmq_context.destroy(linger=0)
             self.zmq_context = None
+        if control is not None:
+            control.release()
         for path in reversed(self._created_dirs):
             try:
                 path.rmdir()  # only if empty: leave what a service chose to keep
@@ -230,44 +246,75 @@ class Broker:
 
     def reload(self) -> bool:
         """Re-read the config and apply it, all or nothing. True if applied."""
-        old = self.config
+        return self.try_reload() is None
+
+    def try_reload(self) -> str | None:
+        """Re-read the config and apply it, all or nothing: None if applied, else why not
+        (also logged). The log file is reopened either way (log rotation)."""
         try:
             new = load_config(self.config_path, self.overrides, schema=type(self.config))
         except ConfigError as exc:
+            self._reopen_log()
             self.log.error("config reload refused", reason=str(exc))
-            return False
+            return str(exc)
+        reason = self.apply_config(new)
+        if reason is not None:
+            self._reopen_log()
+        return reason
+
+    def _reopen_log(self) -> None:
+        """Reopen the log file with the settings in force (a refused reload still lets
+        logrotate's SIGHUP move the broker to the new file)."""
+        log = self.config.log
+        try:
+            logs.configure(log.level, log.format, log.file, syslog=log.syslog)
+        except (OSError, ValueError) as exc:
+            self.log.error("cannot reopen the log file", file=str(log.file), reason=str(exc))
+
+    def apply_config(self, new: Config, what: str = "config reload") -> str | None:
+        """Apply ``new`` to the services and logging, all or nothing (SIGHUP, ``zbroker
+        reload``, ``zbroker set``): None if applied, else why not (also logged)."""
+        old = self.config
         changed = config_diff(old, new)
         fixed = [k for k in changed if k in RESTART_KEYS or k.startswith("cluster.")
                  or (k.startswith("services.") and k.endswith(".enabled"))]
         if fixed:
-            self.log.error("config reload refused",
-                           reason="these keys only change with a restart: " + ", ".join(fixed))
-            return False
+            reason = "these keys only change with a restart: " + ", ".join(fixed)
+            self.log.error(f"{what} refused", reason=reason)
+            return reason
         applied: list[Service] = []
         for service in self.services:
             try:
                 service.reload(new, old)
             except Exception as exc:
                 if isinstance(exc, ServiceError):
-                    self.log.error("config reload refused", service=service.name,
-                                   reason=str(exc))
+                    self.log.error(f"{what} refused", service=service.name, reason=str(exc))
+                    reason = f"service {service.name}: {exc}"
                 else:
-                    self.log.exception("config reload refused: service failed",
+                    self.log.exception(f"{what} refused: service failed",
                                        service=service.name)
+                    reason = f"service {service.name} failed: {exc!r}"
                 self._roll_back(applied, old, new)
-                return False
+                return reason
             applied.append(service)
         try:
-            logs.configure(new.log.level, new.log.format, new.log.file)
-        except OSError as exc:
+            logs.configure(new.log.level, new.log.format, new.log.file,
+                           syslog=new.log.syslog)
+        except (OSError, ValueError) as exc:
             self._roll_back(applied, old, new)
-            self.log.error("config reload refused",
-                           reason=f"cannot open log file {str(new.log.file)!r}: {exc.strerror}")
-            return False
+            if isinstance(exc, OSError):
+                reason = f"cannot open log file {str(new.log.file)!r}: {exc.strerror}"
+            else:
+                reason = str(exc)
+            self.log.error(f"{what} refused", reason=reason)
+            return reason
         self.config = new
-        self.log.info("config reloaded",
-                      config=str(new.source) if new.source else "defaults", changed=changed)
-        return True
+        if what == "config reload":
+            self.log.info("config reloaded",
+                          config=str(new.source) if new.source else "defaults", changed=changed)
+        else:
+            self.log.info(f"{what} applied", changed=changed)
+        return None
 
     def _roll_back(self, applied: list[Service], old: Config, new: Config) -> None:
         for service in reversed(applied):
@@ -276,6 +323,88 @@ class Broker:
             except Exception:
                 self.log.exception("service failed to return to the previous config",
                                    service=service.name)
+
+    # --- management ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What the broker is doing, for ``zbroker status``."""
+        log = self.config.log
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "started": self.started_at,
+            "uptime": round(time.monotonic() - self._started_mono, 3),
+            "config": str(self.config.source) if self.config.source else None,
+            "run_dir": str(self.config.broker.run_dir),
+            "services": {s.name: s.status() for s in self.services},
+            "logs": {**logs.status(), "format": log.format,
+                     "file": str(log.file) if log.file else None, "animate": log.animate},
+            "management": self.control.status() if self.control else None,
+            "cluster": self._cluster_status(),
+        }
+
+    def _cluster_status(self) -> dict[str, Any] | None:
+        node = self.cluster
+        if node is None:
+            return None
+        return {"endpoint": getattr(node, "endpoint", None),
+                "peers": node.peers() if hasattr(node, "peers") else []}
+
+    def get_settings(self, key: str | None = None) -> dict[str, Any]:
+        """The running config's settings under dotted ``key`` (a setting or a section; all
+        when None), by dotted key. Raises CommandError for an unknown key."""
+        found = {k: v for k, v in iter_settings(self.config)
+                 if key is None or k == key or k.startswith(key + ".")}
+        if not found:
+            try:  # for the precise message
+                with_setting(self.config, key or "", None, origin="get")
+            except ConfigError as exc:
+                raise CommandError(str(exc)) from None
+            raise CommandError(f"get: unknown key {key!r}")
+        return found
+
+    def set_setting(self, key: str, value: Any) -> dict[str, Any]:
+        """Apply one setting (``zbroker set``): {"key", "old", "new"}. Raises CommandError
+        with the reason when the value is invalid or refused."""
+        try:
+            new = with_setting(self.config, key, value)
+        except ConfigError as exc:
+            raise CommandError(str(exc)) from None
+        new = dataclasses.replace(new, source=self.config.source)
+        old_value = dict(iter_settings(self.config))[key]
+        reason = self.apply_config(new, what=f"set {key}")
+        if reason is not None:
+            raise CommandError(f"set: {key}: {reason}")
+        return {"key": key, "old": old_value, "new": dict(iter_settings(self.config))[key]}
+
+    def _start_control(self) -> None:
+        assert self.loop is not None and self.zmq_context is not None
+        control = ControlServer(
+            self.config.broker.run_dir, self.zmq_context, self.loop, log=self.log,
+            handlers={
+                "status": lambda req: self.status(),
+                "get": lambda req: self.get_settings(req.get("key")),
+                "set": lambda req: self.set_setting(str(req.get("key")), req.get("value")),
+                "reload": self._reload_command,
+                "stop": self._stop_command,
+            })
+        try:
+            control.start()
+        except CommandError as exc:
+            raise StartupError(str(exc)) from None
+        self.control = control
+
+    def _reload_command(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.log.info("reload requested", by="zbroker reload")
+        reason = self.try_reload()
+        if reason is not None:
+            raise CommandError(f"reload refused: {reason}")
+        return {"config": str(self.config.source) if self.config.source else None}
+
+    def _stop_command(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.loop is not None
+        self.loop.call_soon(self.request_stop, "zbroker stop")  # after the reply is sent
+        return {"pid": os.getpid()}
 
     # --- helpers ---------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import logs
+from .commands import MANAGEMENT_COMMANDS
 from .config import CONFIG_SEARCH_PATH, LOG_LEVELS, ConfigError, find_config_file, load_config
 
 DESCRIPTION = """\
@@ -37,9 +38,16 @@ signals:
   SIGHUP                    re-read the config file and reopen the log file; a broken config
                             is refused and the broker keeps running on the one it has
 
-commands:
+commands (NAME: the broker's name, default broker.name of the config):
   zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
+  zbroker status [NAME]         uptime, services, clients, pipes, log outputs
+  zbroker get [KEY] [NAME]      settings of the running broker
+  zbroker set KEY VALUE [NAME]  change one setting of the running broker (until reload)
+  zbroker reload [NAME]         re-read the config file (as SIGHUP does)
+  zbroker stop [NAME]           stop the broker (as SIGTERM does)
+  zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
+  Each takes --json for scripts and --help for more.
 
 exit status: 0 after a clean stop, 1 if the broker could not start (the reason is printed
 on standard error as "zbroker: ...")."""
@@ -109,7 +117,8 @@ def run_broker(argv: Sequence[str]) -> int:
         _error(str(exc))
         return 1
     try:
-        logs.configure(config.log.level, config.log.format, config.log.file)
+        logs.configure(config.log.level, config.log.format, config.log.file,
+                       syslog=config.log.syslog)
     except OSError as exc:
         _error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
@@ -123,6 +132,8 @@ def run_broker(argv: Sequence[str]) -> int:
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the broker's own handler was in place
         return 130
+    finally:
+        logs.shutdown()  # bounded: lets syslog send its last records
 
 
 def check_config(argv: Sequence[str]) -> int:
@@ -173,6 +184,7 @@ def keygen(argv: Sequence[str]) -> int:
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check-config": check_config,
     "keygen": keygen,
+    **MANAGEMENT_COMMANDS,
 }
 
 

@@ -41,6 +41,9 @@ CONFIG_SEARCH_PATH: tuple[str, ...] = ("./zbroker.cfg", "/etc/zbroker/zbroker.cf
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("console", "json")
+SYSLOG_FORMATS = ("auto", "rfc5424", "rfc3164")
+SYSLOG_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp",
+                     "cron", "authpriv", "ftp", *(f"local{i}" for i in range(8)))
 ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
 MAX_CHUNK_LIMIT = 2**32 - 1  # a ZPIPES chunk carries a 4-octet length
 
@@ -231,12 +234,35 @@ class BrokerConfig:
     run_dir: Path | None = setting(None, optional_path)
 
 
+def syslog_target(value: Any) -> str | None:
+    """null (no syslog), or ``udp://HOST[:PORT]``, ``tcp://HOST[:PORT]``, ``unix:///PATH``."""
+    if value is None:
+        return None
+    from .syslog import parse_target
+
+    try:
+        return str(parse_target(value))
+    except ValueError as exc:
+        raise _Invalid(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class SyslogConfig:
+    #: null: no syslog; else where to send: udp://HOST[:PORT], tcp://HOST[:PORT], unix:///PATH
+    target: str | None = setting(None, syslog_target)
+    facility: str = setting("daemon", choice(*SYSLOG_FACILITIES))
+    #: auto: rfc3164 for unix:// (what /dev/log daemons expect), rfc5424 for udp and tcp
+    format: str = setting("auto", choice(*SYSLOG_FORMATS))
+    queue: int = setting(10_000, integer(minimum=1, maximum=1_000_000))  # records held
+
+
 @dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", choice(*LOG_LEVELS))
     format: str = setting("console", choice(*LOG_FORMATS))
     file: Path | None = setting(None, optional_path)  # None: stderr
     animate: bool = setting(False, boolean)  # trace every ZPIPES state machine transition
+    syslog: SyslogConfig = section(SyslogConfig)
 
 
 @dataclass(frozen=True)
@@ -255,13 +281,16 @@ class ZpipesConfig:
     max_chunk: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
 
 
-@dataclass(frozen=True)
-class ServicesConfig:
-    zpipes: ZpipesConfig = section(ZpipesConfig)
-
-
 def optional_endpoint(value: Any) -> str | None:
     return None if value is None else endpoint(value)
+
+
+def seconds(value: Any) -> float:
+    """A duration in seconds that may be 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 0:
+        raise _Invalid("a number of seconds >= 0")
+    return float(value)
 
 
 def endpoint_list(value: Any) -> tuple[str, ...]:
@@ -282,6 +311,87 @@ class ClusterConfig:
     peers: tuple[str, ...] = setting((), endpoint_list)  # static peer endpoints
     peer_timeout: float = setting(3.0, duration())  # silence before a peer is lost
     key_file: str | None = setting(None, optional_path)  # CURVE key pair shared by the cluster
+
+
+PZQ_SYNC_MODES = ("batch", "always", "none")
+
+
+@dataclass(frozen=True)
+class PzqQueueConfig:
+    """The settings of one pzq queue (durations in seconds, sizes in bytes)."""
+
+    receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
+    send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers
+    #: null: ipc://<run_dir>/pzq/<queue>.monitor
+    monitor_endpoint: str | None = setting(None, optional_endpoint)
+    #: null: $XDG_DATA_HOME/zbroker/<name>/pzq/<queue> (~/.local/share/... without it)
+    data_dir: str | None = setting(None, optional_path)
+    sync: str = setting("batch", choice(*PZQ_SYNC_MODES))
+    sync_window: float = setting(0.002, seconds)
+    segment_size: int = setting(64 << 20, size(minimum=4096))
+    ack_timeout: float = setting(5.0, duration())
+    reaper_frequency: float = setting(2.5, duration())
+    inflight_window: int = setting(32, integer(minimum=1, maximum=100_000))
+    inflight_size: int = setting(30 << 20, size(minimum=1))
+    max_message_size: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
+    max_backlog: int = setting(256 << 20, size(minimum=1))
+    idempotence_window: int = setting(100_000, integer(minimum=0))
+    replicas: int = setting(0, integer(minimum=0))  # > 0 needs replication (not yet)
+    replication_timeout: float = setting(0.1, duration())
+
+
+def pzq_queues(value: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None:
+    """null, or a mapping of queue name -> settings of PzqQueueConfig (what differs from
+    ``services.pzq.defaults``); kept as (name, ((key, parsed value), ...)) pairs."""
+    what = "null, or a mapping of queue names to mappings of queue settings"
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise _Invalid(what)
+    fields = {f.name: f for f in _schema_fields(PzqQueueConfig)}
+    out = []
+    for name, settings in value.items():
+        try:
+            broker_name(name)
+        except _Invalid as exc:
+            raise _Invalid(f"{what}; queue {name!r}: the name must be {exc}") from None
+        if settings is None:
+            settings = {}
+        if not isinstance(settings, Mapping):
+            raise _Invalid(f"{what}; queue {name!r}: got {_show(settings)}")
+        items = []
+        for key, raw in settings.items():
+            if key not in fields:
+                raise _Invalid(f"{what}; queue {name!r}: unknown key {key!r}, known keys: "
+                               + ", ".join(fields))
+            try:
+                items.append((key, fields[key].metadata["parse"](raw)))
+            except _Invalid as exc:
+                raise _Invalid(f"{what}; queue {name!r}: {key}: got {_show(raw)}, "
+                               f"expected {exc}") from None
+        out.append((name, tuple(items)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class PzqConfig:
+    enabled: bool = setting(False, boolean)
+    defaults: PzqQueueConfig = section(PzqQueueConfig)
+    #: null: one queue named "default" with the defaults
+    queues: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = setting(None, pzq_queues)
+
+    def queue_configs(self) -> dict[str, PzqQueueConfig]:
+        """Each queue's settings: the defaults with what the queue changes."""
+        if self.queues is None:
+            return {"default": self.defaults}
+        return {name: dataclasses.replace(self.defaults, **dict(items))
+                for name, items in self.queues}
+
+
+@dataclass(frozen=True)
+class ServicesConfig:
+    zpipes: ZpipesConfig = section(ZpipesConfig)
+    pzq: PzqConfig = section(PzqConfig)
 
 
 @dataclass(frozen=True)
@@ -501,6 +611,40 @@ def config_diff(old: Config, new: Config) -> list[str]:
     """The dotted keys whose values differ between two configs, in schema order."""
     new_values = dict(iter_settings(new))
     return [key for key, value in iter_settings(old) if new_values[key] != value]
+
+
+def with_setting(cfg: Config, key: str, value: Any, *, origin: str = "set") -> Config:
+    """``cfg`` with the one setting at dotted ``key`` set to ``value`` (as YAML would give it:
+    ``"debug"``, ``30``, ``"1MiB"``, ``true``, ``None``), validated like a file's value; the
+    message of the ConfigError names ``origin``, the key, the bad value and what is allowed."""
+    parts = key.split(".")
+
+    def replace(node: Any, i: int) -> Any:
+        fields = {f.name: f for f in _schema_fields(type(node))}
+        dotted = ".".join(parts[: i + 1])
+        f = fields.get(parts[i])
+        if f is None:
+            known = list(fields)
+            hint = difflib.get_close_matches(parts[i], known, n=1)
+            did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+            parent = f"under {'.'.join(parts[:i])!r}" if i else "at the top level"
+            raise ConfigError(f"{origin}: unknown key {dotted!r}{did_you_mean}; known keys "
+                              f"{parent}: {', '.join(known)}", key=dotted)
+        if "section" in f.metadata:
+            if i == len(parts) - 1:
+                raise ConfigError(f"{origin}: {dotted!r} is a section, not a setting; its keys: "
+                                  f"{', '.join(_keys(f.metadata['section']))}", key=dotted)
+            return dataclasses.replace(node, **{f.name: replace(getattr(node, f.name), i + 1)})
+        if i != len(parts) - 1:
+            raise ConfigError(f"{origin}: {dotted!r} is a setting, not a section", key=dotted)
+        try:
+            parsed = f.metadata["parse"](value)
+        except _Invalid as exc:
+            raise ConfigError(f"{origin}: {key}: got {_show(value)}, expected {exc}",
+                              key=key) from None
+        return dataclasses.replace(node, **{f.name: parsed})
+
+    return _resolve(replace(cfg, 0))
 
 
 def schema_keys() -> list[str]:

@@ -6,8 +6,10 @@
 
 Shape of the pipeline: a few shared processors add the level and an ISO-8601 UTC timestamp;
 the event dict then goes to every *sink* of the output, and each sink renders it its own way
-(console line, JSON line) and writes it. A sink is any object with ``emit(level, event_dict)``;
-syslog and the log stream socket will be further sinks beside the stream sink here.
+(console line, JSON line) and writes it. A sink is any object with ``emit(level, event_dict)``
+and ``close()``: the stream sink here, the syslog sink (zbroker.syslog: a bounded queue and a
+sender thread, never blocking), and *taps* that the broker adds for the life of the process
+(the live log stream of ``zbroker logs``), which re-configuring leaves in place.
 
 Re-configuring (SIGHUP) takes effect in loggers bound before it too, services' included:
 
@@ -28,6 +30,8 @@ from typing import IO, Any, Protocol
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+from .syslog import SyslogSink
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("console", "json")
@@ -91,9 +95,13 @@ class _Output:
 
     def __init__(self) -> None:
         self.sinks: list[Sink] = [StreamSink(sys.stderr, "console")]
+        self.syslog: SyslogSink | None = None  # also in sinks
+        self.taps: list[Sink] = []  # added by add_tap, kept across configure
 
     def _emit(self, level: str, event: EventDict) -> None:
         for sink in self.sinks:
+            sink.emit(level, dict(event))
+        for sink in self.taps:
             sink.emit(level, dict(event))
 
     def debug(self, /, **event: Any) -> None:
@@ -138,25 +146,47 @@ def _set_level(level: str) -> None:
 
 
 def configure(level: str = "info", format: str = "console", file: str | Path | None = None,
-              *, stream: IO[str] | None = None) -> None:
+              *, stream: IO[str] | None = None, syslog: Any = None) -> None:
     """Set up (or re-set up) logging: ``level`` one of LEVELS, ``format`` one of FORMATS,
     to ``file`` (appended, line-buffered; reopened on every call, for log rotation), else to
     ``stream``, else to standard error.
 
-    Raises OSError if the file cannot be opened; nothing has changed then.
+    ``syslog``: the ``log.syslog`` config section (target, facility, format, queue), or None;
+    a target of None means no syslog. An unchanged syslog sink is kept as it is (its queue,
+    its connection), a changed one replaced.
+
+    Raises OSError if the file cannot be opened, ValueError on a bad setting; nothing has
+    changed then.
     """
     if level not in LEVELS:
         raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
     if format not in FORMATS:
         raise ValueError(f"log format {format!r}: expected one of {', '.join(FORMATS)}")
-    if file is not None:
-        sink = StreamSink(open(file, "a", buffering=1, encoding="utf-8"),
-                          format, owns_stream=True)
-    else:
-        sink = StreamSink(stream if stream is not None else sys.stderr, format)
-    old, _OUTPUT.sinks = _OUTPUT.sinks, [sink]
+    syslog_sink = _OUTPUT.syslog
+    target = getattr(syslog, "target", None)
+    wanted = None if target is None else (str(target), syslog.facility, syslog.format,
+                                          syslog.queue)
+    if syslog_sink is not None and syslog_sink.settings != wanted:
+        syslog_sink = None
+    if wanted is not None and syslog_sink is None:
+        syslog_sink = SyslogSink(target, facility=syslog.facility, format=syslog.format,
+                                 queue=syslog.queue)
+    try:
+        if file is not None:
+            sink = StreamSink(open(file, "a", buffering=1, encoding="utf-8"),
+                              format, owns_stream=True)
+        else:
+            sink = StreamSink(stream if stream is not None else sys.stderr, format)
+    except OSError:
+        if syslog_sink is not None and syslog_sink is not _OUTPUT.syslog:
+            syslog_sink.close()
+        raise
+    old = _OUTPUT.sinks
+    _OUTPUT.sinks = [sink] if syslog_sink is None else [sink, syslog_sink]
+    _OUTPUT.syslog = syslog_sink
     for s in old:
-        s.close()
+        if s is not syslog_sink:
+            s.close()
     _set_level(level)
     _PROCESSORS[:] = [
         structlog.contextvars.merge_contextvars,
@@ -180,6 +210,35 @@ def get_logger(**bind: Any) -> Any:
 def current_level() -> str:
     """The level set by the last ``configure``."""
     return _configured_level
+
+
+def add_tap(sink: Sink) -> None:
+    """Send every event (at the configured level) to ``sink`` too, until ``remove_tap``."""
+    _OUTPUT.taps.append(sink)
+
+
+def remove_tap(sink: Sink) -> None:
+    if sink in _OUTPUT.taps:
+        _OUTPUT.taps.remove(sink)
+
+
+def status() -> dict[str, Any]:
+    """The outputs' counters, for the broker's status: events dropped by the stream sink,
+    and the syslog sink's stats (None without syslog)."""
+    dropped = sum(getattr(s, "dropped", 0) for s in _OUTPUT.sinks if isinstance(s, StreamSink))
+    return {
+        "level": _configured_level,
+        "write_errors": dropped,
+        "syslog": _OUTPUT.syslog.stats() if _OUTPUT.syslog is not None else None,
+    }
+
+
+def shutdown(timeout: float = 2.0) -> None:
+    """At exit: give the syslog sink up to ``timeout`` seconds to send what it holds."""
+    sink, _OUTPUT.syslog = _OUTPUT.syslog, None
+    if sink is not None:
+        _OUTPUT.sinks = [s for s in _OUTPUT.sinks if s is not sink]
+        sink.close(timeout)
 
 
 configure()  # a usable default (info, console, stderr) until the broker configures its own

@@ -1,0 +1,372 @@
+"""Management commands against real broker processes: status, get, set, reload, stop, logs;
+and a pipe streaming through 20 SIGHUPs with alternating configs."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+import zmq
+from helpers import broker_env, run_zbroker, wait_for
+from pipe_stream import Stream, lockstep
+from wire import INPUT_OK, OUTPUT_OK, WRITE_OK, RawClient, input_, output, write
+
+from zbroker.management import SocketPath
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def zb(b, *args, timeout=30.0):
+    """Run a management command for broker ``b`` (found by its name, as an operator would:
+    same config file, same runtime directory)."""
+    return run_zbroker([*args], cwd=b.dir, timeout=timeout)
+
+
+def status(b) -> dict:
+    r = zb(b, "status", b.name, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+def test_status_shows_clients_pipes_and_ends(broker, ctx):
+    w, r = RawClient(ctx, broker.endpoint), RawClient(ctx, broker.endpoint)
+    try:
+        assert w.call(output(b"jobs")) == (OUTPUT_OK, None)
+        assert r.call(input_(b"jobs")) == (INPUT_OK, None)
+        assert w.call(write(b"x" * 1000, 1000)) == (WRITE_OK, None)
+        s = status(broker)
+        assert s["name"] == broker.name and s["pid"] == broker.pid
+        assert 0 < s["uptime"] < 60 and s["config"].endswith("zbroker.cfg")
+        zp = s["services"]["zpipes"]
+        assert zp["endpoint"] == broker.endpoint and zp["clients"] == 2
+        assert zp["pipes"] == {"jobs": {"readers": 1, "writers": 1, "buffered": 1000}}
+        assert s["logs"]["syslog"] is None and s["management"]["followers"] == 0
+        human = zb(broker, "status", broker.name)
+        assert human.returncode == 0, human.stderr
+        out = human.stdout
+        assert f"broker {broker.name} (pid {broker.pid}), up " in out
+        assert f"zpipes: {broker.endpoint}" in out and "clients: 2" in out
+        assert "jobs: readers 1, writers 1, buffered 1000" in out
+        assert "syslog: off" in out
+    finally:
+        w.close()
+        r.close()
+
+
+def test_run_dir_is_private_and_holds_the_control_socket(broker):
+    status(broker)
+    assert stat.S_IMODE(broker.run_dir.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK((broker.run_dir / "ctl").stat().st_mode)
+
+
+def test_no_broker_of_that_name(tmp_path):
+    r = run_zbroker(["status", "nobody-here"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.startswith("zbroker: no broker named 'nobody-here' is running")
+    assert r.stdout == ""
+
+
+def test_a_killed_broker_is_reported_and_its_name_can_be_reused(start_broker):
+    b = start_broker()
+    status(b)
+    b.kill()
+    r = zb(b, "status", b.name)
+    assert r.returncode == 1 and "nothing answers" in r.stderr, r.stderr
+    again = start_broker(name=b.name)  # same directory: the stale socket is replaced
+    assert status(again)["pid"] == again.pid
+
+
+# --- get and set -----------------------------------------------------------------------------
+
+
+def test_get_set_and_reload_back_to_the_file(start_broker):
+    b = start_broker(config={"clients": {"timeout": 30}})
+    assert zb(b, "get", "log.level", b.name).stdout == "info\n"
+    r = zb(b, "get", "clients", b.name)
+    assert "clients.timeout: 30.0\n" in r.stdout and "clients.max_clients: 10000" in r.stdout
+    r = zb(b, "set", "log.level", "debug", b.name)
+    assert (r.returncode, r.stdout) == (0, "log.level: info -> debug\n"), r.stderr
+    r = zb(b, "set", "clients.timeout", "2.5", b.name, "--json")
+    assert json.loads(r.stdout) == {"key": "clients.timeout", "old": 30.0, "new": 2.5}
+    got = json.loads(zb(b, "get", "log", b.name, "--json").stdout)
+    assert got["log.level"] == "debug" and got["log.syslog.target"] is None
+    # a reload re-reads the file: what was set is gone
+    r = zb(b, "reload", b.name)
+    assert r.returncode == 0 and r.stdout.startswith("reloaded "), r.stderr
+    assert zb(b, "get", "log.level", b.name).stdout == "info\n"
+    assert zb(b, "get", "clients.timeout", b.name).stdout == "30.0\n"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("log.level", "loud",
+     "zbroker: set: log.level: got 'loud', expected one of: debug, info, warning, error\n"),
+    ("clients.timeout", "-1",
+     "zbroker: set: clients.timeout: got -1, expected a number of seconds > 0\n"),
+    ("services.zpipes.capacity", "lots", "zbroker: set: services.zpipes.capacity: got 'lots', "
+     'expected a size in bytes, as an integer or a string like "512KiB" or "16 MiB" >= 1\n'),
+    ("clients.timout", "5", "zbroker: set: unknown key 'clients.timout' (did you mean "
+     "'timeout'?); known keys under 'clients': timeout, max_clients, max_pipelined, "
+     "max_pipelined_bytes\n"),
+    ("broker.name", "other",
+     "zbroker: set: broker.name: these keys only change with a restart: broker.name\n"),
+    ("log.syslog.target", "syslog://x", "zbroker: set: log.syslog.target: got 'syslog://x', "
+     'expected a syslog target "udp://HOST[:PORT]", "tcp://HOST[:PORT]" or "unix:///PATH" '
+     '(e.g. "udp://127.0.0.1:514", "unix:///dev/log")\n'),
+])
+def test_set_refuses_invalid_values_precisely(broker, key, value, message):
+    r = zb(broker, "set", key, value, broker.name)
+    assert (r.returncode, r.stderr, r.stdout) == (1, message, "")
+    assert broker.alive()
+
+
+def test_set_applies_live_to_the_service(start_broker, ctx):
+    b = start_broker()
+    assert zb(b, "set", "services.zpipes.capacity", "64KiB", b.name).returncode == 0
+    w = RawClient(ctx, b.endpoint)
+    r = RawClient(ctx, b.endpoint)
+    try:
+        assert w.call(output(b"cap")) == (OUTPUT_OK, None)
+        assert r.call(input_(b"cap")) == (INPUT_OK, None)
+        assert w.call(write(b"x" * 65536, 1000)) == (WRITE_OK, None)
+        w.send(write(b"y" * 10, 0))  # beyond the new capacity: waits for the reader
+        assert w.nothing_within(300)
+    finally:
+        w.close()
+        r.close()
+
+
+def test_reload_command_refuses_a_broken_file(start_broker):
+    b = start_broker(config={"log": {"level": "info"}})
+    b.config_path.write_text("log:\n  level: loud\n")
+    # the command still finds the broker through the broken file's broker section
+    r = zb(b, "reload", b.name)
+    assert r.returncode == 1
+    note, refused = r.stderr.splitlines()
+    assert note == "zbroker: note: zbroker.cfg: log.level: got 'loud', expected one of: " \
+                   "debug, info, warning, error"
+    assert refused.startswith("zbroker: reload refused: ") and "log.level: got 'loud'" in refused
+    assert b.alive()
+    b.config_path.write_text("log:\n  level: warning\n")
+    r = zb(b, "reload", b.name, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["config"].endswith("zbroker.cfg")
+    assert zb(b, "get", "log.level", b.name).stdout == "warning\n"
+
+
+def test_sighup_with_a_broken_config_still_reopens_the_log_file(start_broker, tmp_path):
+    log_file = tmp_path / "broker.log"
+    b = start_broker(config={"log": {"file": str(log_file)}})
+    wait_for(lambda: log_file.exists() and "broker started" in log_file.read_text(), 10,
+             "the log file")
+    log_file.rename(tmp_path / "broker.log.1")  # what logrotate does, then SIGHUP
+    b.config_path.write_text("log: {file: " + str(log_file) + ", level: loud}\n")
+    b.send_signal(signal.SIGHUP)
+    wait_for(lambda: log_file.exists(), 10, "the log file to be reopened")
+    assert b.alive()
+    r = zb(b, "status", b.name)
+    assert r.returncode == 0
+    wait_for(lambda: "config reload refused" in (tmp_path / "broker.log.1").read_text()
+             + log_file.read_text(), 10, "the refusal to be logged")
+
+
+def test_stop_command(broker):
+    r = zb(broker, "stop", broker.name)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"broker {broker.name} (pid {broker.pid}) stopped\n"
+    assert broker.wait() == 0
+    assert not (broker.run_dir / "ctl").exists()
+    assert "stopping" in broker.stderr() and "zbroker stop" in broker.stderr()
+
+
+# --- logs --------------------------------------------------------------------------------------
+
+
+def test_logs_follow_filters_on_the_broker_side(start_broker, ctx):
+    b = start_broker(config={"log": {"level": "debug"}})
+    outputs, procs = {}, {}
+    for label, args in (("a", ["--pipe", "a"]), ("warn", ["--level", "warning"]),
+                        ("all", [])):
+        path = b.dir / f"follow-{label}.txt"
+        outputs[label] = path
+        procs[label] = subprocess.Popen(
+            [sys.executable, "-m", "zbroker", "logs", "-f", "--json", "-n", "0", *args, b.name],
+            cwd=b.dir, env=broker_env(b.dir), stdout=open(path, "w"),
+            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: status(b)["management"]["followers"] == 3, 15, "three followers")
+        lockstep(ctx, b.endpoint, b"a", 3)
+        lockstep(ctx, b.endpoint, b"b", 3)
+
+        def events(label):
+            return [json.loads(line) for line in outputs[label].read_text().splitlines()]
+
+        wait_for(lambda: any(e.get("pipe") == "b" and e["event"] == "pipe closed"
+                             for e in events("all")), 10, "pipe b's events")
+        wait_for(lambda: any(e["event"] == "pipe closed" for e in events("a")), 10,
+                 "pipe a's events")
+        assert {e.get("pipe") for e in events("a")} == {"a"}
+        assert {"a", "b"} <= {e.get("pipe") for e in events("all")}
+        assert events("warn") == []  # nothing of warning level or above happened
+        assert zb(b, "stop", b.name).returncode == 0
+        for label, p in procs.items():
+            assert p.wait(10) == 0, label
+            assert "broker stopping" in p.stderr.read()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+
+
+def test_logs_shows_recent_events(broker, ctx):
+    lockstep(ctx, broker.endpoint, b"recent", 1)
+    r = zb(broker, "logs", "-n", "3", "--pipe", "recent", "--json", broker.name)
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [e["event"] for e in events][-1] == "pipe closed"
+    assert len(events) == 3 and all(e["pipe"] == "recent" for e in events)
+    human = zb(broker, "logs", "-n", "1", broker.name).stdout
+    assert "pipe closed" in human and "pipe=recent" in human
+
+
+def test_a_follower_that_never_reads_does_not_slow_the_broker(start_broker, ctx):
+    b = start_broker(config={"log": {"level": "debug", "animate": True}})
+    ctl = ctx.socket(zmq.DEALER)  # a follower that asks and then never reads
+    ctl.setsockopt(zmq.RCVHWM, 1)
+    ctl.setsockopt(zmq.RCVBUF, 4096)
+    where = SocketPath(b.run_dir, "ctl")
+    ctl.connect(where.endpoint)
+    ctl.send_multipart([b"", json.dumps({"command": "logs", "follow": True}).encode()])
+    try:
+        wait_for(lambda: status(b)["management"]["followers"] == 1, 10, "the follower")
+        t = time.monotonic()
+        lockstep(ctx, b.endpoint, b"busy", 2000, size=1024)  # thousands of events
+        elapsed = time.monotonic() - t
+        assert elapsed < 30
+        s = status(b)
+        assert s["management"]["followers"] == 1  # still followed
+        assert s["management"]["followers_dropped"] > 0  # but it lost events
+    finally:
+        ctl.close(linger=0)
+        where.close()
+
+
+# --- SIGHUP while streaming ----------------------------------------------------------------------
+
+
+def test_twenty_sighups_with_alternating_configs_lose_no_byte_and_no_client(start_broker, ctx):
+    configs = [
+        {"log": {"level": "info", "format": "console"}, "clients": {"timeout": 30}},
+        {"log": {"level": "debug", "format": "json", "animate": True},
+         "clients": {"timeout": 45, "max_pipelined": 32},
+         "services": {"zpipes": {"capacity": "256KiB"}}},
+    ]
+    b = start_broker(config=configs[0])
+    stream = Stream(ctx, b.endpoint, b"through-sighup").start()
+    reloads = 0
+    try:
+        wait_for(lambda: stream.bytes_read > 1 << 20 or stream.errors, 15, "streaming to start")
+        for i in range(20):
+            b.config_path.write_text(yaml.safe_dump(configs[(i + 1) % 2]))
+            b.send_signal(signal.SIGHUP)
+            reloads += 1
+            wait_for(lambda n=reloads: b.stderr().count("config reloaded") >= n, 10,
+                     f"reload {reloads}")
+            moved = stream.bytes_read
+            wait_for(lambda m=moved: stream.bytes_read > m + (256 << 10) or stream.errors, 10,
+                     "bytes to move after the reload")
+            assert not stream.errors, stream.errors
+        s = status(b)
+        assert s["services"]["zpipes"]["clients"] == 2
+        assert s["services"]["zpipes"]["pipes"]["through-sighup"]["readers"] == 1
+    finally:
+        stream.finish()
+    assert not stream.errors, stream.errors
+    assert stream.bytes_written == stream.bytes_read > 2 << 20
+    assert stream.written.hexdigest() == stream.read_.hexdigest()
+    log = b.stderr()
+    assert log.count("config reloaded") == 20
+    assert "refused" not in log and "client expired" not in log
+    assert b.alive() and b.stop() == 0
+
+
+# --- output formatting (no broker) -----------------------------------------------------------
+
+
+def test_status_text_renders_any_service_and_the_cluster():
+    from zbroker.commands import format_status
+
+    text = format_status({
+        "name": "b1", "pid": 7, "uptime": 3725.5, "config": None, "run_dir": "/run/zbroker/b1",
+        "services": {
+            "zpipes": {"endpoint": "ipc://@/zpipes/b1", "clients": 1,
+                       "pipes": {"p": {"readers": 1, "writers": 0, "buffered": 5}}},
+            "pzq": {"queues": {"orders": {"depth": 3, "in_flight": 1}}, "paused": False},
+        },
+        "logs": {"level": "info", "format": "json", "file": None, "animate": False,
+                 "write_errors": 0,
+                 "syslog": {"target": "udp://127.0.0.1:514", "format": "rfc5424",
+                            "facility": "daemon", "connected": False,
+                            "last_error": "connection refused", "sent": 1, "dropped": 2,
+                            "queued": 3, "queue": 10}},
+        "management": {"followers": 0, "followers_dropped": 0},
+        "cluster": {"endpoint": "tcp://10.0.0.1:5670",
+                    "peers": [{"id": "AB", "name": "b2", "endpoint": "tcp://10.0.0.2:5670",
+                               "last_heard_s": 0.4}]},
+    })
+    assert text.splitlines()[:3] == ["broker b1 (pid 7), up 1h 2m 5s",
+                                     "  config: embedded defaults",
+                                     "  run dir: /run/zbroker/b1"]
+    assert "    p: readers 1, writers 0, buffered 5" in text
+    assert "pzq:\n  queues: 1\n    orders: depth 3, in_flight 1\n  paused: false" in text
+    assert "cluster: tcp://10.0.0.1:5670, 1 peers\n  b2 (AB) tcp://10.0.0.2:5670, " \
+           "last heard 0.4s ago" in text
+    assert ("  syslog: udp://127.0.0.1:514 (rfc5424, daemon, not connected: connection "
+            "refused): 1 sent, 2 dropped, 3/10 queued") in text
+
+
+@pytest.mark.parametrize("text, value", [
+    ("debug", "debug"), ("30", 30), ("2.5", 2.5), ("true", True), ("null", None),
+    ("1MiB", "1MiB"), ("udp://127.0.0.1:514", "udp://127.0.0.1:514"), ("[1, 2]", "[1, 2]"),
+    ("{a: 1}", "{a: 1}"), ("a: b: c", "a: b: c"),
+])
+def test_set_values_are_read_as_yaml_scalars(text, value):
+    from zbroker.commands import parse_value
+
+    assert parse_value(text) == value
+
+
+def test_socket_path_too_long_for_a_unix_socket_goes_through_the_directory(tmp_path):
+    short = SocketPath(tmp_path, "ctl")
+    assert short.address == str(tmp_path / "ctl") or len(str(tmp_path / "ctl")) > 107
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    where = SocketPath(deep, "ctl")
+    try:
+        assert where.address.startswith("/proc/self/fd/") and where.address.endswith("/ctl")
+        ctx = zmq.Context()
+        server, client = ctx.socket(zmq.REP), ctx.socket(zmq.REQ)
+        server.bind(where.endpoint)
+        assert (deep / "ctl").exists() and where.answers()
+        client.connect(where.endpoint)
+        client.send(b"ping")
+        assert server.poll(5000) and server.recv() == b"ping"
+        server.close(linger=0)
+        client.close(linger=0)
+        ctx.term()
+    finally:
+        where.close()
+        short.close()

@@ -1,0 +1,305 @@
+"""The management sub-commands of ``zbroker``: status, get, set, reload, stop, logs.
+
+Each finds the broker by its name: the control socket is ``<run_dir>/ctl``, the run directory
+being the one the broker's config gives (``--config FILE`` as for the broker, else the same
+search, with NAME as ``broker.name``), or ``--run-dir DIR``. Human output by default,
+``--json`` for scripts. Exit status 0 on success, 1 when the broker is not running or refuses
+(the reason on standard error as "zbroker: ..."), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import LOG_LEVELS, Config, ConfigError, find_config_file, load_config, parse_config
+from .management import CommandError, NotRunning, follow_logs, request
+
+
+def _error(message: str) -> None:
+    print(f"zbroker: {message}", file=sys.stderr)
+
+
+def _parser(command: str, usage_args: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"zbroker {command}", description=description)
+    parser.usage = f"%(prog)s {usage_args}"
+    return parser
+
+
+def _common(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    parser.add_argument("name", metavar="NAME", nargs="?",
+                        help="the broker's name (default: broker.name of the config, 'local')")
+    parser.add_argument("--config", "-c", metavar="FILE",
+                        help="the broker's config file, to find its run directory")
+    parser.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="output JSON, for scripts")
+
+
+def _locate(args: argparse.Namespace) -> tuple[str, Path]:
+    """(broker name, run directory). Raises ConfigError.
+
+    A config file with errors elsewhere than in its ``broker`` section still locates the
+    broker (its errors are what `zbroker reload` is then about to report)."""
+    overrides = {"broker": {"name": args.name}} if args.name else None
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        config = _broker_section_only(args.config, overrides)
+        if config is None:
+            raise
+        print(f"zbroker: note: {exc}", file=sys.stderr)
+    run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
+    assert run_dir is not None
+    return config.broker.name, run_dir
+
+
+def _broker_section_only(path: str | None, overrides: dict | None) -> Config | None:
+    file = Path(path) if path else find_config_file()
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) if file else None
+        broker = data.get("broker") if isinstance(data, dict) else None
+        return parse_config({"broker": broker} if broker is not None else None, overrides)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError):
+        return None
+
+
+def _call(args: argparse.Namespace, message: dict[str, Any]) -> tuple[int, Any]:
+    try:
+        name, run_dir = _locate(args)
+        return 0, request(run_dir, name, message)
+    except (ConfigError, NotRunning, CommandError) as exc:
+        _error(str(exc))
+        return 1, None
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _show(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return str(value)
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    if days or hours:
+        parts.append(f"{hours}h")
+    if days or hours or minutes:
+        parts.append(f"{minutes}m")
+    parts.append(f"{secs}s")
+    return " ".join(parts)
+
+
+def _fields(data: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {_show(v)}" for k, v in data.items())
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The human form of a broker's status."""
+    lines = [f"broker {status['name']} (pid {status['pid']}), up "
+             f"{_duration(status['uptime'])}",
+             f"  config: {status['config'] or 'embedded defaults'}",
+             f"  run dir: {status['run_dir']}"]
+    for name, service in status["services"].items():
+        service = dict(service)
+        head = f"{name}: {service.pop('endpoint')}" if "endpoint" in service else f"{name}:"
+        lines.append(head)
+        for key, value in service.items():
+            if isinstance(value, dict) and value and all(isinstance(v, dict)
+                                                         for v in value.values()):
+                lines.append(f"  {key}: {len(value)}")
+                for item, fields in value.items():
+                    lines.append(f"    {item}: {_fields(fields)}")
+            elif isinstance(value, dict):
+                lines.append(f"  {key}: {_fields(value) if value else 'none'}")
+            else:
+                lines.append(f"  {key}: {_show(value)}")
+    cluster = status.get("cluster")
+    if cluster:
+        peers = cluster.get("peers") or []
+        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers")
+        for peer in peers:
+            lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
+                         f"last heard {peer.get('last_heard_s')}s ago")
+    log = status["logs"]
+    lines.append(f"logs: level {log['level']}, {log['format']} to "
+                 f"{log['file'] or 'standard error'}"
+                 + (", animate" if log.get("animate") else "")
+                 + (f", {log['write_errors']} write errors" if log.get("write_errors") else ""))
+    syslog = log.get("syslog")
+    if syslog:
+        state = "connected" if syslog["connected"] else (
+            f"not connected: {syslog['last_error']}" if syslog["last_error"] else "connecting")
+        lines.append(f"  syslog: {syslog['target']} ({syslog['format']}, {syslog['facility']}, "
+                     f"{state}): {syslog['sent']} sent, {syslog['dropped']} dropped, "
+                     f"{syslog['queued']}/{syslog['queue']} queued")
+    else:
+        lines.append("  syslog: off")
+    management = status.get("management")
+    if management:
+        lines.append(f"  followers: {management['followers']} (zbroker logs -f), "
+                     f"{management.get('followers_dropped', 0)} events dropped for them")
+    return "\n".join(lines)
+
+
+def status_command(argv: Sequence[str]) -> int:
+    parser = _parser("status", "[NAME] [--json]",
+                     "Show what a running broker is doing: uptime, its services (for ZPIPES: "
+                     "clients, pipes with their readers, writers and buffered bytes), its log "
+                     "outputs (syslog: sent, dropped, queued records).")
+    _common(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "status"})
+    if rc == 0:
+        _print_json(result) if args.json else print(format_status(result))
+    return rc
+
+
+# --- get, set ------------------------------------------------------------------------------
+
+
+def get_command(argv: Sequence[str]) -> int:
+    parser = _parser("get", "[KEY] [NAME] [--json]",
+                     "Show settings of a running broker: KEY is a dotted key of the config "
+                     "(log.level) or a section (log); all settings without KEY.")
+    parser.add_argument("key", metavar="KEY", nargs="?", help="e.g. log.level, clients, log")
+    _common(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "get", "key": args.key})
+    if rc == 0:
+        if args.json:
+            _print_json(result)
+        elif args.key in result and len(result) == 1:
+            print(_show(result[args.key]))
+        else:
+            for key, value in result.items():
+                print(f"{key}: {_show(value)}")
+    return rc
+
+
+def parse_value(text: str) -> Any:
+    """A value typed on the command line, read as YAML reads a scalar: ``30`` is a number,
+    ``true`` a boolean, ``null`` nothing, anything else text."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if value is None or isinstance(value, str | int | float | bool) else text
+
+
+def set_command(argv: Sequence[str]) -> int:
+    parser = _parser("set", "KEY VALUE [NAME] [--json]",
+                     "Change one setting of a running broker, applied as a reload applies it; "
+                     "an invalid value is refused with the reason. The change lasts until the "
+                     "next reload (SIGHUP, zbroker reload) re-reads the config file: put it in "
+                     "the file to keep it.")
+    parser.add_argument("key", metavar="KEY", help="a dotted key, e.g. log.level")
+    parser.add_argument("value", metavar="VALUE",
+                        help="the value as in the config file, e.g. debug, 30, 1MiB, null")
+    _common(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "set", "key": args.key,
+                              "value": parse_value(args.value)})
+    if rc == 0:
+        if args.json:
+            _print_json(result)
+        else:
+            print(f"{result['key']}: {_show(result['old'])} -> {_show(result['new'])}")
+    return rc
+
+
+# --- reload, stop --------------------------------------------------------------------------
+
+
+def reload_command(argv: Sequence[str]) -> int:
+    parser = _parser("reload", "[NAME] [--json]",
+                     "Make a running broker re-read its config file, as SIGHUP does; a broken "
+                     "config is refused (exit status 1, with the reason) and the broker keeps "
+                     "the one it has.")
+    _common(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "reload"})
+    if rc == 0:
+        _print_json(result) if args.json else print(
+            f"reloaded {result['config'] or '(embedded defaults)'}")
+    return rc
+
+
+def stop_command(argv: Sequence[str]) -> int:
+    parser = _parser("stop", "[NAME] [--json] [--wait SECONDS]",
+                     "Stop a running broker, as SIGTERM does, and wait until it has gone.")
+    _common(parser)
+    parser.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+                        help="how long to wait for the broker to exit (default 10)")
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "stop"})
+    if rc != 0:
+        return rc
+    name, run_dir = _locate(args)
+    deadline = time.monotonic() + args.wait
+    while (run_dir / "ctl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gone = not (run_dir / "ctl").exists()
+    if args.json:
+        _print_json({**result, "stopped": gone})
+    elif gone:
+        print(f"broker {name} (pid {result['pid']}) stopped")
+    else:
+        print(f"broker {name} (pid {result['pid']}) is stopping")
+    return 0
+
+
+# --- logs ----------------------------------------------------------------------------------
+
+
+def logs_command(argv: Sequence[str]) -> int:
+    parser = _parser("logs", "[-f] [--level LEVEL] [--pipe NAME] [-n LINES] [NAME] [--json]",
+                     "Show a running broker's recent events and, with -f, follow new ones "
+                     "until the broker stops (or Ctrl-C). Filtering is done by the broker. "
+                     "A follower that reads too slowly loses events (it is told how many); it "
+                     "never slows the broker. Only events at the broker's log.level or above "
+                     "exist: `zbroker set log.level debug` to see more.")
+    parser.add_argument("-f", "--follow", action="store_true", help="follow new events")
+    parser.add_argument("--level", "-l", choices=LOG_LEVELS, help="lowest level shown")
+    parser.add_argument("--pipe", "-p", metavar="PIPE", help="only events of this pipe")
+    parser.add_argument("-n", "--lines", type=int, default=20, metavar="LINES",
+                        help="recent events shown first (default 20)")
+    _common(parser)
+    args = parser.parse_args(argv)
+    try:
+        name, run_dir = _locate(args)
+        return follow_logs(run_dir, name, sys.stdout, format="json" if args.json else "console",
+                           level=args.level, pipe=args.pipe, lines=max(args.lines, 0),
+                           follow=args.follow)
+    except (ConfigError, NotRunning, CommandError) as exc:
+        _error(str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+MANAGEMENT_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "status": status_command,
+    "get": get_command,
+    "set": set_command,
+    "reload": reload_command,
+    "stop": stop_command,
+    "logs": logs_command,
+}
