@@ -124,7 +124,7 @@ def test_sigkill_of_the_writers_broker_fails_the_reader(testbed):
     assert r.wait(PEER_TIMEOUT + 5) == 1
     took = time.monotonic() - killed
     assert "peer lost" in r.stderr.read().decode()
-    assert took < PEER_TIMEOUT + 1.5
+    assert took < PEER_TIMEOUT + 1.0, took
     w.kill()
 
 
@@ -139,7 +139,7 @@ def test_reader_host_cut_off_fails_the_writer_and_heals(testbed):
     b.link(up=False)
     cut = time.monotonic()
     a.wait_for_log("peer left", timeout=PEER_TIMEOUT + 3)
-    assert time.monotonic() - cut < PEER_TIMEOUT + 1.5
+    assert time.monotonic() - cut < PEER_TIMEOUT + 1.0
     try:
         w.stdin.write(b"after\n")
         w.stdin.flush()
