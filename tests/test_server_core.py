@@ -384,3 +384,15 @@ def test_every_action_in_the_table_is_implemented():
 def test_stale_internal_events_change_nothing():
     assert rule_for(State.START, Event.TIMEOUT).actions == ()
     assert rule_for(State.READING, Event.PIPE_CHANGED).next is State.READING
+
+
+def test_timers_of_answered_requests_do_not_accumulate(h):
+    open_pair(h)
+    for _ in range(5000):  # each READ waits (arming a 1-hour timer), then data answers it
+        h.send(R, p.Read(10, 3_600_000))
+        h.send(W, p.Write(b"x", 0))
+    h.replies(R)
+    assert len(h.server._timers) <= 1024 + 4 * len(h.server.clients) + 1
+    h.send(R, p.Read(10, 100))  # timeouts still work after compaction
+    h.advance(0.1)
+    assert h.replies(R) == [p.ReadTimeout()]

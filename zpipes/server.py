@@ -323,6 +323,19 @@ class ZpipesServer:
             client.timer_armed = True
             heapq.heappush(self._timers,
                            (client.deadline, client.request_serial, client.routing_id))
+            if len(self._timers) > 1024 + 4 * len(self.clients):
+                self._compact_timers()
+
+    def _compact_timers(self) -> None:
+        """Drop the timers of requests answered before their timeout, so that the heap stays
+        in proportion to the clients, whatever the request rate."""
+        live = []
+        for entry in self._timers:
+            client = self.clients.get(entry[2])
+            if client is not None and client.timer_armed and client.request_serial == entry[1]:
+                live.append(entry)
+        heapq.heapify(live)
+        self._timers = live
 
     def _finish_request(self, client: Client) -> None:
         client.request = client.request_event = client.deadline = client.read_data = None
