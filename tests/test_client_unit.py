@@ -266,6 +266,150 @@ def test_data_after_end_of_stream_is_kept_for_the_next_stream():
     assert joined(proto.take(10)) == b"new writer"
 
 
+def test_late_read_ends_of_a_consumed_end_collapse_into_it():
+    """Regression: READs still outstanding when an end of stream is consumed get READ_END for
+    that same end (the broker repeats it while no writer is attached); they once became a
+    second end, a b"" for a read started after a new writer attached."""
+    proto = opened_reader(read_ahead=4)
+    proto.reads_sent(4)
+    proto.receive(p.ReadOk(b"one"))
+    proto.reads_sent(1)  # topped up
+    proto.receive(p.ReadEnd())  # the end: consumed before the other three READ_ENDs arrive
+    assert joined(proto.take(10)) == b"one"
+    proto.consume_eof()
+    assert proto.outstanding == 3
+    for _ in range(3):
+        proto.receive(p.ReadEnd())
+    assert not proto.final and proto.marker is None and proto.outstanding == 0
+    # a new writer's stream; READs sent from now on see its data, then its own end
+    proto.reads_sent(proto.reads_wanted(blocking=True))
+    proto.receive(p.ReadOk(b"two"))
+    assert proto.ready == 3 and not proto.final
+    proto.receive(p.ReadEnd())
+    assert proto.final and proto.marker is EOF
+    assert joined(proto.take(10)) == b"two"
+    proto.consume_eof()
+    assert not proto.final
+
+
+def test_a_read_end_to_a_read_sent_after_the_end_was_consumed_is_a_new_end():
+    proto = opened_reader(read_ahead=2)
+    proto.reads_sent(2)
+    proto.receive(p.ReadEnd())
+    proto.consume_eof()  # one READ of before is still outstanding
+    proto.reads_sent(1)  # and one of after
+    proto.receive(p.ReadEnd())  # answers the READ of before: the same end
+    assert not proto.final
+    proto.receive(p.ReadEnd())  # answers the READ of after: an end of its own (sticky)
+    assert proto.final and proto.marker is EOF
+
+
+def test_a_read_end_after_new_data_is_a_new_end_even_for_a_read_of_before():
+    """A new writer may write and close while READs of before are still outstanding: once
+    its data came, its end is a real end."""
+    proto = opened_reader(read_ahead=4)
+    proto.reads_sent(4)
+    proto.receive(p.ReadEnd())
+    proto.consume_eof()
+    proto.receive(p.ReadOk(b"short"))  # READs of before, answered with the new stream
+    proto.receive(p.ReadEnd())
+    assert proto.final and proto.marker is EOF and proto.ready == 5
+    assert joined(proto.take(5)) == b"short"
+    proto.consume_eof()
+    proto.receive(p.ReadEnd())  # the last READ of before: that same end again
+    assert not proto.final and proto.outstanding == 0
+
+
+def test_late_replies_of_another_kind_keep_the_count_of_reads_of_before():
+    proto = opened_reader(read_ahead=3)
+    proto.reads_sent(3)
+    proto.receive(p.ReadEnd())
+    proto.consume_eof()
+    proto.receive(p.ReadTimeout())  # a READ of before, answered otherwise
+    proto.reads_sent(1)
+    proto.receive(p.ReadEnd())  # the other READ of before: the same end
+    assert not proto.final
+    proto.receive(p.ReadEnd())  # the READ of after: a new end
+    assert proto.final
+
+
+def test_an_end_consumed_with_the_next_stream_already_there_counts_later_ends():
+    proto = opened_reader(read_ahead=4)
+    proto.reads_sent(4)
+    proto.receive(p.ReadEnd())
+    proto.receive(p.ReadOk(b"next"))  # the next stream came before the end was consumed
+    proto.consume_eof()
+    assert proto.ready == 4
+    proto.receive(p.ReadEnd())  # its end
+    assert proto.final and proto.marker is EOF
+
+
+@pytest.mark.parametrize("reason", ["broker stopping", "client expired: silent for too long"])
+def test_a_broker_that_dropped_the_end_is_not_sent_a_close(reason):
+    reader = opened_reader()
+    reader.reads_sent(2)
+    reader.receive(p.ReadFailed(reason))
+    assert reader.phase is Phase.OPEN and not reader.needs_close
+    writer = opened_writer()
+    writer.write_sent(5)
+    writer.receive(p.WriteFailed(reason))
+    assert not writer.needs_close
+    with pytest.raises(PipeFailed, match=reason):
+        writer.check()
+
+
+def test_other_failures_still_need_a_close():
+    reader = opened_reader()
+    reader.reads_sent(1)
+    reader.receive(p.ReadFailed("pipe destroyed"))
+    assert reader.needs_close
+    writer = opened_writer()
+    writer.write_sent(5)
+    writer.receive(p.WriteFailed("no readers"))
+    assert writer.needs_close
+
+
+def test_connection_lost_follows_the_data_and_the_broker_reason_wins():
+    lost = BrokerUnavailable("lost the connection to broker 'b'")
+    proto = opened_reader()
+    proto.reads_sent(4)
+    proto.receive(p.ReadOk(b"data"))
+    proto.connection_lost(lost)
+    assert not proto.needs_close and proto.outstanding == 0
+    assert proto.ready == 4 and proto.marker is lost
+    assert proto.reads_wanted(blocking=True) == 0
+    proto = opened_reader()
+    proto.reads_sent(4)
+    proto.receive(p.ReadFailed("broker stopping"))  # arrived before the connection dropped
+    proto.connection_lost(lost)
+    assert proto.marker.reason == "broker stopping" and len(proto._later) == 1
+    writer = opened_writer()
+    writer.write_sent(5)
+    writer.connection_lost(lost)
+    assert writer.outstanding == 0 and not writer.needs_close
+    with pytest.raises(BrokerUnavailable):
+        writer.check()
+    writer = opened_writer()
+    writer.write_sent(5)
+    writer.write_sent(5)
+    writer.receive(p.WriteFailed("broker stopping"))
+    writer.connection_lost(lost)
+    with pytest.raises(PipeFailed, match="broker stopping"):
+        writer.check()
+
+
+def test_connection_lost_while_opening_or_closing():
+    lost = BrokerUnavailable("lost")
+    proto = ReaderProtocol("x")
+    proto.open_command()
+    proto.connection_lost(lost)
+    assert proto.phase is Phase.FAILED and proto.error is lost and not proto.needs_close
+    proto = opened_writer()
+    proto.close_command()
+    proto.connection_lost(lost)
+    assert proto.phase is Phase.CLOSED
+
+
 def test_read_failed_is_a_sticky_marker_after_the_data():
     proto = opened_reader()
     proto.reads_sent(3)
@@ -504,6 +648,7 @@ class ScriptedBroker:
         self.write_ok = write_ok
         self.seen: list = []
         self.peer: bytes | None = None
+        self.peer_of: dict[type, bytes] = {}  # the last sender of each kind of message
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -517,6 +662,7 @@ class ScriptedBroker:
                 peer, frame = self.sock.recv_multipart()
                 self.peer = peer
                 msg = p.decode(frame)
+                self.peer_of[type(msg)] = peer
                 self.seen.append(msg)
                 answer = {
                     p.Input: p.InputOk(), p.Output: p.OutputOk(), p.Close: p.CloseOk(),
@@ -526,9 +672,11 @@ class ScriptedBroker:
                 if answer is not None:
                     self.sock.send_multipart([peer, p.encode(answer)])
 
-    def reply(self, msg):
+    def reply(self, msg, to: type | None = None):
+        """Answer the last sender (``to``: the last sender of that kind of message)."""
         with self.lock:
-            self.sock.send_multipart([self.peer, p.encode(msg)])
+            peer = self.peer if to is None else self.peer_of[to]
+            self.sock.send_multipart([peer, p.encode(msg)])
 
     def count(self, cls) -> int:
         return sum(isinstance(m, cls) for m in list(self.seen))
@@ -688,6 +836,60 @@ def test_failure_never_looks_like_end(broker):
     with pytest.raises(PipeFailed):
         reader.read1(100)
     reader.close()
+
+
+def _scripted_broker_goes_away(broker: ScriptedBroker) -> None:
+    """The stand-in closes its socket (like a broker process that exits), once what it sent
+    has been delivered."""
+    time.sleep(0.2)
+    broker.close()
+
+
+def test_replies_sent_before_the_broker_went_away_win_and_close_does_not_wait():
+    broker = ScriptedBroker()
+    try:
+        reader = zpipes.open("p", "r", broker=broker.name, timeout=5, broker_timeout=30)
+        writer = zpipes.open("q", "w", broker=broker.name, timeout=5, broker_timeout=30)
+        writer.write(b"nobody reads this")
+        broker.wait_for(p.Read, 4)
+        broker.wait_for(p.Write, 1)
+        broker.reply(p.ReadOk(b"last"), to=p.Input)
+        for _ in range(3):
+            broker.reply(p.ReadFailed("broker stopping"), to=p.Input)
+        _scripted_broker_goes_away(broker)
+        time.sleep(0.3)  # both ends are idle when the connection drops
+        assert reader.read1(100) == b"last"
+        start = time.monotonic()
+        with pytest.raises(PipeFailed, match="broker stopping"):
+            reader.read(1)
+        with pytest.raises(BrokerUnavailable, match="lost the connection"):
+            writer.flush()  # the writer got no reply: the connection is gone all the same
+        reader.close()
+        writer.abort()
+        assert time.monotonic() - start < 1.0  # neither broker_timeout nor a CLOSE to nobody
+        assert not any(isinstance(m, p.Close) for m in broker.seen)
+    finally:
+        if not broker.stop.is_set():
+            broker.close()
+
+
+def test_a_lost_connection_keeps_the_data_that_came_before():
+    broker = ScriptedBroker()
+    try:
+        reader = zpipes.open("p", "r", broker=broker.name, timeout=5, broker_timeout=30)
+        broker.wait_for(p.Read, 4)
+        broker.reply(p.ReadOk(b"0123456789"))
+        _scripted_broker_goes_away(broker)
+        start = time.monotonic()
+        assert reader.read(4) == b"0123"  # the top-up READ finds the connection lost
+        assert reader.read1(100) == b"456789"
+        with pytest.raises(BrokerUnavailable, match="lost the connection"):
+            reader.read(1)
+        reader.close()
+        assert time.monotonic() - start < 1.0
+    finally:
+        if not broker.stop.is_set():
+            broker.close()
 
 
 def test_endpoint_option_over_tcp():

@@ -19,7 +19,9 @@ Layout of this module:
   no I/O and read no clock, so they are tested without sockets.
 * :class:`_Channel` does the I/O: one DEALER socket to the broker, shared under a lock with a
   heartbeat thread that pings the broker while the program does not call the library (and
-  drains replies so that they never pile up in the socket). It notices a silent broker.
+  drains replies so that they never pile up in the socket). It notices a lost connection (a
+  broker that stopped, died or restarted) at once, after taking the replies that came before
+  it, and a silent (hung) broker after ``broker_timeout``.
 * :class:`PipeReader` and :class:`PipeWriter` are the file objects that tie the two together.
 
 Throughput: a reader keeps ``read_ahead`` READs of ``read_size`` bytes outstanding, sent with
@@ -68,6 +70,8 @@ DEFAULT_WINDOW = 4  # WRITEs a writer may have unacknowledged
 DEFAULT_PING_INTERVAL = 1.0  # seconds: ping the broker when we sent nothing for this long
 DEFAULT_BROKER_TIMEOUT = 5.0  # seconds: a broker silent for this long while we wait is gone
 CLOSE_LINGER_MS = 200  # how long a closed socket may still try to deliver its last message
+CLOSE_SEND_BOUND = 0.5  # seconds: the longest a CLOSE may wait for room in the queue to the broker
+RECONNECT_IVL_MS = 100  # see _Channel: the channel never uses a second connection
 
 # The broker's limits on pipelining (per client): stay well below them.
 MAX_OUTSTANDING = 32
@@ -79,6 +83,9 @@ WRITE_TAILROOM = 4  # timeout: after a WRITE's data
 
 _PING = p.encode(p.Ping())
 _CLOSE = p.encode(p.Close())
+# *_FAILED reasons after which the broker holds no pipe end for us any more: a CLOSE would only
+# go to a broker that is gone (or get INVALID), so none is sent.
+DETACHING_REASONS = frozenset({"broker stopping", "client expired: silent for too long"})
 _NEWLINE = re.compile(b"\n")
 
 
@@ -152,6 +159,9 @@ class _EndProtocol:
         self.phase = Phase.NEW
         self.error: ZpipesError | None = None  # why the end is unusable (open refused, broken)
         self.close_error: ZpipesError | None = None  # CLOSE_FAILED
+        # The broker dropped our end by itself ("broker stopping", expiry) or the connection to
+        # it is lost: there is nothing left to close.
+        self.detached = False
 
     @property
     def label(self) -> str:
@@ -171,7 +181,7 @@ class _EndProtocol:
     @property
     def needs_close(self) -> bool:
         """True while the broker holds a pipe end for us that a CLOSE should release."""
-        return self.phase in (Phase.OPENING, Phase.OPEN)
+        return self.phase in (Phase.OPENING, Phase.OPEN) and not self.detached
 
     def close_command(self) -> bytes:
         self.phase = Phase.CLOSING
@@ -246,6 +256,23 @@ class _EndProtocol:
         if self.error is None:
             self.error = error
 
+    def _note_reason(self, reason: str) -> None:
+        if reason in DETACHING_REASONS:
+            self.detached = True
+
+    def connection_lost(self, error: ZpipesError) -> None:
+        """The connection to the broker is gone (the caller has fed every reply that arrived
+        before): no outstanding request will be answered, and the end is gone with it. The
+        first error wins, so a reply such as "broker stopping" that came first stays the
+        reason."""
+        self.detached = True
+        if self.phase is Phase.OPENING:
+            self.phase = Phase.FAILED
+            if self.error is None:
+                self.error = error
+        elif self.phase is Phase.CLOSING:
+            self.phase = Phase.CLOSED
+
 
 class ReaderProtocol(_EndProtocol):
     """The reading end: outstanding READs and the stream buffer.
@@ -255,6 +282,12 @@ class ReaderProtocol(_EndProtocol):
     first marker is *ready* (``ready`` bytes in ``_chunks``); the first marker and everything
     after it wait in ``_later``. Consuming an EOF marker makes the data after it ready (a new
     writer may start a new stream, as with a named pipe); an error marker is never consumed.
+
+    The broker answers READs in order, and keeps answering READ_END while no writer is
+    attached. So the READs that were still outstanding when an EOF was consumed may bring more
+    READ_ENDs of that same end: until data arrives, those collapse into the consumed EOF. Only
+    a READ_END that answers a READ sent after the consumption, or that follows new data, is a
+    new end of stream.
     """
 
     _open_ok = p.InputOk
@@ -278,6 +311,9 @@ class ReaderProtocol(_EndProtocol):
         self.buffer_limit = read_size * read_ahead if buffer_limit is None else buffer_limit
         self.read_frame = p.encode(p.Read(read_size, 0))
         self.outstanding = 0  # READs sent and not answered
+        # The oldest outstanding READs whose READ_END (before any new data) repeats the EOF
+        # that was consumed: those sent before it was consumed.
+        self._stale_reads = 0
         self.ready = 0  # bytes in _chunks
         self._chunks: deque[memoryview] = deque()
         self._later: deque[memoryview | _Eof | ZpipesError] = deque()
@@ -309,13 +345,15 @@ class ReaderProtocol(_EndProtocol):
             if type(chunk) is not memoryview:
                 chunk = memoryview(chunk)
             if len(chunk):
+                self._stale_reads = 0  # a new stream has started: its end will be a new end
                 if self._later:
                     self._later.append(chunk)
                 else:
                     self._chunks.append(chunk)
                     self.ready += len(chunk)
         elif kind is p.ReadEnd:
-            self._answered()
+            if self._answered():
+                return  # the end that was consumed already, once more
             later = self._later
             if not (later and later[-1] is EOF):  # one EOF stands for several in a row
                 later.append(EOF)
@@ -323,15 +361,22 @@ class ReaderProtocol(_EndProtocol):
             self._answered()  # we never ask the broker for timeouts; ask again
         elif kind is p.ReadFailed:
             self._answered()
+            self._note_reason(reply.reason)
             self._add_error(PipeFailed(
                 f"read from pipe {self.label!r} failed: {reply.reason}", reply.reason
             ))
         else:
             self._unexpected(reply)
 
-    def _answered(self) -> None:
+    def _answered(self) -> bool:
+        """One READ was answered (the oldest); True if it was sent before the last consumed
+        EOF and no data came since."""
         if self.outstanding > 0:
             self.outstanding -= 1
+        if self._stale_reads > 0:
+            self._stale_reads -= 1
+            return True
+        return False
 
     def _add_error(self, error: ZpipesError) -> None:
         if not any(isinstance(item, ZpipesError) for item in self._later):
@@ -339,8 +384,14 @@ class ReaderProtocol(_EndProtocol):
 
     def _break(self, error: ZpipesError) -> None:
         super()._break(error)
-        self.outstanding = 0
+        self.outstanding = self._stale_reads = 0
         self._add_error(error)
+
+    def connection_lost(self, error: ZpipesError) -> None:
+        super().connection_lost(error)
+        self.outstanding = self._stale_reads = 0
+        if self.phase is Phase.OPEN:
+            self._add_error(error)
 
     def _discard(self, reply: p.Reply) -> None:
         if type(reply) in (p.ReadOk, p.ReadEnd, p.ReadTimeout, p.ReadFailed):
@@ -424,6 +475,8 @@ class ReaderProtocol(_EndProtocol):
             chunk = later.popleft()
             self._chunks.append(chunk)  # type: ignore[arg-type]
             self.ready += len(chunk)  # type: ignore[arg-type]
+        # Until new data comes, a READ_END to a READ sent before now repeats this end.
+        self._stale_reads = 0 if self._chunks or later else self.outstanding
 
 
 class WriterProtocol(_EndProtocol):
@@ -500,6 +553,7 @@ class WriterProtocol(_EndProtocol):
         elif kind is p.WriteFailed:
             self._answered()
             reason = reply.reason
+            self._note_reason(reason)
             message = f"write to pipe {self.label!r} failed: {reason}"
             if "no readers" in reason:
                 self._set_error(BrokenPipe(message, reason))
@@ -531,6 +585,12 @@ class WriterProtocol(_EndProtocol):
         super()._break(error)
         self.outstanding = self.outstanding_bytes = 0
         self._sizes.clear()
+
+    def connection_lost(self, error: ZpipesError) -> None:
+        super().connection_lost(error)
+        self.outstanding = self.outstanding_bytes = 0
+        self._sizes.clear()
+        self._set_error(error)
 
     def _discard(self, reply: p.Reply) -> None:
         if type(reply) in (p.WriteOk, p.WriteFailed, p.WriteTimeout):
@@ -592,6 +652,10 @@ class _Channel:
     for a reply, and then pings by itself; the heartbeat thread only works while the lock is
     free (the program is busy elsewhere): it pings when due and drains replies into ``_inbox``
     so that PING_OKs never pile up in the socket. Replies keep their order: ``_inbox`` first.
+
+    The channel is *dead* (``dead`` holds the error, and every later send and wait raises it)
+    once the connection to the broker dropped, or the broker stayed silent for
+    ``broker_timeout`` while we waited. Replies that arrived before that are still delivered.
     """
 
     def __init__(
@@ -616,16 +680,30 @@ class _Channel:
         ctx = context or _context()
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
-        # Never reconnect: a broker that comes back has forgotten our pipe end and would leave
-        # our requests unanswered for ever. Without a connection, pings go unanswered and the
-        # broker is reported as gone.
-        sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        # Reconnecting stays on, although we never use a second connection: with it off,
+        # ZeroMQ throws away the replies that arrived but were not read yet when the
+        # connection closes (such as the broker's last words, "broker stopping"). A broker that
+        # comes back has forgotten our pipe end and would leave our requests unanswered for
+        # ever, so a monitor reports the disconnect, and the channel then takes what arrived
+        # before it and is dead (see _lose).
+        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        try:
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise BrokerUnavailable(f"cannot watch the connection to the broker: {exc}") from None
         try:
             sock.connect(address)
         except zmq.ZMQError as exc:
+            monitor.close(linger=0)
             sock.close(linger=0)
             raise BrokerUnavailable(f"cannot connect to broker at {address!r}: {exc}") from None
+        self._address = address
         self._sock = sock
+        self._monitor = monitor
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(monitor, zmq.POLLIN)
         self._lock = threading.Lock()
         self._inbox: deque[zmq.Frame] = deque()
         now = monotonic()
@@ -640,16 +718,20 @@ class _Channel:
 
     # --- sending ---
 
-    def send(self, frame: Any, copy: bool = True) -> None:
+    def send(self, frame: Any, copy: bool = True, bound: float | None = None) -> None:
+        """Send one frame. While the queue to the broker is full, wait for it at most ``bound``
+        seconds (default: ``broker_timeout``, after which the broker counts as gone)."""
         with self._lock:
-            self._send(frame, copy)
+            self._send(frame, copy, bound)
 
     def send_many(self, frame: bytes, count: int) -> None:
         with self._lock:
             for _ in range(count):
                 self._send(frame, True)
 
-    def _send(self, frame: Any, copy: bool) -> None:
+    def _send(self, frame: Any, copy: bool, bound: float | None = None) -> None:
+        if self.dead is None:
+            self._check_link()
         if self.dead is not None:
             raise _fresh(self.dead)
         sock = self._sock
@@ -657,10 +739,17 @@ class _Channel:
             sock.send(frame, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             # The queue to the broker is full: the broker has not taken anything for a while.
-            start = monotonic()
+            limit = self.broker_timeout if bound is None else min(bound, self.broker_timeout)
+            give_up = monotonic() + limit
             while not sock.poll(100, zmq.POLLOUT):
-                if monotonic() - start >= self.broker_timeout:
-                    self._die()
+                if self._check_link():
+                    raise _fresh(self.dead) from None  # type: ignore[arg-type]
+                if monotonic() >= give_up:
+                    if bound is None:
+                        self._die()
+                    raise BrokerUnavailable(
+                        f"broker {self.broker!r} is not taking messages (waited {limit:g} s)"
+                    ) from None
             sock.send(frame, zmq.NOBLOCK, copy=copy)
         self._last_send = monotonic()
 
@@ -668,10 +757,14 @@ class _Channel:
 
     def recv(self, deadline: float | None) -> zmq.Frame | None:
         """The next reply (never a PING_OK); None once ``deadline`` (monotonic) has passed.
-        Pings while it waits; raises BrokerUnavailable when the broker stays silent."""
+        Pings while it waits; raises BrokerUnavailable when the connection to the broker is
+        lost (once the replies that arrived before are taken) or the broker stays silent."""
         with self._lock:
-            if self._inbox:
-                return self._inbox.popleft()
+            inbox = self._inbox
+            if not inbox and self.dead is None:
+                self._check_link()
+            if inbox:
+                return inbox.popleft()
             if self.dead is not None:
                 raise _fresh(self.dead)
             sock = self._sock
@@ -686,8 +779,15 @@ class _Channel:
                 wake = min(alive_until, self._ping_due())
                 if deadline is not None:
                     wake = min(wake, deadline)
-                if sock.poll(max(0, math.ceil((wake - now) * 1000)), zmq.POLLIN):
-                    frame = sock.recv(zmq.NOBLOCK, copy=False)
+                if self._poller.poll(max(0, math.ceil((wake - now) * 1000))):
+                    if self._check_link():
+                        if inbox:
+                            return inbox.popleft()
+                        raise _fresh(self.dead)  # type: ignore[arg-type]
+                    try:
+                        frame = sock.recv(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        continue
                     self._last_recv = monotonic()
                     if not _is_ping_ok(frame):
                         return frame
@@ -697,26 +797,62 @@ class _Channel:
     def drain(self, limit: int = 1000) -> list[zmq.Frame]:
         """Every reply that has arrived, without waiting."""
         with self._lock:
-            self._drain(limit)
+            if self.dead is None and not self.closed and not self._check_link():
+                self._drain(limit)
             frames = list(self._inbox)
             self._inbox.clear()
             return frames
 
-    def _drain(self, limit: int) -> None:
+    def _drain(self, limit: int | None) -> None:
+        """Move the replies that arrived into ``_inbox``: at most ``limit`` (None: all)."""
         sock = self._sock
-        got = False
-        for _ in range(limit):
+        got = 0
+        while limit is None or got < limit:
             try:
                 frame = sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            got = True
+            got += 1
             if not _is_ping_ok(frame):
                 self._inbox.append(frame)
         if got:
             self._last_recv = monotonic()
 
     # --- liveness ---
+
+    def _check_link(self) -> bool:
+        """True if the connection to the broker has dropped (the channel is then dead)."""
+        monitor = self._monitor
+        if not monitor.get(zmq.EVENTS) & zmq.POLLIN:
+            return False
+        dropped = False
+        while True:
+            try:
+                event = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(event[0]) >= 2 and int.from_bytes(event[0][:2], sys.byteorder) & (
+                zmq.EVENT_DISCONNECTED
+            ):
+                dropped = True
+        if dropped:
+            self._lose()
+        return dropped
+
+    def _lose(self) -> None:
+        """The connection dropped. Every reply the broker sent before is readable now (ZeroMQ
+        keeps the inbound queue of a connection it will re-establish): take them all, so that
+        they win over the lost connection. Then stop reconnecting: a new connection would lead
+        to a broker that does not know our pipe end (a restarted one)."""
+        self._drain(None)
+        if self.dead is None:
+            self.dead = BrokerUnavailable(
+                f"lost the connection to broker {self.broker!r} (it stopped, died or restarted)"
+            )
+        try:
+            self._sock.disconnect(self._address)
+        except zmq.ZMQError:
+            pass
 
     def _ping_due(self) -> float:
         # Ping when we sent nothing for an interval (the broker must hear from us), and when we
@@ -746,7 +882,7 @@ class _Channel:
             if not self._lock.acquire(blocking=False):
                 continue  # the caller is using the socket (and pings by itself)
             try:
-                if self.closed or self.dead is not None:
+                if self.closed or self.dead is not None or self._check_link():
                     return
                 self._drain(1000)
                 now = monotonic()
@@ -765,6 +901,11 @@ class _Channel:
             self._thread.join(timeout=5)
         with self._lock:
             self.closed = True
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
             self._sock.close(linger=0 if self.dead is not None else CLOSE_LINGER_MS)
 
 
@@ -877,19 +1018,36 @@ class _PipeEnd(io.BufferedIOBase):
         for frame in frames:
             receive(frame)
 
+    def _lost(self, error: BrokerUnavailable) -> None:
+        """The channel is dead: take the replies that arrived before (a "broker stopping" stays
+        the reason), then fail what is still outstanding."""
+        self._feed(self._channel.drain())  # type: ignore[union-attr]
+        self._proto.connection_lost(error)
+
     def _finish(self, wait: bool = True) -> None:
         """Send CLOSE (if the broker holds an end for us), wait for CLOSE_OK unless ``wait``
-        is false, close the socket. The wait is bounded by the broker's liveness."""
+        is false, close the socket. The wait is bounded by the broker's liveness; no CLOSE is
+        sent once the broker dropped the end by itself or the connection to it is lost."""
         if self._done:
             return
         self._done = True
         _open_ends.discard(self)
         channel, proto = self._channel, self._proto
         try:
-            if channel is not None and channel.dead is None and proto.needs_close:
-                channel.send(proto.close_command())
+            if channel is not None and proto.needs_close:
+                self._feed(channel.drain())  # did the broker drop the end ("broker stopping")?
+                if channel.dead is not None:
+                    proto.connection_lost(channel.dead)
+            if channel is not None and proto.needs_close:
+                channel.send(proto.close_command(), bound=CLOSE_SEND_BOUND)
                 while wait and proto.phase is Phase.CLOSING:
-                    frame = channel.recv(None)
+                    try:
+                        frame = channel.recv(None)
+                    except BrokerUnavailable as exc:
+                        self._lost(exc)
+                        if isinstance(proto, WriterProtocol):
+                            raise  # the end of the writer's stream is not confirmed
+                        break
                     if frame is not None:
                         proto.receive_frame(frame)
         finally:
@@ -967,7 +1125,13 @@ class PipeReader(_PipeEnd):
         proto = self._proto
         count = proto.reads_wanted(blocking)
         if count:
-            self._channel.send_many(proto.read_frame, count)  # type: ignore[union-attr]
+            try:
+                self._channel.send_many(proto.read_frame, count)  # type: ignore[union-attr]
+            except BrokerUnavailable as exc:
+                # The error follows the data that did arrive in the stream; raised by the
+                # call that reaches it.
+                self._lost(exc)
+                return
             proto.reads_sent(count)
 
     def _fill(self, deadline: float | None) -> None:
@@ -975,9 +1139,15 @@ class PipeReader(_PipeEnd):
         proto, channel = self._proto, self._channel
         assert channel is not None
         self._top_up(blocking=True)
-        if proto.outstanding == 0 and not proto.final:
+        if proto.final:
+            return  # the connection was found lost
+        if proto.outstanding == 0:
             raise ProtocolError(f"pipe {proto.label!r}: nothing to wait for")  # cannot happen
-        frame = channel.recv(deadline)
+        try:
+            frame = channel.recv(deadline)
+        except BrokerUnavailable as exc:
+            self._lost(exc)
+            return
         if frame is None:
             raise self._timed_out("read from")
         proto.receive_frame(frame)
@@ -1214,14 +1384,22 @@ class PipeWriter(_PipeEnd):
             if buf is not None and len(self._pool) < 2:
                 self._pool.append(buf)
 
+    def _recv(self, deadline: float | None) -> zmq.Frame | None:
+        """The next reply; on a dead channel, fail the end and raise its (first) error."""
+        try:
+            return self._channel.recv(deadline)  # type: ignore[union-attr]
+        except BrokerUnavailable as exc:
+            self._lost(exc)
+            self._proto.check()
+            raise
+
     def _wait_window(self, deadline: float | None, written: int) -> None:
         """Wait until one more WRITE may be sent; raise an earlier write's error."""
-        proto, channel = self._proto, self._channel
-        assert channel is not None
+        proto = self._proto
         self._pump()
         proto.check()
         while proto.window_full:
-            frame = channel.recv(deadline)
+            frame = self._recv(deadline)
             if frame is None:
                 raise self._timed_out("write to", written)
             self._feed([frame])
@@ -1230,7 +1408,12 @@ class PipeWriter(_PipeEnd):
 
     def _send_chunk(self, frame: Any, size: int, buf: bytearray | None = None) -> None:
         zero_copy = size >= ZERO_COPY_MIN
-        self._channel.send(frame, copy=not zero_copy)  # type: ignore[union-attr]
+        try:
+            self._channel.send(frame, copy=not zero_copy)  # type: ignore[union-attr]
+        except BrokerUnavailable as exc:
+            self._lost(exc)
+            self._proto.check()
+            raise
         self._proto.write_sent(size)
         self._inflight.append(buf if zero_copy else None)
 
@@ -1304,7 +1487,7 @@ class PipeWriter(_PipeEnd):
             return
         deadline = self._deadline()
         while proto.outstanding:
-            frame = channel.recv(deadline)
+            frame = self._recv(deadline)
             if frame is None:
                 raise self._timed_out("flush of")
             self._feed([frame])

@@ -9,7 +9,9 @@ that can go wrong raises one of these, so that end, timeout and failure never lo
   WRITE_FAILED or CLOSE_FAILED; ``reason`` is the broker's reason.
 * :class:`BrokenPipe` (also a builtin :class:`BrokenPipeError`): a write failed because every
   reader of the stream has gone.
-* :class:`BrokerUnavailable`: no broker is running under that name, or it stopped answering.
+* :class:`BrokerUnavailable`: no broker is running under that name, the connection to it was
+  lost (it stopped, died or restarted: a restarted broker has forgotten the pipe end), or it
+  stopped answering (hung).
 * :class:`ProtocolError`: the broker answered INVALID, or something that is not a valid reply.
 """
 
@@ -52,7 +54,8 @@ class PipeTimeout(ZpipesError, TimeoutError):
 
 
 class BrokerUnavailable(ZpipesError):
-    """No broker runs under that name, or it stopped answering."""
+    """No broker runs under that name, the connection to it was lost, or it stopped
+    answering."""
 
 
 class ProtocolError(ZpipesError):
