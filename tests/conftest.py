@@ -52,3 +52,22 @@ def start_broker(tmp_path: Path) -> Iterator[StartBroker]:
 def broker(start_broker: StartBroker) -> BrokerProcess:
     """A running broker with a unique name and the default config."""
     return start_broker()
+
+
+@pytest.fixture
+def start_pzq(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``start_pzq(*args, database=None) -> PzqProcess``: a standalone pzq process on free
+    loopback ports, data in the test's temporary directory; killed at teardown."""
+    from pzq_helpers import spawn_pzq
+
+    started: list[Any] = []
+
+    def start(*args: str, database: Path | None = None, **kw: Any) -> Any:
+        db = database or tmp_path / f"pzq{len(started)}"
+        q = spawn_pzq(db, *args, registry=started, **kw)
+        q.wait_up()
+        return q
+
+    yield start
+    for q in started:
+        q.kill()

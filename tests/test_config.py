@@ -345,6 +345,7 @@ def test_schema_keys():
             "receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir", "sync",
             "sync_window", "segment_size", "ack_timeout", "reaper_frequency",
             "inflight_window", "inflight_size", "max_message_size", "max_backlog",
-            "idempotence_window", "replicas", "replication_timeout")),
+            "idempotence_window", "replicas", "replication_timeout", "peers",
+            "node_timeout")),
         "services.pzq.queues",
     ]

@@ -19,6 +19,7 @@ from typing import Any
 from . import logs
 from .commands import MANAGEMENT_COMMANDS
 from .config import CONFIG_SEARCH_PATH, LOG_LEVELS, ConfigError, find_config_file, load_config
+from .pzq.shell import main as queue_command
 
 DESCRIPTION = """\
 Run a zbroker: one process per host that hosts ZeroMQ messaging services. The first service
@@ -46,6 +47,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker set KEY VALUE [NAME]  change one setting of the running broker (until reload)
   zbroker reload [NAME]         re-read the config file (as SIGHUP does)
   zbroker stop [NAME]           stop the broker (as SIGTERM does)
+  zbroker queue put|get QUEUE   put messages into / get them from a pzq queue
   zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
   Each takes --json for scripts and --help for more.
 
@@ -183,6 +185,7 @@ def keygen(argv: Sequence[str]) -> int:
 #: sub-commands by name: each takes the arguments after its name and returns an exit status
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check-config": check_config,
+    "queue": queue_command,
     "keygen": keygen,
     **MANAGEMENT_COMMANDS,
 }

@@ -336,8 +336,10 @@ class PzqQueueConfig:
     max_message_size: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
     max_backlog: int = setting(256 << 20, size(minimum=1))
     idempotence_window: int = setting(100_000, integer(minimum=0))
-    replicas: int = setting(0, integer(minimum=0))  # > 0 needs replication (not yet)
+    replicas: int = setting(0, integer(minimum=0))  # copies on peers before the ACK
     replication_timeout: float = setting(0.1, duration())
+    peers: tuple[str, ...] = setting((), endpoint_list)  # peer queues' receive endpoints
+    node_timeout: float = setting(10.0, duration())  # a silent peer's copies are taken over
 
 
 def pzq_queues(value: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None:

@@ -1,0 +1,252 @@
+"""pzq benchmark: produce rate, end-to-end rate and producer ACK latency of a real ``pzq``
+process, beside a raw write+fdatasync baseline measured in the same run on the same disk.
+
+    python bench/bench_pzq.py                       # all cases, sync: batch
+    python bench/bench_pzq.py --sync none --cases 100:64
+    python bench/bench_pzq.py --dir /var/tmp        # where the data goes (default: a temp dir)
+
+A case is SIZE:WINDOW[:backlog] (message bytes : producer messages outstanding). The producer
+and the consumer are separate processes (the consumer ACKs each message); the queue is started
+fresh for each case, with an empty data directory. With ``backlog`` the consumer connects only
+after the last producer ACK, so every message is written and fsynced (no write avoidance); its
+end-to-end rate includes the drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "65536:1", "65536:64",
+                 "65536:64:backlog")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fsync_baseline(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
+    """(appends per second, p50 µs) of write(100 B) + fdatasync in a loop."""
+    path = directory / "fsync-baseline"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    lat = []
+    end = time.perf_counter() + seconds
+    try:
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            os.write(fd, b"x" * 100)
+            os.fdatasync(fd)
+            lat.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return len(lat) / seconds, statistics.median(lat) * 1e6
+
+
+def write_baseline(directory: Path, seconds: float = 1.0, chunk: int = 4 << 20) -> float:
+    """MB/s of write(4 MiB) + fdatasync in a loop: the disk's own ceiling for big messages."""
+    path = directory / "write-baseline"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    buf = b"x" * chunk
+    n = 0
+    t0 = time.perf_counter()
+    try:
+        while time.perf_counter() - t0 < seconds:
+            os.write(fd, buf)
+            os.fdatasync(fd)
+            n += 1
+    finally:
+        elapsed = time.perf_counter() - t0
+        os.close(fd)
+        path.unlink()
+    return n * chunk / elapsed / 1e6
+
+
+def producer(endpoint: str, n: int, size: int, window: int, start: float, out) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.connect(endpoint)
+    body = b"x" * size
+    sent_at: dict[bytes, float] = {}
+    lat: list[float] = []
+    failed = 0
+    while time.time() < start:
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    i = 0
+    copy = size < 65536
+    while i < n or sent_at:
+        while i < n and len(sent_at) < window:
+            mid = b"%d" % i
+            sent_at[mid] = time.perf_counter()
+            s.send_multipart([mid, b"", body], copy=copy)
+            i += 1
+        if not s.poll(10_000):
+            raise SystemExit(f"producer: no ACK for 10 s ({len(sent_at)} outstanding)")
+        now = time.perf_counter()
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            t = sent_at.pop(frames[0], None)
+            if t is not None:
+                lat.append(now - t)
+                failed += frames[1] != b"1"
+    elapsed = time.perf_counter() - t0
+    s.close(linger=0)
+    ctx.term()
+    out.send((t0, elapsed, lat, failed))
+
+
+def consumer(endpoint: str, n: int, out) -> None:
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.connect(endpoint)
+    got = 0
+    last = 0.0
+    while got < n:
+        if not s.poll(20_000):
+            raise SystemExit(f"consumer: nothing for 20 s after {got} messages")
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            s.send_multipart([frames[0].bytes, b"1"])
+            got += 1
+        last = time.perf_counter()
+    s.close()
+    ctx.term()
+    out.send((last, got))
+
+
+def start_pzq(data: Path, sync: str, window_us: int) -> tuple[subprocess.Popen, str, str, str]:
+    receive = f"tcp://127.0.0.1:{free_port()}"
+    send = f"tcp://127.0.0.1:{free_port()}"
+    mon = f"ipc://{data}.monitor"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zbroker.pzq", "--database", str(data), "--receive-dsn", receive,
+         "--send-dsn", send, "--monitor-dsn", mon, "--sync", sync,
+         "--sync-window", str(window_us), "--inflight-window", "256",
+         "--max-backlog", "2GiB",
+         "--log-level", "warning"], env=env, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", int(send.rsplit(":", 1)[1]))) == 0:
+                break
+        time.sleep(0.05)
+    return proc, receive, send, mon
+
+
+def monitor(endpoint: str) -> dict[str, int]:
+    from zbroker.pzq.wire import parse_monitor_text
+
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    s.send(b"MONITOR")
+    counters = parse_monitor_text(s.recv_multipart()[-1]) if s.poll(3000) else {}
+    s.close()
+    return counters
+
+
+def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: int,
+             backlog: bool = False) -> dict:
+    data = base / f"q-{size}-{window}"
+    shutil.rmtree(data, ignore_errors=True)
+    proc, receive, send, mon = start_pzq(data, sync, window_us)
+    ctx = mp.get_context("fork")
+    (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
+    start = time.time() + 0.5
+    cons = ctx.Process(target=consumer, args=(send, n, c_out))
+    prod = ctx.Process(target=producer, args=(receive, n, size, window, start, p_out))
+    if not backlog:
+        cons.start()
+    prod.start()
+    try:
+        if not p_in.poll(300):
+            raise SystemExit("benchmark case timed out")
+        t0, elapsed, lat, failed = p_in.recv()
+        if backlog:
+            cons.start()
+        if not c_in.poll(120):
+            raise SystemExit("benchmark case timed out")
+        last, got = c_in.recv()
+        counters = monitor(mon)
+    finally:
+        for p in (prod, cons):
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        shutil.rmtree(data, ignore_errors=True)
+    lat.sort()
+    e2e = n / (last - t0)  # the first send to the last delivery (one monotonic clock)
+    return {
+        "size": size, "window": window, "n": n, "failed": failed,
+        "produce": n / elapsed, "e2e": e2e, "mbps": e2e * size / 1e6,
+        "p50": lat[len(lat) // 2] * 1e3, "p99": lat[int(len(lat) * 0.99)] * 1e3,
+        "syncs": counters.get("syncs", -1), "avoided": counters.get("avoided_messages", -1),
+        "written": counters.get("bytes_written", -1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), metavar="SIZE:WINDOW")
+    ap.add_argument("--sync", default="batch", choices=("batch", "always", "none"))
+    ap.add_argument("--sync-window", type=int, default=2000, metavar="US")
+    ap.add_argument("--dir", default=None, help="where the queue's data goes")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-pzq-", dir=args.dir))
+    try:
+        rate, p50 = fsync_baseline(base)
+        print(f"raw write(100 B)+fdatasync on {base}: {rate:,.0f}/s, p50 {p50:.0f} µs; "
+              f"write(4 MiB)+fdatasync: {write_baseline(base):,.0f} MB/s")
+        print(f"pzq sync={args.sync} sync_window={args.sync_window} µs")
+        print(f"{'size':>6} {'win':>4} {'':>7} {'msgs':>7} {'produce/s':>10} {'e2e msg/s':>10} "
+              f"{'e2e MB/s':>9} {'ack p50 ms':>10} {'ack p99 ms':>10} {'fsyncs':>7} "
+              f"{'msgs/fsync':>10} {'avoided':>8}")
+        for case in args.cases:
+            parts = case.split(":")
+            size, window = int(parts[0]), int(parts[1])
+            backlog = parts[2:] == ["backlog"]
+            n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000) * args.scale)
+            r = run_case(base, size, window, n, args.sync, args.sync_window, backlog)
+            per = r["n"] / r["syncs"] if r["syncs"] > 0 else float("nan")
+            mode = "backlog" if backlog else ""
+            print(f"{size:>6} {window:>4} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
+                  f"{r['e2e']:>10,.0f} "
+                  f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} {r['syncs']:>7} "
+                  f"{per:>10.1f} {r['avoided']:>8}" + (f"  FAILED {r['failed']}"
+                                                        if r["failed"] else ""))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Running real pzq processes in tests (the standalone ``pzq`` command).
+
+    q = start_pzq(tmp_path / "db", "--ack-timeout", "500000")
+    q.receive, q.send, q.monitor     # its endpoints (free tcp ports on 127.0.0.1)
+    q.kill(); q = q.restart()        # SIGKILL, and the same queue again on the same data
+
+Every wait has a deadline; the ``pzq`` fixture kills what still runs at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from helpers import REPO_ROOT, endpoint_accepts, wait_for
+
+from zbroker.pzq.client import monitor
+
+UP_TIMEOUT = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class PzqProcess:
+    database: Path
+    args: tuple[str, ...]
+    receive: str
+    send: str
+    monitor: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+    preexec: Callable[[], None] | None = None
+    _log: Any = field(default=None, repr=False)
+    registry: list[Any] | None = field(default=None, repr=False)  # restarts are added to it
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_up(self) -> PzqProcess:
+        def up() -> bool:
+            if not self.alive():
+                raise AssertionError(f"pzq exited with {self.proc.returncode}:\n{self.log()}")
+            return endpoint_accepts(self.receive) and endpoint_accepts(self.send)
+
+        wait_for(up, UP_TIMEOUT, "pzq to listen")
+        return self
+
+    def counters(self, timeout: float = 5.0) -> dict[str, int]:
+        return monitor(self.monitor, timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.alive():
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(f"pzq did not stop within {timeout}s:\n{self.log()}") from None
+        finally:
+            self._close()
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(5)
+        self._close()
+
+    def restart(self) -> PzqProcess:
+        self.kill()
+        q = spawn_pzq(self.database, *self.args, receive=self.receive, send=self.send,
+                      monitor_=self.monitor, preexec=self.preexec, registry=self.registry)
+        return q.wait_up()
+
+    def _close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def spawn_pzq(database: Path, *args: str, receive: str | None = None, send: str | None = None,
+              monitor_: str | None = None, preexec: Callable[[], None] | None = None,
+              registry: list[Any] | None = None) -> PzqProcess:
+    database.mkdir(parents=True, exist_ok=True)
+    receive = receive or f"tcp://127.0.0.1:{free_port()}"
+    send = send or f"tcp://127.0.0.1:{free_port()}"
+    monitor_ = monitor_ or f"ipc://{database.parent}/{database.name}.monitor"
+    log_path = database.parent / f"{database.name}.log"
+    log = open(log_path, "ab")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zbroker.pzq", "--database", str(database),
+         "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor_, *args],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=preexec)
+    q = PzqProcess(database, tuple(args), receive, send, monitor_, log_path, proc, preexec, log,
+                   registry)
+    if registry is not None:
+        registry.append(q)
+    return q
+
+
+def dealer(ctx: zmq.Context, endpoint: str, kind: int = zmq.DEALER) -> zmq.Socket:
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    return s
+
+
+def recv(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes]:
+    if not sock.poll(int(timeout * 1000)):
+        raise AssertionError(f"nothing received within {timeout}s")
+    return sock.recv_multipart()
+
+
+def nothing(sock: zmq.Socket, timeout: float) -> bool:
+    return not sock.poll(int(timeout * 1000))
+
+
+def wait_counter(q: Any, name: str, predicate: Callable[[int], bool], timeout: float = 10.0
+                 ) -> dict[str, int]:
+    return wait_for(lambda: (c := q.counters()) and predicate(c[name]) and c, timeout,
+                    f"counter {name}")

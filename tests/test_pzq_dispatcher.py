@@ -1,0 +1,216 @@
+"""The pzq dispatcher and queue core: credit, least-loaded dispatch, timeouts, late ACKs,
+idempotent producers, write failures. No sockets, no clock."""
+
+from __future__ import annotations
+
+from zbroker.pzq import wire
+from zbroker.pzq.dispatcher import Dispatcher
+from zbroker.pzq.queue import QUEUE_FULL, Limits, QueueCore
+from zbroker.pzq.store import BatchResult
+
+
+def test_least_loaded_consumer_with_credit_gets_the_next_message():
+    d = Dispatcher(ack_timeout=5)
+    d.set_consumer("a", 2)
+    d.set_consumer("b", 2)
+    for seq in range(6):
+        d.add(seq, 10)
+    got = [d.next_delivery(0) for _ in range(5)]
+    assert [g.consumer for g in got[:4]].count("a") == 2
+    assert got[4] is None  # no credit left anywhere
+    d.ack(0 if got[0].consumer == "a" else 1)
+    nxt = d.next_delivery(0)
+    assert nxt is not None and nxt.seq == 4
+
+
+def test_no_consumer_no_delivery_and_inflight_bytes_cap():
+    d = Dispatcher(ack_timeout=5, max_inflight_bytes=25)
+    d.add(0, 10)
+    assert d.next_delivery(0) is None
+    d.set_consumer("a", 100)
+    for seq in (1, 2):
+        d.add(seq, 10)
+    assert [d.next_delivery(0).seq for _ in range(2)] == [0, 1]
+    assert d.next_delivery(0) is None  # 30 bytes would pass the cap
+    d.ack(0)
+    assert d.next_delivery(0).seq == 2
+
+
+def test_only_really_timed_out_messages_are_redelivered():
+    d = Dispatcher(ack_timeout=1.0)
+    d.set_consumer("a", 10)
+    d.add(0, 1)
+    d.add(1, 1)
+    d.next_delivery(0.0)
+    d.next_delivery(0.5)
+    assert d.next_deadline() == 1.0
+    assert d.expire(0.99) == []
+    assert d.expire(1.0) == [0]
+    assert d.next_delivery(1.0).seq == 0  # the timed-out one goes first, attempt 2
+    assert d.attempts(0) == 2 and d.redelivered == 1
+    assert d.expire(1.2) == []  # message 1 is not due before 1.5
+
+
+def test_late_ack_is_honoured_after_the_timeout():
+    d = Dispatcher(ack_timeout=1.0)
+    d.set_consumer("a", 10)
+    d.add(0, 1)
+    d.next_delivery(0)
+    d.set_consumer("a", 0)  # no credit: it stays in the ready queue once expired
+    assert d.expire(2.0) == [0]
+    assert d.ack(0) is True  # the late ACK
+    d.set_consumer("a", 10)
+    assert d.next_delivery(2.0) is None  # not sent again
+    assert d.ack(0) is False  # a duplicate ACK is just unknown
+
+
+def test_nack_redelivers_at_once_and_a_leaving_consumer_gives_back_its_messages():
+    d = Dispatcher(ack_timeout=100)
+    d.set_consumer("a", 10)
+    for seq in range(3):
+        d.add(seq, 1)
+    for _ in range(3):
+        d.next_delivery(0)
+    assert d.nack(1)
+    assert d.next_delivery(0).seq == 1
+    d.set_consumer("b", 10)
+    assert d.remove_consumer("a") == [0, 1, 2]
+    assert [d.next_delivery(0).consumer for _ in range(3)] == ["b"] * 3
+
+
+def test_a_backlog_drains_without_duplicates_when_acks_come_in_time():
+    d = Dispatcher(ack_timeout=1.0)
+    d.set_consumer("a", 32)
+    d.set_consumer("b", 32)
+    n = 100_000
+    for seq in range(n):
+        d.add(seq, 100)
+    now, seen = 0.0, 0
+    while True:
+        batch = []
+        while (x := d.next_delivery(now)) is not None:
+            batch.append(x)
+        if not batch:
+            break
+        now += 0.001
+        for x in batch:
+            assert x.attempt == 1
+            d.ack(x.seq)
+            seen += 1
+        assert d.expire(now) == []
+    assert seen == n and d.redelivered == 0 and len(d) == 0
+
+
+# --- the queue core --------------------------------------------------------------------------
+
+
+class FakeStore:
+    def __init__(self):
+        self.batch = 0
+        self.appended: list[int] = []
+        self.acked: list[int] = []
+
+    def append(self, seq, key, msg_id, frames):
+        self.appended.append(seq)
+        return self.batch
+
+    def ack(self, seq):
+        self.acked.append(seq)
+
+    def complete(self, result):
+        pass
+
+    def to_compact(self, backlog_bytes):
+        return []
+
+    def move(self, seq, key, msg_id, frames):
+        raise AssertionError("nothing to compact here")
+
+    def done(self, **kw) -> BatchResult:
+        r = BatchResult((self.batch,), 0, **kw)
+        self.batch += 1
+        return r
+
+
+def core(**limits) -> tuple[QueueCore, FakeStore]:
+    store = FakeStore()
+    return QueueCore(store, Limits(**limits)), store
+
+
+def test_producer_ack_only_after_the_batch_is_stored():
+    q, store = core()
+    q.produce(b"P", [b"m1", b"", b"hello"], 1)
+    assert q.replies == []
+    q.batch_done(store.done(placed=(0,)))
+    assert q.replies == [(b"P", [b"m1", b"1", b""])]
+
+
+def test_malformed_input_gets_a_failure_ack_with_a_reason():
+    q, _ = core(max_message_size=4)
+    q.produce(b"P", [b"m1"], 1)
+    q.produce(b"P", [b"m2", b""], 1)
+    q.produce(b"P", [b"m3", b"", b"too big"], 1)
+    assert [r[1][:2] for r in q.replies] == [[b"m1", b"0"], [b"m2", b"0"], [b"m3", b"0"]]
+    assert q.replies[0][1][3] == wire.MALFORMED.encode()
+    assert q.replies[1][1][3] == wire.EMPTY.encode()
+    assert b"too large" in q.replies[2][1][3]
+
+
+def test_a_retried_id_is_stored_once_and_answered_each_time():
+    q, store = core()
+    q.produce(b"P", [b"m1", b"", b"x"], 1)
+    q.produce(b"Q", [b"m1", b"", b"x"], 1)  # retried before the first ACK (another link)
+    assert store.appended == [0]
+    q.batch_done(store.done(placed=(0,)))
+    assert sorted(q.replies) == [(b"P", [b"m1", b"1", b""]), (b"Q", [b"m1", b"1", b""])]
+    q.replies.clear()
+    q.produce(b"P", [b"m1", b"", b"x"], 1)  # and after it
+    assert q.replies == [(b"P", [b"m1", b"1", b""])] and store.appended == [0]
+    assert q.counters["duplicates"] == 2 and len(q.messages) == 1
+
+
+def test_a_failed_write_answers_0_and_forgets_the_message():
+    q, store = core()
+    q.consumers_changed(1)
+    q.produce(b"P", [b"m1", b"", b"x"], 1)
+    q.batch_done(store.done(failed=(0,), error="store failed: No space left on device"))
+    assert q.replies == [(b"P", [b"m1", b"0", b"", b"store failed: No space left on device"])]
+    assert not q.messages and q.next_delivery(0, 0) is None
+    q.produce(b"P", [b"m1", b"", b"x"], 1)  # the retry is stored, not deduplicated
+    assert store.appended == [0, 1]
+
+
+def test_queue_full_is_refused():
+    q, store = core(max_backlog=10)
+    q.produce(b"P", [b"a", b"", b"x" * 8], 1)
+    q.produce(b"P", [b"b", b"", b"x" * 8], 1)
+    assert q.replies == [(b"P", wire.producer_ack(b"b", False, QUEUE_FULL))]
+
+
+def test_delivery_frames_and_consumer_acks():
+    q, store = core(ack_timeout=2.0)
+    q.consumers_changed(1)
+    q.produce(b"P", [b"m1", b"h", b"", b"a", b"b"], 1_000)
+    d, frames = q.next_delivery(0.0, 5_000)
+    key = frames[0]
+    assert frames[1:] == [b"5000", b"2000000", b"", b"a", b"b"]
+    assert key.startswith(b"1000|") and len(key.split(b"|")[1]) == 36
+    q.consumer_ack([key, b"0"])  # failed: again at once
+    d2, frames2 = q.next_delivery(0.1, 6_000)
+    assert frames2[0] == key and frames2[1] == b"6000"
+    q.consumer_ack([key, b"1"])
+    assert store.acked == [0] and not q.messages
+    q.consumer_ack([key, b"1"])
+    assert q.counters["unknown_acks"] == 1
+
+
+def test_when_the_last_consumer_leaves_its_messages_are_ready_again():
+    q, store = core(ack_timeout=100)
+    q.consumers_changed(1)
+    q.produce(b"P", [b"m1", b"", b"x"], 1)
+    d, frames = q.next_delivery(0, 0)
+    q.consumers_changed(0)
+    assert q.next_delivery(0, 0) is None
+    q.consumers_changed(1)
+    d2, frames2 = q.next_delivery(0, 0)
+    assert frames2[0] == frames[0] and d2.attempt == 2

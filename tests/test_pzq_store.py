@@ -1,0 +1,273 @@
+"""The pzq store on a real disk: group commit, recovery, torn tails, ACKs, retention,
+write avoidance, failures."""
+
+from __future__ import annotations
+
+import errno
+import os
+import queue
+import shutil
+from pathlib import Path
+
+import pytest
+
+from zbroker.pzq import records
+from zbroker.pzq.store import BatchResult, Store, list_segments, segment_name
+
+WAIT = 10.0
+
+
+class Harness:
+    """A store whose reports come back to the test thread (standing in for the loop)."""
+
+    def __init__(self, directory: Path, **kw):
+        self.store = Store(directory, **kw)
+        self.recovered = self.store.open()
+        self.results: queue.Queue[BatchResult] = queue.Queue()
+        self.store.start(self.results.put)
+        self.completed: set[int] = set()
+        self.failed: list[BatchResult] = []
+
+    def append(self, seq: int, body: bytes = b"x" * 20) -> int:
+        return self.store.append(seq, b"key-%d" % seq, b"id-%d" % seq, [body])
+
+    def wait_batch(self, batch: int) -> None:
+        while batch not in self.completed:
+            self.take(WAIT)
+
+    def take(self, timeout: float) -> BatchResult:
+        r = self.results.get(timeout=timeout)
+        self.store.complete(r)
+        self.completed.update(r.batches)
+        if r.error:
+            self.failed.append(r)
+        return r
+
+    def settle(self) -> None:
+        """Take reports until the writer has been idle for a moment."""
+        while True:
+            try:
+                self.take(0.2)
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        assert self.store.close()
+        while not self.results.empty():
+            self.store.complete(self.results.get())
+
+
+def recover(directory: Path):
+    """What a store finds on disk (opened and closed again)."""
+    store = Store(directory)
+    try:
+        return store.open()
+    finally:
+        store.close()
+
+
+def seqs(recovered) -> list[int]:
+    return [m.seq for m in recovered.messages]
+
+
+def test_messages_survive_reopen_and_acks_are_durable(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=0.001)
+    for seq in range(10):
+        b = h.append(seq)
+    h.wait_batch(b)
+    for seq in (0, 3, 9):
+        h.store.ack(seq)
+    h.settle()
+    h.close()
+    again = recover(tmp_path)
+    assert seqs(again) == [1, 2, 4, 5, 6, 7, 8]
+    assert again.next_seq == 10
+    m = again.messages[0]
+    assert (m.key, m.msg_id, m.frames) == (b"key-1", b"id-1", (b"x" * 20,))
+
+
+@pytest.mark.parametrize("sync", ["batch", "always", "none"])
+def test_each_sync_mode_stores_and_counts_syncs(tmp_path, sync):
+    h = Harness(tmp_path, sync=sync, sync_window=0.001)
+    batches = [h.append(seq) for seq in range(20)]
+    h.wait_batch(max(batches))
+    assert set(batches) <= h.completed
+    if sync == "always":
+        assert len(set(batches)) == 20 and h.store.syncs >= 20
+    elif sync == "batch":
+        assert 1 <= h.store.syncs <= 20
+    else:
+        assert h.store.syncs == 0
+    h.close()
+    assert seqs(recover(tmp_path)) == list(range(20))
+
+
+def test_group_commit_puts_many_messages_in_one_fsync(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=0.05)
+    batches = {h.append(seq) for seq in range(500)}
+    h.wait_batch(max(batches))
+    assert h.store.syncs <= 3, h.store.syncs
+    h.close()
+
+
+def test_write_avoidance_an_acked_pending_message_is_never_written(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=0.2)  # a long window: it stays pending
+    b = h.append(0, b"A" * 1000)
+    h.append(1, b"B" * 1000)
+    h.store.ack(0)  # consumed before its batch was written
+    h.wait_batch(b)  # its batch still completes: its producer gets its ACK
+    assert h.store.avoided_messages == 1 and h.store.avoided_bytes > 1000
+    h.close()
+    data = b"".join((tmp_path / segment_name(n)).read_bytes() for n in list_segments(tmp_path))
+    assert b"A" * 1000 not in data and b"B" * 1000 in data
+    assert seqs(recover(tmp_path)) == [1]
+
+
+def test_segments_roll_and_fully_acked_ones_are_deleted(tmp_path):
+    h = Harness(tmp_path, sync="none", sync_window=0, segment_size=4096)
+    last = 0
+    for seq in range(200):
+        last = h.append(seq, b"y" * 100)
+        if seq % 20 == 19:
+            h.wait_batch(last)  # several batches, so several segments
+    h.wait_batch(last)
+    assert len(list_segments(tmp_path)) > 3
+    for seq in range(190):
+        h.store.ack(seq)
+    h.settle()
+    h.store.append(999, b"k", b"i", [b"z"])  # a write after the ACKs: the collector runs
+    h.settle()
+    h.close()
+    left = list_segments(tmp_path)
+    assert len(left) <= 3, left  # what holds the 10 unACKed ones and the newest
+    assert seqs(recover(tmp_path)) == [*range(190, 200), 999]
+
+
+def test_recovery_of_an_old_log_deletes_segments_without_live_messages(tmp_path):
+    h = Harness(tmp_path, sync="none", sync_window=0, segment_size=4096)
+    for seq in range(100):
+        h.wait_batch(h.append(seq, b"y" * 100))
+    for seq in range(100):
+        h.store.ack(seq)
+    h.settle()
+    h.close()
+    h2 = Harness(tmp_path, sync="none")
+    assert seqs(h2.recovered) == []
+    h2.settle()
+    h2.close()
+    assert len(list_segments(tmp_path)) <= 1
+
+
+def _build_log(directory: Path) -> tuple[bytes, list[tuple[int, records.MessageRecord
+                                                          | records.AckRecord]]]:
+    """A one-segment log: 6 messages, then an ACK of 2 of them, then 2 more messages and an
+    ACK; one fsynced batch per record. Returns the bytes and the (end, record) list."""
+    h = Harness(directory, sync="batch", sync_window=0)
+    for seq in range(6):
+        h.wait_batch(h.append(seq))
+    h.store.ack(1)
+    h.store.ack(4)
+    h.settle()
+    for seq in (6, 7):
+        h.wait_batch(h.append(seq))
+    h.store.ack(6)
+    h.settle()
+    h.close()
+    [segment] = list_segments(directory)
+    data = (directory / segment_name(segment)).read_bytes()
+    return data, list(records.scan(data))
+
+
+def test_torn_tail_at_every_byte_offset_loses_nothing_acked(tmp_path):
+    src = tmp_path / "src"
+    data, recs = _build_log(src)
+    assert recs[-1][0] == len(data)
+    tail_start = recs[-5][0]  # the last four records: ack(1,4), msg 6, msg 7, ack(6)
+    for cut in range(tail_start, len(data) + 1):
+        d = tmp_path / f"cut{cut}"
+        d.mkdir()
+        (d / segment_name(0)).write_bytes(data[:cut])
+        found = recover(d)
+        complete = [r for end, r in recs if end <= cut]
+        expect = {r.seq for r in complete if isinstance(r, records.MessageRecord)}
+        for r in complete:
+            if isinstance(r, records.AckRecord):
+                expect -= set(r.seqs)
+        assert set(seqs(found)) == expect, cut
+        good = max([end for end, _ in recs if end <= cut], default=0)
+        assert (d / segment_name(0)).stat().st_size == good  # the torn tail is cut off
+        assert found.truncated_bytes == cut - good
+        # and the store goes on writing after it: a second recovery sees the new message
+        h = Harness(d, sync="none", sync_window=0)
+        h.wait_batch(h.append(100))
+        h.close()
+        assert set(seqs(recover(d))) == expect | {100}
+        shutil.rmtree(d)
+
+
+def test_garbage_tail_is_truncated(tmp_path):
+    h = Harness(tmp_path, sync="none")
+    h.wait_batch(h.append(0))
+    h.close()
+    seg = tmp_path / segment_name(list_segments(tmp_path)[0])
+    size = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(os.urandom(100))
+    found = recover(tmp_path)
+    assert seqs(found) == [0] and found.truncated_bytes == 100
+    assert seg.stat().st_size == size
+
+
+def test_a_failed_write_fails_its_batch_and_the_store_goes_on(tmp_path, monkeypatch):
+    h = Harness(tmp_path, sync="batch", sync_window=0)
+    h.wait_batch(h.append(0))
+    real_write = os.write
+    fail = {"on": True}
+
+    def write(fd, data):
+        if fail["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    b = h.append(1)
+    h.wait_batch(b)
+    assert h.failed and h.failed[-1].failed == (1,)
+    assert "No space left on device" in h.failed[-1].error
+    fail["on"] = False
+    h.wait_batch(h.append(2))
+    h.close()
+    assert seqs(recover(tmp_path)) == [0, 2]
+
+
+def test_compaction_frees_segments_held_by_a_few_old_messages(tmp_path):
+    """One old unACKed message must not keep every later segment on disk."""
+    h = Harness(tmp_path, sync="none", sync_window=0, segment_size=4096)
+    bodies = {}
+    for seq in range(400):
+        bodies[seq] = b"%05d" % seq + b"y" * 95
+        b = h.store.append(seq, b"key-%d" % seq, b"id-%d" % seq, [bodies[seq]])
+        if seq % 20 == 19:
+            h.wait_batch(b)
+            for done in range(max(1, seq - 19), seq + 1):
+                h.store.ack(done)  # everything but seq 0 is ACKed once written
+            for old in h.store.to_compact(backlog_bytes=100):  # what QueueCore does
+                h.store.move(old, b"key-%d" % old, b"id-%d" % old, [bodies[old]])
+    h.settle()
+    h.store.append(1000, b"k", b"i", [b"last"])
+    h.settle()
+    assert h.store.moved_messages >= 1
+    h.close()
+    assert len(list_segments(tmp_path)) <= 4, list_segments(tmp_path)
+    again = recover(tmp_path)
+    assert seqs(again) == [0, 1000]  # one copy of 0, however many moves
+
+
+def test_an_ack_during_a_move_is_not_lost(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=0.2)
+    h.wait_batch(h.append(0))
+    h.store.move(0, b"key-0", b"id-0", [b"x" * 20])  # pending: the writer waits its window
+    h.store.ack(0)
+    h.settle()
+    h.close()
+    assert seqs(recover(tmp_path)) == []

@@ -1,0 +1,12 @@
+"""pzq: a persistent store-and-forward queue, wire-compatible with the original pzq.
+
+    wire.py        the frames producers, consumers and monitors exchange (pure)
+    records.py     the records of the log on disk (pure)
+    store.py       the append-only segmented log, group commit in a writer thread
+    dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
+    queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
+    server.py      one queue on its sockets and the asyncio loop
+    service.py     the broker service hosting the configured queues
+    client.py      Python producer and consumer
+    cli.py         the standalone ``pzq`` command
+"""

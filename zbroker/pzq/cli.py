@@ -1,0 +1,137 @@
+"""``pzq``: one standalone queue, with the original pzq's command line.
+
+Durations are microseconds, as in the original. ``--database`` names a directory for the log.
+SIGTERM and SIGINT stop it cleanly (what is queued is written; the last ACKs go out).
+Exit status: 0 after a clean stop, 1 if it cannot start, 2 on a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+import zmq
+
+from zbroker.config import PZQ_SYNC_MODES, parse_size
+
+from .server import QueueError, QueueServer, QueueSettings
+
+DESCRIPTION = "Persistent store and forward device for ZeroMQ (a zbroker pzq queue)."
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {n}")
+    return n
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pzq", description=DESCRIPTION)
+    a = p.add_argument
+    a("--database", default="/tmp/pzq-db", help="directory of the queue's log (%(default)s)")
+    a("--ack-timeout", type=_positive_int, default=5_000_000, metavar="US",
+      help="how long to wait for a consumer ACK before resending, µs (%(default)s)")
+    a("--reaper-frequency", type=_positive_int, default=2_500_000, metavar="US",
+      help="how often to look for timed-out messages, µs (%(default)s)")
+    a("--hard-sync", action="store_true",
+      help="fdatasync each message alone before its ACK (sync: always)")
+    a("--sync", choices=PZQ_SYNC_MODES, default=None,
+      help="batch (default: group commit, ACK after fdatasync), always, none (no fdatasync)")
+    a("--sync-window", type=int, default=2000, metavar="US",
+      help="how long a batch gathers messages before its fdatasync, µs (%(default)s)")
+    a("--inflight-size", type=_size, default=31457280, metavar="BYTES",
+      help="most bytes in flight to consumers (%(default)s)")
+    a("--inflight-window", type=_positive_int, default=32, metavar="N",
+      help="most unACKed messages per consumer (%(default)s)")
+    a("--max-message-size", type=_size, default=16 << 20, metavar="BYTES")
+    a("--max-backlog", type=_size, default=256 << 20, metavar="BYTES",
+      help="bytes of unACKed messages held; beyond, producers get 'Queue full'")
+    a("--receive-dsn", default="tcp://127.0.0.1:11131", help="producers' endpoint (%(default)s)")
+    a("--send-dsn", default="tcp://127.0.0.1:11132", help="consumers' endpoint (%(default)s)")
+    a("--monitor-dsn", default="ipc:///tmp/pzq-monitor", help="MONITOR endpoint (%(default)s)")
+    a("--replicas", type=int, default=0,
+      help="copies on other nodes (the first N of --nodes) before the ACK (%(default)s)")
+    a("--nodes", default="", metavar="DSN,DSN",
+      help="receive endpoints of the other nodes' queues, separated by ','")
+    a("--timeout-nodes", type=_positive_int, default=10_000_000, metavar="US",
+      help="silence after which a node's copies are delivered here, µs (%(default)s)")
+    a("--broadcast-dsn", default=None,
+      help="accepted for compatibility, not used: nodes talk on their receive endpoints")
+    a("--timeout-replication", "--timeout_replication", dest="timeout_replication",
+      type=_positive_int, default=100_000, metavar="US",
+      help="wait this long for the copies, then ACK with REPLICATION_FAILED, µs (%(default)s)")
+    a("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> QueueSettings:
+    sync = args.sync or ("always" if args.hard_sync else "batch")
+    return QueueSettings(
+        name="pzq", receive_endpoint=args.receive_dsn, send_endpoint=args.send_dsn,
+        monitor_endpoint=args.monitor_dsn or None,
+        data_dir=Path(args.database).expanduser().absolute(), sync=sync,
+        sync_window=max(0, args.sync_window) / 1e6, ack_timeout=args.ack_timeout / 1e6,
+        reaper_frequency=args.reaper_frequency / 1e6, inflight_window=args.inflight_window,
+        inflight_size=args.inflight_size, max_message_size=args.max_message_size,
+        max_backlog=args.max_backlog, replicas=args.replicas,
+        replication_timeout=args.timeout_replication / 1e6,
+        peers=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
+        node_timeout=args.timeout_nodes / 1e6)
+
+
+async def serve(settings: QueueSettings, log: structlog.typing.FilteringBoundLogger) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ctx = zmq.Context()
+    try:
+        server = QueueServer(settings, ctx, loop, log)
+        await server.start()
+    except QueueError as exc:
+        print(f"pzq: {exc}", file=sys.stderr)
+        ctx.term()
+        return 1
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        ctx.term()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    settings = settings_from_args(args)
+    if settings.replicas < 0 or settings.replicas > len(settings.peers):
+        print(f"pzq: --replicas {settings.replicas} needs at least as many --nodes "
+              f"(given {len(settings.peers)})", file=sys.stderr)
+        return 2
+    level = {"debug": 10, "info": 20, "warning": 30, "error": 40}[args.log_level]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    log = structlog.get_logger(service="pzq")
+    try:
+        return asyncio.run(serve(settings, log))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Who gets which message next, and when a message is due again. No I/O, no clock.
+
+Messages are known by their seq; consumers by any hashable id. The dispatcher keeps:
+
+- the ready queue (FIFO; a NACKed or timed-out message goes to the front),
+- per consumer a credit: the most messages it may hold unACKed (its window),
+- a global cap on bytes in flight,
+- per message in flight its consumer and its deadline (all deadlines come from one ack
+  timeout, so they are in order: timing out is a look at the front of a deque, no rescans).
+
+Rules:
+- ``next_delivery`` gives the oldest ready message to the least-loaded consumer that has
+  credit; nothing while no consumer has credit.
+- ``expire(now)`` requeues only messages whose deadline has passed.
+- ``ack`` removes a message wherever it is: in flight, or back in the ready queue after a
+  timeout (a late ACK is honoured, the message is not sent again).
+- ``nack`` requeues at once, at the front.
+- a consumer that leaves gives its messages back to the ready queue.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+READY = "ready"
+
+
+@dataclass
+class Consumer:
+    id: Hashable
+    credit: int
+    inflight: set[int] = field(default_factory=set)
+
+    @property
+    def free(self) -> int:
+        return self.credit - len(self.inflight)
+
+
+@dataclass
+class Delivery:
+    seq: int
+    consumer: Hashable
+    attempt: int  # 1 for the first delivery
+
+
+class Dispatcher:
+    def __init__(self, ack_timeout: float, max_inflight_bytes: int = 1 << 62):
+        self.ack_timeout = ack_timeout
+        self.max_inflight_bytes = max_inflight_bytes
+        self.consumers: dict[Hashable, Consumer] = {}
+        self._ready: deque[int] = deque()
+        self._where: dict[int, Hashable] = {}  # seq -> READY or the consumer holding it
+        self._size: dict[int, int] = {}
+        self._attempts: dict[int, int] = {}
+        self._deadlines: deque[tuple[float, int, int]] = deque()  # (deadline, seq, attempt)
+        self.inflight_bytes = 0
+        self.inflight = 0
+        self.expired = 0
+        self.redelivered = 0
+
+    # --- consumers -------------------------------------------------------------------------
+
+    def set_consumer(self, cid: Hashable, credit: int) -> None:
+        """Add a consumer, or change its credit."""
+        c = self.consumers.get(cid)
+        if c is None:
+            self.consumers[cid] = Consumer(cid, credit)
+        else:
+            c.credit = credit
+
+    def remove_consumer(self, cid: Hashable) -> list[int]:
+        """The consumer is gone: its messages go back to the front of the ready queue."""
+        c = self.consumers.pop(cid, None)
+        if c is None:
+            return []
+        back = sorted(c.inflight)
+        for seq in reversed(back):
+            self._unflight(seq)
+            self._to_ready(seq, front=True)
+        return back
+
+    # --- messages --------------------------------------------------------------------------
+
+    def add(self, seq: int, size: int) -> None:
+        """A new message, ready for delivery."""
+        self._size[seq] = size
+        self._attempts[seq] = 0
+        self._to_ready(seq)
+
+    def __contains__(self, seq: int) -> bool:
+        return seq in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for s in self._ready if self._where.get(s) == READY)
+
+    def next_delivery(self, now: float) -> Delivery | None:
+        """The next message to send and to whom; marks it in flight until now+ack_timeout."""
+        while self._ready:
+            seq = self._ready[0]
+            if self._where.get(seq) != READY:
+                self._ready.popleft()  # ACKed or dropped meanwhile
+                continue
+            size = self._size[seq]
+            if self.inflight and self.inflight_bytes + size > self.max_inflight_bytes:
+                return None
+            consumer = self._least_loaded()
+            if consumer is None:
+                return None
+            self._ready.popleft()
+            attempt = self._attempts[seq] + 1
+            self._attempts[seq] = attempt
+            if attempt > 1:
+                self.redelivered += 1
+            self._where[seq] = consumer.id
+            consumer.inflight.add(seq)
+            self.inflight += 1
+            self.inflight_bytes += size
+            self._deadlines.append((now + self.ack_timeout, seq, attempt))
+            return Delivery(seq, consumer.id, attempt)
+        return None
+
+    def unsent(self, delivery: Delivery) -> None:
+        """``delivery`` could not be sent after all: back to the front, not counted."""
+        if self._where.get(delivery.seq) != delivery.consumer:
+            return
+        self._unflight(delivery.seq)
+        self._attempts[delivery.seq] -= 1
+        if delivery.attempt > 1:
+            self.redelivered -= 1
+        self._to_ready(delivery.seq, front=True)
+
+    def ack(self, seq: int) -> bool:
+        """Done with ``seq``: forget it. False if it was not known (a duplicate ACK)."""
+        where = self._where.get(seq)
+        if where is None:
+            return False
+        if where != READY:
+            self._unflight(seq)
+        self._forget(seq)
+        return True
+
+    def nack(self, seq: int) -> bool:
+        """The consumer failed ``seq``: deliver it again now (at the front)."""
+        where = self._where.get(seq)
+        if where is None or where == READY:
+            return where is not None
+        self._unflight(seq)
+        self._to_ready(seq, front=True)
+        return True
+
+    def drop(self, seq: int) -> None:
+        """Forget ``seq`` whatever its state (it could not be stored)."""
+        self.ack(seq)
+
+    def expire(self, now: float) -> list[int]:
+        """Requeue (at the front, oldest first) every message whose deadline has passed."""
+        due: list[int] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, seq, attempt = self._deadlines.popleft()
+            where = self._where.get(seq)
+            if where is None or where == READY or self._attempts.get(seq) != attempt:
+                continue  # ACKed, NACKed or sent again since: that deadline is stale
+            self._unflight(seq)
+            due.append(seq)
+        for seq in reversed(due):
+            self._to_ready(seq, front=True)
+        self.expired += len(due)
+        return due
+
+    def next_deadline(self) -> float | None:
+        """When ``expire`` next has something to do (stale deadlines are dropped first)."""
+        while self._deadlines:
+            deadline, seq, attempt = self._deadlines[0]
+            where = self._where.get(seq)
+            if where is None or where == READY or self._attempts.get(seq) != attempt:
+                self._deadlines.popleft()
+                continue
+            return deadline
+        return None
+
+    def attempts(self, seq: int) -> int:
+        return self._attempts.get(seq, 0)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _least_loaded(self) -> Consumer | None:
+        best = None
+        for c in self.consumers.values():
+            if c.free > 0 and (best is None or len(c.inflight) < len(best.inflight)):
+                best = c
+        return best
+
+    def _to_ready(self, seq: int, front: bool = False) -> None:
+        self._where[seq] = READY
+        if front:
+            self._ready.appendleft(seq)
+        else:
+            self._ready.append(seq)
+
+    def _unflight(self, seq: int) -> None:
+        cid = self._where[seq]
+        c = self.consumers.get(cid)
+        if c is not None:
+            c.inflight.discard(seq)
+        self.inflight -= 1
+        self.inflight_bytes -= self._size[seq]
+        self._where[seq] = READY
+
+    def _forget(self, seq: int) -> None:
+        self._where.pop(seq, None)
+        self._size.pop(seq, None)
+        self._attempts.pop(seq, None)

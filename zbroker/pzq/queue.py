@@ -1,0 +1,340 @@
+"""One pzq queue without its sockets: producers' messages in, deliveries and replies out.
+
+The core decides; the server (server.py) moves frames and runs the clock. The core is given
+a store (store.py, or a fake in tests) and a dispatcher (dispatcher.py) and keeps:
+
+- the unACKed messages (``messages``, by seq) and their keys (what consumers ACK with),
+- the idempotence window: the last ``idempotence_window`` producer message ids, so that a
+  retried id is answered, not stored twice,
+- the producers waiting for the batch that holds their message (the producer ACK goes out
+  when the store reports that batch written and synced; refused input is answered at once).
+
+Replies to producers accumulate in ``replies`` as (routing id, frames) for the server to send.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import wire
+from .dispatcher import Delivery, Dispatcher
+from .records import MAX_ID, MessageRecord
+from .store import BatchResult
+
+QUEUE_FULL = "Queue full"
+ID_TOO_LONG = "Message id too long"
+CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
+
+
+class StoreLike(Protocol):
+    def append(self, seq: int, key: bytes, msg_id: bytes, frames: Any) -> int: ...
+    def ack(self, seq: int) -> None: ...
+    def complete(self, result: BatchResult) -> None: ...
+    def to_compact(self, backlog_bytes: int) -> list[int]: ...
+    def move(self, seq: int, key: bytes, msg_id: bytes, frames: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    ack_timeout: float = 5.0
+    max_message_size: int = 16 << 20
+    max_backlog: int = 256 << 20  # bytes of unACKed message bodies
+    max_messages: int = 1_000_000
+    idempotence_window: int = 100_000
+    inflight_window: int = 32  # per consumer
+    inflight_size: int = 30 << 20  # bytes in flight, all consumers together
+    replicas: int = 0  # copies on peers before the producer ACK
+    replication_timeout: float = 0.1
+
+
+class Message:
+    __slots__ = ("seq", "key", "msg_id", "frames", "size", "batch", "durable")
+
+    def __init__(self, seq: int, key: bytes, msg_id: bytes, frames: tuple[bytes, ...],
+                 size: int, batch: int, durable: bool):
+        self.seq = seq
+        self.key = key
+        self.msg_id = msg_id
+        self.frames = frames
+        self.size = size
+        self.batch = batch
+        self.durable = durable
+
+
+class Replicating:
+    """A message being copied to peers: its producer ACK waits for ``need`` confirmations
+    (and its own batch), or for the replication timeout (then "1" REPLICATION_FAILED)."""
+
+    __slots__ = ("need", "got", "local", "failed", "waiters")
+
+    def __init__(self, need: int):
+        self.need = need
+        self.got = 0
+        self.local = False  # its batch is written
+        self.failed = False  # the timeout passed first
+        self.waiters: list[tuple[bytes, bytes]] = []
+
+
+class QueueCore:
+    def __init__(self, store: StoreLike, limits: Limits = Limits()):
+        self.store = store
+        self.limits = limits
+        self.dispatcher = Dispatcher(limits.ack_timeout, limits.inflight_size)
+        self.messages: dict[int, Message] = {}
+        self.keys: dict[bytes, int] = {}
+        self.ids: OrderedDict[bytes, int] = OrderedDict()
+        self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}  # (peer, msg id, key)
+        self.after: dict[int, list[Callable[[bool], None]]] = {}  # batch -> callbacks
+        self.replies: list[tuple[bytes, list[bytes]]] = []
+        #: replication: what to send to peers, ("copy", key, body) or ("delete", key, ())
+        self.replica_out: list[tuple[str, bytes, tuple[bytes, ...]]] = []
+        self.replicating: dict[bytes, Replicating] = {}
+        self._replica_deadlines: deque[tuple[float, bytes]] = deque()
+        self.next_seq = 0
+        self.backlog_bytes = 0
+        self._prefix = str(uuid.uuid4())[:24]  # "xxxxxxxx-xxxx-4xxx-yxxx-": + 12 hex = a uuid
+        self.counters = dict.fromkeys((
+            "produced", "stored", "producer_acks", "producer_failures", "duplicates",
+            "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
+            "recovered", "replicated", "replication_failed"), 0)
+
+    # --- start ------------------------------------------------------------------------------
+
+    def recover(self, messages: list[MessageRecord], next_seq: int) -> None:
+        """Take over what the store found on disk (durable, not yet ACKed)."""
+        for r in messages:
+            size = sum(len(f) for f in r.frames)
+            self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, -1, True)
+            self.keys[r.key] = r.seq
+            self._remember(r.msg_id, r.seq)
+            self.backlog_bytes += size
+            self.dispatcher.add(r.seq, size)
+        self.next_seq = max(self.next_seq, next_seq)
+        self.counters["recovered"] += len(messages)
+
+    # --- producers --------------------------------------------------------------------------
+
+    def produce(self, peer: bytes, frames: list[bytes], now_us: int, now: float = 0.0) -> None:
+        """A message from a producer (frames after its routing id). ``now``: the monotonic
+        clock, for the replication timeout."""
+        p = wire.decode_produce(frames)
+        if isinstance(p, wire.WireError):
+            self.counters["malformed"] += 1
+            if p.msg_id is not None:
+                self._refuse(peer, p.msg_id, p.reason)
+            return
+        self.counters["produced"] += 1
+        msg_id = p.msg_id
+        if len(msg_id) > MAX_ID:
+            return self._refuse(peer, msg_id[:MAX_ID], ID_TOO_LONG)
+        size = p.size
+        if size > self.limits.max_message_size:
+            return self._refuse(peer, msg_id, f"Message too large: {size} bytes, "
+                                              f"limit {self.limits.max_message_size}")
+        prior = self.ids.get(msg_id)
+        if prior is not None:
+            self.counters["duplicates"] += 1
+            m = self.messages.get(prior)
+            st = self.replicating.get(m.key) if m is not None else None
+            if m is not None and not m.durable:
+                self.waiting.setdefault(m.batch, []).append((peer, msg_id, m.key))
+            elif st is not None:
+                st.waiters.append((peer, msg_id))
+            else:
+                self._reply(peer, wire.producer_ack(msg_id))
+            return
+        if (self.backlog_bytes + size > self.limits.max_backlog
+                or len(self.messages) >= self.limits.max_messages):
+            return self._refuse(peer, msg_id, QUEUE_FULL)
+        seq = self.next_seq
+        self.next_seq += 1
+        key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
+        batch = self._add(seq, key, msg_id, p.body, size)
+        waiting = self.waiting.get(batch)
+        if waiting is None:
+            self.waiting[batch] = [(peer, msg_id, key)]
+        else:
+            waiting.append((peer, msg_id, key))
+        if self.limits.replicas:
+            self.replicating[key] = Replicating(self.limits.replicas)
+            self._replica_deadlines.append((now + self.limits.replication_timeout, key))
+            self.replica_out.append(("copy", key, p.body))
+
+    def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int,
+              when_stored: Callable[[bool], None]) -> None:
+        """Take a message over with no producer waiting (a replica whose owner is lost);
+        ``when_stored(ok)`` is called once its batch is written."""
+        prior = self.ids.get(msg_id)
+        if prior is not None:
+            when_stored(True)  # taken over before
+            return
+        seq = self.next_seq
+        self.next_seq += 1
+        key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
+        batch = self._add(seq, key, msg_id, frames, sum(len(f) for f in frames))
+        self.after.setdefault(batch, []).append(when_stored)
+
+    def remove_by_id(self, msg_id: bytes) -> bool:
+        """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
+        (a replica whose original was ACKed). False if there is none."""
+        seq = self.ids.pop(msg_id, None)
+        m = self.messages.get(seq) if seq is not None else None
+        if m is None:
+            return False
+        self.consumer_ack([m.key, wire.OK])
+        return True
+
+    def _add(self, seq: int, key: bytes, msg_id: bytes, body: tuple[bytes, ...],
+             size: int) -> int:
+        batch = self.store.append(seq, key, msg_id, body)
+        self.messages[seq] = Message(seq, key, msg_id, body, size, batch, False)
+        self.keys[key] = seq
+        self._remember(msg_id, seq)
+        self.backlog_bytes += size
+        self.dispatcher.add(seq, size)
+        return batch
+
+    def batch_done(self, result: BatchResult) -> None:
+        """The store wrote (or failed to write) a batch: answer its producers."""
+        self.store.complete(result)
+        if result.error is not None:
+            for seq in result.failed:
+                m = self.messages.pop(seq, None)
+                if m is not None:
+                    self.keys.pop(m.key, None)
+                    if self.ids.get(m.msg_id) == seq:
+                        del self.ids[m.msg_id]  # a retry must be stored, not deduplicated
+                    self.backlog_bytes -= m.size
+                    self.dispatcher.drop(seq)
+        else:
+            for seq in result.placed:
+                m = self.messages.get(seq)
+                if m is not None:
+                    m.durable = True
+        ok = result.error is None
+        for batch in result.batches:
+            for peer, msg_id, key in self.waiting.pop(batch, ()):
+                st = self.replicating.get(key)
+                if not ok:
+                    self._refuse(peer, msg_id, result.error or "store failed")
+                    if st is not None:
+                        del self.replicating[key]
+                elif st is None:
+                    self._reply(peer, wire.producer_ack(msg_id))
+                else:
+                    st.local = True
+                    st.waiters.append((peer, msg_id))
+                    self._replicated(key, st)
+            for callback in self.after.pop(batch, ()):
+                callback(ok)
+        if ok:
+            self.counters["stored"] += len(result.placed)
+            for seq in self.store.to_compact(self.backlog_bytes):
+                m = self.messages.get(seq)
+                if m is not None:
+                    self.store.move(seq, m.key, m.msg_id, m.frames)
+
+    # --- consumers --------------------------------------------------------------------------
+
+    def consumers_changed(self, connected: int, cid: Hashable = CONSUMERS) -> None:
+        """``connected`` consumers share ``cid``: its credit is a window for each. When the
+        last one leaves, what was in flight cannot be ACKed on its connection any more: it is
+        ready again at once (a late ACK from a new connection is still honoured)."""
+        if connected == 0:
+            self.dispatcher.remove_consumer(cid)
+        self.dispatcher.set_consumer(cid, self.limits.inflight_window * connected)
+
+    def next_delivery(self, now: float, now_us: int) -> tuple[Delivery, list[bytes]] | None:
+        """The next delivery to send and its frames, or None."""
+        d = self.dispatcher.next_delivery(now)
+        if d is None:
+            return None
+        m = self.messages[d.seq]
+        self.counters["delivered"] += 1
+        return d, wire.delivery(m.key, now_us, int(self.limits.ack_timeout * 1e6), m.frames)
+
+    def unsent(self, delivery: Delivery) -> None:
+        self.counters["delivered"] -= 1
+        self.dispatcher.unsent(delivery)
+
+    def consumer_ack(self, frames: list[bytes]) -> None:
+        a = wire.decode_consumer_ack(frames)
+        if isinstance(a, wire.WireError):
+            self.counters["malformed"] += 1
+            return
+        seq = self.keys.get(a.key)
+        if seq is None:
+            self.counters["unknown_acks"] += 1  # already ACKed (a duplicate), or not ours
+            return
+        if not a.ok:
+            self.counters["consumer_nacks"] += 1
+            self.dispatcher.nack(seq)
+            return
+        self.counters["consumer_acks"] += 1
+        self.dispatcher.ack(seq)
+        m = self.messages.pop(seq)
+        del self.keys[m.key]
+        self.backlog_bytes -= m.size
+        self.store.ack(seq)
+        if self.limits.replicas:
+            self.replica_out.append(("delete", m.key, ()))
+
+    # --- replication ------------------------------------------------------------------------
+
+    def replica_confirmed(self, key: bytes, ok: bool) -> None:
+        """A peer answered the copy of ``key`` ("1": it holds it)."""
+        st = self.replicating.get(key)
+        if st is not None and ok:
+            st.got += 1
+            self._replicated(key, st)
+
+    def _replicated(self, key: bytes, st: Replicating) -> None:
+        if not st.local or (st.got < st.need and not st.failed):
+            return
+        del self.replicating[key]
+        done = st.got >= st.need
+        self.counters["replicated" if done else "replication_failed"] += 1
+        for peer, msg_id in st.waiters:
+            self._reply(peer, wire.producer_ack(msg_id, True,
+                                                None if done else wire.REPLICATION_FAILED))
+
+    def next_replication_deadline(self) -> float | None:
+        d = self._replica_deadlines
+        while d and d[0][1] not in self.replicating:
+            d.popleft()
+        return d[0][0] if d else None
+
+    def tick(self, now: float) -> list[int]:
+        """Requeue the messages whose ACK timeout has passed; give up waiting for replicas
+        whose timeout has passed."""
+        d = self._replica_deadlines
+        while d and d[0][0] <= now:
+            _, key = d.popleft()
+            st = self.replicating.get(key)
+            if st is not None:
+                st.failed = True
+                self._replicated(key, st)
+        return self.dispatcher.expire(now)
+
+    def next_deadline(self) -> float | None:
+        return self.dispatcher.next_deadline()
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _remember(self, msg_id: bytes, seq: int) -> None:
+        ids = self.ids
+        ids[msg_id] = seq
+        if len(ids) > self.limits.idempotence_window:
+            ids.popitem(last=False)
+
+    def _reply(self, peer: bytes, frames: list[bytes]) -> None:
+        self.counters["producer_acks"] += 1
+        self.replies.append((peer, frames))
+
+    def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
+        self.counters["producer_failures"] += 1
+        self.replies.append((peer, wire.producer_ack(msg_id, False, reason)))

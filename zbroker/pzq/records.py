@@ -1,0 +1,125 @@
+"""The records of the pzq log on disk: encoding, decoding, checksums. No I/O.
+
+A segment file is a sequence of records::
+
+    [payload length: u32 LE][crc32 of payload: u32 LE][payload]
+
+and a payload is a type octet and its fields (integers little-endian)::
+
+    MESSAGE  1  seq u64, key length u16, id length u16, frame count u32,
+                key, producer id, then per frame: length u32, bytes
+    ACK      2  count u32, then count x seq u64      (the consumer ACKed these messages)
+
+A record whose header is cut short, whose length runs past the end, or whose checksum does not
+match ends the readable part of the segment (a torn tail after a crash).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+MESSAGE = 1
+ACK = 2
+
+HEADER = struct.Struct("<II")
+_MSG_HEAD = struct.Struct("<BQHHI")
+_U32 = struct.Struct("<I")
+_ACK_HEAD = struct.Struct("<BI")
+MAX_PAYLOAD = 0xFFFFFFFF
+MAX_KEY = MAX_ID = 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    seq: int
+    key: bytes
+    msg_id: bytes
+    frames: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AckRecord:
+    seqs: tuple[int, ...]
+
+
+def message_parts(seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> list[bytes]:
+    """The payload of a MESSAGE record, as parts to be written one after the other."""
+    parts = [_MSG_HEAD.pack(MESSAGE, seq, len(key), len(msg_id), len(frames)), key, msg_id]
+    for f in frames:
+        parts.append(_U32.pack(len(f)))
+        parts.append(f)
+    return parts
+
+
+def ack_payload(seqs: Sequence[int]) -> bytes:
+    return _ACK_HEAD.pack(ACK, len(seqs)) + struct.pack(f"<{len(seqs)}Q", *seqs)
+
+
+def frame_record(parts: Sequence[bytes]) -> list[bytes]:
+    """Header + payload parts: the bytes of one record."""
+    crc = 0
+    size = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+        size += len(p)
+    return [HEADER.pack(size, crc), *parts]
+
+
+def encode(parts: Sequence[bytes]) -> bytes:
+    return b"".join(frame_record(parts))
+
+
+def decode_payload(payload: memoryview) -> MessageRecord | AckRecord | None:
+    """A record from its (checksummed) payload; None if it does not parse."""
+    try:
+        kind = payload[0]
+        if kind == MESSAGE:
+            _, seq, klen, ilen, nframes = _MSG_HEAD.unpack_from(payload, 0)
+            pos = _MSG_HEAD.size
+            key = bytes(payload[pos:pos + klen])
+            pos += klen
+            msg_id = bytes(payload[pos:pos + ilen])
+            pos += ilen
+            frames = []
+            for _ in range(nframes):
+                (n,) = _U32.unpack_from(payload, pos)
+                pos += 4
+                if pos + n > len(payload):
+                    return None
+                frames.append(bytes(payload[pos:pos + n]))
+                pos += n
+            if pos != len(payload) or len(key) != klen or len(msg_id) != ilen:
+                return None
+            return MessageRecord(seq, key, msg_id, tuple(frames))
+        if kind == ACK:
+            _, count = _ACK_HEAD.unpack_from(payload, 0)
+            if _ACK_HEAD.size + 8 * count != len(payload):
+                return None
+            return AckRecord(struct.unpack_from(f"<{count}Q", payload, _ACK_HEAD.size))
+    except (struct.error, IndexError):
+        return None
+    return None
+
+
+def scan(data: bytes | memoryview) -> Iterator[tuple[int, MessageRecord | AckRecord]]:
+    """(end offset, record) for each good record from the start of ``data``; stops at the
+    first torn or corrupt one. The last end offset is the length of the good part."""
+    view = memoryview(data)
+    pos = 0
+    end = len(view)
+    while pos + HEADER.size <= end:
+        size, crc = HEADER.unpack_from(view, pos)
+        start = pos + HEADER.size
+        if size == 0 or start + size > end:
+            return
+        payload = view[start:start + size]
+        if zlib.crc32(payload) != crc:
+            return
+        record = decode_payload(payload)
+        if record is None:
+            return
+        pos = start + size
+        yield pos, record

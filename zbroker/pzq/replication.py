@@ -1,0 +1,168 @@
+"""Replication between pzq queues over statically configured peers.
+
+A queue with ``replicas: N`` copies each message to the first N of its ``peers`` (their
+receive endpoints) before the producer ACK, with the original's ``REPLICA:`` header; if the
+copies are not confirmed within ``replication_timeout`` the ACK is "1" with the text
+``REPLICATION_FAILED``. Frames, on the peer's receive socket::
+
+    [key]["REPLICA:<node>"][""][body...]         hold a copy; answered [key]["1"|"0"][""]...
+    [key]["REPLICA-ACK:<node>"][""]["-"]         its original was ACKed: drop the copy
+    ["-"]["REPLICA-PING:<node>"][""]["-"]        <node> is alive (every node_timeout / 4)
+
+``<node>`` is the sending queue's node id (kept in its data directory). A holder keeps the
+copies of each origin node in its own log (``<data_dir>/replicas/<node>``); when an origin
+has been silent for ``node_timeout``, the holder takes its copies over: they enter its own
+queue and its consumers get them (at-least-once: if the origin was not really gone, both may
+deliver). When the origin is heard again, it is treated as a new origin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .queue import Limits, QueueCore
+from .store import BatchResult, Store
+
+COPY = b"REPLICA:"
+DELETE = b"REPLICA-ACK:"
+PING = b"REPLICA-PING:"
+_NODE_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def node_id(data_dir: Path) -> str:
+    """This queue's node id: made once, kept in ``<data_dir>/node-id``."""
+    path = data_dir / "node-id"
+    try:
+        text = path.read_text().strip()
+        if _NODE_RE.fullmatch(text):
+            return text
+    except FileNotFoundError:
+        pass
+    text = uuid.uuid4().hex
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+    return text
+
+
+def copy_frames(key: bytes, node: str, body: tuple[bytes, ...]) -> list[bytes]:
+    return [key, COPY + node.encode(), b"", *body]
+
+
+def delete_frames(key: bytes, node: str) -> list[bytes]:
+    return [key, DELETE + node.encode(), b"", b"-"]
+
+
+def ping_frames(node: str) -> list[bytes]:
+    return [b"-", PING + node.encode(), b"", b"-"]
+
+
+def classify(frames: list[bytes]) -> tuple[bytes, str] | None:
+    """(kind, origin node) if ``frames`` (after the routing id) is replication traffic."""
+    if len(frames) < 3:
+        return None
+    header = frames[1]
+    for kind in (COPY, DELETE, PING):
+        if header.startswith(kind):
+            node = header[len(kind):].decode(errors="replace")
+            return (kind, node) if _NODE_RE.fullmatch(node) else None
+    return None
+
+
+@dataclass
+class Origin:
+    node: str
+    core: QueueCore
+    store: Store
+    last_seen: float
+    taken_over: bool = False
+
+
+class ReplicaHolder:
+    """The copies this queue holds for other nodes, one log per origin node."""
+
+    def __init__(self, base: Path, limits: Limits, store_options: dict[str, Any],
+                 notify: Callable[[Origin, BatchResult], None], log: Any):
+        self.base = base
+        self.limits = dataclasses.replace(limits, replicas=0,
+                                          idempotence_window=limits.max_messages)
+        self.store_options = store_options
+        self.notify = notify
+        self.log = log
+        self.origins: dict[str, Origin] = {}
+        self.taken_over = 0
+
+    def open_existing(self, now: float) -> None:
+        """Open the logs of the origins found on disk (blocking: before serving)."""
+        if not self.base.is_dir():
+            return
+        for d in sorted(self.base.iterdir()):
+            if d.is_dir() and _NODE_RE.fullmatch(d.name):
+                self._open(d.name, now)
+
+    def _open(self, node: str, now: float) -> Origin:
+        store = Store(self.base / node, log=self.log, **self.store_options)
+        recovered = store.open()
+        core = QueueCore(store, self.limits)
+        core.recover(recovered.messages, recovered.next_seq)
+        origin = Origin(node, core, store, now)
+        store.start(lambda result: self.notify(origin, result))
+        self.origins[node] = origin
+        return origin
+
+    def handle(self, kind: bytes, node: str, peer: bytes, frames: list[bytes], now: float,
+               now_us: int) -> QueueCore | None:
+        """Replication traffic from ``node``; returns the core that may have replies."""
+        origin = self.origins.get(node)
+        if origin is None:
+            if kind != COPY:
+                return None
+            origin = self._open(node, now)
+        origin.last_seen = now
+        if origin.taken_over:
+            origin.taken_over = False  # it is back: a new life for its copies
+            self.log.info("pzq replica origin is back", node=node)
+        if kind == COPY:
+            delimiter = frames.index(b"", 1)
+            origin.core.produce(peer, [frames[0], b"", *frames[delimiter + 1:]], now_us)
+        elif kind == DELETE:
+            origin.core.remove_by_id(frames[0])
+        return origin.core
+
+    def lost(self, now: float, timeout: float) -> list[Origin]:
+        """Origins silent for ``timeout`` whose copies have not been taken over yet."""
+        return [o for o in self.origins.values()
+                if not o.taken_over and o.core.messages and now - o.last_seen > timeout]
+
+    def take_over(self, origin: Origin, into: QueueCore, now_us: int) -> int:
+        """Move the copies of a lost origin into queue ``into``; each copy is dropped from
+        the replica log once ``into`` has written it."""
+        origin.taken_over = True
+        moved = 0
+        for m in list(origin.core.messages.values()):
+            msg_id = m.msg_id
+
+            def stored(ok: bool, origin: Origin = origin, msg_id: bytes = msg_id) -> None:
+                if ok:
+                    origin.core.remove_by_id(msg_id)
+
+            into.adopt(b"replica:" + msg_id, m.frames, now_us, stored)
+            moved += 1
+        self.taken_over += moved
+        return moved
+
+    def close(self) -> None:
+        for o in self.origins.values():
+            o.store.close()
+
+    def counters(self) -> dict[str, int]:
+        return {"replica_origins": len(self.origins),
+                "replicas_held": sum(len(o.core.messages) for o in self.origins.values()),
+                "replicas_taken_over": self.taken_over}

@@ -1,0 +1,553 @@
+"""One pzq queue on its sockets: the I/O around QueueCore, on an asyncio loop.
+
+    receive  ROUTER, bound: producers (DEALER) send messages, get ACKs
+    send     DEALER, bound: consumers (DEALER or ROUTER) get messages pushed, send ACKs
+    monitor  ROUTER, bound: MONITOR requests (REQ)
+
+The send socket is a DEALER as in the original, so consumers need not say anything first.
+libzmq spreads messages over the connected consumers and skips one whose connection is full;
+each connection holds at most ``inflight_window`` unsent messages (SNDHWM), and the queue keeps
+at most ``inflight_window`` x connected consumers unACKed (counted from the socket's connect and
+disconnect events) and ``inflight_size`` bytes in flight.
+
+Each readiness event drains a socket with non-blocking receives (up to a budget); the sockets'
+FDs are edge-triggered, so every handler looks again at the socket's events before it returns.
+The disk is the store's writer thread's; its reports come back through call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from . import wire
+from .queue import Limits, QueueCore
+from .replication import ReplicaHolder, classify, copy_frames, delete_frames, node_id, ping_frames
+from .store import BatchResult, Store
+
+DRAIN_BUDGET = 1000
+# The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
+# the convenience layer's (which converts flag enums and checks arguments on every call).
+_send = zmq.backend.Socket.send
+_recv = zmq.backend.Socket.recv
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+ZERO_COPY_MIN = 1 << 16
+MAXMSG_SLACK = 1 << 20  # frames up to max_message_size + this get a "0" ACK; larger: dropped
+STOP_TIMEOUT = 5.0
+REPLY_HWM = 100_000  # producer ACKs queued per producer connection
+MAX_HELD_REPLIES = 100_000  # ACKs held back for producers whose connection is full
+
+
+def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
+    """Send a multipart message without blocking (zmq.Again if it cannot go now)."""
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        if i < last:
+            _send(sock, f, _MORE_NOBLOCK, True)
+        else:
+            _send(sock, f, _NOBLOCK, len(f) < ZERO_COPY_MIN)
+
+
+def recv_frames(sock: zmq.Socket) -> list[bytes]:
+    """Receive a multipart message without blocking (zmq.Again if there is none). A Frame's
+    ``more`` is cheaper than asking the socket for RCVMORE after each part."""
+    frame = _recv(sock, _NOBLOCK, False)
+    frames = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, 0, False)
+        frames.append(frame.bytes)
+    return frames
+
+
+class QueueError(Exception):
+    """The queue cannot start; the message is for the operator."""
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """What one queue runs with (resolved: paths and endpoints are final)."""
+
+    name: str
+    receive_endpoint: str
+    send_endpoint: str
+    monitor_endpoint: str | None
+    data_dir: Path
+    sync: str = "batch"
+    sync_window: float = 0.002
+    segment_size: int = 64 << 20
+    ack_timeout: float = 5.0
+    reaper_frequency: float = 2.5
+    inflight_window: int = 32
+    inflight_size: int = 30 << 20
+    max_message_size: int = 16 << 20
+    max_backlog: int = 256 << 20
+    idempotence_window: int = 100_000
+    replicas: int = 0
+    replication_timeout: float = 0.1
+    peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
+    node_timeout: float = 10.0  # silence after which a peer's copies are taken over
+
+    def limits(self) -> Limits:
+        return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
+                      max_backlog=self.max_backlog, idempotence_window=self.idempotence_window,
+                      inflight_window=self.inflight_window, inflight_size=self.inflight_size,
+                      replicas=self.replicas, replication_timeout=self.replication_timeout)
+
+
+class QueueServer:
+    def __init__(self, settings: QueueSettings, zmq_context: zmq.Context,
+                 loop: asyncio.AbstractEventLoop, log: Any):
+        self.settings = settings
+        self.ctx = zmq_context
+        self.loop = loop
+        self.log = log
+        self.store = Store(settings.data_dir, sync=settings.sync,
+                           sync_window=settings.sync_window, segment_size=settings.segment_size,
+                           log=log)
+        self.core = QueueCore(self.store, settings.limits())
+        if settings.replicas > len(settings.peers):
+            raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs at "
+                             f"least as many peers (has {len(settings.peers)})")
+        self.node = ""
+        self.holder = ReplicaHolder(settings.data_dir / "replicas", settings.limits(),
+                                    {"sync": settings.sync, "sync_window": settings.sync_window,
+                                     "segment_size": settings.segment_size},
+                                    self._replica_batch_threadsafe, log)
+        self._peers: list[zmq.Socket] = []
+        self._next_housekeeping = float("inf")
+        self.consumers = 0
+        self._socks: list[zmq.Socket] = []
+        self._recv: zmq.Socket | None = None
+        self._send: zmq.Socket | None = None
+        self._mon: zmq.Socket | None = None
+        self._events: zmq.Socket | None = None
+        self._fds: list[int] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+        self._last_reap = 0.0
+        self._send_blocked = False
+        self._running = False
+        self._scheduled = False
+        self._held: deque[tuple[bytes, list[bytes]]] = deque()
+        self._retry_replies: asyncio.TimerHandle | None = None
+        self.dropped_replies = 0
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            recovered = await self.loop.run_in_executor(None, self.store.open)
+        except OSError as exc:
+            raise QueueError(f"queue {s.name!r}: cannot open its data directory "
+                             f"{str(s.data_dir)!r}: {exc.strerror or exc}") from None
+        try:
+            await self._start(recovered)
+        except BaseException:
+            self.store.close()
+            raise
+
+    async def _start(self, recovered: Any) -> None:
+        s = self.settings
+        self.core.recover(recovered.messages, recovered.next_seq)
+        self.node = node_id(s.data_dir)
+        await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time())
+        try:
+            self._recv = self._bind(zmq.ROUTER, s.receive_endpoint, "receive")
+            self._recv.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._recv.setsockopt(zmq.SNDHWM, REPLY_HWM)
+            self._send = self._bind(zmq.DEALER, s.send_endpoint, "send",
+                                    hwm=s.inflight_window)
+            self._events = self._send.get_monitor_socket(
+                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._socks.append(self._events)
+            if s.monitor_endpoint:
+                self._mon = self._bind(zmq.ROUTER, s.monitor_endpoint, "monitor")
+            for endpoint in s.peers[:s.replicas]:
+                peer = self.ctx.socket(zmq.DEALER)
+                peer.setsockopt(zmq.LINGER, 500)
+                peer.setsockopt(zmq.SNDHWM, REPLY_HWM)
+                peer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+                peer.connect(endpoint)
+                self._socks.append(peer)
+                self._peers.append(peer)
+        except BaseException:
+            self._close_sockets()
+            self.holder.close()
+            raise
+        if self._peers or self.holder.origins:
+            self._next_housekeeping = self.loop.time()
+        self.store.start(self._batch_threadsafe)
+        self._running = True
+        for sock in self._socks:
+            fd = sock.getsockopt(zmq.FD)
+            self._fds.append(fd)
+            self.loop.add_reader(fd, self._wake)
+        self._wake()
+        self.log.info("pzq queue started", queue=s.name, receive=s.receive_endpoint,
+                      send=s.send_endpoint, monitor=s.monitor_endpoint,
+                      data_dir=str(s.data_dir), sync=s.sync,
+                      recovered=len(recovered.messages),
+                      truncated_bytes=recovered.truncated_bytes)
+
+    async def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        for fd in self._fds:
+            self.loop.remove_reader(fd)
+        self._fds.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._retry_replies is not None:
+            self._retry_replies.cancel()
+        await self.loop.run_in_executor(None, self.holder.close)
+        stopped = await self.loop.run_in_executor(None, self.store.close, STOP_TIMEOUT)
+        if not stopped:
+            self.log.warning("pzq store did not stop in time", queue=self.settings.name)
+        await asyncio.sleep(0)  # the writer's last reports
+        await asyncio.sleep(0)
+        self._flush_replies()
+        self._close_sockets()
+        self.log.info("pzq queue stopped", queue=self.settings.name,
+                      messages=len(self.core.messages))
+
+    def counters(self) -> dict[str, int]:
+        """The monitor's counters: the original's six, then ours."""
+        core, store = self.core, self.store
+        return {
+            "messages": len(core.messages),
+            "messages_inflight": core.dispatcher.inflight,
+            "db_size": store.disk_bytes,
+            "inflight_db_size": core.dispatcher.inflight_bytes,
+            "syncs": store.syncs,
+            "expired_messages": core.dispatcher.expired,
+            "consumers": self.consumers,
+            "redelivered": core.dispatcher.redelivered,
+            "backlog_bytes": core.backlog_bytes,
+            "dropped_replies": self.dropped_replies,
+            **core.counters,
+            **store.counters(),
+            **self.holder.counters(),
+        }
+
+    # --- sockets ---------------------------------------------------------------------------
+
+    def _bind(self, kind: int, endpoint: str, role: str, hwm: int | None = None) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.settings.max_message_size + MAXMSG_SLACK)
+        if hwm is not None:
+            sock.setsockopt(zmq.SNDHWM, hwm)
+        if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+            Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise QueueError(f"queue {self.settings.name!r}: cannot bind its {role} socket to "
+                             f"{endpoint}: {exc.strerror}") from None
+        self._socks.append(sock)
+        return sock
+
+    def _close_sockets(self) -> None:
+        if self._send is not None and self._events is not None:
+            try:
+                self._send.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for sock in reversed(self._socks):
+            sock.close()
+        self._socks.clear()
+        self._recv = self._send = self._mon = self._events = None
+        self._peers.clear()
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        """Any socket may have something: serve all, then look again (edge-triggered FDs)."""
+        self._scheduled = False
+        if not self._running:
+            return
+        again = False
+        if self._drain_events():
+            again = True
+        if self._drain_consumer_acks():
+            again = True
+        if self._drain_producers():
+            again = True
+        if self._mon is not None:
+            self._drain_monitor()
+        if self._peers and self._drain_peers():
+            again = True
+        self._flush_replies()
+        self._flush_replica_out()
+        self._dispatch()
+        self._schedule_timer()
+        if again or self._pollin():
+            self._schedule_wake()
+
+    def _schedule_wake(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._wake)
+
+    def _pollin(self) -> bool:
+        for sock in (self._recv, self._send, self._events, self._mon, *self._peers):
+            if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return True
+        return bool(self._send_blocked and self._send is not None
+                    and self._send.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
+
+    def _drain_producers(self) -> bool:
+        sock, core = self._recv, self.core
+        now_us = time.time_ns() // 1000
+        now = self.loop.time()
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames = recv_frames(sock)
+            except zmq.Again:
+                return False
+            if len(frames) < 2:
+                continue
+            if len(frames) > 3 and frames[2][:7] == b"REPLICA":
+                self._replication_traffic(frames)
+                continue
+            core.produce(frames[0], frames[1:], now_us, now)
+        return True
+
+    def _replication_traffic(self, frames: list[bytes]) -> None:
+        c = classify(frames[1:])
+        if c is None:  # a REPLICA header we do not know: an ordinary message then
+            self.core.produce(frames[0], frames[1:], time.time_ns() // 1000, self.loop.time())
+            return
+        kind, node = c
+        if node == self.node:
+            return  # our own copy came back (a peer list that names us)
+        now = self.loop.time()
+        core = self.holder.handle(kind, node, frames[0], frames[1:], now,
+                                  time.time_ns() // 1000)
+        if self._next_housekeeping == float("inf") and self.holder.origins:
+            self._next_housekeeping = now + self.settings.node_timeout / 4  # watch origins
+        if core is not None and core.replies:
+            self.core.replies.extend(core.replies)
+            core.replies = []
+
+    def _drain_peers(self) -> bool:
+        more = False
+        for sock in self._peers:
+            for _ in range(DRAIN_BUDGET):
+                try:
+                    frames = recv_frames(sock)
+                except zmq.Again:
+                    break
+                if len(frames) >= 2:
+                    self.core.replica_confirmed(frames[0], frames[1] == wire.OK)
+            else:
+                more = True
+        return more
+
+    def _flush_replica_out(self) -> None:
+        out = self.core.replica_out
+        if not out:
+            return
+        self.core.replica_out = []
+        for kind, key, body in out:
+            frames = (copy_frames(key, self.node, body) if kind == "copy"
+                      else delete_frames(key, self.node))
+            for sock in self._peers:
+                try:
+                    send_frames(sock, frames)
+                except zmq.ZMQError:
+                    pass  # that peer is unreachable: the copy times out (REPLICATION_FAILED)
+
+    def _housekeeping(self, now: float) -> None:
+        """Every node_timeout / 4: tell peers we are alive; take over lost origins' copies."""
+        self._next_housekeeping = now + self.settings.node_timeout / 4
+        for sock in self._peers:
+            try:
+                send_frames(sock, ping_frames(self.node))
+            except zmq.ZMQError:
+                pass
+        for origin in self.holder.lost(now, self.settings.node_timeout):
+            n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
+            self.log.warning("pzq replica origin lost: its messages taken over",
+                             queue=self.settings.name, node=origin.node, messages=n)
+
+    def _replica_batch_threadsafe(self, origin: Any, result: BatchResult) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._on_replica_batch, origin, result)
+        except RuntimeError:
+            pass
+
+    def _on_replica_batch(self, origin: Any, result: BatchResult) -> None:
+        origin.core.batch_done(result)
+        if origin.core.replies:
+            self.core.replies.extend(origin.core.replies)
+            origin.core.replies = []
+        self._flush_replies()
+
+    def _drain_consumer_acks(self) -> bool:
+        sock, core = self._send, self.core
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames = recv_frames(sock)
+            except zmq.Again:
+                return False
+            core.consumer_ack(frames)
+        return True
+
+    def _drain_events(self) -> bool:
+        sock = self._events
+        changed = False
+        more = True
+        for _ in range(DRAIN_BUDGET):
+            try:
+                msg = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                more = False
+                break
+            event = parse_monitor_message(msg)["event"]
+            if event == zmq.EVENT_ACCEPTED:
+                self.consumers += 1
+                changed = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.consumers = max(0, self.consumers - 1)
+                changed = True
+        if changed:
+            self.core.consumers_changed(self.consumers)
+            self.log.debug("pzq consumers", queue=self.settings.name, connected=self.consumers)
+        return more
+
+    def _drain_monitor(self) -> None:
+        sock = self._mon
+        for _ in range(100):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            envelope = wire.split_monitor_request(frames[1:])
+            if envelope is None:
+                continue
+            try:
+                sock.send_multipart([frames[0], *envelope, wire.monitor_text(self.counters())],
+                                    zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def _flush_replies(self) -> None:
+        """Send the producer ACKs. A producer that does not read them makes its connection
+        fill up (EAGAIN): its ACKs wait (up to MAX_HELD_REPLIES) and are tried again soon."""
+        core, sock = self.core, self._recv
+        if sock is None:
+            return
+        if core.replies:
+            self._held.extend(core.replies)
+            core.replies = []
+        held = self._held
+        while held:
+            peer, frames = held[0]
+            try:
+                _send(sock, peer, _MORE_NOBLOCK, True)
+                send_frames(sock, frames)
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                pass  # EHOSTUNREACH: the producer has gone; it will retry when back
+            held.popleft()
+        if held:
+            while len(held) > MAX_HELD_REPLIES:
+                held.popleft()
+                self.dropped_replies += 1
+            if self._retry_replies is None and self._running:
+                self._retry_replies = self.loop.call_later(0.01, self._on_retry_replies)
+
+    def _on_retry_replies(self) -> None:
+        self._retry_replies = None
+        self._flush_replies()
+
+    def _dispatch(self) -> None:
+        sock, core = self._send, self.core
+        if sock is None:
+            return
+        now = self.loop.time()
+        now_us = time.time_ns() // 1000
+        self._send_blocked = False
+        while True:
+            nxt = core.next_delivery(now, now_us)
+            if nxt is None:
+                return
+            d, frames = nxt
+            try:
+                send_frames(sock, frames)
+            except zmq.Again:
+                core.unsent(d)  # every consumer's connection is full (or none is there)
+                self._send_blocked = True
+                return
+
+    def _batch_threadsafe(self, result: BatchResult) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._on_batch, result)
+        except RuntimeError:
+            pass  # the loop is closed
+
+    def _on_batch(self, result: BatchResult) -> None:
+        if result.error is not None:
+            self.log.warning("pzq store write failed", queue=self.settings.name,
+                             error=result.error, messages=len(result.failed))
+        self.core.batch_done(result)
+        self._flush_replies()
+        if self._running:
+            self._dispatch()
+            if self._pollin():
+                self._schedule_wake()
+
+    def _schedule_timer(self) -> None:
+        deadline = self.core.next_deadline()
+        at = (float("inf") if deadline is None
+              else max(deadline, self._last_reap + self.settings.reaper_frequency))
+        replication = self.core.next_replication_deadline()
+        if replication is not None:
+            at = min(at, replication)
+        at = min(at, self._next_housekeeping)
+        if at == float("inf"):
+            return
+        if at < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = at
+            self._timer = self.loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        if not self._running:
+            return
+        now = self.loop.time()
+        if now >= self._next_housekeeping:
+            self._housekeeping(now)
+        deadline = self.core.next_deadline()
+        if deadline is not None and deadline <= now:
+            self._last_reap = now
+        due = self.core.tick(now)
+        self._flush_replies()
+        self._flush_replica_out()
+        if due:
+            self.log.debug("pzq ack timeouts", queue=self.settings.name, messages=len(due))
+        self._dispatch()
+        self._schedule_timer()
+        if self._pollin():
+            self._schedule_wake()
+
+
+def default_data_dir(broker: str, queue: str) -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "zbroker" / broker / "pzq" / queue

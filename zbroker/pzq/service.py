@@ -1,0 +1,87 @@
+"""The pzq service of the broker: the queues of ``services.pzq``, each a QueueServer."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from zbroker.service import Service, ServiceContext, ServiceError
+
+from .server import QueueError, QueueServer, QueueSettings, default_data_dir
+
+
+def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
+    """Every configured queue, resolved: data directories, monitor endpoints, checks."""
+    broker = config.broker.name
+    out = []
+    for name, q in config.services.pzq.queue_configs().items():
+        if q.replicas > len(q.peers):
+            raise ServiceError(f"pzq queue {name!r}: replicas: {q.replicas} needs at least as "
+                               f"many peers (has {len(q.peers)})")
+        data_dir = (Path(q.data_dir.replace("{name}", broker)).expanduser() if q.data_dir
+                    else default_data_dir(broker, name))
+        monitor = q.monitor_endpoint or default_monitor_endpoint(run_dir, broker, name)
+        fields = {f.name for f in dataclasses.fields(QueueSettings)}
+        values = {k: v for k, v in dataclasses.asdict(q).items() if k in fields}
+        values.update(name=name, data_dir=data_dir.absolute(),
+                      monitor_endpoint=monitor.replace("{name}", broker),
+                      receive_endpoint=q.receive_endpoint.replace("{name}", broker),
+                      send_endpoint=q.send_endpoint.replace("{name}", broker))
+        out.append(QueueSettings(**values))
+    seen: dict[str, str] = {}
+    for s in out:
+        for what in ("receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir"):
+            value = str(getattr(s, what))
+            if value in seen and seen[value] != s.name:
+                raise ServiceError(f"pzq queues {seen[value]!r} and {s.name!r} both use "
+                                   f"{value}; give each queue its own {what}")
+            seen[value] = s.name
+    return out
+
+
+def default_monitor_endpoint(run_dir: Path, broker: str, queue: str) -> str:
+    """``ipc://<run_dir>/<queue>.monitor``; when that path is too long for a Unix socket
+    address, the abstract socket ``ipc://@/zbroker/<broker>/pzq/<queue>.monitor``."""
+    path = f"{run_dir}/{queue}.monitor"
+    if len(path.encode()) <= getattr(zmq, "IPC_PATH_MAX_LEN", 107):
+        return f"ipc://{path}"
+    return f"ipc://@/zbroker/{broker}/pzq/{queue}.monitor"
+
+
+class PzqService(Service):
+    name = "pzq"
+
+    def __init__(self) -> None:
+        self.queues: dict[str, QueueServer] = {}
+        self._log: Any = None
+
+    async def start(self, ctx: ServiceContext, config: Any) -> None:
+        self._log = ctx.log
+        try:
+            for settings in queue_settings(config, ctx.run_dir):
+                server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log)
+                await server.start()
+                self.queues[settings.name] = server
+        except QueueError as exc:
+            await self.stop()
+            raise ServiceError(str(exc)) from None
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        queues, self.queues = list(self.queues.values()), {}
+        for server in reversed(queues):
+            await server.stop()
+
+    def reload(self, new: Any, old: Any) -> None:
+        if new.services.pzq != old.services.pzq:
+            self._log.warning("pzq settings changed: restart the broker to apply them")
+
+    def status(self) -> dict[str, Any]:
+        return {name: {"receive": q.settings.receive_endpoint, "send": q.settings.send_endpoint,
+                       "monitor": q.settings.monitor_endpoint, **q.counters()}
+                for name, q in self.queues.items()}

@@ -1,0 +1,508 @@
+"""The pzq store: an append-only segmented log with group commit, in a writer thread.
+
+The event loop calls :meth:`Store.append` and :meth:`Store.ack`; they only queue records in
+memory. One writer thread takes what has queued, writes it to the current segment with one
+``write`` and (unless ``sync: none``) one ``fdatasync``, then reports a :class:`BatchResult`
+through the ``notify`` callable (which the caller makes thread-safe). Producer ACKs go out on
+that report, so the event loop never waits for the disk.
+
+Sync modes:
+
+    batch   the writer gathers records for up to ``sync_window`` seconds after the first
+            one of a batch (or until ``max_batch_bytes``), then writes and fdatasyncs once.
+    always  one fdatasync per message (no grouping of messages; ACK records ride along).
+    none    write without fdatasync: the report comes after the write to the page cache.
+
+Write avoidance: a message ACKed by its consumer while its record is still queued (not yet
+taken by the writer) is never written, nor is its ACK record; its batch still completes, so
+its producer still gets its ACK. ``avoided_messages`` / ``avoided_bytes`` count this.
+
+Retention: a segment is deleted once it and every older segment hold no unACKed message
+(ACK records always come after the message they ACK, so dropping the oldest segments never
+brings back an ACKed message). The writer starts a new segment when the current one passes
+``segment_size``, and after each start. Compaction: when a few old unACKed messages hold more
+than twice the backlog on disk, the live messages of the oldest segment are written again at
+the head (same seq; recovery keeps one copy), and the segment goes once they are written.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import records
+
+SYNC_MODES = ("batch", "always", "none")
+SUFFIX = ".seg"
+STOP_TIMEOUT = 10.0
+
+
+class StoreInUse(OSError):
+    """Another process has the store open."""
+
+
+@dataclass(slots=True)
+class _Entry:
+    seq: int
+    batch: int
+    parts: list[bytes]
+    size: int
+    alive: bool = True
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one write of the writer did. ``batches``: the batch numbers it completes (their
+    messages' producers can be answered). ``error``: None, or why nothing of it was stored
+    (then ``failed`` lists the message seqs that were not stored)."""
+
+    batches: tuple[int, ...]
+    segment: int
+    placed: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    failed_acks: tuple[int, ...] = ()
+    error: str | None = None
+    segment_bytes: int = 0
+
+
+@dataclass
+class Recovered:
+    """What :meth:`Store.open` found on disk."""
+
+    messages: list[records.MessageRecord] = field(default_factory=list)  # unACKed, by seq
+    next_seq: int = 0
+    segments: int = 0
+    truncated_bytes: int = 0
+    acked: int = 0
+
+
+def segment_name(number: int) -> str:
+    return f"{number:016d}{SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[int]:
+    out = []
+    for p in directory.iterdir():
+        if p.name.endswith(SUFFIX) and p.name[:-len(SUFFIX)].isdigit():
+            out.append(int(p.name[:-len(SUFFIX)]))
+    return sorted(out)
+
+
+class Store:
+    def __init__(self, directory: str | os.PathLike[str], *, sync: str = "batch",
+                 sync_window: float = 0.002, segment_size: int = 64 << 20,
+                 max_batch_bytes: int = 8 << 20, log: Any = None):
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+        self.directory = Path(directory)
+        self.sync = sync
+        self.sync_window = max(0.0, sync_window)
+        self.segment_size = segment_size
+        self.max_batch_bytes = max_batch_bytes
+        self.log = log
+        # shared with the writer thread, under _cond
+        self._cond = threading.Condition()
+        self._pending: list[_Entry] = []
+        self._pending_by_seq: dict[int, _Entry] = {}
+        self._pending_acks: list[int] = []
+        self._pending_bytes = 0
+        self._first_at = 0.0
+        self._batch_no = 0
+        self._delete_below = -1
+        self._stopping = False
+        # writer thread only
+        self._fd = -1
+        self._segment = -1
+        self._segment_size_now = 0
+        self._next_segment = 0
+        self._dir_fd = -1
+        self._lock_fd = -1
+        # event loop side
+        self._live: dict[int, int] = {}  # seq -> segment holding its record
+        self._seg_live: dict[int, int] = {}  # segment -> number of live messages in it
+        self._seg_bytes: dict[int, int] = {}
+        self._acked_writing: set[int] = set()
+        self._moving: set[int] = set()
+        self._compacting: int | None = None
+        self._writer_segment = -1
+        self._deleted_below = -1
+        self._thread: threading.Thread | None = None
+        self._notify: Callable[[BatchResult], None] | None = None
+        # counters (loop side, except those the writer adds; ints are updated atomically)
+        self.syncs = 0
+        self.bytes_written = 0
+        self.records_written = 0
+        self.avoided_messages = 0
+        self.avoided_bytes = 0
+        self.failed_batches = 0
+        self.deleted_segments = 0
+        self.moved_messages = 0
+        self.last_error: str | None = None
+
+    # --- opening --------------------------------------------------------------------------
+
+    def open(self) -> Recovered:
+        """Read the log: every unACKed message, in seq order. Truncates a torn or corrupt
+        tail of any segment. Blocking: run it before start (or in an executor)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                                0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise StoreInUse(f"{self.directory} is in use by another process") from None
+        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        found = Recovered()
+        messages: dict[int, tuple[records.MessageRecord, int]] = {}
+        acked: set[int] = set()
+        max_seq = -1
+        segments = list_segments(self.directory)
+        for number in segments:
+            path = self.directory / segment_name(number)
+            data = path.read_bytes()
+            good = 0
+            for end, record in records.scan(data):
+                good = end
+                if isinstance(record, records.MessageRecord):
+                    max_seq = max(max_seq, record.seq)
+                    if record.seq not in acked:
+                        messages[record.seq] = (record, number)
+                else:
+                    for seq in record.seqs:
+                        acked.add(seq)
+                        if messages.pop(seq, None) is not None:
+                            found.acked += 1
+            if good < len(data):
+                found.truncated_bytes += len(data) - good
+                if self.log is not None:
+                    self.log.warning("pzq log: torn or corrupt tail truncated",
+                                     segment=str(path), offset=good,
+                                     dropped_bytes=len(data) - good)
+                with open(path, "r+b") as f:
+                    f.truncate(good)
+                    f.flush()
+                    os.fsync(f.fileno())
+            self._seg_bytes[number] = good
+            self._seg_live.setdefault(number, 0)
+        for seq in sorted(messages):
+            record, number = messages[seq]
+            found.messages.append(record)
+            self._live[seq] = number
+            self._seg_live[number] += 1
+        found.next_seq = max_seq + 1
+        found.segments = len(segments)
+        self._next_segment = (segments[-1] + 1) if segments else 0
+        return found
+
+    def start(self, notify: Callable[[BatchResult], None]) -> None:
+        """Start the writer thread; ``notify(result)`` is called from it after each write."""
+        if self._dir_fd < 0:
+            raise RuntimeError("open() the store first")
+        self._notify = notify
+        self._thread = threading.Thread(target=self._run, name=f"pzq-writer:{self.directory}",
+                                        daemon=True)
+        self._thread.start()
+        self._collect()
+
+    def close(self, timeout: float = STOP_TIMEOUT) -> bool:
+        """Write what is queued, stop the writer; True if it stopped within ``timeout``."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        stopped = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            stopped = not self._thread.is_alive()
+        if stopped:
+            self._close_segment()
+            if self._dir_fd >= 0:
+                os.close(self._dir_fd)
+                self._dir_fd = -1
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)  # releases the lock
+                self._lock_fd = -1
+        return stopped
+
+    # --- the event loop's side -------------------------------------------------------------
+
+    def append(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> int:
+        """Queue a message record; returns the number of the batch that will hold it."""
+        parts = records.message_parts(seq, key, msg_id, frames)
+        size = sum(len(p) for p in parts) + records.HEADER.size
+        with self._cond:
+            batch = self._batch_no
+            if self.sync == "always":
+                self._batch_no += 1
+            entry = _Entry(seq, batch, parts, size)
+            if not self._pending:
+                self._first_at = time.monotonic()
+                self._cond.notify()
+            self._pending.append(entry)
+            self._pending_by_seq[seq] = entry
+            self._pending_bytes += size
+            if self._pending_bytes >= self.max_batch_bytes:
+                self._cond.notify()
+        return batch
+
+    def ack(self, seq: int) -> None:
+        """The consumer is done with message ``seq``: make that durable (or, if its record
+        is still queued, drop the record: write avoidance)."""
+        moved = seq in self._live or seq in self._moving  # on disk already, being moved
+        with self._cond:
+            entry = self._pending_by_seq.pop(seq, None)
+            if entry is not None:
+                entry.alive = False
+                self._pending_bytes -= entry.size
+                if not moved:
+                    self.avoided_messages += 1
+                    self.avoided_bytes += entry.size
+                    return
+            if not self._pending and not self._pending_acks:
+                self._first_at = time.monotonic()
+                self._cond.notify()
+            self._pending_acks.append(seq)
+        segment = self._live.pop(seq, None)
+        if segment is not None:
+            self._seg_live[segment] -= 1
+        if entry is not None:  # a move not yet taken by the writer: dropped
+            self._moving.discard(seq)
+        elif segment is None or seq in self._moving:
+            self._acked_writing.add(seq)  # being written now: placed by complete()
+
+    def move(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> None:
+        """Write live message ``seq`` again at the head of the log (compaction), so that the
+        old segment holding it can go."""
+        self._moving.add(seq)
+        self.append(seq, key, msg_id, frames)
+        self.moved_messages += 1
+
+    def to_compact(self, backlog_bytes: int) -> list[int]:
+        """The live messages of the oldest segment, when the log has grown past twice the
+        backlog (plus two segments) because old segments are held by a few unACKed messages:
+        the caller moves them (:meth:`move`), then that segment is deleted."""
+        if self._compacting is not None or len(self._seg_live) < 3:
+            return []
+        if self.disk_bytes <= 2 * backlog_bytes + 2 * self.segment_size:
+            return []
+        oldest = min(self._seg_live)
+        if oldest == self._writer_segment:
+            return []
+        self._compacting = oldest
+        return sorted(seq for seq, segment in self._live.items() if segment == oldest)
+
+    def complete(self, result: BatchResult) -> None:
+        """Bookkeeping after a write (called on the event loop with each result)."""
+        if result.error is not None:
+            self.failed_batches += 1
+            self.last_error = result.error
+            for seq in result.failed:
+                self._acked_writing.discard(seq)
+                self._moving.discard(seq)
+            self._compacting = None
+            if result.failed_acks:  # ACKs must not be lost: queue them again
+                with self._cond:
+                    self._pending_acks.extend(result.failed_acks)
+                    self._cond.notify()
+            return
+        self.last_error = None
+        segment = result.segment
+        if segment >= 0:
+            self._writer_segment = segment
+            self._seg_bytes[segment] = result.segment_bytes
+            self._seg_live.setdefault(segment, 0)
+        for seq in result.placed:
+            self._moving.discard(seq)
+            if seq in self._acked_writing:
+                self._acked_writing.discard(seq)
+                continue
+            old = self._live.get(seq)
+            if old is not None:  # moved: it leaves its old segment
+                self._seg_live[old] -= 1
+            self._live[seq] = segment
+            self._seg_live[segment] += 1
+        self._collect()
+        if self._compacting is not None and self._compacting not in self._seg_live:
+            self._compacting = None  # that segment is gone
+
+    def _collect(self) -> None:
+        """Ask the writer to delete the oldest segments that hold no live message."""
+        below = -1
+        for segment in sorted(self._seg_live):
+            if segment == self._writer_segment or self._seg_live[segment] > 0:
+                break
+            below = segment + 1
+        if below > self._deleted_below:
+            self._deleted_below = below
+            for segment in [s for s in self._seg_live if s < below]:
+                del self._seg_live[segment]
+                self._seg_bytes.pop(segment, None)
+            with self._cond:
+                self._delete_below = below
+                self._cond.notify()
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self._seg_bytes.values())
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "syncs": self.syncs,
+            "bytes_written": self.bytes_written,
+            "records_written": self.records_written,
+            "avoided_messages": self.avoided_messages,
+            "avoided_bytes": self.avoided_bytes,
+            "failed_writes": self.failed_batches,
+            "segments": len(self._seg_live),
+            "deleted_segments": self.deleted_segments,
+            "moved_messages": self.moved_messages,
+        }
+
+    # --- the writer thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._pending or self._pending_acks or self._stopping
+                           or self._delete_below > 0):
+                    self._cond.wait(1.0)
+                first_at = self._first_at
+                stopping = self._stopping
+            if self.sync == "batch" and self.sync_window > 0 and not stopping:
+                delay = first_at + self.sync_window - time.monotonic()
+                if delay > 0:
+                    with self._cond:
+                        self._cond.wait_for(
+                            lambda: self._stopping
+                            or self._pending_bytes >= self.max_batch_bytes, delay)
+            with self._cond:
+                if self.sync == "always" and self._pending:
+                    n = next((i + 1 for i, e in enumerate(self._pending) if e.alive),
+                             len(self._pending))
+                    taken, self._pending = self._pending[:n], self._pending[n:]
+                else:
+                    taken, self._pending = self._pending, []
+                    if taken and self.sync != "always":
+                        self._batch_no += 1
+                for e in taken:
+                    if self._pending_by_seq.get(e.seq) is e:
+                        del self._pending_by_seq[e.seq]
+                        self._pending_bytes -= e.size
+                acks, self._pending_acks = self._pending_acks, []
+                delete_below, self._delete_below = self._delete_below, -1
+                if self._pending or self._pending_acks:
+                    self._first_at = time.monotonic()
+                done = self._stopping and not self._pending and not self._pending_acks
+            if taken or acks:
+                result = self._write(taken, acks)
+                if self._notify is not None:
+                    try:
+                        self._notify(result)
+                    except Exception:  # the loop is gone (shutting down)
+                        pass
+            if delete_below > 0:
+                self._delete(delete_below)
+            if done:
+                return
+
+    def _write(self, taken: list[_Entry], acks: list[int]) -> BatchResult:
+        batches = tuple(sorted({e.batch for e in taken}))
+        parts: list[bytes] = []
+        placed = []
+        for e in taken:
+            if e.alive:
+                parts.extend(records.frame_record(e.parts))
+                placed.append(e.seq)
+        if acks:
+            parts.extend(records.frame_record([records.ack_payload(acks)]))
+        if not parts:
+            return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now)
+        data = b"".join(parts)
+        try:
+            if self._fd < 0 or (self._segment_size_now > 0
+                                and self._segment_size_now + len(data) > self.segment_size):
+                self._open_segment()
+            view = memoryview(data)
+            written = 0
+            while written < len(data):
+                n = os.write(self._fd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                written += n
+            if self.sync != "none":
+                os.fdatasync(self._fd)
+                self.syncs += 1
+        except OSError as exc:
+            reason = f"store failed: {exc.strerror or exc}"
+            self._abandon_segment()
+            return BatchResult(batches, self._segment, failed=tuple(placed),
+                               failed_acks=tuple(acks), error=reason)
+        self._segment_size_now += len(data)
+        self.bytes_written += len(data)
+        self.records_written += len(placed) + (1 if acks else 0)
+        return BatchResult(batches, self._segment, placed=tuple(placed),
+                           segment_bytes=self._segment_size_now)
+
+    def _open_segment(self) -> None:
+        self._close_segment()
+        number = self._next_segment
+        self._next_segment += 1
+        path = self.directory / segment_name(number)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._segment = number
+        self._segment_size_now = os.fstat(self._fd).st_size
+        if self.sync != "none":
+            os.fsync(self._dir_fd)  # the new file's name must survive a crash too
+
+    def _abandon_segment(self) -> None:
+        """After a failed write: cut off what may have been written, continue in a new
+        segment (so a half record never sits before good ones)."""
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, self._segment_size_now)
+            except OSError:
+                pass
+        self._close_segment()
+
+    def _close_segment(self) -> None:
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = -1
+
+    def _delete(self, below: int) -> None:
+        removed = 0
+        for number in list_segments(self.directory):
+            if number >= below or number == self._segment:
+                break
+            try:
+                os.unlink(self.directory / segment_name(number))
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if self.log is not None:
+                    self.log.warning("pzq log: cannot delete segment", segment=number,
+                                     error=exc.strerror)
+                break
+        if removed:
+            self.deleted_segments += removed
+            if self.sync != "none":
+                try:
+                    os.fsync(self._dir_fd)
+                except OSError:
+                    pass
