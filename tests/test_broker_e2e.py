@@ -344,3 +344,28 @@ def test_oversized_frame_drops_only_that_connection(start_broker, ctx):
     finally:
         big.close()
         other.close()
+
+
+def test_sighup_with_a_new_endpoint_binds_it_and_keeps_the_old_clients(start_broker, ctx):
+    import signal
+
+    from helpers import write_config
+
+    b = start_broker()
+    old = RawClient(ctx, b.endpoint)
+    new_endpoint = f"ipc://@/zpipes/{b.name}-moved"
+    try:
+        assert old.call(input_(b"moving")) == (INPUT_OK, None)
+        write_config(b.config_path, {"services": {"zpipes": {"endpoint": new_endpoint,
+                                                            "max_chunk": "1MiB"}}})
+        b.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "bound to a new endpoint" not in b.stderr() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        new = RawClient(ctx, new_endpoint)
+        assert new.call(output(b"moving")) == (OUTPUT_OK, None)
+        assert new.call(write(b"across", 0)) == (WRITE_OK, None)
+        assert old.call(read(10, 1000)) == (READ_OK, b"across")  # not dropped
+        new.close()
+    finally:
+        old.close()

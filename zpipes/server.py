@@ -485,8 +485,14 @@ class ZpipesServer:
         return {
             "clients": len(self.clients),
             "pipes": {
-                _name(name): {"readers": len(pipe.readers), "writers": len(pipe.writers),
-                              "buffered": sum(r.queued for r in pipe.readers.values())}
+                _name(name): {
+                    "readers": len(pipe.readers), "writers": len(pipe.writers),
+                    "remote_ends": sum(1 for e in (*pipe.readers.values(),
+                                                   *pipe.writers.values()) if e.remote),
+                    "buffered": sum(r.queued for r in pipe.readers.values() if not r.remote),
+                    "bytes_written": sum(w.bytes_in for w in pipe.writers.values()),
+                    "bytes_read": sum(r.bytes_out for r in pipe.readers.values()),
+                }
                 for name, pipe in self.pipes.pipes.items()
             },
         }

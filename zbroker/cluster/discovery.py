@@ -55,7 +55,7 @@ class Discovery:
             addresses=[socket.inet_aton(a) for a in addresses],
             server=f"{name}.local.",
             properties={"id": node.id, "name": node.broker_name, "cluster": node.config.name,
-                        "proto": str(PROTOCOL_VERSION)},
+                        "proto": str(PROTOCOL_VERSION), "endpoint": node.advertised},
         )
         await self._zc.async_register_service(self._info)
         self._browser = AsyncServiceBrowser(self._zc.zeroconf, [SERVICE_TYPE],

@@ -58,6 +58,7 @@ class ClusterNode:
         self._timer: asyncio.TimerHandle | None = None
         self.discovery: Any = None
         self.endpoint = ""
+        self.advertised = ""
         self._keys: tuple[bytes, bytes] | None = None  # CURVE (public, secret)
         self._guard: Any = None
 
@@ -90,6 +91,7 @@ class ClusterNode:
             self._guard.watch(router)
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         advertised = cfg.advertise or _wildcard_host(self.endpoint)
+        self.advertised = advertised
         me = Hello(self.id, self.broker_name, cfg.name, advertised)
         self.membership = Membership(me, cfg.peer_timeout)
         self._loop.add_reader(router.getsockopt(zmq.FD), self._on_readable)

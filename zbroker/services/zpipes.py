@@ -48,6 +48,7 @@ class ZpipesService(Service):
         self._log: Any = None
         self._cluster: Any = None
         self._read_pending = False
+        self._bound: list[str] = []
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -68,6 +69,7 @@ class ZpipesService(Service):
                 ) from None
             raise ServiceError(f"cannot bind ZPIPES to {self.endpoint}: {exc}") from None
         self._sock = sock
+        self._bound = [self.endpoint]
         self.server = ZpipesServer(server_config(config), ctx.log)
         self._loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
         self._schedule()
@@ -89,12 +91,23 @@ class ZpipesService(Service):
         self._sock = None
 
     def reload(self, new: Any, old: Any) -> None:
-        if self.server is None:
+        if self.server is None or self._sock is None:
             return
-        if new.services.zpipes.endpoint != old.services.zpipes.endpoint:
-            self._log.warning("zpipes endpoint change needs a restart",
-                              running=old.services.zpipes.endpoint,
-                              configured=new.services.zpipes.endpoint)
+        section, before = new.services.zpipes, old.services.zpipes
+        if section.endpoint != before.endpoint and section.endpoint not in self._bound:
+            # bind the new endpoint too; unbinding the old one would drop its clients
+            try:
+                self._sock.bind(section.endpoint)
+            except zmq.ZMQError as exc:
+                raise ServiceError(f"cannot bind ZPIPES to {section.endpoint}: {exc}") from None
+            self._bound.append(section.endpoint)
+            self._log.warning("zpipes bound to a new endpoint; the old one stays bound until "
+                              "a restart, so that its clients are not dropped",
+                              endpoints=self._bound)
+        if section.max_chunk != before.max_chunk:
+            self._sock.setsockopt(zmq.MAXMSGSIZE, section.max_chunk + FRAME_OVERHEAD)
+            self._log.info("zpipes max_chunk changed; it applies to connections made from now "
+                           "on", max_chunk=section.max_chunk)
         self.server.reconfigure(server_config(new))
 
     def peer_joined(self, peer: Peer) -> None:
@@ -124,7 +137,8 @@ class ZpipesService(Service):
             self._loop.call_soon(self._on_readable)
 
     def status(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, **(self.server.status() if self.server else {})}
+        return {"endpoint": self.endpoint, "bound_endpoints": list(self._bound),
+                **(self.server.status() if self.server else {})}
 
     # --- I/O ---------------------------------------------------------------------------------
 
