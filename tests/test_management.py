@@ -53,7 +53,9 @@ def test_status_shows_clients_pipes_and_ends(broker, ctx):
         assert 0 < s["uptime"] < 60 and s["config"].endswith("zbroker.cfg")
         zp = s["services"]["zpipes"]
         assert zp["endpoint"] == broker.endpoint and zp["clients"] == 2
-        assert zp["pipes"] == {"jobs": {"readers": 1, "writers": 1, "buffered": 1000}}
+        assert zp["pipes"] == {"jobs": {"readers": 1, "writers": 1, "remote_ends": 0,
+                                        "buffered": 1000, "bytes_written": 1000,
+                                        "bytes_read": 0}}
         assert s["logs"]["syslog"] is None and s["management"]["followers"] == 0
         human = zb(broker, "status", broker.name)
         assert human.returncode == 0, human.stderr
