@@ -62,7 +62,7 @@ def test_status_shows_clients_pipes_and_ends(broker, ctx):
         out = human.stdout
         assert f"broker {broker.name} (pid {broker.pid}), up " in out
         assert f"zpipes: {broker.endpoint}" in out and "clients: 2" in out
-        assert "jobs: readers 1, writers 1, buffered 1000" in out
+        assert "jobs: readers 1, writers 1, remote_ends 0, buffered 1000" in out
         assert "syslog: off" in out
     finally:
         w.close()
