@@ -1,0 +1,157 @@
+"""Throughput of format("zpipes") with a local Spark (PySpark 4, local[*]) against a broker.
+
+    python bench/bench_spark.py             # 1 M lines
+    python bench/bench_spark.py --quick     # 100 k lines, for a smoke run
+
+Measures, in lines (rows) per second:
+
+* stream source: lines written into a pipe, read by a streaming query that counts them per
+  level (a streaming aggregation), from the first line written until the query has them all;
+* batch source: ``spark.read.format("zpipes")...count()`` of a pipe fed by one writer, against
+  ``spark.read.text(file).count()`` of the same lines in a file;
+* batch sink: ``spark.range(n)`` as strings written with ``format("zpipes")`` (2 partitions),
+  read by ``zpipes read > /dev/null``.
+
+The machine is noisy: compare within one run. Needs ``pip install 'zbroker[spark]'`` and Java.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_pipes import start_broker  # noqa: E402
+
+import zpipes  # noqa: E402
+
+LEVELS = ["DEBUG", "INFO", "WARN", "ERROR"]
+
+
+def log_lines(n: int) -> bytes:
+    return b"".join(b"2026-11-22T10:00:00.000Z web-%d %s request %d\n"
+                    % (i % 4, LEVELS[i % 4].encode(), i) for i in range(n))
+
+
+def feed(pipe: str, broker: str, data: bytes) -> threading.Thread:
+    def run() -> None:
+        with zpipes.open(pipe, "w", broker=broker) as w:
+            w.write(data)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def rate(what: str, n: int, seconds: float) -> None:
+    print(f"{what:52} {n:>9} lines {seconds:7.2f} s {n / seconds:>11,.0f} lines/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n = 100_000 if args.quick else args.lines
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
+                                                             os.environ.get("PYTHONPATH")]))
+    from pyspark.sql import SparkSession
+
+    from zbroker.spark import register
+    from zbroker.spark.lines import hold_pipe_open
+
+    broker = f"bench-{uuid.uuid4().hex[:8]}"
+    proc = start_broker(broker)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-spark-"))
+    t = time.perf_counter()
+    spark = (SparkSession.builder.master("local[*]").appName("bench-spark")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    print(f"SparkSession started in {time.perf_counter() - t:.1f} s; {n} lines, "
+          f"{os.cpu_count()} cores")
+    data = log_lines(n)
+    try:
+        # Warm up the Python workers and the data source's planning processes.
+        feed("warm", broker, log_lines(10))
+        spark.read.format("zpipes").option("pipe", "warm").option("broker", broker).load().count()
+        reader = subprocess.Popen([sys.executable, "-m", "zpipes", "read", "warm-sink",
+                                   "--broker", broker], stdout=subprocess.DEVNULL)
+        with hold_pipe_open("warm-sink", broker=broker):
+            spark.range(10, numPartitions=2).selectExpr("CAST(id AS STRING) AS value").write \
+                .format("zpipes").option("pipe", "warm-sink").option("broker", broker) \
+                .mode("append").save()
+        reader.wait(60)
+
+        # --- stream source into a streaming aggregation
+        stream = (spark.readStream.format("zpipes").option("pipe", "stream")
+                  .option("broker", broker).option("max_lines_per_batch", "200000").load())
+        level = stream.selectExpr("split(value, ' ')[2] AS level")
+        query = (level.groupBy("level").count().writeStream.outputMode("complete")
+                 .format("memory").queryName("levels")
+                 .option("checkpointLocation", str(tmp / "ckpt")).start())
+        while not query.recentProgress:
+            time.sleep(0.05)
+        t = time.perf_counter()
+        writer = feed("stream", broker, data)
+        while sum(p["numInputRows"] for p in query.recentProgress) < n:
+            if query.exception() is not None:
+                raise SystemExit(f"query failed: {query.exception()}")
+            time.sleep(0.02)
+        seconds = time.perf_counter() - t
+        writer.join()
+        query.stop()
+        total = spark.sql("SELECT sum(count) FROM levels").first()[0]
+        assert total == n, total
+        rate("stream source -> streaming count per level", n, seconds)
+
+        # --- batch source, against a file
+        t = time.perf_counter()
+        writer = feed("batch", broker, data)
+        count = (spark.read.format("zpipes").option("pipe", "batch").option("broker", broker)
+                 .load().count())
+        seconds = time.perf_counter() - t
+        writer.join()
+        assert count == n, count
+        rate('batch source: read.format("zpipes").count()', n, seconds)
+        path = tmp / "lines.txt"
+        path.write_bytes(data)
+        t = time.perf_counter()
+        count = spark.read.text(str(path)).count()
+        rate("baseline: read.text(file).count()", count, time.perf_counter() - t)
+
+        # --- batch sink, read by `zpipes read`
+        reader = subprocess.Popen([sys.executable, "-m", "zpipes", "read", "sink",
+                                   "--broker", broker], stdout=subprocess.DEVNULL)
+        df = spark.range(n, numPartitions=2).selectExpr(
+            "concat('2026-11-22T10:00:00.000Z web-1 INFO request ', id) AS value")
+        t = time.perf_counter()
+        with hold_pipe_open("sink", broker=broker):
+            df.write.format("zpipes").option("pipe", "sink").option("broker", broker) \
+                .mode("append").save()
+        reader.wait(600)
+        rate('batch sink: write.format("zpipes") -> zpipes read', n, time.perf_counter() - t)
+    finally:
+        spark.stop()
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
