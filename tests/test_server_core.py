@@ -396,3 +396,17 @@ def test_timers_of_answered_requests_do_not_accumulate(h):
     h.send(R, p.Read(10, 100))  # timeouts still work after compaction
     h.advance(0.1)
     assert h.replies(R) == [p.ReadTimeout()]
+
+
+def test_raising_the_capacity_wakes_a_writer_waiting_for_room():
+    """Found by 20 SIGHUPs alternating the capacity: a writer that waited under the old,
+    smaller capacity must not sleep on once its reader drains under the new one."""
+    h = Harness(capacity=4)
+    open_pair(h)
+    h.send(W, p.Write(b"1234", 0))
+    h.send(W, p.Write(b"5678", 0))  # waits: the reader holds 4 of 4
+    assert h.replies(W) == [p.WriteOk()]
+    h.server.reconfigure(ServerConfig(capacity=100))
+    assert h.replies(W) == [p.WriteOk()]  # room now: accepted without any read
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"12345678")]

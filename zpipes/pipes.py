@@ -231,6 +231,16 @@ class PipeTable:
         woken = pipe.wake_all() if was_full and reader.queued < self.capacity else set()
         return taken, woken
 
+    def set_capacity(self, capacity: int) -> set[int]:
+        """A new capacity per reader. Every waiting end is woken: a writer that waited for
+        room may have it now (the wake-ups on reads only fire when a reader drops below the
+        capacity, which a raised capacity skips)."""
+        self.capacity = capacity
+        woken: set[int] = set()
+        for pipe in self.pipes.values():
+            woken |= pipe.wake_all()
+        return woken
+
     # --- remote ends ---------------------------------------------------------------------------
 
     def deliver(self, writer_end: int, reader_end: int, first: bool, chunk: Chunk) -> set[int]:

@@ -476,8 +476,9 @@ class ZpipesServer:
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""
         self.config = config
-        self.pipes.capacity = config.capacity
+        self._woken.extend(self.pipes.set_capacity(config.capacity))
         self._next_sweep = 0.0
+        self._wake()
 
     # --- questions ---------------------------------------------------------------------------
 
