@@ -2,6 +2,7 @@
 
     q = start_pzq(tmp_path / "db", "--ack-timeout", "500000")
     q.receive, q.send, q.monitor     # its endpoints (free tcp ports on 127.0.0.1)
+    q.stream                         # the stream endpoint (bound with "--mode", "stream")
     q.kill(); q = q.restart()        # SIGKILL, and the same queue again on the same data
 
 Every wait has a deadline; the ``pzq`` fixture kills what still runs at teardown.
@@ -46,6 +47,7 @@ class PzqProcess:
     receive: str
     send: str
     monitor: str
+    stream: str
     log_path: Path
     proc: subprocess.Popen[bytes]
     preexec: Callable[[], None] | None = None
@@ -66,10 +68,15 @@ class PzqProcess:
         def up() -> bool:
             if not self.alive():
                 raise AssertionError(f"pzq exited with {self.proc.returncode}:\n{self.log()}")
-            return endpoint_accepts(self.receive) and endpoint_accepts(self.send)
+            return (endpoint_accepts(self.receive) and endpoint_accepts(self.send)
+                    and (not self.stream_mode or endpoint_accepts(self.stream)))
 
         wait_for(up, UP_TIMEOUT, "pzq to listen")
         return self
+
+    @property
+    def stream_mode(self) -> bool:
+        return "stream" in self.args and "--mode" in self.args
 
     def counters(self, timeout: float = 5.0) -> dict[str, int]:
         return monitor(self.monitor, timeout)
@@ -95,7 +102,8 @@ class PzqProcess:
     def restart(self) -> PzqProcess:
         self.kill()
         q = spawn_pzq(self.database, *self.args, receive=self.receive, send=self.send,
-                      monitor_=self.monitor, preexec=self.preexec, registry=self.registry)
+                      monitor_=self.monitor, stream=self.stream, preexec=self.preexec,
+                      registry=self.registry)
         return q.wait_up()
 
     def _close(self) -> None:
@@ -105,22 +113,25 @@ class PzqProcess:
 
 
 def spawn_pzq(database: Path, *args: str, receive: str | None = None, send: str | None = None,
-              monitor_: str | None = None, preexec: Callable[[], None] | None = None,
+              monitor_: str | None = None, stream: str | None = None,
+              preexec: Callable[[], None] | None = None,
               registry: list[Any] | None = None) -> PzqProcess:
     database.mkdir(parents=True, exist_ok=True)
     receive = receive or f"tcp://127.0.0.1:{free_port()}"
     send = send or f"tcp://127.0.0.1:{free_port()}"
     monitor_ = monitor_ or f"ipc://{database.parent}/{database.name}.monitor"
+    stream = stream or f"tcp://127.0.0.1:{free_port()}"
     log_path = database.parent / f"{database.name}.log"
     log = open(log_path, "ab")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "zbroker.pzq", "--database", str(database),
-         "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor_, *args],
+         "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor_,
+         "--stream-dsn", stream, *args],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=preexec)
-    q = PzqProcess(database, tuple(args), receive, send, monitor_, log_path, proc, preexec, log,
-                   registry)
+    q = PzqProcess(database, tuple(args), receive, send, monitor_, stream, log_path, proc,
+                   preexec, log, registry)
     if registry is not None:
         registry.append(q)
     return q

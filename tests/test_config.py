@@ -342,6 +342,7 @@ def test_schema_keys():
         "services.zpipes.max_chunk",
         "services.pzq.enabled",
         *(f"services.pzq.defaults.{k}" for k in (
+            "mode", "stream_endpoint",
             "receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir", "sync",
             "sync_window", "segment_size", "ack_timeout", "reaper_frequency",
             "inflight_window", "inflight_size", "max_message_size", "max_backlog",

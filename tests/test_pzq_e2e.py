@@ -489,3 +489,24 @@ def test_a_second_queue_on_the_same_data_is_refused(start_pzq):
     assert second.proc.wait(10) == 1
     assert "in use by another process" in second.log()
     assert q.alive()
+
+
+def test_broker_hosts_a_stream_queue_read_by_offset(start_broker, tmp_path):
+    from zbroker.pzq.client import StreamConsumer
+
+    stream_endpoint = f"tcp://127.0.0.1:{free_port()}"
+    cfg = pzq_config(tmp_path, events={"mode": "stream", "stream_endpoint": stream_endpoint})
+    q = cfg["services"]["pzq"]["queues"]["events"]
+    b = start_broker(config=cfg)
+    wait_for(lambda: endpoint_accepts(stream_endpoint), 10, "stream endpoint")
+    with Producer(q["receive_endpoint"]) as p:
+        for i in range(10):
+            p.send(b"event %d" % i)
+        p.flush(5)
+    with StreamConsumer(stream_endpoint) as s:
+        assert s.head() == 10 and s.committed() == 0
+        first = [m.body for m in s.read(0, 10)]
+        assert first == [b"event %d" % i for i in range(10)]
+        assert [m.body for m in s.read(0, 10)] == first  # replayable
+        assert s.commit(4) == 4
+    assert b.stop() == 0

@@ -320,6 +320,8 @@ PZQ_SYNC_MODES = ("batch", "always", "none")
 class PzqQueueConfig:
     """The settings of one pzq queue (durations in seconds, sizes in bytes)."""
 
+    mode: str = setting("push", choice("push", "stream"))  # stream: read by offset (docs/pzq.md)
+    stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
     receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
     send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers
     #: null: ipc://<run_dir>/pzq/<queue>.monitor

@@ -5,8 +5,9 @@
     store.py       the append-only segmented log, group commit in a writer thread
     dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
     queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
+    stream.py      stream mode: reads by offset (HEAD, RANGE), COMMIT, the committed offset
     server.py      one queue on its sockets and the asyncio loop
     service.py     the broker service hosting the configured queues
-    client.py      Python producer and consumer
+    client.py      Python producer, consumer and stream consumer
     cli.py         the standalone ``pzq`` command
 """

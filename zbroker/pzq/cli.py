@@ -71,6 +71,11 @@ def parser() -> argparse.ArgumentParser:
       help="receive endpoints of the other nodes' queues, separated by ','")
     a("--timeout-nodes", type=_positive_int, default=10_000_000, metavar="US",
       help="silence after which a node's copies are delivered here, µs (%(default)s)")
+    a("--mode", choices=("push", "stream"), default="push",
+      help="push: messages go to consumers, ACKed one by one (default); stream: read by "
+           "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
+    a("--stream-dsn", default="tcp://127.0.0.1:11133",
+      help="stream requests' endpoint, with --mode stream (%(default)s)")
     a("--broadcast-dsn", default=None,
       help="accepted for compatibility, not used: nodes talk on their receive endpoints")
     a("--timeout-replication", "--timeout_replication", dest="timeout_replication",
@@ -92,7 +97,8 @@ def settings_from_args(args: argparse.Namespace) -> QueueSettings:
         max_backlog=args.max_backlog, replicas=args.replicas,
         replication_timeout=args.timeout_replication / 1e6,
         peers=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
-        node_timeout=args.timeout_nodes / 1e6)
+        node_timeout=args.timeout_nodes / 1e6, mode=args.mode,
+        stream_endpoint=args.stream_dsn)
 
 
 async def serve(settings: QueueSettings, log: structlog.typing.FilteringBoundLogger) -> int:

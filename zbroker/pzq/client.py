@@ -8,6 +8,12 @@
         m = c.recv(timeout=5)       # a Message, or None after the timeout
         c.ack(m)                    # done; c.nack(m): deliver it again
 
+    with StreamConsumer("tcp://127.0.0.1:11133") as s:   # a queue in stream mode
+        head, committed = s.offsets()
+        for m in s.read(committed, head):   # StreamMessage(offset, key, sent_us, frames)
+            ...
+        s.commit(head)              # durable: those messages are gone for good
+
 The producer resends a message whose ACK has not come within ``retry_timeout`` (with the same
 id, so the queue does not store it twice). A message refused with a "0" ACK is not resent: it
 is in ``failed`` (id -> reason) and ``flush`` raises ProducerError.
@@ -18,7 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -201,6 +207,128 @@ class Consumer:
             self._ctx.term()
 
     def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamError(Exception):
+    """The queue answered a stream request with ERROR (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    offset: int  # its place in the queue: stable across restarts, increasing
+    key: bytes  # the key push consumers would see
+    sent_us: int  # µs since the epoch when the queue received it
+    frames: tuple[bytes, ...]
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.frames)
+
+
+@dataclass(frozen=True)
+class StreamRange:
+    """One RANGE answer. Every message of [start, ``next``) is in ``messages``, or was
+    committed (below ``committed``): ask again from ``next`` while it is below the end."""
+
+    messages: tuple[StreamMessage, ...]
+    next: int
+    head: int
+    committed: int
+
+
+class StreamConsumer:
+    """Reads a stream queue by offset (``mode: stream``, its stream endpoint).
+
+    Every request is idempotent: one that gets no answer within ``timeout`` is sent again,
+    ``retries`` times, then TimeoutError. Offsets: ``head`` is just past the last durable
+    message, ``committed`` the first message not yet committed; messages keep their offsets
+    across restarts of the queue, and a range below ``head`` and at or above ``committed``
+    gives the same messages every time it is read.
+    """
+
+    def __init__(self, endpoint: str, *, timeout: float = 5.0, retries: int = 2,
+                 context: zmq.Context | None = None):
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.retries = retries
+        self._own_ctx = context is None
+        self._ctx = context or zmq.Context()
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._n = 0
+
+    def offsets(self) -> tuple[int, int]:
+        """(head, committed)."""
+        values, _ = self._call([wire.HEAD])
+        return values[0], values[1]
+
+    def head(self) -> int:
+        """The offset just past the last durable message (what a reader may read up to)."""
+        return self.offsets()[0]
+
+    def committed(self) -> int:
+        """The committed offset: every message below it is done and gone."""
+        return self.offsets()[1]
+
+    def range(self, start: int, end: int, max_bytes: int = wire.RANGE_MAX_BYTES,
+              max_messages: int = wire.RANGE_MAX_MESSAGES) -> StreamRange:
+        """The durable messages with offsets in [start, end), in order, at most
+        ``max_messages`` and ``max_bytes`` of bodies (at least one message, if any)."""
+        values, entries = self._call([wire.RANGE, b"%d" % start, b"%d" % end,
+                                      b"%d" % max_bytes, b"%d" % max_messages])
+        return StreamRange(tuple(StreamMessage(e.offset, e.key, e.sent_us, e.frames)
+                                 for e in entries), values[2], values[0], values[1])
+
+    def read(self, start: int, end: int, max_bytes: int = wire.RANGE_MAX_BYTES,
+             max_messages: int = wire.RANGE_MAX_MESSAGES) -> Iterator[StreamMessage]:
+        """Every durable message with an offset in [start, end), in order, in as many
+        RANGE requests as needed. Stops at the head if ``end`` is past it. Messages below
+        the committed offset are not there any more (already committed)."""
+        while start < end:
+            r = self.range(start, end, max_bytes, max_messages)
+            yield from r.messages
+            if r.next <= start:
+                return  # at the head
+            start = r.next
+
+    def commit(self, end: int) -> int:
+        """Every message below ``end`` is done: the queue drops them, durably, before it
+        answers. Returns the committed offset (``end``, or the head if ``end`` is past it;
+        a COMMIT below the committed offset changes nothing)."""
+        values, _ = self._call([wire.COMMIT, b"%d" % end])
+        return values[1]
+
+    def _call(self, request: list[bytes]) -> tuple[list[int], list[wire.RangeEntry]]:
+        self._n += 1
+        rid = f"{self._prefix}-{self._n}".encode()
+        for _ in range(self.retries + 1):
+            self.sock.send_multipart([rid, b"", *request])
+            deadline = time.monotonic() + self.timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if not self.sock.poll(int(left * 1000) + 1):
+                    break
+                frames = self.sock.recv_multipart()
+                if len(frames) < 2 or frames[0] != rid or frames[1] != b"":
+                    continue  # the answer to an earlier try
+                if frames[2:3] == [wire.STREAM_ERROR]:
+                    raise StreamError(frames[3].decode(errors="replace") if len(frames) > 3
+                                      else "error")
+                return wire.decode_stream_reply(frames[2:])
+        raise TimeoutError(f"no answer from {self.endpoint} within "
+                           f"{self.timeout * (self.retries + 1):.1f}s")
+
+    def close(self) -> None:
+        self.sock.close()
+        if self._own_ctx:
+            self._ctx.term()
+
+    def __enter__(self) -> StreamConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:

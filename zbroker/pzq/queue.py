@@ -10,6 +10,10 @@ a store (store.py, or a fake in tests) and a dispatcher (dispatcher.py) and keep
   when the store reports that batch written and synced; refused input is answered at once).
 
 Replies to producers accumulate in ``replies`` as (routing id, frames) for the server to send.
+
+A stream queue (``stream=True``) pushes nothing to consumers: its messages are read by offset
+(their seq) with :meth:`QueueCore.range` and dropped in order with :meth:`QueueCore.commit_below`
+(stream.py serves the requests). ``head`` is the offset just past the last durable message.
 """
 
 from __future__ import annotations
@@ -80,9 +84,10 @@ class Replicating:
 
 
 class QueueCore:
-    def __init__(self, store: StoreLike, limits: Limits = Limits()):
+    def __init__(self, store: StoreLike, limits: Limits = Limits(), stream: bool = False):
         self.store = store
         self.limits = limits
+        self.stream = stream
         self.dispatcher = Dispatcher(limits.ack_timeout, limits.inflight_size)
         self.messages: dict[int, Message] = {}
         self.keys: dict[bytes, int] = {}
@@ -95,12 +100,13 @@ class QueueCore:
         self.replicating: dict[bytes, Replicating] = {}
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.next_seq = 0
+        self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
         self._prefix = str(uuid.uuid4())[:24]  # "xxxxxxxx-xxxx-4xxx-yxxx-": + 12 hex = a uuid
         self.counters = dict.fromkeys((
             "produced", "stored", "producer_acks", "producer_failures", "duplicates",
             "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
-            "recovered", "replicated", "replication_failed"), 0)
+            "recovered", "replicated", "replication_failed", "committed_messages"), 0)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -112,8 +118,10 @@ class QueueCore:
             self.keys[r.key] = r.seq
             self._remember(r.msg_id, r.seq)
             self.backlog_bytes += size
-            self.dispatcher.add(r.seq, size)
+            if not self.stream:
+                self.dispatcher.add(r.seq, size)
         self.next_seq = max(self.next_seq, next_seq)
+        self.head = max(self.head, self.next_seq)
         self.counters["recovered"] += len(messages)
 
     # --- producers --------------------------------------------------------------------------
@@ -195,7 +203,8 @@ class QueueCore:
         self.keys[key] = seq
         self._remember(msg_id, seq)
         self.backlog_bytes += size
-        self.dispatcher.add(seq, size)
+        if not self.stream:
+            self.dispatcher.add(seq, size)
         return batch
 
     def batch_done(self, result: BatchResult) -> None:
@@ -215,6 +224,9 @@ class QueueCore:
                 m = self.messages.get(seq)
                 if m is not None:
                     m.durable = True
+            if result.placed:
+                # one writer, in seq order: every message below is written, or failed
+                self.head = max(self.head, max(result.placed) + 1)
         ok = result.error is None
         for batch in result.batches:
             for peer, msg_id, key in self.waiting.pop(batch, ()):
@@ -267,7 +279,7 @@ class QueueCore:
             self.counters["malformed"] += 1
             return
         seq = self.keys.get(a.key)
-        if seq is None:
+        if seq is None or self.stream:  # a stream queue is ACKed by COMMIT only
             self.counters["unknown_acks"] += 1  # already ACKed (a duplicate), or not ours
             return
         if not a.ok:
@@ -276,12 +288,56 @@ class QueueCore:
             return
         self.counters["consumer_acks"] += 1
         self.dispatcher.ack(seq)
+        self._drop(seq)
+
+    def _drop(self, seq: int) -> None:
         m = self.messages.pop(seq)
         del self.keys[m.key]
         self.backlog_bytes -= m.size
         self.store.ack(seq)
         if self.limits.replicas:
             self.replica_out.append(("delete", m.key, ()))
+
+    # --- stream reads -----------------------------------------------------------------------
+
+    def range(self, start: int, end: int, floor: int, max_bytes: int, max_messages: int
+              ) -> tuple[int, list[Message]]:
+        """(next, messages): the durable messages with seqs in [max(start, floor), end), in
+        order, up to ``max_messages`` and ``max_bytes`` of bodies (at least one message if
+        there is one). ``next``: every message of [start, next) is in the answer or below
+        ``floor`` (committed); ask again from ``next`` for the rest."""
+        if end <= floor:
+            return end, []
+        seq = max(start, floor)
+        hi = min(end, self.head)
+        out: list[Message] = []
+        size = 0
+        budget = max_messages + 65_536  # offsets looked at: gaps are failed writes, rare
+        messages = self.messages
+        while seq < hi and budget > 0:
+            m = messages.get(seq)
+            if m is not None:
+                if out and (len(out) >= max_messages or size + m.size > max_bytes):
+                    break
+                out.append(m)
+                size += m.size
+            seq += 1
+            budget -= 1
+        return seq, out
+
+    def commit_below(self, end: int) -> int:
+        """Drop every message below seq ``end`` (a stream reader is done with them); returns
+        how many. ``messages`` is in seq order (recovered sorted, then new seqs ascending)."""
+        doomed = []
+        for seq in self.messages:
+            if seq >= end:
+                break
+            doomed.append(seq)
+        for seq in doomed:
+            self.dispatcher.drop(seq)
+            self._drop(seq)
+        self.counters["committed_messages"] += len(doomed)
+        return len(doomed)
 
     # --- replication ------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
     receive  ROUTER, bound: producers (DEALER) send messages, get ACKs
     send     DEALER, bound: consumers (DEALER or ROUTER) get messages pushed, send ACKs
     monitor  ROUTER, bound: MONITOR requests (REQ)
+    stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT requests (stream.py)
 
 The send socket is a DEALER as in the original, so consumers need not say anything first.
 libzmq spreads messages over the connected consumers and skips one whose connection is full;
@@ -18,6 +19,7 @@ The disk is the store's writer thread's; its reports come back through call_soon
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections import deque
@@ -32,8 +34,11 @@ from . import wire
 from .queue import Limits, QueueCore
 from .replication import ReplicaHolder, classify, copy_frames, delete_frames, node_id, ping_frames
 from .store import BatchResult, Store
+from .stream import StreamCore, load_committed, save_committed
 
 DRAIN_BUDGET = 1000
+STREAM_BUDGET = 100  # stream requests served per wake-up (a RANGE answer can be large)
+MODES = ("push", "stream")
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).
 _send = zmq.backend.Socket.send
@@ -95,6 +100,8 @@ class QueueSettings:
     replication_timeout: float = 0.1
     peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
     node_timeout: float = 10.0  # silence after which a peer's copies are taken over
+    mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
+    stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
 
     def limits(self) -> Limits:
         return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
@@ -113,7 +120,11 @@ class QueueServer:
         self.store = Store(settings.data_dir, sync=settings.sync,
                            sync_window=settings.sync_window, segment_size=settings.segment_size,
                            log=log)
-        self.core = QueueCore(self.store, settings.limits())
+        if settings.mode not in MODES:
+            raise QueueError(f"queue {settings.name!r}: mode must be one of {MODES}, got "
+                             f"{settings.mode!r}")
+        self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream")
+        self.stream: StreamCore | None = None
         if settings.replicas > len(settings.peers):
             raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs at "
                              f"least as many peers (has {len(settings.peers)})")
@@ -129,6 +140,7 @@ class QueueServer:
         self._recv: zmq.Socket | None = None
         self._send: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
+        self._stream_sock: zmq.Socket | None = None
         self._events: zmq.Socket | None = None
         self._fds: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
@@ -140,6 +152,7 @@ class QueueServer:
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
         self._retry_replies: asyncio.TimerHandle | None = None
         self.dropped_replies = 0
+        self.dropped_stream_replies = 0
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -158,7 +171,19 @@ class QueueServer:
 
     async def _start(self, recovered: Any) -> None:
         s = self.settings
-        self.core.recover(recovered.messages, recovered.next_seq)
+        try:
+            committed = load_committed(s.data_dir)
+        except OSError as exc:
+            raise QueueError(f"queue {s.name!r}: {exc}") from None
+        messages, stale = recovered.messages, []
+        if committed is not None:  # committed before a crash, not yet ACKed in the log
+            stale = [m.seq for m in messages if m.seq < committed]
+            messages = [m for m in messages if m.seq >= committed]
+        self.core.recover(messages, max(recovered.next_seq, committed or 0))
+        if s.mode == "stream":
+            if committed is None:
+                committed = messages[0].seq if messages else self.core.next_seq
+            self.stream = StreamCore(self.core, committed)
         self.node = node_id(s.data_dir)
         await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time())
         try:
@@ -172,6 +197,8 @@ class QueueServer:
             self._socks.append(self._events)
             if s.monitor_endpoint:
                 self._mon = self._bind(zmq.ROUTER, s.monitor_endpoint, "monitor")
+            if self.stream is not None:
+                self._stream_sock = self._bind(zmq.ROUTER, s.stream_endpoint, "stream")
             for endpoint in s.peers[:s.replicas]:
                 peer = self.ctx.socket(zmq.DEALER)
                 peer.setsockopt(zmq.LINGER, 500)
@@ -187,6 +214,8 @@ class QueueServer:
         if self._peers or self.holder.origins:
             self._next_housekeeping = self.loop.time()
         self.store.start(self._batch_threadsafe)
+        for seq in stale:
+            self.store.ack(seq)
         self._running = True
         for sock in self._socks:
             fd = sock.getsockopt(zmq.FD)
@@ -194,9 +223,10 @@ class QueueServer:
             self.loop.add_reader(fd, self._wake)
         self._wake()
         self.log.info("pzq queue started", queue=s.name, receive=s.receive_endpoint,
-                      send=s.send_endpoint, monitor=s.monitor_endpoint,
+                      send=s.send_endpoint, monitor=s.monitor_endpoint, mode=s.mode,
+                      stream=s.stream_endpoint if self.stream is not None else None,
                       data_dir=str(s.data_dir), sync=s.sync,
-                      recovered=len(recovered.messages),
+                      recovered=len(messages), committed=committed,
                       truncated_bytes=recovered.truncated_bytes)
 
     async def stop(self) -> None:
@@ -238,6 +268,9 @@ class QueueServer:
             **core.counters,
             **store.counters(),
             **self.holder.counters(),
+            **(self.stream.counters() if self.stream is not None else {}),
+            **({"dropped_stream_replies": self.dropped_stream_replies}
+               if self.stream is not None else {}),
         }
 
     # --- sockets ---------------------------------------------------------------------------
@@ -268,7 +301,7 @@ class QueueServer:
         for sock in reversed(self._socks):
             sock.close()
         self._socks.clear()
-        self._recv = self._send = self._mon = self._events = None
+        self._recv = self._send = self._mon = self._events = self._stream_sock = None
         self._peers.clear()
 
     # --- the loop --------------------------------------------------------------------------
@@ -287,6 +320,8 @@ class QueueServer:
             again = True
         if self._mon is not None:
             self._drain_monitor()
+        if self._stream_sock is not None and self._drain_stream():
+            again = True
         if self._peers and self._drain_peers():
             again = True
         self._flush_replies()
@@ -302,7 +337,8 @@ class QueueServer:
             self.loop.call_soon(self._wake)
 
     def _pollin(self) -> bool:
-        for sock in (self._recv, self._send, self._events, self._mon, *self._peers):
+        for sock in (self._recv, self._send, self._events, self._mon, self._stream_sock,
+                     *self._peers):
             if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return True
         return bool(self._send_blocked and self._send is not None
@@ -443,6 +479,50 @@ class QueueServer:
                                     zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+
+    def _drain_stream(self) -> bool:
+        """Serve HEAD and RANGE at once; a COMMIT waits for its offsets file write."""
+        sock, stream = self._stream_sock, self.stream
+        more = True
+        for _ in range(STREAM_BUDGET):
+            try:
+                frames = recv_frames(sock)
+            except zmq.Again:
+                more = False
+                break
+            reply = stream.request(frames)
+            if reply is not None:
+                self._stream_reply(reply)
+        self._write_committed()
+        return more
+
+    def _stream_reply(self, frames: list[bytes]) -> None:
+        try:
+            send_frames(self._stream_sock, frames)
+        except zmq.ZMQError:  # that reader's connection is full or gone: it asks again
+            self.dropped_stream_replies += 1
+
+    def _write_committed(self) -> None:
+        value = self.stream.to_write()
+        if value is None:
+            return
+        future = self.loop.run_in_executor(None, save_committed, self.settings.data_dir, value)
+        future.add_done_callback(functools.partial(self._committed_written, value))
+
+    def _committed_written(self, value: int, future: asyncio.Future[None]) -> None:
+        if not self._running or future.cancelled():
+            return  # stopping: the offsets file holds it; the log is cleaned at the next start
+        exc = future.exception()
+        error = None
+        if exc is not None:
+            error = f"commit failed: {getattr(exc, 'strerror', None) or exc}"
+            self.log.warning("pzq stream commit failed", queue=self.settings.name,
+                             offset=value, error=error)
+        for reply in self.stream.written(value, error):
+            self._stream_reply(reply)
+        self._write_committed()
+        self._flush_replies()
+        self._flush_replica_out()
 
     def _flush_replies(self) -> None:
         """Send the producer ACKs. A producer that does not read them makes its connection

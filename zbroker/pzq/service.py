@@ -30,10 +30,15 @@ def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
                       monitor_endpoint=monitor.replace("{name}", broker),
                       receive_endpoint=q.receive_endpoint.replace("{name}", broker),
                       send_endpoint=q.send_endpoint.replace("{name}", broker))
+        if "stream_endpoint" in values:
+            values["stream_endpoint"] = values["stream_endpoint"].replace("{name}", broker)
         out.append(QueueSettings(**values))
     seen: dict[str, str] = {}
     for s in out:
-        for what in ("receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir"):
+        used = ("receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir")
+        if s.mode == "stream":
+            used += ("stream_endpoint",)
+        for what in used:
             value = str(getattr(s, what))
             if value in seen and seen[value] != s.name:
                 raise ServiceError(f"pzq queues {seen[value]!r} and {s.name!r} both use "
@@ -83,5 +88,8 @@ class PzqService(Service):
 
     def status(self) -> dict[str, Any]:
         return {name: {"receive": q.settings.receive_endpoint, "send": q.settings.send_endpoint,
-                       "monitor": q.settings.monitor_endpoint, **q.counters()}
+                       "monitor": q.settings.monitor_endpoint, "mode": q.settings.mode,
+                       **({"stream": q.settings.stream_endpoint} if q.stream is not None
+                          else {}),
+                       **q.counters()}
                 for name, q in self.queues.items()}

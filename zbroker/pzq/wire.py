@@ -11,6 +11,16 @@ Compatible with the original pzq (2014), as its clients see it::
                       [key]["0"]                        failed: deliver it again now
     monitor           [...][""]["MONITOR"]  ->  [...][""]["name: value\\n" ...]
 
+A stream queue (``mode: stream``) also answers requests on its stream endpoint (a ROUTER;
+offsets are ASCII decimal, [a, b) ranges)::
+
+    [envelope...][""]["HEAD"]                  -> [envelope...][""]["OK"][head][committed]
+    [envelope...][""]["RANGE"][start][end]([max bytes]([max messages]))
+        -> [envelope...][""]["OK"][head][committed][next][count]
+           then count x [offset][key][sent µs][frame count][frames...]
+    [envelope...][""]["COMMIT"][end]           -> [envelope...][""]["OK"][head][committed]
+    anything else / bad arguments              -> [envelope...][""]["ERROR"][reason]
+
 The routing-id frames a ROUTER adds or strips are not part of these lists. Decoding never
 raises: malformed input gives a :class:`WireError` value with the reason the original sent.
 """
@@ -137,3 +147,136 @@ def parse_monitor_text(text: bytes | str) -> dict[str, int]:
 def make_key(time_us: int, uuid_text: str) -> bytes:
     """``<µs since epoch>|<uuid>``, the key consumers see."""
     return f"{time_us}|{uuid_text}".encode()
+
+
+# --- stream requests ---------------------------------------------------------------------
+
+HEAD = b"HEAD"
+RANGE = b"RANGE"
+COMMIT = b"COMMIT"
+STREAM_OK = b"OK"
+STREAM_ERROR = b"ERROR"
+RANGE_MAX_BYTES = 1 << 20  # defaults of a RANGE without its limits
+RANGE_MAX_MESSAGES = 10_000
+RANGE_BYTES_CAP = 64 << 20  # what the queue serves at most in one RANGE answer
+RANGE_MESSAGES_CAP = 100_000
+MAX_OFFSET = (1 << 63) - 1
+_MAX_ENVELOPE = 16  # frames before the empty delimiter
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    command: bytes  # HEAD, RANGE or COMMIT
+    start: int = 0
+    end: int = 0  # RANGE: the end of the range; COMMIT: the offset committed up to
+    max_bytes: int = RANGE_MAX_BYTES
+    max_messages: int = RANGE_MAX_MESSAGES
+
+
+def split_stream_request(frames: Sequence[Frame]) -> tuple[list[bytes], list[bytes]]:
+    """(envelope, request): the envelope is every frame up to and including the first empty
+    one (a REQ socket's delimiter, or a DEALER's request id and delimiter), echoed in the
+    reply. Without an empty frame (within 16 frames) the envelope is ``[""]``."""
+    for i in range(min(len(frames), _MAX_ENVELOPE + 1)):
+        if len(frames[i]) == 0:
+            return [bytes(f) for f in frames[:i + 1]], [bytes(f) for f in frames[i + 1:]]
+    return [b""], [bytes(f) for f in frames]
+
+
+def _offset(frame: bytes, what: str) -> int | str:
+    if not frame or len(frame) > 19 or not frame.isdigit():
+        return f"{what} must be a decimal integer from 0 to {MAX_OFFSET}, got {frame[:24]!r}"
+    n = int(frame)
+    return n if n <= MAX_OFFSET else f"{what} must be at most {MAX_OFFSET}"
+
+
+def decode_stream_request(request: Sequence[bytes]) -> StreamRequest | WireError:
+    """The request frames after the envelope. Never raises."""
+    if not request:
+        return WireError("Empty request: expected HEAD, RANGE or COMMIT")
+    command, args = bytes(request[0]), [bytes(f) for f in request[1:]]
+    if command == HEAD:
+        return WireError("HEAD takes no argument") if args else StreamRequest(HEAD)
+    if command == COMMIT:
+        if len(args) != 1:
+            return WireError("COMMIT takes one argument: [end]")
+        end = _offset(args[0], "COMMIT end")
+        return WireError(end) if isinstance(end, str) else StreamRequest(COMMIT, end=end)
+    if command == RANGE:
+        if not 2 <= len(args) <= 4:
+            return WireError("RANGE takes [start][end], then optionally [max bytes] and "
+                             "[max messages]")
+        names = ("RANGE start", "RANGE end", "RANGE max bytes", "RANGE max messages")
+        values = []
+        for frame, name in zip(args, names, strict=False):
+            n = _offset(frame, name)
+            if isinstance(n, str):
+                return WireError(n)
+            values.append(n)
+        start, end = values[0], values[1]
+        if start > end:
+            return WireError(f"RANGE start {start} is past its end {end}")
+        max_bytes = values[2] if len(values) > 2 else RANGE_MAX_BYTES
+        max_messages = values[3] if len(values) > 3 else RANGE_MAX_MESSAGES
+        if max_bytes < 1 or max_messages < 1:
+            return WireError("RANGE max bytes and max messages must be at least 1")
+        return StreamRequest(RANGE, start, end, min(max_bytes, RANGE_BYTES_CAP),
+                             min(max_messages, RANGE_MESSAGES_CAP))
+    shown = command[:32].decode("ascii", errors="replace")
+    return WireError(f"Unknown command {shown!r}: expected HEAD, RANGE or COMMIT")
+
+
+def stream_ok(envelope: list[bytes], *values: int) -> list[bytes]:
+    return [*envelope, STREAM_OK, *(b"%d" % v for v in values)]
+
+
+def stream_error(envelope: list[bytes], reason: str) -> list[bytes]:
+    return [*envelope, STREAM_ERROR, reason.encode()]
+
+
+def range_entry(offset: int, key: bytes, frames: Sequence[bytes]) -> list[bytes]:
+    """One message of a RANGE answer: ``[offset][key][sent µs][frame count][frames...]``."""
+    return [b"%d" % offset, key, key_time(key), b"%d" % len(frames), *frames]
+
+
+def key_time(key: bytes) -> bytes:
+    """The µs since the epoch at which the queue received the message (the key's prefix)."""
+    return key.partition(b"|")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RangeEntry:
+    offset: int
+    key: bytes
+    sent_us: int
+    frames: tuple[bytes, ...]
+
+
+def decode_stream_reply(reply: Sequence[bytes]) -> tuple[list[int], list[RangeEntry]]:
+    """(the integers after "OK", the messages of a RANGE answer) from a reply without its
+    envelope. Raises ValueError for an ERROR reply (its reason) or a malformed one."""
+    if not reply:
+        raise ValueError("empty reply")
+    status = bytes(reply[0])
+    if status == STREAM_ERROR:
+        raise ValueError(bytes(reply[1]).decode(errors="replace") if len(reply) > 1
+                         else "error")
+    if status != STREAM_OK or len(reply) < 3:
+        raise ValueError(f"malformed reply: {[bytes(f)[:32] for f in reply[:4]]!r}")
+    if len(reply) == 3:
+        return [int(reply[1]), int(reply[2])], []
+    head, committed, nxt, count = (int(f) for f in reply[1:5])
+    entries = []
+    pos = 5
+    for _ in range(count):
+        offset, key, sent, n = reply[pos:pos + 4]
+        n = int(n)
+        frames = tuple(bytes(f) for f in reply[pos + 4:pos + 4 + n])
+        if len(frames) != n:
+            raise ValueError("malformed RANGE reply: cut short")
+        sent_us = int(sent) if bytes(sent).isdigit() else 0
+        entries.append(RangeEntry(int(offset), bytes(key), sent_us, frames))
+        pos += 4 + n
+    if pos != len(reply):
+        raise ValueError("malformed RANGE reply: trailing frames")
+    return [head, committed, nxt, count], entries

@@ -1,0 +1,306 @@
+"""pzq stream mode: HEAD / RANGE / COMMIT on a real ``pzq`` process over tcp on 127.0.0.1,
+with a real disk and SIGKILL restarts (what a Spark stream reader relies on)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import zmq
+from pzq_helpers import dealer, nothing, recv
+
+from zbroker.pzq import wire
+from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
+from zbroker.pzq.queue import QueueCore
+from zbroker.pzq.store import BatchResult
+from zbroker.pzq.stream import StreamCore, load_committed, save_committed
+
+STREAM = ("--mode", "stream")
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def produce(q, bodies, ctx) -> None:
+    with Producer(q.receive, window=64, context=ctx) as p:
+        p.sock.setsockopt(zmq.LINGER, 0)
+        for b in bodies:
+            p.send(b)
+        p.flush(timeout=10)
+
+
+def snapshot(messages):
+    return [(m.offset, m.key, m.sent_us, m.frames) for m in messages]
+
+
+# --- the wire, without a queue ---------------------------------------------------------------
+
+@pytest.mark.parametrize("request_, reason", [
+    ([], "Empty request"),
+    ([b"NOPE"], "Unknown command 'NOPE'"),
+    ([b"RANGE", b"5"], "RANGE takes"),
+    ([b"RANGE", b"9", b"3"], "start 9 is past its end 3"),
+    ([b"RANGE", b"a", b"3"], "RANGE start must be a decimal integer"),
+    ([b"RANGE", b"0", b"3", b"0"], "at least 1"),
+    ([b"HEAD", b"1"], "HEAD takes no argument"),
+    ([b"COMMIT"], "COMMIT takes one argument"),
+    ([b"COMMIT", b"-1"], "COMMIT end must be a decimal integer"),
+    ([b"COMMIT", b"99999999999999999999"], "COMMIT end must be a decimal integer"),
+])
+def test_bad_requests_decode_to_a_reason(request_, reason):
+    r = wire.decode_stream_request(request_)
+    assert isinstance(r, wire.WireError) and reason in r.reason
+
+
+def test_requests_decode_with_their_caps():
+    r = wire.decode_stream_request([b"RANGE", b"3", b"9"])
+    assert (r.start, r.end, r.max_bytes, r.max_messages) == (
+        3, 9, wire.RANGE_MAX_BYTES, wire.RANGE_MAX_MESSAGES)
+    r = wire.decode_stream_request([b"RANGE", b"3", b"9", b"%d" % (1 << 40), b"10000000"])
+    assert (r.max_bytes, r.max_messages) == (wire.RANGE_BYTES_CAP, wire.RANGE_MESSAGES_CAP)
+    assert wire.decode_stream_request([b"COMMIT", b"7"]).end == 7
+    env, req = wire.split_stream_request([b"id", b"", b"HEAD"])
+    assert env == [b"id", b""] and req == [b"HEAD"]
+
+
+# --- the core, without sockets -------------------------------------------------------------
+
+class FakeStore:
+    def __init__(self):
+        self.batch = 0
+        self.acked: list[int] = []
+
+    def append(self, seq, key, msg_id, frames):
+        return self.batch
+
+    def ack(self, seq):
+        self.acked.append(seq)
+
+    def complete(self, result):
+        pass
+
+    def to_compact(self, backlog_bytes):
+        return []
+
+    def move(self, seq, key, msg_id, frames):
+        raise AssertionError("nothing to compact here")
+
+    def done(self, **kw) -> BatchResult:
+        r = BatchResult((self.batch,), 0, **kw)
+        self.batch += 1
+        return r
+
+
+def put(q, n, start=0):
+    for i in range(start, start + n):
+        q.produce(b"P", [b"id%d" % i, b"", b"body%d" % i], 1_000 + i)
+
+
+def test_head_passes_only_durable_messages_and_failed_writes_leave_gaps():
+    store = FakeStore()
+    q = QueueCore(store, stream=True)
+    q.consumers_changed(1)
+    put(q, 3)
+    assert q.head == 0 and q.range(0, 10, 0, 1 << 20, 100) == (0, [])  # not durable yet
+    q.batch_done(store.done(placed=(0, 1, 2)))
+    put(q, 2, 3)
+    q.batch_done(store.done(failed=(3, 4), error="store failed: disk full"))
+    assert q.head == 3  # the failed ones at the top are not passed
+    put(q, 1, 5)
+    q.batch_done(store.done(placed=(5,)))
+    assert q.head == 6
+    nxt, got = q.range(0, 10, 0, 1 << 20, 100)
+    assert nxt == 6 and [m.seq for m in got] == [0, 1, 2, 5]
+    assert q.next_delivery(0, 0) is None  # nothing is pushed
+    q.consumer_ack([got[0].key, b"1"])  # nor ACKed by a consumer
+    assert 0 in q.messages and q.counters["unknown_acks"] == 1
+    assert q.commit_below(3) == 3 and store.acked == [0, 1, 2]
+    assert [m.seq for m in q.range(0, 10, 3, 1 << 20, 100)[1]] == [5]
+    assert q.range(0, 2, 3, 1 << 20, 100) == (2, [])  # all committed: answered
+
+
+def test_a_commit_is_answered_once_written_and_an_error_leaves_all_as_it_was():
+    store = FakeStore()
+    q = QueueCore(store, stream=True)
+    put(q, 5)
+    q.batch_done(store.done(placed=tuple(range(5))))
+    st = StreamCore(q, 0)
+    assert st.request([b"r", b"", b"COMMIT", b"3"]) is None
+    assert st.request([b"r", b"", b"COMMIT", b"4"]) is None
+    value = st.to_write()
+    assert value == 4 and st.to_write() is None  # one write at a time
+    assert st.written(4, "commit failed: disk full") == [
+        [b"r", b"", b"ERROR", b"commit failed: disk full"]] * 2
+    assert st.committed == 0 and len(q.messages) == 5
+    assert st.request([b"r", b"", b"COMMIT", b"2"]) is None
+    assert st.written(st.to_write(), None) == [[b"r", b"", b"OK", b"5", b"2"]]
+    assert st.committed == 2 and sorted(q.messages) == [2, 3, 4]
+    assert st.request([b"r", b"", b"COMMIT", b"1"]) == [b"r", b"", b"OK", b"5", b"2"]
+
+
+def test_the_offsets_file(tmp_path):
+    assert load_committed(tmp_path) is None
+    save_committed(tmp_path, 42)
+    assert load_committed(tmp_path) == 42
+    (tmp_path / "stream-offsets").write_text("garbage")
+    with pytest.raises(OSError, match="unreadable"):
+        load_committed(tmp_path)
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+def test_head_and_repeatable_ranges(start_pzq, ctx):
+    q = start_pzq(*STREAM)
+    bodies = [b"m%03d" % i for i in range(200)]
+    before = time.time() * 1e6
+    produce(q, bodies, ctx)
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.offsets() == (200, 0)
+        first = s.range(0, 200)
+        assert first.next == 200 and (first.head, first.committed) == (200, 0)
+        assert [m.offset for m in first.messages] == list(range(200))
+        assert [m.body for m in first.messages] == bodies
+        assert all(before - 60e6 < m.sent_us < time.time() * 1e6 + 60e6
+                   for m in first.messages)
+        assert snapshot(s.range(0, 200).messages) == snapshot(first.messages)
+        # capped answers: at least one message, and where to go on
+        one = s.range(10, 200, max_bytes=1)
+        assert [m.offset for m in one.messages] == [10] and one.next == 11
+        part = s.range(0, 200, max_messages=7)
+        assert [m.offset for m in part.messages] == list(range(7)) and part.next == 7
+        assert snapshot(s.read(0, 200, max_messages=13)) == snapshot(first.messages)
+        # past the head: up to the head, nothing more
+        r = s.range(150, 10_000)
+        assert r.next == 200 and len(r.messages) == 50
+        assert s.range(500, 600).messages == ()
+    # a stream queue pushes nothing to ordinary consumers
+    cons = dealer(ctx, q.send)
+    assert nothing(cons, 0.5)
+    c = q.counters()
+    assert c["messages"] == 200 and c["delivered"] == 0 and c["stream_head"] == 200
+
+
+def test_commit_is_durable_and_replay_after_sigkill_loses_nothing(start_pzq, ctx):
+    q = start_pzq(*STREAM)
+    produce(q, [b"a%03d" % i for i in range(300)], ctx)
+    with StreamConsumer(q.stream, context=ctx) as s:
+        before = snapshot(s.read(0, 300))
+        assert s.commit(120) == 120
+        assert s.commit(120) == 120  # again: the same answer, nothing changes
+        assert s.commit(50) == 120  # below the committed offset: a no-op
+        assert s.offsets() == (300, 120)
+        assert snapshot(s.read(0, 300)) == before[120:]
+    assert q.counters()["messages"] == 180
+    q = q.restart()  # SIGKILL, same data
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.offsets() == (300, 120)
+        after = s.range(0, 300)
+        assert snapshot(after.messages) == before[120:]  # same offsets, keys, bodies
+        assert after.committed == 120 and after.next == 300
+        # new messages go on after the old offsets
+        produce(q, [b"b%d" % i for i in range(10)], ctx)
+        assert s.head() == 310
+        assert [m.body for m in s.read(300, 310)] == [b"b%d" % i for i in range(10)]
+        assert s.commit(310) == 310
+    q = q.restart()
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.offsets() == (310, 310) and s.range(0, 310).messages == ()
+        produce(q, [b"c"], ctx)
+        assert [m.offset for m in s.read(0, 400)] == [310]
+        assert s.commit(311) == 311
+    # the segments of committed messages go; offsets still never go back
+    q = q.restart()
+    q = q.restart()
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.offsets() == (311, 311)
+        produce(q, [b"d"], ctx)
+        assert [(m.offset, m.body) for m in s.read(0, 400)] == [(311, b"d")]
+    assert q.counters()["messages"] == 1
+
+
+def test_messages_below_a_commit_made_before_a_crash_are_dropped_at_start(start_pzq, ctx):
+    q = start_pzq(*STREAM)
+    produce(q, [b"%d" % i for i in range(10)], ctx)
+    q.kill()
+    # as if the queue died after writing the committed offset, before the ACK records
+    (q.database / "stream-offsets").write_text(json.dumps({"committed": 4}) + "\n")
+    q = q.restart()
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.offsets() == (10, 4)
+        assert [m.body for m in s.read(0, 10)] == [b"%d" % i for i in range(4, 10)]
+    assert q.counters()["messages"] == 6
+
+
+def test_commit_past_the_head_stops_at_the_head(start_pzq, ctx):
+    q = start_pzq(*STREAM)
+    produce(q, [b"x"] * 5, ctx)
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.commit(10**12) == 5
+        assert s.offsets() == (5, 5)
+        produce(q, [b"y"], ctx)
+        assert [(m.offset, m.body) for m in s.read(5, 6)] == [(5, b"y")]
+
+
+def test_bad_requests_get_an_error_reply_and_the_queue_goes_on(start_pzq, ctx):
+    q = start_pzq(*STREAM)
+    produce(q, [b"z"] * 3, ctx)
+    sock = dealer(ctx, q.stream)
+    for request, reason in [
+        ([b"id1", b"", b"NOPE"], b"Unknown command"),
+        ([b"id2", b"", b"RANGE", b"5"], b"RANGE takes"),
+        ([b"id3", b"", b"RANGE", b"9", b"3"], b"past its end"),
+        ([b"id4", b"", b"COMMIT", b"x"], b"decimal integer"),
+        ([b"id5", b""], b"Empty request"),
+        ([b"HEAD", b"junk"], b"HEAD takes no argument"),  # no delimiter: all is the request
+    ]:
+        sock.send_multipart(request)
+        reply = recv(sock)
+        envelope = request[:2] if b"" in request else [b""]
+        assert reply[:len(envelope)] == envelope, reply
+        status, text = reply[len(envelope):]
+        assert status == b"ERROR" and reason in text, reply
+    req = dealer(ctx, q.stream, zmq.REQ)  # a REQ socket works too
+    req.send(b"HEAD")
+    assert recv(req) == [b"OK", b"3", b"0"]
+    with StreamConsumer(q.stream, context=ctx) as s:
+        with pytest.raises(StreamError, match="past its end"):
+            s.range(9, 3)
+        assert s.offsets() == (3, 0)
+    c = q.counters()
+    assert q.alive() and c["stream_errors"] == 7 and c["messages"] == 3
+
+
+def test_a_full_backlog_refuses_producers_until_a_commit_frees_room(start_pzq, ctx):
+    q = start_pzq(*STREAM, "--max-backlog", "1000")
+    produce(q, [b"%0100d" % i for i in range(10)], ctx)  # 10 x 100 bytes: full
+    with pytest.raises(ProducerError, match="Queue full"):
+        produce(q, [b"one more"], ctx)
+    with StreamConsumer(q.stream, context=ctx) as s:
+        assert s.head() == 10  # the refused one has no offset
+        assert s.commit(3) == 3
+        produce(q, [b"%0100d" % i for i in range(3)], ctx)  # room for 300 bytes again
+        with pytest.raises(ProducerError, match="Queue full"):
+            produce(q, [b"x"], ctx)
+        assert s.offsets() == (13, 3)
+        assert len(list(s.read(0, 100))) == 10
+
+
+def test_a_silent_queue_times_out_the_client(ctx):
+    with StreamConsumer("tcp://127.0.0.1:9", timeout=0.2, retries=1, context=ctx) as s:
+        t = time.monotonic()
+        with pytest.raises(TimeoutError):
+            s.head()
+        assert time.monotonic() - t < 2
+
+
+def test_a_push_queue_has_no_stream_endpoint(start_pzq, ctx):
+    q = start_pzq()
+    assert "stream_head" not in q.counters()
+    with StreamConsumer(q.stream, timeout=0.3, retries=0, context=ctx) as s:
+        with pytest.raises(TimeoutError):
+            s.head()
