@@ -13,6 +13,7 @@ file (``b.stderr()``). Every wait has a deadline. The ``start_broker`` and ``bro
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -48,6 +49,31 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def cut(data: bytes, sizes: list[int]) -> list[bytes]:
+    """``data`` in pieces of the given sizes, cycling; the last piece takes what is left."""
+    pieces, pos, i = [], 0, 0
+    while pos < len(data):
+        pieces.append(data[pos : pos + sizes[i % len(sizes)]])
+        pos += sizes[i % len(sizes)]
+        i += 1
+    return pieces
+
+
+def read_within(fd: int, size: int, timeout: float) -> bytes:
+    """``size`` bytes from ``fd`` (fewer at end of file); fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    got = b""
+    while len(got) < size:
+        left = deadline - time.monotonic()
+        assert left > 0, f"got only {got!r} of {size} bytes within {timeout}s"
+        if select.select([fd], [], [], left)[0]:
+            piece = os.read(fd, size - len(got))
+            if not piece:
+                break
+            got += piece
+    return got
 
 
 def socket_address(endpoint: str) -> tuple[int, Any]:

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import pytest
+from helpers import cut
 
 import zpipes
 from zpipes import BrokenPipe, BrokerUnavailable, PipeFailed, PipeTimeout, ZpipesError, aio
@@ -32,16 +33,6 @@ async def write_all(broker: str, name: str, chunks: list[bytes], **opts: Any) ->
         for chunk in chunks:
             await writer.write(chunk)
     return sum(map(len, chunks))
-
-
-def cut(data: bytes, sizes: list[int]) -> list[bytes]:
-    """``data`` in pieces of the given sizes, cycling; the last piece takes what is left."""
-    pieces, pos, i = [], 0, 0
-    while pos < len(data):
-        pieces.append(data[pos : pos + sizes[i % len(sizes)]])
-        pos += sizes[i % len(sizes)]
-        i += 1
-    return pieces
 
 
 # --- stream semantics ------------------------------------------------------------------------

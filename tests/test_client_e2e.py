@@ -8,7 +8,6 @@ dies, N-to-N pipes and heartbeats. Every wait is bounded.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 import zmq
-from helpers import broker_env
+from helpers import broker_env, cut, read_within
 from wire import (
     INPUT_OK,
     READ_FAILED,
@@ -75,31 +74,6 @@ def write_all(broker: str, name: str, chunks: list[bytes], **opts: Any) -> int:
         for chunk in chunks:
             writer.write(chunk)
     return sum(map(len, chunks))
-
-
-def cut(data: bytes, sizes: list[int]) -> list[bytes]:
-    """``data`` in pieces of the given sizes, cycling; the last piece takes what is left."""
-    pieces, pos, i = [], 0, 0
-    while pos < len(data):
-        pieces.append(data[pos : pos + sizes[i % len(sizes)]])
-        pos += sizes[i % len(sizes)]
-        i += 1
-    return pieces
-
-
-def read_within(fd: int, size: int, timeout: float) -> bytes:
-    """Read ``size`` bytes from ``fd``, or fewer at end of file; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    got = b""
-    while len(got) < size:
-        left = deadline - time.monotonic()
-        assert left > 0, f"got only {got!r} within {timeout}s"
-        if select.select([fd], [], [], left)[0]:
-            piece = os.read(fd, size - len(got))
-            if not piece:
-                break
-            got += piece
-    return got
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import broker_env, wait_for
+from helpers import broker_env, read_within, wait_for
 
 import zpipes
 
@@ -62,21 +62,6 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = WAIT) -> tuple[int, b
         raise AssertionError(f"{proc.args} still running after {timeout}s; stderr: "
                              f"{proc.stderr.read()!r}") from None
     return proc.returncode, proc.stderr.read()
-
-
-def read_within(fd: int, size: int, timeout: float) -> bytes:
-    """``size`` bytes from ``fd`` (fewer at end of file); fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    got = b""
-    while len(got) < size:
-        left = deadline - time.monotonic()
-        assert left > 0, f"got only {got!r} of {size} bytes within {timeout}s"
-        if select.select([fd], [], [], left)[0]:
-            piece = os.read(fd, size - len(got))
-            if not piece:
-                break
-            got += piece
-    return got
 
 
 def assert_quiet_failure(status: int, err: bytes, *words: str) -> None:

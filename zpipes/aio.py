@@ -24,6 +24,9 @@ Layout:
 * :class:`AsyncPipeReader` and :class:`AsyncPipeWriter`: the pipe ends. One call at a time per
   end: calls from several tasks take turns.
 
+The heartbeat rules, the socket setup and what a pipe end returns once its waiting is done are
+shared with the sync client (``zpipes._common``).
+
 Cancellation (``asyncio.timeout``, ``Task.cancel``) is safe at every ``await``: commands are sent
 without waiting (a send waits only while the queue to the broker is full, and then nothing was
 sent yet) and the protocol state is updated right after, so a cancelled call loses nothing and
@@ -45,12 +48,23 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from zpipes._common import (
+    PING,
+    EndBase,
+    Liveness,
+    ReaderResults,
+    WriterCounters,
+    check_intervals,
+    check_options,
+    close_socket,
+    connection_lost,
+    fresh,
+    not_taking,
+    open_socket,
+    saw_disconnect,
+    take_replies,
+)
 from zpipes.client import (
-    _COMMON_OPTS,
-    _PING,
-    _READER_OPTS,
-    _WRITER_OPTS,
-    CLOSE_LINGER_MS,
     CLOSE_SEND_BOUND,
     DEFAULT_BROKER,
     DEFAULT_BROKER_TIMEOUT,
@@ -59,21 +73,15 @@ from zpipes.client import (
     DEFAULT_READ_AHEAD,
     DEFAULT_READ_SIZE,
     DEFAULT_WINDOW,
-    EOF,
-    RECONNECT_IVL_MS,
     ZERO_COPY_MIN,
     Phase,
     ReaderProtocol,
     WriterProtocol,
-    _check_timeout,
-    _fresh,
-    _is_ping_ok,
-    _join,
     check_broker_name,
     check_broker_running,
     endpoint,
 )
-from zpipes.errors import BrokerUnavailable, PipeTimeout, ProtocolError, ZpipesError
+from zpipes.errors import BrokerUnavailable, ProtocolError, ZpipesError
 
 DRAIN_BATCH = 1000  # replies the pump takes in one go before it lets other tasks run
 
@@ -113,41 +121,19 @@ class _AsyncChannel:
         broker_timeout: float = DEFAULT_BROKER_TIMEOUT,
         address: str | None = None,
     ) -> None:
-        if not ping_interval > 0:
-            raise ValueError("ping_interval must be positive")
-        if not broker_timeout > 0:
-            raise ValueError("broker_timeout must be positive")
+        self._live = Liveness(ping_interval, broker_timeout)
         loop = asyncio.get_running_loop()
         self.broker = check_broker_name(broker)
-        self.ping_interval = ping_interval
-        self.broker_timeout = broker_timeout
-        self._probe_interval = min(ping_interval, broker_timeout / 3)
         address = address or endpoint(broker)
         check_broker_running(broker, address)
-        sock = _context().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
-        # Reconnecting stays on (with it off, ZeroMQ drops the replies not read yet when the
-        # connection closes, such as "broker stopping"); the monitor tells when the connection
-        # drops, and the channel is then dead. As in the sync client.
-        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-        try:
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            raise BrokerUnavailable(f"cannot watch the connection to the broker: {exc}") from None
-        try:
-            sock.connect(address)
-        except zmq.ZMQError as exc:
-            monitor.close(linger=0)
-            sock.close(linger=0)
-            raise BrokerUnavailable(f"cannot connect to broker at {address!r}: {exc}") from None
+        # The monitor tells when the connection drops; the channel is then dead.
+        sock, monitor = open_socket(_context(), address)
         self._address = address
         self._sock = sock
         self._monitor = monitor
         self._owner = weakref.ref(owner)
         self.changed = asyncio.Event()
-        now = monotonic()
-        self._last_send = self._last_recv = self._last_ping = now
+        self._live.start(monotonic())
         self.dead: BrokerUnavailable | None = None
         self.closed = False
         self._pending: list[zmq.Frame] = []  # replies taken, not yet handed to the owner
@@ -159,19 +145,17 @@ class _AsyncChannel:
         """Send one frame. Returns as soon as it is queued; while the queue to the broker is
         full, waits for room at most ``bound`` seconds (default: ``broker_timeout``, after
         which the broker counts as gone). A cancelled send sent nothing."""
-        limit = self.broker_timeout if bound is None else min(bound, self.broker_timeout)
+        limit = self._live.send_limit(bound)
         give_up = monotonic() + limit
         while True:
             if self.try_send(frame, copy):
                 return
             while not await self._sock.poll(100, zmq.POLLOUT):
                 if self._check_link():
-                    raise _fresh(self.dead)  # type: ignore[arg-type]
+                    raise fresh(self.dead)  # type: ignore[arg-type]
                 self._check_usable()
                 if monotonic() >= give_up:
-                    error = BrokerUnavailable(
-                        f"broker {self.broker!r} is not taking messages (waited {limit:g} s)"
-                    )
+                    error = not_taking(self.broker, limit)
                     if bound is None:
                         self._fail(BrokerUnavailable(
                             f"broker {self.broker!r} not responding (not taking messages for "
@@ -188,14 +172,14 @@ class _AsyncChannel:
             _result(self._sock.send(frame, zmq.NOBLOCK, copy=copy))
         except zmq.Again:
             return False
-        self._last_send = monotonic()
+        self._live.sent(monotonic())
         return True
 
     def _check_usable(self) -> None:
         if self.closed:
             raise ValueError("I/O operation on closed pipe")
         if self.dead is not None:
-            raise _fresh(self.dead)
+            raise fresh(self.dead)
 
     # --- waiting ---
 
@@ -206,14 +190,11 @@ class _AsyncChannel:
         start = monotonic()
         while True:
             self._check_usable()
-            alive_until = max(self._last_recv, start) + self.broker_timeout
+            alive_until = self._live.alive_until(start)
             now = monotonic()
             if now >= alive_until:
-                self._fail(BrokerUnavailable(
-                    f"broker {self.broker!r} not responding (no answer for "
-                    f"{self.broker_timeout:g} s)"
-                ))
-                raise _fresh(self.dead)  # type: ignore[arg-type]
+                self._fail(self._live.silent(self.broker))
+                raise fresh(self.dead)  # type: ignore[arg-type]
             self.changed.clear()
             try:
                 async with asyncio.timeout(alive_until - now):
@@ -236,9 +217,9 @@ class _AsyncChannel:
                 if self._check_link():
                     return
                 now = monotonic()
-                if now >= self._ping_due():
+                if now >= self._live.ping_due():
                     self._ping(now)
-                wait = self._ping_due() - monotonic()
+                wait = self._live.ping_due() - monotonic()
                 await poller.poll(max(1, math.ceil(wait * 1000)))
         except asyncio.CancelledError:
             if not self.closed and self.dead is None:
@@ -261,19 +242,11 @@ class _AsyncChannel:
     def _drain(self, limit: int | None) -> None:
         """Take the replies that arrived (at most ``limit``; None: all) into ``_pending``,
         without waiting."""
-        frames = self._pending
         sock = self._sock
-        got = 0
-        while limit is None or got < limit:
-            try:
-                frame = _result(sock.recv(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                break
-            got += 1
-            if not _is_ping_ok(frame):
-                frames.append(frame)
-        if got:
-            self._last_recv = monotonic()
+        if take_replies(
+            lambda: _result(sock.recv(zmq.NOBLOCK, copy=False)), self._pending.append, limit
+        ):
+            self._live.heard(monotonic())
 
     def _deliver(self) -> bool:
         """Hand the replies taken to the owner; False if the owner is gone."""
@@ -292,24 +265,13 @@ class _AsyncChannel:
         if self.dead is not None:
             return True
         monitor = self._monitor
-        dropped = False
-        while True:
-            try:
-                event = _result(monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-            if len(event[0]) >= 2 and int.from_bytes(event[0][:2], sys.byteorder) & (
-                zmq.EVENT_DISCONNECTED
-            ):
-                dropped = True
+        dropped = saw_disconnect(lambda: _result(monitor.recv_multipart(zmq.NOBLOCK)))
         if dropped:
             # Every reply the broker sent before is readable now: they win over the lost
             # connection ("broker stopping" stays the reason). Then never reconnect: a new
             # connection would lead to a broker that does not know our pipe end.
             self._drain(None)
-            self._fail(BrokerUnavailable(
-                f"lost the connection to broker {self.broker!r} (it stopped, died or restarted)"
-            ))
+            self._fail(connection_lost(self.broker))
             try:
                 self._sock.disconnect(self._address)
             except zmq.ZMQError:
@@ -337,20 +299,12 @@ class _AsyncChannel:
         if self._task is not asyncio.current_task():
             self._task.cancel()
 
-    def _ping_due(self) -> float:
-        # Ping when we sent nothing for an interval (the broker must hear from us), and when we
-        # heard nothing for a while (we must hear from the broker), at most once per while.
-        return min(
-            self._last_send + self.ping_interval,
-            max(self._last_recv, self._last_ping) + self._probe_interval,
-        )
-
     def _ping(self, now: float) -> None:
         try:
-            _result(self._sock.send(_PING, zmq.NOBLOCK))
+            _result(self._sock.send(PING, zmq.NOBLOCK))
         except zmq.Again:
             pass  # the queue to the broker is full; the broker is not reading anyway
-        self._last_send = self._last_ping = now
+        self._live.pinged(now)
 
     # --- closing ---
 
@@ -378,15 +332,10 @@ class _AsyncChannel:
                 self._task.cancel()
             except RuntimeError:  # the event loop is closed
                 pass
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        self._monitor.close(linger=0)
-        self._sock.close(linger=0 if self.dead is not None else CLOSE_LINGER_MS)
+        close_socket(self._sock, self._monitor, self.dead is not None)
 
 
-class _AsyncPipeEnd:
+class _AsyncPipeEnd(EndBase):
     """What AsyncPipeReader and AsyncPipeWriter share: the channel, open, close, timeouts."""
 
     _proto: ReaderProtocol | WriterProtocol
@@ -404,10 +353,7 @@ class _AsyncPipeEnd:
     ) -> None:
         self.broker = check_broker_name(broker)
         self.timeout = timeout
-        if not ping_interval > 0:
-            raise ValueError("ping_interval must be positive")
-        if not broker_timeout > 0:
-            raise ValueError("broker_timeout must be positive")
+        check_intervals(ping_interval, broker_timeout)
         self._channel_args = (broker, ping_interval, broker_timeout, endpoint)
         self._lock = asyncio.Lock()
 
@@ -429,7 +375,7 @@ class _AsyncPipeEnd:
                     raise self._timed_out("opening") from None
                 raise
             if proto.phase is not Phase.OPEN:
-                raise _fresh(proto.error or ProtocolError("open failed"))
+                raise fresh(proto.error or ProtocolError("open failed"))
         except BaseException:
             self._abort()
             raise
@@ -437,27 +383,8 @@ class _AsyncPipeEnd:
     # --- properties ---
 
     @property
-    def name(self) -> str:
-        """The pipe's name."""
-        return self._proto.label
-
-    @property
-    def timeout(self) -> float | None:
-        """Seconds that open, each read, each write and flush may take; None: for ever."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value: float | None) -> None:
-        self._timeout = _check_timeout(value)
-
-    @property
     def closed(self) -> bool:
         return self._closed
-
-    def _timed_out(self, what: str, written: int = 0) -> PipeTimeout:
-        return PipeTimeout(
-            f"{what} pipe {self._proto.label!r} timed out after {self._timeout:g} s", written
-        )
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -557,14 +484,8 @@ class _AsyncPipeEnd:
         except Exception:  # a finalizer has nobody to report to
             pass
 
-    def __repr__(self) -> str:
-        proto = getattr(self, "_proto", None)
-        name = proto.label if proto is not None else "?"
-        state = "closed" if self._closed or proto is None else proto.phase.value
-        return f"<{type(self).__name__} {name!r} broker={getattr(self, 'broker', '?')!r} {state}>"
 
-
-class AsyncPipeReader(_AsyncPipeEnd):
+class AsyncPipeReader(ReaderResults, _AsyncPipeEnd):
     """The reading end of a named pipe (get one with :func:`open`).
 
     ``await read(n)`` returns exactly ``n`` bytes, fewer only at end of stream, and ``b""`` at
@@ -652,14 +573,6 @@ class AsyncPipeReader(_AsyncPipeEnd):
                 raise self._timed_out("read from") from None
             raise
 
-    def _at_marker(self) -> bytes:
-        """Nothing is ready and a marker follows: b"" at EOF (consumed), else raise."""
-        marker = self._proto.marker
-        if marker is EOF:
-            self._proto.consume_eof()
-            return b""
-        raise _fresh(marker)  # type: ignore[arg-type]
-
     # --- reading ---
 
     async def read(self, size: int | None = -1) -> bytes:
@@ -672,18 +585,8 @@ class AsyncPipeReader(_AsyncPipeEnd):
             return b""
         async with self._lock:
             self._check_usable()
-            proto = self._proto
             await self._wait_ready(size)
-            if proto.ready >= size:
-                data = _join(proto.take(size))
-            elif isinstance(proto.marker, ZpipesError):
-                raise _fresh(proto.marker)
-            elif proto.ready:
-                data = _join(proto.take(proto.ready))  # short: the stream ends after it
-            else:
-                return self._at_marker()
-            self._top_up()
-            return data
+            return self._take_exact(size)
 
     async def readall(self) -> bytes:
         """Read to end of stream."""
@@ -700,13 +603,7 @@ class AsyncPipeReader(_AsyncPipeEnd):
                     if scope.expired():
                         raise self._timed_out("read from") from None
                     raise
-            if isinstance(proto.marker, ZpipesError):
-                raise _fresh(proto.marker)
-            if not proto.ready:
-                return self._at_marker()
-            data = _join(proto.take(proto.ready))
-            self._top_up()
-            return data
+            return self._take_all()
 
     async def read1(self, size: int = -1) -> bytes:
         """What has arrived, at most ``size`` bytes (at least one: waits for some);
@@ -716,13 +613,8 @@ class AsyncPipeReader(_AsyncPipeEnd):
             return b""
         async with self._lock:
             self._check_usable()
-            proto = self._proto
             await self._wait_ready(1)
-            if not proto.ready:
-                return self._at_marker()
-            data = _join(proto.take(proto.ready if size is None or size < 0 else size))
-            self._top_up()
-            return data
+            return self._take_some(size)
 
     async def readline(self, size: int | None = -1) -> bytes:
         """One line, with its newline (the last line of a stream may have none); at most
@@ -747,24 +639,6 @@ class AsyncPipeReader(_AsyncPipeEnd):
             if line:
                 self._top_up()
             return line
-
-    def _line(self, limit: int, scanned: int) -> tuple[bytes | None, int]:
-        """(the next line if it is complete, else None; how far the ready data was scanned).
-        b"" at end of stream (consumed); raises a failure that follows the ready data."""
-        proto = self._proto
-        stop = min(proto.ready, limit)
-        found = proto.find_newline(scanned, stop)
-        if found >= 0:
-            return _join(proto.take(found + 1)), 0
-        if proto.ready >= limit:
-            return _join(proto.take(limit)), 0
-        if proto.final:
-            if isinstance(proto.marker, ZpipesError):
-                raise _fresh(proto.marker)
-            if not proto.ready:
-                return self._at_marker(), 0
-            return _join(proto.take(proto.ready)), 0  # the last line, without a newline
-        return None, stop
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -791,7 +665,7 @@ class AsyncPipeReader(_AsyncPipeEnd):
                 self._closed = True
 
 
-class AsyncPipeWriter(_AsyncPipeEnd):
+class AsyncPipeWriter(WriterCounters, _AsyncPipeEnd):
     """The writing end of a named pipe (get one with :func:`open`).
 
     ``await write(data)`` sends the data in chunks of at most ``chunk_size`` bytes, with at
@@ -822,15 +696,6 @@ class AsyncPipeWriter(_AsyncPipeEnd):
             raise RuntimeError("the pipe end was opened already")
         await self._open()
         return self
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._proto.bytes_sent
-
-    @property
-    def bytes_acknowledged(self) -> int:
-        """Bytes the broker has accepted into the pipe."""
-        return self._proto.bytes_acked
 
     # --- the engine ---
 
@@ -937,7 +802,7 @@ class AsyncPipeWriter(_AsyncPipeEnd):
                     raise
                 await self._finish()
                 if self._proto.close_error is not None:
-                    raise _fresh(self._proto.close_error)
+                    raise fresh(self._proto.close_error)
             finally:
                 self._closed = True
 
@@ -957,15 +822,9 @@ async def open(
     ``read_size``, ``read_ahead``, ``buffer_limit``; for writers ``chunk_size``, ``window``
     (as for :func:`zpipes.open`). There is no text mode.
     """
-    if mode in ("r", "rb"):
-        own = _READER_OPTS
-    elif mode in ("w", "wb"):
-        own = _WRITER_OPTS
-    else:
+    if mode not in ("r", "rb", "w", "wb"):
         raise ValueError(f"invalid mode {mode!r}: use 'r', 'rb', 'w' or 'wb'")
-    unknown = set(opts) - own - _COMMON_OPTS
-    if unknown:
-        raise TypeError(f"unexpected option(s) for mode {mode!r}: {', '.join(sorted(unknown))}")
+    check_options(mode, opts)
     if mode[0] == "r":
         return await AsyncPipeReader(name, broker, timeout, **opts).open()
     return await AsyncPipeWriter(name, broker, timeout, **opts).open()

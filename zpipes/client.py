@@ -24,6 +24,10 @@ Layout of this module:
   it, and a silent (hung) broker after ``broker_timeout``.
 * :class:`PipeReader` and :class:`PipeWriter` are the file objects that tie the two together.
 
+What this client shares with the asyncio client (:mod:`zpipes.aio`) lives in
+``zpipes._common``: the heartbeat rules, the socket setup and its disconnect monitor, and what
+a pipe end returns once its waiting is done.
+
 Throughput: a reader keeps ``read_ahead`` READs of ``read_size`` bytes outstanding, sent with
 wire timeout 0 (timeouts are kept by the client, so that a timeout never loses a request that
 the broker may still answer), and receives without copying. A writer sends chunks of up to
@@ -53,11 +57,29 @@ import zmq
 import zmq.utils.garbage  # noqa: F401 - see _close_open_ends
 
 from zpipes import protocol as p
+from zpipes._common import (
+    CLOSE_LINGER_MS,
+    EOF,
+    PING,
+    EndBase,
+    Liveness,
+    ReaderResults,
+    WriterCounters,
+    _Eof,
+    check_options,
+    check_timeout,
+    close_socket,
+    connection_lost,
+    fresh,
+    not_taking,
+    open_socket,
+    saw_disconnect,
+    take_replies,
+)
 from zpipes.errors import (
     BrokenPipe,
     BrokerUnavailable,
     PipeFailed,
-    PipeTimeout,
     ProtocolError,
     ZpipesError,
 )
@@ -69,9 +91,7 @@ DEFAULT_CHUNK_SIZE = 1 << 20  # largest chunk sent by one WRITE
 DEFAULT_WINDOW = 4  # WRITEs a writer may have unacknowledged
 DEFAULT_PING_INTERVAL = 1.0  # seconds: ping the broker when we sent nothing for this long
 DEFAULT_BROKER_TIMEOUT = 5.0  # seconds: a broker silent for this long while we wait is gone
-CLOSE_LINGER_MS = 200  # how long a closed socket may still try to deliver its last message
 CLOSE_SEND_BOUND = 0.5  # seconds: the longest a CLOSE may wait for room in the queue to the broker
-RECONNECT_IVL_MS = 100  # see _Channel: the channel never uses a second connection
 
 # The broker's limits on pipelining (per client): stay well below them.
 MAX_OUTSTANDING = 32
@@ -81,7 +101,6 @@ ZERO_COPY_MIN = 64 << 10  # below this, copying into the frame is cheaper than z
 WRITE_HEADROOM = 7  # signature, id, chunk length: in front of a WRITE's data
 WRITE_TAILROOM = 4  # timeout: after a WRITE's data
 
-_PING = p.encode(p.Ping())
 _CLOSE = p.encode(p.Close())
 # *_FAILED reasons after which the broker holds no pipe end for us any more: a CLOSE would only
 # go to a broker that is gone (or get INVALID), so none is sent.
@@ -132,18 +151,6 @@ class Phase(Enum):
     CLOSED = "closed"
     FAILED = "failed"  # the open was refused
     BROKEN = "broken"  # the broker answered INVALID or garbage: it detached our pipe end
-
-
-class _Eof:
-    """End-of-stream marker in a reader's stream."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "EOF"
-
-
-EOF = _Eof()
 
 
 class _EndProtocol:
@@ -519,7 +526,7 @@ class WriterProtocol(_EndProtocol):
     def check(self) -> None:
         """Raise the error that makes this end unusable, if there is one."""
         if self.error is not None:
-            raise _fresh(self.error)
+            raise fresh(self.error)
 
     # --- requests ---
 
@@ -602,11 +609,6 @@ class WriterProtocol(_EndProtocol):
 # ============================================================================================
 
 
-def _is_ping_ok(frame: zmq.Frame) -> bool:
-    buf = frame.buffer
-    return len(buf) == 3 and buf[2] == p.MessageId.PING_OK and buf[0] == 0xAA
-
-
 def _probe_address(address: str) -> tuple[int, Any] | None:
     """(family, address) of a plain socket that reaches a ZeroMQ endpoint, if we know one."""
     transport, _, rest = address.partition("://")
@@ -666,38 +668,12 @@ class _Channel:
         address: str | None = None,
         context: zmq.Context | None = None,
     ) -> None:
-        if not ping_interval > 0:
-            raise ValueError("ping_interval must be positive")
-        if not broker_timeout > 0:
-            raise ValueError("broker_timeout must be positive")
+        self._live = Liveness(ping_interval, broker_timeout)
         self.broker = check_broker_name(broker)
-        self.ping_interval = ping_interval
-        self.broker_timeout = broker_timeout
-        # While we hear nothing, probe the broker often enough to tell "slow" from "gone".
-        self._probe_interval = min(ping_interval, broker_timeout / 3)
         address = address or endpoint(broker)
         check_broker_running(broker, address)
-        ctx = context or _context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, CLOSE_LINGER_MS)
-        # Reconnecting stays on, although we never use a second connection: with it off,
-        # ZeroMQ throws away the replies that arrived but were not read yet when the
-        # connection closes (such as the broker's last words, "broker stopping"). A broker that
-        # comes back has forgotten our pipe end and would leave our requests unanswered for
-        # ever, so a monitor reports the disconnect, and the channel then takes what arrived
-        # before it and is dead (see _lose).
-        sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-        try:
-            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            raise BrokerUnavailable(f"cannot watch the connection to the broker: {exc}") from None
-        try:
-            sock.connect(address)
-        except zmq.ZMQError as exc:
-            monitor.close(linger=0)
-            sock.close(linger=0)
-            raise BrokerUnavailable(f"cannot connect to broker at {address!r}: {exc}") from None
+        # A disconnect makes the channel take what arrived before it, then dead (see _lose).
+        sock, monitor = open_socket(context or _context(), address)
         self._address = address
         self._sock = sock
         self._monitor = monitor
@@ -706,8 +682,7 @@ class _Channel:
         self._poller.register(monitor, zmq.POLLIN)
         self._lock = threading.Lock()
         self._inbox: deque[zmq.Frame] = deque()
-        now = monotonic()
-        self._last_send = self._last_recv = self._last_ping = now
+        self._live.start(monotonic())
         self.dead: BrokerUnavailable | None = None
         self.closed = False
         self._stop = threading.Event()
@@ -733,25 +708,23 @@ class _Channel:
         if self.dead is None:
             self._check_link()
         if self.dead is not None:
-            raise _fresh(self.dead)
+            raise fresh(self.dead)
         sock = self._sock
         try:
             sock.send(frame, zmq.NOBLOCK, copy=copy)
         except zmq.Again:
             # The queue to the broker is full: the broker has not taken anything for a while.
-            limit = self.broker_timeout if bound is None else min(bound, self.broker_timeout)
+            limit = self._live.send_limit(bound)
             give_up = monotonic() + limit
             while not sock.poll(100, zmq.POLLOUT):
                 if self._check_link():
-                    raise _fresh(self.dead) from None  # type: ignore[arg-type]
+                    raise fresh(self.dead) from None  # type: ignore[arg-type]
                 if monotonic() >= give_up:
                     if bound is None:
                         self._die()
-                    raise BrokerUnavailable(
-                        f"broker {self.broker!r} is not taking messages (waited {limit:g} s)"
-                    ) from None
+                    raise not_taking(self.broker, limit) from None
             sock.send(frame, zmq.NOBLOCK, copy=copy)
-        self._last_send = monotonic()
+        self._live.sent(monotonic())
 
     # --- receiving ---
 
@@ -766,31 +739,27 @@ class _Channel:
             if inbox:
                 return inbox.popleft()
             if self.dead is not None:
-                raise _fresh(self.dead)
-            sock = self._sock
+                raise fresh(self.dead)
+            live = self._live
             start = monotonic()
             while True:
                 now = monotonic()
-                if now >= self._ping_due():
+                if now >= live.ping_due():
                     self._ping(now)
-                alive_until = max(self._last_recv, start) + self.broker_timeout
+                alive_until = live.alive_until(start)
                 if now >= alive_until:
                     self._die()
-                wake = min(alive_until, self._ping_due())
+                wake = min(alive_until, live.ping_due())
                 if deadline is not None:
                     wake = min(wake, deadline)
                 if self._poller.poll(max(0, math.ceil((wake - now) * 1000))):
                     if self._check_link():
                         if inbox:
                             return inbox.popleft()
-                        raise _fresh(self.dead)  # type: ignore[arg-type]
-                    try:
-                        frame = sock.recv(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        continue
-                    self._last_recv = monotonic()
-                    if not _is_ping_ok(frame):
-                        return frame
+                        raise fresh(self.dead)  # type: ignore[arg-type]
+                    self._drain(1)
+                    if inbox:
+                        return inbox.popleft()
                 elif deadline is not None and monotonic() >= deadline:
                     return None
 
@@ -806,17 +775,8 @@ class _Channel:
     def _drain(self, limit: int | None) -> None:
         """Move the replies that arrived into ``_inbox``: at most ``limit`` (None: all)."""
         sock = self._sock
-        got = 0
-        while limit is None or got < limit:
-            try:
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            got += 1
-            if not _is_ping_ok(frame):
-                self._inbox.append(frame)
-        if got:
-            self._last_recv = monotonic()
+        if take_replies(lambda: sock.recv(zmq.NOBLOCK, copy=False), self._inbox.append, limit):
+            self._live.heard(monotonic())
 
     # --- liveness ---
 
@@ -825,16 +785,7 @@ class _Channel:
         monitor = self._monitor
         if not monitor.get(zmq.EVENTS) & zmq.POLLIN:
             return False
-        dropped = False
-        while True:
-            try:
-                event = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if len(event[0]) >= 2 and int.from_bytes(event[0][:2], sys.byteorder) & (
-                zmq.EVENT_DISCONNECTED
-            ):
-                dropped = True
+        dropped = saw_disconnect(lambda: monitor.recv_multipart(zmq.NOBLOCK))
         if dropped:
             self._lose()
         return dropped
@@ -846,38 +797,26 @@ class _Channel:
         to a broker that does not know our pipe end (a restarted one)."""
         self._drain(None)
         if self.dead is None:
-            self.dead = BrokerUnavailable(
-                f"lost the connection to broker {self.broker!r} (it stopped, died or restarted)"
-            )
+            self.dead = connection_lost(self.broker)
         try:
             self._sock.disconnect(self._address)
         except zmq.ZMQError:
             pass
 
-    def _ping_due(self) -> float:
-        # Ping when we sent nothing for an interval (the broker must hear from us), and when we
-        # heard nothing for a while (we must hear from the broker), at most once per while.
-        return min(
-            self._last_send + self.ping_interval,
-            max(self._last_recv, self._last_ping) + self._probe_interval,
-        )
-
     def _ping(self, now: float) -> None:
         try:
-            self._sock.send(_PING, zmq.NOBLOCK)
+            self._sock.send(PING, zmq.NOBLOCK)
         except zmq.Again:
             pass  # the queue to the broker is full; the broker is not reading anyway
-        self._last_send = self._last_ping = now
+        self._live.pinged(now)
 
     def _die(self) -> None:
-        self.dead = BrokerUnavailable(
-            f"broker {self.broker!r} not responding (no answer for {self.broker_timeout:g} s)"
-        )
+        self.dead = self._live.silent(self.broker)
         raise self.dead
 
     def _heartbeat(self) -> None:
         stop = self._stop
-        wait = min(self.ping_interval / 2, 0.5)
+        wait = min(self._live.ping_interval / 2, 0.5)
         while not stop.wait(wait):
             if not self._lock.acquire(blocking=False):
                 continue  # the caller is using the socket (and pings by itself)
@@ -886,7 +825,7 @@ class _Channel:
                     return
                 self._drain(1000)
                 now = monotonic()
-                if now >= self._ping_due():
+                if now >= self._live.ping_due():
                     self._ping(now)
             except zmq.ZMQError:
                 return
@@ -901,12 +840,7 @@ class _Channel:
             self._thread.join(timeout=5)
         with self._lock:
             self.closed = True
-            try:
-                self._sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(linger=0)
-            self._sock.close(linger=0 if self.dead is not None else CLOSE_LINGER_MS)
+            close_socket(self._sock, self._monitor, self.dead is not None)
 
 
 # --- the file objects --------------------------------------------------------------------
@@ -944,16 +878,7 @@ def _close_open_ends() -> None:
             _zmq_context.destroy(linger=CLOSE_LINGER_MS)
 
 
-def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    timeout = float(timeout)
-    if not timeout >= 0:
-        raise ValueError(f"timeout must be None or >= 0, not {timeout}")
-    return timeout
-
-
-class _PipeEnd(io.BufferedIOBase):
+class _PipeEnd(EndBase, io.BufferedIOBase):
     """What PipeReader and PipeWriter share: the channel, open, close, timeouts."""
 
     _proto: ReaderProtocol | WriterProtocol
@@ -969,7 +894,7 @@ class _PipeEnd(io.BufferedIOBase):
         address: str | None,
     ) -> None:
         self.broker = check_broker_name(broker)
-        self.timeout = _check_timeout(timeout)
+        self.timeout = check_timeout(timeout)
         deadline = self._deadline()
         channel = _Channel(broker, ping_interval, broker_timeout, address)
         self._channel = channel
@@ -980,9 +905,7 @@ class _PipeEnd(io.BufferedIOBase):
             while proto.phase is Phase.OPENING:
                 frame = channel.recv(deadline)
                 if frame is None:
-                    raise PipeTimeout(
-                        f"opening pipe {proto.label!r} timed out after {self.timeout:g} s"
-                    )
+                    raise self._timed_out("opening")
                 proto.receive_frame(frame)
             if proto.phase is not Phase.OPEN:
                 raise proto.error or ProtocolError("open failed")
@@ -991,27 +914,8 @@ class _PipeEnd(io.BufferedIOBase):
             raise
         _open_ends.add(self)
 
-    @property
-    def name(self) -> str:
-        """The pipe's name."""
-        return self._proto.label
-
-    @property
-    def timeout(self) -> float | None:
-        """Seconds that open, each read, each write and flush may take; None: for ever."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, value: float | None) -> None:
-        self._timeout = _check_timeout(value)
-
     def _deadline(self) -> float | None:
         return None if self._timeout is None else monotonic() + self._timeout
-
-    def _timed_out(self, what: str, written: int = 0) -> PipeTimeout:
-        return PipeTimeout(
-            f"{what} pipe {self._proto.label!r} timed out after {self._timeout:g} s", written
-        )
 
     def _feed(self, frames: Iterable[zmq.Frame]) -> None:
         receive = self._proto.receive_frame
@@ -1078,14 +982,8 @@ class _PipeEnd(io.BufferedIOBase):
         except Exception:  # a finalizer has nobody to report to
             pass
 
-    def __repr__(self) -> str:
-        proto = getattr(self, "_proto", None)
-        name = proto.label if proto is not None else "?"
-        state = "closed" if self.closed or proto is None else proto.phase.value
-        return f"<{type(self).__name__} {name!r} broker={getattr(self, 'broker', '?')!r} {state}>"
 
-
-class PipeReader(_PipeEnd):
+class PipeReader(ReaderResults, _PipeEnd):
     """The reading end of a named pipe, a binary stream (``io.BufferedIOBase``).
 
     ``read(n)`` returns exactly ``n`` bytes, fewer only at end of stream, and ``b""`` at end of
@@ -1158,14 +1056,6 @@ class PipeReader(_PipeEnd):
         """Take the replies that arrived while the program was busy, without waiting."""
         self._feed(self._channel.drain())  # type: ignore[union-attr]
 
-    def _at_marker(self) -> bytes:
-        """Nothing is ready and a marker follows: b"" at EOF (consumed), else raise."""
-        marker = self._proto.marker
-        if marker is EOF:
-            self._proto.consume_eof()
-            return b""
-        raise _fresh(marker)  # type: ignore[arg-type]
-
     def _wait_ready(self, size: int) -> None:
         """Wait until ``size`` bytes are ready or a marker follows the ready data."""
         proto = self._proto
@@ -1184,18 +1074,8 @@ class PipeReader(_PipeEnd):
             return self.readall()
         if size == 0:
             return b""
-        proto = self._proto
         self._wait_ready(size)
-        if proto.ready >= size:
-            data = _join(proto.take(size))
-        elif isinstance(proto.marker, ZpipesError):
-            raise _fresh(proto.marker)
-        elif proto.ready:
-            data = _join(proto.take(proto.ready))  # short: the stream ends after it
-        else:
-            return self._at_marker()
-        self._top_up()
-        return data
+        return self._take_exact(size)
 
     def readall(self) -> bytes:
         """Read to end of stream."""
@@ -1205,25 +1085,14 @@ class PipeReader(_PipeEnd):
         self._pump()
         while not proto.final:
             self._fill(deadline)
-        if isinstance(proto.marker, ZpipesError):
-            raise _fresh(proto.marker)
-        if not proto.ready:
-            return self._at_marker()
-        data = _join(proto.take(proto.ready))
-        self._top_up()
-        return data
+        return self._take_all()
 
     def read1(self, size: int = -1) -> bytes:
         self._check_usable()
         if size == 0:
             return b""
-        proto = self._proto
         self._wait_ready(1)
-        if not proto.ready:
-            return self._at_marker()
-        data = _join(proto.take(proto.ready if size is None or size < 0 else size))
-        self._top_up()
-        return data
+        return self._take_some(size)
 
     def readview(self, size: int = -1) -> memoryview:
         """Like :meth:`read1`, without any copy: a view of (part of) one received
@@ -1254,7 +1123,7 @@ class PipeReader(_PipeEnd):
         proto = self._proto
         self._wait_ready(size if whole else 1)
         if whole and proto.ready < size and isinstance(proto.marker, ZpipesError):
-            raise _fresh(proto.marker)
+            raise fresh(proto.marker)
         if not proto.ready:
             self._at_marker()
             return 0
@@ -1272,7 +1141,7 @@ class PipeReader(_PipeEnd):
         self._wait_ready(1)
         if not proto.ready:
             if isinstance(proto.marker, ZpipesError):
-                raise _fresh(proto.marker)
+                raise fresh(proto.marker)
             return b""
         return bytes(proto.peek_view())
 
@@ -1281,34 +1150,16 @@ class PipeReader(_PipeEnd):
         limit = sys.maxsize if size is None or size < 0 else size
         if limit == 0:
             return b""
-        proto = self._proto
-        scanned = 0
-        deadline: float | None = None
-        waited = False
-        while True:
-            stop = min(proto.ready, limit)
-            found = proto.find_newline(scanned, stop)
-            if found >= 0:
-                line = _join(proto.take(found + 1))
-                break
-            if proto.ready >= limit:
-                line = _join(proto.take(limit))
-                break
-            if proto.final:
-                if isinstance(proto.marker, ZpipesError):
-                    raise _fresh(proto.marker)
-                if not proto.ready:
-                    return self._at_marker()
-                line = _join(proto.take(proto.ready))  # the last line, without a newline
-                break
-            scanned = stop
-            if not waited:
-                waited = True
-                deadline = self._deadline()
-                self._pump()
-            else:
+        line, scanned = self._line(limit, 0)
+        if line is None:
+            deadline = self._deadline()
+            self._pump()
+            line, scanned = self._line(limit, scanned)
+            while line is None:
                 self._fill(deadline)
-        self._top_up()
+                line, scanned = self._line(limit, scanned)
+        if line:
+            self._top_up()
         return line
 
     # --- closing ---
@@ -1326,7 +1177,7 @@ class PipeReader(_PipeEnd):
             super().close()
 
 
-class PipeWriter(_PipeEnd):
+class PipeWriter(WriterCounters, _PipeEnd):
     """The writing end of a named pipe, a binary stream (``io.BufferedIOBase``).
 
     ``write`` sends the data in chunks of at most ``chunk_size`` bytes, with at most
@@ -1361,15 +1212,6 @@ class PipeWriter(_PipeEnd):
     def writable(self) -> bool:
         self._check_usable()
         return True
-
-    @property
-    def bytes_sent(self) -> int:
-        return self._proto.bytes_sent
-
-    @property
-    def bytes_acknowledged(self) -> int:
-        """Bytes the broker has accepted into the pipe."""
-        return self._proto.bytes_acked
 
     # --- the engine ---
 
@@ -1518,17 +1360,6 @@ class PipeWriter(_PipeEnd):
             super().close()
 
 
-def _fresh(error: BaseException) -> BaseException:
-    """A stored error, ready to be raised again without piling up tracebacks."""
-    return error.with_traceback(None)
-
-
-def _join(parts: list[memoryview]) -> bytes:
-    if len(parts) == 1:
-        return bytes(parts[0])
-    return b"".join(parts)
-
-
 def _readv_retry(fd: int, buf: memoryview) -> int:
     while True:
         try:
@@ -1549,9 +1380,6 @@ def _readable_now(fd: int) -> bool:
 
 # --- open() -------------------------------------------------------------------------------
 
-_READER_OPTS = frozenset({"read_size", "read_ahead", "buffer_limit"})
-_WRITER_OPTS = frozenset({"chunk_size", "window"})
-_COMMON_OPTS = frozenset({"ping_interval", "broker_timeout", "endpoint"})
 _TEXT_OPTS = frozenset({"encoding", "errors", "newline", "line_buffering", "write_through"})
 
 
@@ -1572,17 +1400,10 @@ def open(
     endpoint to use instead of the broker's default ``ipc://@/zpipes/<broker>``); for readers
     ``read_size``, ``read_ahead``, ``buffer_limit``; for writers ``chunk_size``, ``window``.
     """
-    if mode in ("r", "rb", "rt"):
-        own = _READER_OPTS
-    elif mode in ("w", "wb", "wt"):
-        own = _WRITER_OPTS
-    else:
+    if mode not in ("r", "rb", "rt", "w", "wb", "wt"):
         raise ValueError(f"invalid mode {mode!r}: use 'r', 'rb', 'rt', 'w', 'wb' or 'wt'")
     text = mode.endswith("t")
-    allowed = own | _COMMON_OPTS | (_TEXT_OPTS if text else frozenset())
-    unknown = set(opts) - allowed
-    if unknown:
-        raise TypeError(f"unexpected option(s) for mode {mode!r}: {', '.join(sorted(unknown))}")
+    check_options(mode, opts, _TEXT_OPTS if text else frozenset())
     text_opts = {key: opts.pop(key) for key in list(opts) if key in _TEXT_OPTS}
     end: PipeReader | PipeWriter
     if mode[0] == "r":
