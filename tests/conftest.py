@@ -11,6 +11,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import BrokerProcess, spawn_broker  # noqa: E402
+from helpers import REPO_ROOT, BrokerProcess, spawn_broker  # noqa: E402
 
 StartBroker = Callable[..., BrokerProcess]
 
@@ -71,3 +74,83 @@ def start_pzq(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     yield start
     for q in started:
         q.kill()
+
+
+# --- Spark (tests marked spark) ---------------------------------------------------------
+
+
+def _java_problem() -> str | None:
+    java_home = os.environ.get("JAVA_HOME")
+    java = shutil.which("java", path=os.pathsep.join(
+        filter(None, [java_home and os.path.join(java_home, "bin"), os.environ.get("PATH")])))
+    if java is None:
+        return "no java on PATH or in JAVA_HOME (Spark needs Java 17 or newer)"
+    try:
+        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"java does not run: {exc}"
+    return None
+
+
+ENV_KEYS = ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
+LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One local SparkSession for the whole test run (``local[2]``, UI off, loopback only,
+    Python workers on this interpreter), with the zbroker formats registered. Skipped, with
+    the reason, when pyspark, pyarrow or Java is missing."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'zbroker[spark]')")
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'zbroker[spark]')")
+    problem = _java_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    from pyspark.sql import SparkSession
+
+    from zbroker.spark import register
+
+    base = tmp_path_factory.mktemp("spark")
+    log4j = base / "log4j2.properties"
+    log4j.write_text(LOG4J2, encoding="utf-8")
+    # The JVM and the Python workers it starts inherit this environment (restored after).
+    saved = {key: os.environ.get(key) for key in ENV_KEYS}
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("zbroker-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.sql.warehouse.dir", str(base / "warehouse"))
+        .config("spark.local.dir", str(base / "local"))
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.stopTimeout", "30s")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

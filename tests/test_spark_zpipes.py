@@ -2,20 +2,17 @@
 and streaming sinks deliver every row as a line to library and ``zpipes read`` readers, the batch
 source reads a pipe to its end, the streaming source follows a pipe across writers.
 
-One SparkSession (``local[2]``, UI off, loopback only, workers on this interpreter) serves the
-whole module; it starts in ~15-20 s. Skipped, with the reason, when pyspark, pyarrow or Java is
-missing. Every wait is bounded.
+The session-wide SparkSession of conftest.py (``local[2]``, UI off, loopback only, workers on
+this interpreter) serves these tests; it starts in ~15-20 s. Skipped, with the reason, when pyspark,
+pyarrow or Java is missing. Every wait is bounded.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,84 +24,11 @@ import zpipes
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'zbroker[spark]')")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'zbroker[spark]')")
 
-from zbroker.spark import register  # noqa: E402
 from zbroker.spark.lines import hold_pipe_open  # noqa: E402
 
-
-def _java_problem() -> str | None:
-    java_home = os.environ.get("JAVA_HOME")
-    java = shutil.which("java", path=os.pathsep.join(
-        filter(None, [java_home and os.path.join(java_home, "bin"), os.environ.get("PATH")])))
-    if java is None:
-        return "no java on PATH or in JAVA_HOME (Spark needs Java 17 or newer)"
-    try:
-        subprocess.run([java, "-version"], capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"java does not run: {exc}"
-    return None
-
-
-_JAVA_PROBLEM = _java_problem()
 pytestmark = pytest.mark.spark
 
 WAIT = 90.0  # seconds: the longest any one Spark job or query of these tests may take
-
-
-ENV_KEYS = ("SPARK_LOCAL_IP", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")
-LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-"""
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A local SparkSession with the zbroker formats registered."""
-    if _JAVA_PROBLEM is not None:
-        pytest.skip(_JAVA_PROBLEM)
-    from pyspark.sql import SparkSession
-
-    base = tmp_path_factory.mktemp("spark")
-    log4j = base / "log4j2.properties"
-    log4j.write_text(LOG4J2, encoding="utf-8")
-    # The JVM and the Python workers it starts inherit this environment (restored after).
-    saved = {key: os.environ.get(key) for key in ENV_KEYS}
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("zbroker-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", java_opts)
-        .config("spark.sql.warehouse.dir", str(base / "warehouse"))
-        .config("spark.local.dir", str(base / "local"))
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # --- helpers ---------------------------------------------------------------------------------

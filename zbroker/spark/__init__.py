@@ -12,6 +12,8 @@ Formats (see each module's documentation for options and guarantees):
 
 * ``zpipes`` (:mod:`zbroker.spark.zpipes_source`): line-oriented text through a named pipe;
   batch and streaming source and sink.
+* ``pzq`` (:mod:`zbroker.spark.pzq_source`): pzq queues; a replayable stream source (at least
+  once), a batch source, batch and streaming sinks (at least once).
 
 Importing this package does not import pyspark; :func:`register` does.
 """
@@ -24,6 +26,7 @@ from typing import Any
 # format name -> "module:class" of its DataSource. A new service's format goes here.
 FORMATS: dict[str, str] = {
     "zpipes": "zbroker.spark.zpipes_source:ZpipesDataSource",
+    "pzq": "zbroker.spark.pzq_source:PzqDataSource",
 }
 
 
