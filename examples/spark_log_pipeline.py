@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# pzq: a pipeline that must not lose lines across restarts reads a pzq queue instead of a pipe,
-# with format("pzq") (at-least-once); only the source changes.
+# A pipeline that must not lose lines across restarts reads a pzq queue instead of a pipe, with
+# format("pzq") (at least once): see examples/spark_pzq_log_pipeline.py.
 
 
 def start(spark: Any, broker: str, logs_pipe: str, counts_pipe: str, out_dir: str | Path,
