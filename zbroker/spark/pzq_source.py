@@ -63,9 +63,10 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import StructType
 
 from zbroker.pzq.client import Producer, StreamConsumer
+from zbroker.spark.columns import value_column
 
 try:  # PySpark 4.2+: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
@@ -145,22 +146,6 @@ def _number(text: str | None, key: str, kind: type, default: Any, minimum: Any) 
     return value
 
 
-def value_column(schema: StructType) -> int:
-    """Index of the ``value`` column (binary or string); raises ValueError."""
-    for index, field in enumerate(schema.fields):
-        if field.name.lower() == "value":
-            if not isinstance(field.dataType, StringType | BinaryType):
-                raise ValueError(
-                    'format("pzq") writes a "value" column of type binary or string, not '
-                    f"{field.dataType.simpleString()}"
-                )
-            return index
-    raise ValueError(
-        'format("pzq") writes the column "value" (binary or string), which this DataFrame '
-        f"does not have (columns: {', '.join(schema.names) or 'none'}); select or alias one"
-    )
-
-
 # --- the data source -------------------------------------------------------------------------
 
 
@@ -181,10 +166,10 @@ class PzqDataSource(DataSource):
         return PzqStreamReader(PzqOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return PzqBatchWriter(PzqOptions.parse(self.options), value_column(schema))
+        return PzqBatchWriter(PzqOptions.parse(self.options), value_column(schema, FORMAT))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return PzqStreamWriter(PzqOptions.parse(self.options), value_column(schema))
+        return PzqStreamWriter(PzqOptions.parse(self.options), value_column(schema, FORMAT))
 
 
 # --- sources ---------------------------------------------------------------------------------

@@ -71,9 +71,10 @@ from pyspark.sql.datasource import (
     SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import StructType
 
 import zpipes
+from zbroker.spark.columns import value_column
 from zbroker.spark.lines import LineSplitter, decode_line, frame_lines
 
 try:  # PySpark 4.1+: a streaming sink can get record batches too
@@ -145,22 +146,6 @@ def _number(text: str | None, key: str, kind: type, default: Any = None,
     return value
 
 
-def value_column(schema: StructType) -> int:
-    """Index of the ``value`` column (string or binary); raises ValueError."""
-    for index, field in enumerate(schema.fields):
-        if field.name.lower() == "value":
-            if not isinstance(field.dataType, StringType | BinaryType):
-                raise ValueError(
-                    'format("zpipes") writes a "value" column of type string or binary, not '
-                    f"{field.dataType.simpleString()}"
-                )
-            return index
-    raise ValueError(
-        'format("zpipes") writes the column "value" (string or binary), which this DataFrame '
-        f"does not have (columns: {', '.join(schema.names) or 'none'}); select or alias one"
-    )
-
-
 # --- the data source -------------------------------------------------------------------------
 
 
@@ -181,10 +166,10 @@ class ZpipesDataSource(DataSource):
         return ZpipesStreamReader(PipeOptions.parse(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return ZpipesBatchWriter(PipeOptions.parse(self.options), value_column(schema))
+        return ZpipesBatchWriter(PipeOptions.parse(self.options), value_column(schema, FORMAT))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return ZpipesStreamWriter(PipeOptions.parse(self.options), value_column(schema))
+        return ZpipesStreamWriter(PipeOptions.parse(self.options), value_column(schema, FORMAT))
 
 
 # --- sinks -----------------------------------------------------------------------------------
