@@ -13,6 +13,7 @@ file (``b.stderr()``). Every wait has a deadline. The ``start_broker`` and ``bro
 from __future__ import annotations
 
 import os
+import random
 import select
 import signal
 import socket
@@ -226,3 +227,24 @@ def run_zbroker(args: Sequence[str], cwd: Path, timeout: float = 30.0
     return subprocess.run([sys.executable, "-m", "zbroker", *args], cwd=cwd,
                           env=broker_env(cwd), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port free now, below the kernel's ephemeral range: a port the kernel hands
+    out itself (bind to 0) can be taken meanwhile by an outgoing connection's local port,
+    and the queue's bind then fails with "Address already in use"."""
+    low = 20000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    for _ in range(200):
+        port = random.randrange(low, max(low + 1000, high))
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port found")

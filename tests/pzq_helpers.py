@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,17 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from helpers import REPO_ROOT, endpoint_accepts, wait_for
+from helpers import REPO_ROOT, endpoint_accepts, free_port, wait_for
 
 from zbroker.pzq.client import monitor
 
 UP_TIMEOUT = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:

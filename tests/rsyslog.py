@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 10.0
 SEP = "\x1f"  # between fields in the output file (never in a record: escaped by rsyslog)
@@ -41,12 +43,6 @@ def ensure_rsyslogd() -> str | None:
             pass
         found = find_rsyslogd()
     return found
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
