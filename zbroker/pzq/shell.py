@@ -3,79 +3,235 @@
     printf 'a\\nb\\n' | zbroker queue put jobs          # one message per line
     zbroker queue put jobs --file report.pdf            # one message per file
     zbroker queue get jobs --count 2                    # prints one message per line
+    zbroker queue get events --count 0 --timeout 0      # a stream queue: all there is now
 
-The queue's endpoints come from the broker's config file (the same search as the broker's,
-or --config), or from --receive / --send. ``get`` ACKs a message only after it is written to
-standard output. Messages pushed to it beyond --count are not ACKed: the queue delivers them
-again when they time out, or at once if no other consumer is connected.
-Exit status: 0 done, 1 failure (unknown queue, refused message, timeout).
+The queue's mode and endpoints come from the running broker (its status, asked on its control
+socket, found as ``zbroker status`` finds it: --config, --broker, --run-dir); when no broker
+answers there, from its config file (the same search as the broker's, or --config). --receive,
+--send or --stream name an endpoint directly (a standalone pzq) and skip both.
+
+``get`` on a push queue ACKs a message only after it is written to standard output. Messages
+pushed to it beyond --count are not ACKed: the queue delivers them again when they time out,
+or at once if no other consumer is connected. ``get`` on a stream queue reads from the
+committed offset and COMMITs each batch once it is written and flushed to standard output:
+an interrupted ``get`` may print a batch again next time, it never loses one (at-least-once).
+Exit status: 0 done, 1 failure (unknown queue, refused message, timeout, unreachable queue),
+2 usage error, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import zmq
 
 from zbroker.config import ConfigError, load_config
+from zbroker.management import CommandError, NotRunning, request
 
-from .client import Consumer, Producer, ProducerError
+from . import wire
+from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
+
+STREAM_BATCH = 1000  # messages printed, then committed, at a time (what a crash may repeat)
+STATUS_TIMEOUT = 5.0  # seconds to wait for the broker's status
+
+GET_EPILOG = """\
+push queues (mode: push):
+  Each message is ACKed once it is written to standard output. Messages pushed beyond
+  --count are not ACKed: the queue delivers them again (at once if no other consumer is
+  connected, else after its ack_timeout).
+
+stream queues (mode: stream):
+  Messages are read in offset order from the committed offset, printed a batch at a time,
+  and the batch is COMMITted once standard output has been flushed: the next get goes on
+  after it. A get stopped before the COMMIT (Ctrl-C, a closed pipe, a full disk, a crash)
+  prints that batch again next time, it never loses it (at-least-once). --no-commit and
+  --from-offset only look (the committed offset stays where it is).
+
+where the queue is:
+  The running broker's status says the queue's mode and endpoints (the broker found as
+  `zbroker status` finds it: --config, --broker, --run-dir). If no broker answers, the
+  config file says them. --send ENDPOINT (push) or --stream ENDPOINT (stream) skip both.
+
+exit status:
+  0 done; 1 fewer messages than --count came within --timeout (what came is printed), or
+  the queue is unknown, unreachable or refused a request; 2 usage error; 130 interrupted.
+
+examples:
+  zbroker queue get jobs                      one message, waiting up to 10 s for it
+  zbroker queue get jobs -n 0 -t 1            messages until none comes for 1 s
+  zbroker queue get events -n 0 -t 0          all a stream queue holds now, committed
+  zbroker queue get events -n 0 -t 0 --no-commit    the same, only looking"""
+
+PUT_EPILOG = """\
+Each message is sent with an id and resent until the queue ACKs it; exit status 0 once every
+message is ACKed (stored, as the queue's sync mode says), 1 if one is refused or not ACKed
+within --timeout. Push and stream queues take messages the same way.
+
+examples:
+  printf 'a\\nb\\n' | zbroker queue put jobs      two messages
+  zbroker queue put jobs -f a.pdf -f b.pdf       two messages, one per file
+  tar c dir | zbroker queue put jobs --whole     one message"""
 
 
-def _error(message: str) -> int:
+def _error(message: str, status: int = 1) -> int:
     print(f"zbroker queue: {message}", file=sys.stderr)
-    return 1
+    return status
+
+
+def _offset(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= wire.MAX_OFFSET:
+        raise argparse.ArgumentTypeError(f"expected an offset from 0 to {wire.MAX_OFFSET}, "
+                                         f"got {text!r}")
+    return n
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of messages (0 or more), "
+                                         f"got {text!r}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zbroker queue",
                                 description="Put messages into, or get them from, a pzq queue.")
     sub = p.add_subparsers(dest="action", required=True)
-    for name, what in (("put", "send messages (one per line of standard input, or per file)"),
-                       ("get", "receive messages, print them, ACK them")):
-        s = sub.add_parser(name, help=what, description=what)
-        s.add_argument("queue", metavar="NAME", help="the queue's name in the config")
+    for name, what, epilog in (
+            ("put", "send messages (one per line of standard input, or per file)", PUT_EPILOG),
+            ("get", "print messages, one per line, then ACK (push) or COMMIT (stream) them",
+             GET_EPILOG)):
+        s = sub.add_parser(name, help=what, description=what, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        s.add_argument("queue", metavar="NAME", help="the queue's name (services.pzq.queues)")
         s.add_argument("--config", "-c", metavar="FILE", help="the broker's config file")
-        s.add_argument("--timeout", type=float, default=10.0,
-                       help="seconds to wait for the queue (default %(default)s)")
+        s.add_argument("--broker", "-b", metavar="BROKER",
+                       help="the broker's name (default: broker.name of the config)")
+        s.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
         if name == "put":
-            s.add_argument("--receive", metavar="ENDPOINT", help="the producers' endpoint")
+            s.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+                           help="seconds to wait for the queue's ACKs (default %(default)s)")
+            s.add_argument("--receive", metavar="ENDPOINT",
+                           help="the producers' endpoint (no broker or config lookup)")
             s.add_argument("--file", "-f", action="append", default=[], metavar="PATH",
                            help="send this file as one message (repeatable)")
             s.add_argument("--whole", action="store_true",
                            help="send all of standard input as one message")
         else:
-            s.add_argument("--send", metavar="ENDPOINT", help="the consumers' endpoint")
-            s.add_argument("--count", "-n", type=int, default=1,
+            s.add_argument("--count", "-n", type=_count, default=1, metavar="N",
                            help="messages to get (default 1; 0: until none comes within "
                                 "--timeout)")
+            s.add_argument("--timeout", "--wait", "-t", type=_seconds, default=10.0,
+                           metavar="SECONDS",
+                           help="seconds to wait for each message (default %(default)s; a "
+                                "stream queue's messages already there come at once)")
+            where = s.add_mutually_exclusive_group()
+            where.add_argument("--send", metavar="ENDPOINT",
+                               help="a push queue's consumers' endpoint (no broker or config "
+                                    "lookup)")
+            where.add_argument("--stream", metavar="ENDPOINT",
+                               help="a stream queue's stream endpoint (no broker or config "
+                                    "lookup)")
+            s.add_argument("--no-commit", action="store_true",
+                           help="stream queues: print without committing (a later get "
+                                "prints the same messages)")
+            s.add_argument("--from-offset", type=_offset, metavar="OFFSET",
+                           help="stream queues: start at this offset instead of the committed "
+                                "one; implies --no-commit")
     return p
 
 
-def _endpoints(args: argparse.Namespace) -> tuple[str, str]:
-    given = getattr(args, "receive", None) or getattr(args, "send", None)
-    if given:
-        return given, given
-    config = load_config(args.config)
-    queues = config.services.pzq.queue_configs()
+@dataclass(frozen=True)
+class QueueInfo:
+    mode: str  # "push" or "stream"
+    receive: str | None
+    send: str | None
+    stream: str | None
+    note: str = ""  # why the broker was not asked, for error messages
+
+
+def _lookup(args: argparse.Namespace) -> QueueInfo:
+    """The queue's mode and endpoints: given on the command line, else from the running
+    broker's status, else from the config. Raises ConfigError (unknown queue, bad config)."""
+    if getattr(args, "receive", None):
+        return QueueInfo("push", args.receive, None, None)
+    if getattr(args, "send", None):
+        return QueueInfo("push", None, args.send, None)
+    if getattr(args, "stream", None):
+        return QueueInfo("stream", None, None, args.stream)
+    overrides = {"broker": {"name": args.broker}} if args.broker else None
+    config = load_config(args.config, overrides)
+    broker = config.broker.name
+    run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
+    assert run_dir is not None
+    try:
+        status = request(run_dir, broker, {"command": "status"}, timeout=STATUS_TIMEOUT)
+    except (NotRunning, CommandError) as exc:
+        return _from_config(config, args.queue, str(exc))
+    queues: dict[str, Any] = (status.get("services") or {}).get("pzq") or {}
     q = queues.get(args.queue)
+    if not isinstance(q, dict):
+        known = ", ".join(queues) if queues else "none: services.pzq is not enabled"
+        raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: {known})")
+    return QueueInfo(str(q.get("mode", "push")), q.get("receive"), q.get("send"),
+                     q.get("stream"))
+
+
+def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
+    queues = config.services.pzq.queue_configs()
+    q = queues.get(queue)
     if q is None:
-        raise ConfigError(f"no queue {args.queue!r} in the config (queues: "
-                          f"{', '.join(queues)})")
-    return q.receive_endpoint, q.send_endpoint
+        raise ConfigError(f"no queue {queue!r} in the config (queues: {', '.join(queues)})")
+    broker = config.broker.name
+    return QueueInfo(q.mode, q.receive_endpoint.replace("{name}", broker),
+                     q.send_endpoint.replace("{name}", broker),
+                     q.stream_endpoint.replace("{name}", broker), note)
 
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(argv)
     try:
-        receive, send = _endpoints(args)
+        info = _lookup(args)
     except ConfigError as exc:
         return _error(str(exc))
-    if args.action == "put":
-        return _put(args, receive)
-    return _get(args, send)
+    try:
+        if args.action == "put":
+            assert info.receive is not None
+            return _put(args, info.receive)
+        if info.mode == "stream":
+            assert info.stream is not None
+            return _get_stream(args, info)
+        if args.no_commit or args.from_offset is not None:
+            return _error(f"queue {args.queue!r} is a push queue: --no-commit and "
+                          "--from-offset are for stream queues", 2)
+        assert info.send is not None
+        return _get(args, info.send, info.note)
+    except KeyboardInterrupt:
+        return _error("interrupted", 130)
 
 
 def _put(args: argparse.Namespace, endpoint: str) -> int:
@@ -104,7 +260,26 @@ def _put(args: argparse.Namespace, endpoint: str) -> int:
     return 0
 
 
-def _get(args: argparse.Namespace, endpoint: str) -> int:
+def _output_failed(exc: OSError) -> str:
+    """Standard output is gone (a closed pipe, a full disk): say so, and point standard
+    output at /dev/null so that the interpreter's last flush does not fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
+    return f"cannot write to standard output: {exc.strerror or exc}"
+
+
+def _shortfall(args: argparse.Namespace, got: int, note: str = "") -> int:
+    if got == 0 or (args.count > 0 and got < args.count):
+        return _error(f"{got} of {args.count or 'any'} message(s) within {args.timeout:g}s"
+                      + (f"; {note}" if note and got == 0 else ""))
+    return 0
+
+
+def _get(args: argparse.Namespace, endpoint: str, note: str = "") -> int:
     got = 0
     out = sys.stdout.buffer
     with Consumer(endpoint, rcvhwm=1) as c:
@@ -117,8 +292,60 @@ def _get(args: argparse.Namespace, endpoint: str) -> int:
                 out.flush()
                 c.ack(m)
                 got += 1
-        except (BrokenPipeError, zmq.ZMQError) as exc:
+        except OSError as exc:
+            return _error(_output_failed(exc))
+        except zmq.ZMQError as exc:
             return _error(str(exc))
-    if got == 0 or (args.count > 0 and got < args.count):
-        return _error(f"{got} of {args.count or 'any'} message(s) within {args.timeout:g}s")
-    return 0
+    return _shortfall(args, got, note)
+
+
+def _get_stream(args: argparse.Namespace, info: QueueInfo) -> int:
+    """Print a stream queue's messages from the committed offset (or --from-offset), and
+    COMMIT each batch once it is flushed to standard output."""
+    endpoint = info.stream
+    assert endpoint is not None
+    commit = not args.no_commit and args.from_offset is None
+    out = sys.stdout.buffer
+    got = 0
+    # A request is tried 3 times: an unreachable queue fails within about --timeout (>= 3 s).
+    per_try = min(5.0, max(1.0, args.timeout / 3))
+    with StreamConsumer(endpoint, timeout=per_try, retries=2) as s:
+        try:
+            pos = s.committed() if args.from_offset is None else args.from_offset
+            deadline = time.monotonic() + args.timeout
+            pause = 0.01
+            while args.count <= 0 or got < args.count:
+                want = STREAM_BATCH if args.count <= 0 else min(STREAM_BATCH, args.count - got)
+                r = s.range(pos, wire.MAX_OFFSET, max_messages=want)
+                if not r.messages:
+                    if r.next > pos:
+                        pos = r.next  # a gap of failed writes: go on at once
+                        continue
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    time.sleep(min(pause, left))  # nothing new yet: ask again shortly
+                    pause = min(pause * 2, 0.2)
+                    continue
+                try:
+                    for m in r.messages:
+                        out.write(m.body + b"\n")
+                    out.flush()
+                except OSError as exc:
+                    # Not committed: the next get prints this batch again.
+                    return _error(_output_failed(exc))
+                got += len(r.messages)
+                pos = r.next  # [old pos, next): printed, or no message there
+                if commit:
+                    s.commit(pos)
+                deadline = time.monotonic() + args.timeout
+                pause = 0.01
+        except TimeoutError:
+            what = (f"no answer from the stream endpoint {endpoint} within "
+                    f"{per_try * 3:g}s")
+            if got:
+                what += f" ({got} message(s) printed; the last batch may come again)"
+            return _error(what + (f"; {info.note}" if info.note else ""))
+        except StreamError as exc:
+            return _error(f"the queue refused a request: {exc}")
+    return _shortfall(args, got, info.note)
