@@ -1,0 +1,217 @@
+"""``zbroker queue put|get`` as real processes against a real broker hosting pzq queues: a stream
+queue read from the shell (ordered, committed after printing, at-least-once) and the errors."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
+
+from zbroker.pzq.client import StreamConsumer
+
+
+def queue_config(tmp_path: Path) -> dict:
+    """A broker config with one stream queue ("events") and one push queue ("jobs")."""
+    def endpoints(name: str) -> dict:
+        return {"receive_endpoint": f"tcp://127.0.0.1:{free_port()}",
+                "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
+                "data_dir": str(tmp_path / f"data-{name}")}
+
+    return {"services": {"pzq": {
+        "enabled": True,
+        "defaults": {"ack_timeout": 0.4, "reaper_frequency": 0.05},
+        "queues": {
+            "events": {**endpoints("events"), "mode": "stream",
+                       "stream_endpoint": f"tcp://127.0.0.1:{free_port()}"},
+            "jobs": endpoints("jobs"),
+        },
+    }}}
+
+
+class Shell:
+    """Runs ``zbroker queue ...`` for one broker (its config, its run directory)."""
+
+    def __init__(self, broker, config: dict):
+        self.broker = broker
+        self.config = config
+        self.env = broker_env(broker.dir)
+
+    def queue(self, name: str) -> dict:
+        return self.config["services"]["pzq"]["queues"][name]
+
+    def argv(self, *args: str, broker: bool = True) -> list[str]:
+        extra = ["--broker", self.broker.name] if broker else []
+        return [sys.executable, "-m", "zbroker", "queue", *args, "--config",
+                str(self.broker.config_path), *extra]
+
+    def run(self, *args: str, stdin: bytes = b"", broker: bool = True, stdout=subprocess.PIPE,
+            timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(self.argv(*args, broker=broker), input=stdin, stdout=stdout,
+                              stderr=subprocess.PIPE, env=self.env, timeout=timeout)
+
+    def put(self, queue: str, lines: list[bytes]) -> None:
+        r = self.run("put", queue, stdin=b"".join(line + b"\n" for line in lines))
+        assert r.returncode == 0, r.stderr
+
+    def offsets(self) -> tuple[int, int]:
+        with StreamConsumer(self.queue("events")["stream_endpoint"], timeout=5) as s:
+            return s.offsets()
+
+
+@pytest.fixture
+def shell(start_broker, tmp_path) -> Shell:
+    cfg = queue_config(tmp_path)
+    b = start_broker(config=cfg)
+    sh = Shell(b, cfg)
+    for q in cfg["services"]["pzq"]["queues"].values():
+        for key in ("receive_endpoint", "stream_endpoint"):
+            if key in q:
+                wait_for(lambda e=q[key]: endpoint_accepts(e), 10, f"pzq {key}")
+    return sh
+
+
+def lines(n: int, start: int = 0) -> list[bytes]:
+    return [b"event %d" % i for i in range(start, start + n)]
+
+
+def test_stream_get_prints_in_order_then_nothing_once_committed(shell):
+    shell.put("events", lines(50))
+    r = shell.run("get", "events", "--count", "0", "--timeout", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == lines(50)
+    assert shell.offsets() == (50, 50)  # printed means committed
+    r = shell.run("get", "events", "--count", "0", "--timeout", "0.2")
+    assert (r.returncode, r.stdout) == (1, b""), r
+    assert b"0 of any message(s)" in r.stderr
+    shell.put("events", lines(2, start=50))
+    r = shell.run("get", "events", "-n", "0", "-t", "0")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(2, start=50), r
+
+
+def test_stream_get_by_count_goes_on_without_loss_or_duplicates(shell):
+    shell.put("events", lines(10))
+    got = []
+    for _ in range(3):
+        r = shell.run("get", "events", "--count", "3", "--timeout", "2")
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 3
+        got += r.stdout.splitlines()
+    assert shell.offsets() == (10, 9)
+    r = shell.run("get", "events", "--count", "3", "--timeout", "0.2")  # only one is left
+    assert r.returncode == 1 and b"1 of 3 message(s)" in r.stderr, r
+    got += r.stdout.splitlines()
+    assert got == lines(10)
+    assert shell.offsets() == (10, 10)
+
+
+def test_stream_get_waits_for_messages(shell):
+    started = time.monotonic()
+    get = subprocess.Popen(shell.argv("get", "events", "--count", "2", "--timeout", "10"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell.env)
+    try:
+        time.sleep(1.0)  # the get is up and finds nothing
+        assert get.poll() is None
+        shell.put("events", lines(2))
+        out, err = get.communicate(timeout=10)
+    finally:
+        get.kill()
+        get.wait()
+    assert get.returncode == 0, err
+    assert out.splitlines() == lines(2)
+    assert time.monotonic() - started < 8  # not at the end of --timeout
+
+
+def test_stream_peek_does_not_commit(shell):
+    shell.put("events", lines(8))
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--no-commit")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(8), r
+    r = shell.run("get", "events", "-n", "2", "--from-offset", "5")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(2, start=5), r
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--from-offset", "100")
+    assert r.returncode == 1 and r.stdout == b"", r
+    assert shell.offsets() == (8, 0)
+    r = shell.run("get", "events", "-n", "0", "-t", "0")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(8), r
+
+
+def test_stream_get_that_cannot_print_commits_nothing(shell):
+    shell.put("events", lines(5))
+    with open("/dev/full", "wb") as full:  # every write fails: ENOSPC
+        r = shell.run("get", "events", "-n", "0", "-t", "0", stdout=full)
+    assert r.returncode == 1 and b"cannot write to standard output" in r.stderr, r
+    assert shell.offsets() == (5, 0)
+    r = shell.run("get", "events", "-n", "0", "-t", "0")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(5), r
+
+
+def test_interrupted_stream_get_loses_nothing(shell):
+    shell.put("events", lines(5))
+    get = subprocess.Popen(shell.argv("get", "events", "--count", "0", "--timeout", "30"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell.env)
+    try:
+        printed = [get.stdout.readline().rstrip(b"\n") for _ in range(5)]
+        assert printed == lines(5)
+        wait_for(lambda: shell.offsets()[1] == 5, 5, "the printed batch to be committed")
+        get.send_signal(signal.SIGINT)  # while it waits for more
+        out, err = get.communicate(timeout=10)
+    finally:
+        get.kill()
+        get.wait()
+    assert get.returncode == 130 and b"interrupted" in err, err
+    shell.put("events", lines(3, start=5))
+    r = shell.run("get", "events", "-n", "0", "-t", "0")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(3, start=5), r
+
+
+def test_the_running_broker_says_where_the_queue_is(shell):
+    """The broker's status wins over a config edited since it started; without an answer
+    from the broker the config is used, and its error says the broker is not running."""
+    shell.put("events", lines(3))
+    edited = queue_config(shell.broker.dir)  # other ports, nothing listens there
+    write_config(shell.broker.config_path, edited)
+    r = shell.run("get", "events", "-n", "0", "-t", "0")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(3), r
+    started = time.monotonic()
+    r = shell.run("get", "events", "-n", "0", "-t", "1", broker=False)  # broker "local"
+    assert r.returncode == 1, r
+    assert b"no answer from the stream endpoint" in r.stderr, r.stderr
+    assert b"no broker named 'local' is running" in r.stderr, r.stderr
+    assert time.monotonic() - started < 8
+
+
+def test_push_queue_still_works_through_the_broker(shell):
+    shell.put("jobs", [b"first", b"second"])
+    r = shell.run("get", "jobs", "--count", "2", "--timeout", "5")
+    assert r.returncode == 0 and r.stdout == b"first\nsecond\n", r
+    r = shell.run("get", "jobs", "--no-commit")
+    assert r.returncode == 2 and b"push queue" in r.stderr, r
+
+
+def test_errors(shell):
+    r = shell.run("get", "nosuch", "-t", "1")
+    assert r.returncode == 1 and b"has no queue 'nosuch' (queues: events, jobs)" in r.stderr, r
+    r = shell.run("get", "nosuch", "-t", "1", broker=False)  # from the config
+    assert r.returncode == 1 and b"no queue 'nosuch' in the config" in r.stderr, r
+    r = shell.run("put", "nosuch")
+    assert r.returncode == 1 and b"no queue 'nosuch'" in r.stderr, r
+    for bad in (["--count", "-1"], ["--timeout", "soon"], ["--from-offset", "-3"]):
+        r = shell.run("get", "events", *bad)
+        assert r.returncode == 2 and b"expected" in r.stderr, (bad, r)
+    started = time.monotonic()
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    r = shell.run("get", "events", "--stream", dead, "-t", "1")
+    assert r.returncode == 1 and f"no answer from the stream endpoint {dead}".encode() \
+        in r.stderr, r
+    assert time.monotonic() - started < 8
+
+
+def test_help_explains_stream_queues(shell):
+    r = shell.run("get", "--help", broker=False)
+    assert r.returncode == 0
+    for text in (b"--no-commit", b"--from-offset", b"at-least-once", b"exit status"):
+        assert text in r.stdout, text
