@@ -433,7 +433,12 @@ def test_broker_queue_survives_a_restart(start_broker, tmp_path):
 def test_broker_refuses_replicas_without_peers_and_clashing_queues(start_broker, tmp_path):
     cfg = pzq_config(tmp_path, a={"replicas": 1})
     b = start_broker(config=cfg, wait=False)
-    assert b.wait() != 0 and "needs at least as many peers" in b.stderr()
+    assert b.wait() != 0 and "needs a cluster (cluster.enabled: true) or static peers" \
+        in b.stderr()
+    cfg = pzq_config(tmp_path, a={"replicas": 2, "peers": ["tcp://127.0.0.1:1"]})
+    cfg["cluster"] = {"enabled": True, "discovery": False, "bind": "tcp://127.0.0.1:*"}
+    b = start_broker(config=cfg, wait=False)
+    assert b.wait() != 0 and "needs at least as many peers (has 1)" in b.stderr()
     cfg = pzq_config(tmp_path, a={}, b={})
     cfg["services"]["pzq"]["queues"]["b"]["send_endpoint"] = \
         cfg["services"]["pzq"]["queues"]["a"]["send_endpoint"]

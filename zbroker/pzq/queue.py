@@ -98,6 +98,9 @@ class QueueCore:
         #: replication: what to send to peers, ("copy", key, body) or ("delete", key, ())
         self.replica_out: list[tuple[str, bytes, tuple[bytes, ...]]] = []
         self.replicating: dict[bytes, Replicating] = {}
+        #: how many peers copies go to now; below ``replicas`` a new message's ACK says
+        #: REPLICATION_FAILED as soon as it is written here, without waiting for the timeout
+        self.replica_targets = limits.replicas
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
@@ -106,7 +109,8 @@ class QueueCore:
         self.counters = dict.fromkeys((
             "produced", "stored", "producer_acks", "producer_failures", "duplicates",
             "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
-            "recovered", "replicated", "replication_failed", "committed_messages"), 0)
+            "recovered", "replicated", "replication_failed", "committed_messages",
+            "taken_back"), 0)
 
     # --- start ------------------------------------------------------------------------------
 
@@ -168,7 +172,8 @@ class QueueCore:
         else:
             waiting.append((peer, msg_id, key))
         if self.limits.replicas:
-            self.replicating[key] = Replicating(self.limits.replicas)
+            st = self.replicating[key] = Replicating(self.limits.replicas)
+            st.failed = self.replica_targets < self.limits.replicas
             self._replica_deadlines.append((now + self.limits.replication_timeout, key))
             self.replica_out.append(("copy", key, p.body))
 
@@ -194,6 +199,17 @@ class QueueCore:
         if m is None:
             return False
         self.consumer_ack([m.key, wire.OK])
+        return True
+
+    def taken_back(self, key: bytes) -> bool:
+        """A peer delivered the message ``key`` while this queue was gone: drop it here, as
+        if a consumer ACKed it. False if it is not here (ACKed meanwhile)."""
+        seq = self.keys.get(key)
+        if seq is None or self.stream:
+            return False
+        self.counters["taken_back"] += 1
+        self.dispatcher.ack(seq)
+        self._drop(seq)
         return True
 
     def _add(self, seq: int, key: bytes, msg_id: bytes, body: tuple[bytes, ...],

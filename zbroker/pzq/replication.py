@@ -14,6 +14,24 @@ copies of each origin node in its own log (``<data_dir>/replicas/<node>``); when
 has been silent for ``node_timeout``, the holder takes its copies over: they enter its own
 queue and its consumers get them (at-least-once: if the origin was not really gone, both may
 deliver). When the origin is heard again, it is treated as a new origin.
+
+In a cluster (``replicas: N`` and no static ``peers``), the copies travel on the cluster's
+service channel instead, addressed by queue name, to N peers that host a queue of the same
+name (placement.py chooses them and replaces a lost one)::
+
+    [QUEUES][json {queue: node}]         the queues a broker hosts (sent to every peer that joins)
+    [COPY][queue][node][key][body...]     hold a copy; answered with CONFIRM
+    [CONFIRM][queue][key]["1"|"0"]        the copy is durable ("1") or was refused
+    [DELETE][queue][node][key]            its original was ACKed: drop the copy
+    [TAKEN][queue][node][key...]          the holder delivered these in the origin's absence
+    [RELEASE][queue][node]                drop every copy held for <node> (sent before any
+                                          copy to a peer that joins: what it still holds from
+                                          an earlier life of either side is stale)
+
+Liveness comes from the cluster's heartbeats: when the peer that sent an origin's copies
+leaves, the holder takes them over at once. It remembers the keys it took over
+(``<data_dir>/replicas/<node>.taken``) and sends them in TAKEN when that origin's queue is
+announced again, so that a restarted origin drops them instead of delivering them twice.
 """
 
 from __future__ import annotations
@@ -28,6 +46,13 @@ from typing import Any
 
 from .queue import Limits, QueueCore
 from .store import BatchResult, Store
+
+# frames of the cluster's service channel (service "pzq")
+QUEUES, CCOPY, CONFIRM, CDELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
+TAKEN, RELEASE = b"TAKEN", b"RELEASE"
+#: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
+#: makes routing ids that start with a zero byte followed by text)
+CLUSTER_PEER = b"\x00peer:"
 
 COPY = b"REPLICA:"
 DELETE = b"REPLICA-ACK:"
@@ -64,6 +89,10 @@ def ping_frames(node: str) -> list[bytes]:
     return [b"-", PING + node.encode(), b"", b"-"]
 
 
+def is_node(text: str) -> bool:
+    return _NODE_RE.fullmatch(text) is not None
+
+
 def classify(frames: list[bytes]) -> tuple[bytes, str] | None:
     """(kind, origin node) if ``frames`` (after the routing id) is replication traffic."""
     if len(frames) < 3:
@@ -83,6 +112,7 @@ class Origin:
     store: Store
     last_seen: float
     taken_over: bool = False
+    life: str | None = None  # the cluster peer life its copies came from (None: static peer)
 
 
 class ReplicaHolder:
@@ -126,6 +156,8 @@ class ReplicaHolder:
                 return None
             origin = self._open(node, now)
         origin.last_seen = now
+        if peer.startswith(CLUSTER_PEER):
+            origin.life = peer[len(CLUSTER_PEER):].decode()
         if origin.taken_over:
             origin.taken_over = False  # it is back: a new life for its copies
             self.log.info("pzq replica origin is back", node=node)
@@ -136,16 +168,44 @@ class ReplicaHolder:
             origin.core.remove_by_id(frames[0])
         return origin.core
 
+    def announced(self, life: str, node: str, now: float) -> None:
+        """A cluster peer life hosts the queue of origin ``node``: from now on its liveness
+        is that life's (copies found on disk at start are watched by silence until then)."""
+        origin = self.origins.get(node)
+        if origin is not None:
+            origin.life = life
+            origin.last_seen = now
+            origin.taken_over = False
+
+    def release(self, node: str) -> int:
+        """Drop every copy held for ``node`` (its queue no longer counts on them)."""
+        origin = self.origins.get(node)
+        if origin is None:
+            return 0
+        ids = [m.msg_id for m in origin.core.messages.values()]
+        for msg_id in ids:
+            origin.core.remove_by_id(msg_id)
+        return len(ids)
+
     def lost(self, now: float, timeout: float) -> list[Origin]:
-        """Origins silent for ``timeout`` whose copies have not been taken over yet."""
+        """Origins on static peers silent for ``timeout`` whose copies have not been taken
+        over yet (the liveness of cluster origins is the cluster's: see ``left``)."""
         return [o for o in self.origins.values()
-                if not o.taken_over and o.core.messages and now - o.last_seen > timeout]
+                if o.life is None and not o.taken_over and o.core.messages
+                and now - o.last_seen > timeout]
+
+    def left(self, life: str) -> list[Origin]:
+        """Origins whose copies came from the cluster peer life that just left."""
+        return [o for o in self.origins.values()
+                if o.life == life and not o.taken_over and o.core.messages]
 
     def take_over(self, origin: Origin, into: QueueCore, now_us: int) -> int:
         """Move the copies of a lost origin into queue ``into``; each copy is dropped from
         the replica log once ``into`` has written it."""
         origin.taken_over = True
         moved = 0
+        if origin.life is not None:
+            self._remember_taken(origin.node, [m.msg_id for m in origin.core.messages.values()])
         for m in list(origin.core.messages.values()):
             msg_id = m.msg_id
 
@@ -157,6 +217,28 @@ class ReplicaHolder:
             moved += 1
         self.taken_over += moved
         return moved
+
+    def _taken_path(self, node: str) -> Path:
+        return self.base / f"{node}.taken"
+
+    def _remember_taken(self, node: str, keys: list[bytes]) -> None:
+        """Append the keys taken over from ``node`` (one per line; keys hold no newline)."""
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+            with open(self._taken_path(node), "ab") as f:
+                f.write(b"".join(k + b"\n" for k in keys if b"\n" not in k))
+        except OSError as exc:  # only costs duplicates if the origin comes back
+            self.log.warning("pzq cannot record taken-over keys", node=node, error=str(exc))
+
+    def taken(self, node: str) -> list[bytes]:
+        """The keys of ``node``'s messages this queue delivered in its absence."""
+        try:
+            return [k for k in self._taken_path(node).read_bytes().split(b"\n") if k]
+        except OSError:
+            return []
+
+    def forget_taken(self, node: str) -> None:
+        self._taken_path(node).unlink(missing_ok=True)
 
     def close(self) -> None:
         for o in self.origins.values():

@@ -31,8 +31,25 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
+from .placement import Placement
 from .queue import Limits, QueueCore
-from .replication import ReplicaHolder, classify, copy_frames, delete_frames, node_id, ping_frames
+from .replication import (
+    CCOPY,
+    CDELETE,
+    CLUSTER_PEER,
+    CONFIRM,
+    COPY,
+    DELETE,
+    RELEASE,
+    TAKEN,
+    ReplicaHolder,
+    classify,
+    copy_frames,
+    delete_frames,
+    is_node,
+    node_id,
+    ping_frames,
+)
 from .store import BatchResult, Store
 from .stream import StreamCore, load_committed, save_committed
 
@@ -99,6 +116,7 @@ class QueueSettings:
     replicas: int = 0
     replication_timeout: float = 0.1
     peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
+    # (none, with replicas and a cluster: copies go to peers of the cluster, see placement.py)
     node_timeout: float = 10.0  # silence after which a peer's copies are taken over
     mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
     stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
@@ -112,7 +130,9 @@ class QueueSettings:
 
 class QueueServer:
     def __init__(self, settings: QueueSettings, zmq_context: zmq.Context,
-                 loop: asyncio.AbstractEventLoop, log: Any):
+                 loop: asyncio.AbstractEventLoop, log: Any, cluster: Any = None):
+        """``cluster``: the broker's ClusterPort of the pzq service, if it is in a cluster;
+        a queue with ``replicas`` and no static ``peers`` then replicates through it."""
         self.settings = settings
         self.ctx = zmq_context
         self.loop = loop
@@ -125,9 +145,13 @@ class QueueServer:
                              f"{settings.mode!r}")
         self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream")
         self.stream: StreamCore | None = None
-        if settings.replicas > len(settings.peers):
-            raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs at "
-                             f"least as many peers (has {len(settings.peers)})")
+        self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
+        replicate_in_cluster = bool(settings.replicas and not settings.peers)
+        if settings.replicas > len(settings.peers) and not (replicate_in_cluster and cluster):
+            raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs a "
+                             f"cluster or at least as many peers (has {len(settings.peers)})")
+        self.placement: Placement | None = None  # the cluster peers that hold our copies
+        self._qname = settings.name.encode()
         self.node = ""
         self.holder = ReplicaHolder(settings.data_dir / "replicas", settings.limits(),
                                     {"sync": settings.sync, "sync_window": settings.sync_window,
@@ -185,6 +209,9 @@ class QueueServer:
                 committed = messages[0].seq if messages else self.core.next_seq
             self.stream = StreamCore(self.core, committed)
         self.node = node_id(s.data_dir)
+        if s.replicas and not s.peers:
+            self.placement = Placement(self.node, s.replicas)
+            self.core.replica_targets = 0  # until peers of the cluster host this queue
         await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time())
         try:
             self._recv = self._bind(zmq.ROUTER, s.receive_endpoint, "receive")
@@ -268,6 +295,10 @@ class QueueServer:
             **core.counters,
             **store.counters(),
             **self.holder.counters(),
+            **({"replica_holders": len(self.placement),
+                "recopy_backlog": sum(len(r.todo) + len(r.sent)
+                                      for r in self.placement.recopies.values())}
+               if self.placement is not None else {}),
             **(self.stream.counters() if self.stream is not None else {}),
             **({"dropped_stream_replies": self.dropped_stream_replies}
                if self.stream is not None else {}),
@@ -367,16 +398,31 @@ class QueueServer:
             self.core.produce(frames[0], frames[1:], time.time_ns() // 1000, self.loop.time())
             return
         kind, node = c
+        self._hold(kind, node, frames[0], frames[1:])
+
+    def _hold(self, kind: bytes, node: str, peer: bytes, frames: list[bytes]) -> None:
+        """Copies of another queue's messages (``frames``: [key][header][""][body...])."""
         if node == self.node:
             return  # our own copy came back (a peer list that names us)
         now = self.loop.time()
-        core = self.holder.handle(kind, node, frames[0], frames[1:], now,
-                                  time.time_ns() // 1000)
+        core = self.holder.handle(kind, node, peer, frames, now, time.time_ns() // 1000)
         if self._next_housekeeping == float("inf") and self.holder.origins:
             self._next_housekeeping = now + self.settings.node_timeout / 4  # watch origins
-        if core is not None and core.replies:
-            self.core.replies.extend(core.replies)
-            core.replies = []
+        if core is not None:
+            self._holder_replies(core)
+
+    def _holder_replies(self, core: QueueCore) -> None:
+        """A replica core's answers: to a static peer on the receive socket, to a cluster
+        peer as CONFIRM."""
+        if not core.replies:
+            return
+        replies, core.replies = core.replies, []
+        for peer, frames in replies:
+            if not peer.startswith(CLUSTER_PEER):
+                self.core.replies.append((peer, frames))
+            elif self.port is not None:
+                self.port.send(peer[len(CLUSTER_PEER):].decode(),
+                          [CONFIRM, self._qname, frames[0], frames[1]])
 
     def _drain_peers(self) -> bool:
         more = False
@@ -397,6 +443,8 @@ class QueueServer:
         if not out:
             return
         self.core.replica_out = []
+        if self.placement is not None:
+            return self._send_to_holders(out)
         for kind, key, body in out:
             frames = (copy_frames(key, self.node, body) if kind == "copy"
                       else delete_frames(key, self.node))
@@ -419,6 +467,135 @@ class QueueServer:
             self.log.warning("pzq replica origin lost: its messages taken over",
                              queue=self.settings.name, node=origin.node, messages=n)
 
+    # --- replication over the cluster -------------------------------------------------------
+
+    def peer_hosts(self, life: str, node: str) -> None:
+        """A peer of the cluster (one life) hosts a queue of this name, whose node id is
+        ``node``: a candidate holder of our copies, maybe an origin of copies we hold."""
+        if not self._running or not is_node(node) or node == self.node:
+            return
+        self.holder.announced(life, node, self.loop.time())
+        taken = self.holder.taken(node)
+        if taken and self.port is not None:
+            for i in range(0, len(taken), 1000):
+                self.port.send(life, [TAKEN, self._qname, node.encode(), *taken[i:i + 1000]])
+            self.holder.forget_taken(node)
+            self.log.info("pzq told a returning queue what was delivered in its absence",
+                          queue=self.settings.name, node=node, messages=len(taken))
+        if self.port is not None:  # first: copies it holds from before are stale
+            self.port.send(life, [RELEASE, self._qname, self.node.encode()])
+        if self.placement is not None:
+            self._flush_replica_out()  # what is pending goes to the holders of before
+            self._holders_added(self.placement.available(life, node, self._backlog_keys()))
+
+    def peer_gone(self, life: str) -> None:
+        """A peer of the cluster left (or was lost): replace it as a holder of our copies;
+        deliver the copies we hold for it."""
+        if not self._running:
+            return
+        if self.placement is not None:
+            was = life in self.placement.holders
+            self._flush_replica_out()
+            self._holders_added(self.placement.gone(life, self._backlog_keys()))
+            if was:
+                self.log.warning("pzq replica holder lost", queue=self.settings.name,
+                                 peer=life, holders=len(self.placement))
+        for origin in self.holder.left(life):
+            n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
+            self.log.warning("pzq replica origin lost: its messages taken over",
+                             queue=self.settings.name, node=origin.node, messages=n)
+        self._schedule_wake()
+
+    def cluster_message(self, life: str, kind: bytes, frames: list[bytes]) -> bool:
+        """A message of the cluster channel for this queue (``frames`` after the queue
+        name). False if it is malformed."""
+        if not self._running:
+            return True
+        peer = CLUSTER_PEER + life.encode()
+        if kind in (CCOPY, CDELETE):
+            if len(frames) < 3 - (kind == CDELETE):
+                return False
+            node = frames[0].decode(errors="replace")
+            if not is_node(node):
+                return False
+            if kind == CCOPY:
+                self._hold(COPY, node, peer, [frames[1], COPY + frames[0], b"", *frames[2:]])
+            else:
+                self._hold(DELETE, node, peer, [frames[1], DELETE + frames[0], b"", b"-"])
+        elif kind == CONFIRM:
+            if len(frames) != 2:
+                return False
+            self.core.replica_confirmed(frames[0], frames[1] == wire.OK)
+            if self.placement is not None:
+                self.placement.confirmed(life, frames[0])
+                self._pump_recopies()
+        elif kind == RELEASE:
+            if len(frames) != 1 or not is_node(node := frames[0].decode(errors="replace")):
+                return False
+            dropped = self.holder.release(node)
+            if dropped:
+                self.log.info("pzq stale copies dropped", queue=self.settings.name, node=node,
+                              copies=dropped)
+        elif kind == TAKEN:
+            if not frames or frames[0].decode(errors="replace") != self.node:
+                return False
+            dropped = sum(self.core.taken_back(key) for key in frames[1:])
+            self.log.info("pzq messages delivered by a peer in our absence dropped",
+                          queue=self.settings.name, peer=life, dropped=dropped,
+                          listed=len(frames) - 1)
+        else:
+            return False
+        self._schedule_wake()
+        return True
+
+    def _backlog_keys(self) -> list[bytes]:
+        return [m.key for m in self.core.messages.values()]
+
+    def _holders_added(self, added: list[str]) -> None:
+        placement = self.placement
+        self.core.replica_targets = len(placement)
+        for life in added:
+            r = placement.recopies.get(life)
+            self.log.info("pzq replica holder chosen", queue=self.settings.name, peer=life,
+                          holders=len(placement), recopy=len(r.todo) if r else 0)
+        if added:
+            self._pump_recopies()
+
+    def _send_to_holders(self, out: list[tuple[str, bytes, tuple[bytes, ...]]]) -> None:
+        placement, port, node = self.placement, self.port, self.node.encode()
+        for kind, key, body in out:
+            if kind == "copy":
+                frames = [CCOPY, self._qname, node, key, *body]
+            else:
+                frames = [CDELETE, self._qname, node, key]
+                placement.forget(key)
+            for life in placement.holders:
+                port.send(life, frames)  # False: that peer is lost; peer_gone replaces it
+        if placement.recopies:
+            self._pump_recopies()
+
+    def _pump_recopies(self) -> None:
+        """Send the next part of each new holder's re-copy (a window at a time)."""
+        placement, core = self.placement, self.core
+        node = self.node.encode()
+        for life, r in list(placement.recopies.items()):
+            while True:
+                keys = r.next_keys()
+                if not keys:
+                    break
+                for key in keys:
+                    seq = core.keys.get(key)
+                    m = core.messages.get(seq) if seq is not None else None
+                    if m is None:  # ACKed meanwhile
+                        r.confirmed(key)
+                    elif not self.port.send(life, [CCOPY, self._qname, node, key,
+                                                      *m.frames]):
+                        r.todo.clear()
+                        r.sent.clear()
+                        break
+            if r.done:
+                placement.recopies.pop(life, None)
+
     def _replica_batch_threadsafe(self, origin: Any, result: BatchResult) -> None:
         try:
             self.loop.call_soon_threadsafe(self._on_replica_batch, origin, result)
@@ -427,9 +604,7 @@ class QueueServer:
 
     def _on_replica_batch(self, origin: Any, result: BatchResult) -> None:
         origin.core.batch_done(result)
-        if origin.core.replies:
-            self.core.replies.extend(origin.core.replies)
-            origin.core.replies = []
+        self._holder_replies(origin.core)
         self._flush_replies()
 
     def _drain_consumer_acks(self) -> bool:

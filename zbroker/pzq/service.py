@@ -1,15 +1,21 @@
-"""The pzq service of the broker: the queues of ``services.pzq``, each a QueueServer."""
+"""The pzq service of the broker: the queues of ``services.pzq``, each a QueueServer.
+
+In a cluster, the service tells every peer that joins which queues it hosts (QUEUES) and
+routes the peers' replication messages to the queue they name (replication.py).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from zbroker.service import Service, ServiceContext, ServiceError
+from zbroker.service import Peer, Service, ServiceContext, ServiceError
 
+from .replication import QUEUES
 from .server import QueueError, QueueServer, QueueSettings, default_data_dir
 
 
@@ -18,9 +24,10 @@ def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
     broker = config.broker.name
     out = []
     for name, q in config.services.pzq.queue_configs().items():
-        if q.replicas > len(q.peers):
-            raise ServiceError(f"pzq queue {name!r}: replicas: {q.replicas} needs at least as "
-                               f"many peers (has {len(q.peers)})")
+        if q.replicas > len(q.peers) and (q.peers or not config.cluster.enabled):
+            raise ServiceError(f"pzq queue {name!r}: replicas: {q.replicas} needs "
+                               + (f"at least as many peers (has {len(q.peers)})" if q.peers
+                                  else "a cluster (cluster.enabled: true) or static peers"))
         data_dir = (Path(q.data_dir.replace("{name}", broker)).expanduser() if q.data_dir
                     else default_data_dir(broker, name))
         monitor = q.monitor_endpoint or default_monitor_endpoint(run_dir, broker, name)
@@ -62,12 +69,15 @@ class PzqService(Service):
     def __init__(self) -> None:
         self.queues: dict[str, QueueServer] = {}
         self._log: Any = None
+        self._cluster: Any = None
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         self._log = ctx.log
+        self._cluster = ctx.cluster if config.cluster.enabled else None
         try:
             for settings in queue_settings(config, ctx.run_dir):
-                server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log)
+                server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log,
+                                     cluster=self._cluster)
                 await server.start()
                 self.queues[settings.name] = server
         except QueueError as exc:
@@ -85,6 +95,38 @@ class PzqService(Service):
     def reload(self, new: Any, old: Any) -> None:
         if new.services.pzq != old.services.pzq:
             self._log.warning("pzq settings changed: restart the broker to apply them")
+
+    # --- the cluster -------------------------------------------------------------------------
+
+    def peer_joined(self, peer: Peer) -> None:
+        if self._cluster is not None and self.queues:
+            hosted = {name: q.node for name, q in self.queues.items()}
+            self._cluster.send(peer.id, [QUEUES, json.dumps(hosted).encode()])
+
+    def peer_left(self, peer: Peer) -> None:
+        for q in self.queues.values():
+            q.peer_gone(peer.id)
+
+    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+        frames = [bytes(f) for f in frames]
+        kind = frames[0] if frames else b""
+        if kind == QUEUES and len(frames) == 2:
+            try:
+                hosted = json.loads(frames[1])
+            except ValueError:
+                hosted = None
+            if isinstance(hosted, dict):
+                for name, node in hosted.items():
+                    q = self.queues.get(name)
+                    if q is not None and isinstance(node, str):
+                        q.peer_hosts(peer.id, node)
+                return
+        elif len(frames) >= 2:
+            q = self.queues.get(frames[1].decode(errors="replace"))
+            if q is None or q.cluster_message(peer.id, kind, frames[2:]):
+                return  # a queue we do not host: its copies are not for us
+        self._log.warning("pzq malformed message from a peer", peer=peer.name,
+                          kind=kind[:20].decode(errors="replace"))
 
     def status(self) -> dict[str, Any]:
         return {name: {"receive": q.settings.receive_endpoint, "send": q.settings.send_endpoint,
