@@ -221,15 +221,15 @@ def test_garbage_tail_is_truncated(tmp_path):
 def test_a_failed_write_fails_its_batch_and_the_store_goes_on(tmp_path, monkeypatch):
     h = Harness(tmp_path, sync="batch", sync_window=0)
     h.wait_batch(h.append(0))
-    real_write = os.write
+    real_writev = os.writev
     fail = {"on": True}
 
-    def write(fd, data):
+    def writev(fd, buffers):
         if fail["on"]:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     b = h.append(1)
     h.wait_batch(b)
     assert h.failed and h.failed[-1].failed == (1,)
@@ -238,6 +238,60 @@ def test_a_failed_write_fails_its_batch_and_the_store_goes_on(tmp_path, monkeypa
     h.wait_batch(h.append(2))
     h.close()
     assert seqs(recover(tmp_path)) == [0, 2]
+
+
+def test_a_batch_holds_at_most_max_batch_bytes_and_a_full_one_is_written_at_once(tmp_path):
+    """Each fdatasync covers at most max_batch_bytes, so the first messages of a burst are
+    ACKed after their own part of it; a full batch does not wait for the sync window."""
+    body = b"b" * 1000
+    record = records.HEADER.size + sum(
+        len(p) for p in records.message_parts(0, b"key-0", b"id-0", [body]))
+    h = Harness(tmp_path, sync="batch", sync_window=60.0, max_batch_bytes=3 * record)
+    batches = [h.append(seq, body) for seq in range(10)]
+    assert batches == [batches[0]] * 3 + [batches[3]] * 3 + [batches[6]] * 3 + [batches[9]]
+    assert len(set(batches)) == 4
+    h.wait_batch(batches[6])  # three full batches: written long before the 60 s window
+    assert batches[9] not in h.completed  # the open one still gathers
+    h.close()
+    assert seqs(recover(tmp_path)) == list(range(10))
+    assert h.store.syncs == 4  # one per batch, the last at close
+
+
+def test_a_message_larger_than_max_batch_bytes_is_a_batch_of_its_own(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=60.0, max_batch_bytes=4096)
+    small = h.append(0, b"s" * 100)
+    big = h.append(1, b"B" * 10_000)
+    after = h.append(2, b"s" * 100)
+    assert small < big < after
+    h.wait_batch(big)
+    assert small in h.completed and after not in h.completed
+    h.close()
+    assert seqs(recover(tmp_path)) == [0, 1, 2]
+
+
+def test_short_writes_are_continued(tmp_path, monkeypatch):
+    real_writev = os.writev
+
+    def writev(fd, buffers):  # the kernel may write less than asked: 777 bytes at most
+        out, left = [], 777
+        for b in buffers:
+            if left <= 0:
+                break
+            out.append(memoryview(b)[:left])
+            left -= len(out[-1])
+        return real_writev(fd, out)
+
+    monkeypatch.setattr(os, "writev", writev)
+    h = Harness(tmp_path, sync="batch", sync_window=0.001)
+    bodies = {seq: bytes([65 + seq]) * (300 + 2000 * seq) for seq in range(6)}
+    last = 0
+    for seq, body in bodies.items():
+        last = h.append(seq, body)
+    h.wait_batch(last)
+    h.close()
+    monkeypatch.undo()
+    got = recover(tmp_path)
+    assert [(m.seq, m.frames) for m in got.messages] == [(s, (b,)) for s, b in bodies.items()]
 
 
 def test_compaction_frees_segments_held_by_a_few_old_messages(tmp_path):

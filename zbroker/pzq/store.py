@@ -9,7 +9,11 @@ that report, so the event loop never waits for the disk.
 Sync modes:
 
     batch   the writer gathers records for up to ``sync_window`` seconds after the first
-            one of a batch (or until ``max_batch_bytes``), then writes and fdatasyncs once.
+            one of a batch, then writes and fdatasyncs once. A batch holds at most
+            ``max_batch_bytes`` (or one message, if larger): it closes there, and the writer
+            writes a closed batch at once and never takes more than that many bytes for one
+            fdatasync, so the first messages of a burst are ACKed after their own part of it
+            is synced, not after the whole burst.
     always  one fdatasync per message (no grouping of messages; ACK records ride along).
     none    write without fdatasync: the report comes after the write to the page cache.
 
@@ -41,6 +45,8 @@ from . import records
 
 SYNC_MODES = ("batch", "always", "none")
 SUFFIX = ".seg"
+GATHER_MIN = 4096  # parts this large are written from where they are, not copied
+IOV_MAX = 1024
 STOP_TIMEOUT = 10.0
 
 
@@ -54,6 +60,7 @@ class _Entry:
     batch: int
     parts: list[bytes]
     size: int
+    at: float
     alive: bool = True
 
 
@@ -83,6 +90,44 @@ class Recovered:
     acked: int = 0
 
 
+def _gather(parts: list[bytes]) -> tuple[list[bytes], int]:
+    """The buffers of one write: large parts as they are (no copy), runs of small ones
+    joined (few iovecs). Returns them and their total size."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    size = 0
+    for p in parts:
+        n = len(p)
+        size += n
+        if n >= GATHER_MIN:
+            if run:
+                out.append(b"".join(run))
+                run = []
+            out.append(p)
+        else:
+            run.append(p)
+    if run:
+        out.append(b"".join(run))
+    return out, size
+
+
+def _writev_all(fd: int, buffers: list[bytes]) -> None:
+    """Write every buffer, in order, with as few writev calls as the kernel allows."""
+    i = 0
+    while i < len(buffers):
+        chunk = buffers[i:i + IOV_MAX]
+        n = os.writev(fd, chunk)
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        for b in chunk:
+            if n >= len(b):
+                n -= len(b)
+                i += 1
+            else:  # a short write: go on from inside this buffer
+                buffers[i] = memoryview(b)[n:]
+                break
+
+
 def segment_name(number: int) -> str:
     return f"{number:016d}{SUFFIX}"
 
@@ -98,9 +143,11 @@ def list_segments(directory: Path) -> list[int]:
 class Store:
     def __init__(self, directory: str | os.PathLike[str], *, sync: str = "batch",
                  sync_window: float = 0.002, segment_size: int = 64 << 20,
-                 max_batch_bytes: int = 8 << 20, log: Any = None):
+                 max_batch_bytes: int = 1 << 20, log: Any = None):
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+        if max_batch_bytes <= 0:
+            raise ValueError(f"max_batch_bytes must be > 0, got {max_batch_bytes}")
         self.directory = Path(directory)
         self.sync = sync
         self.sync_window = max(0.0, sync_window)
@@ -113,6 +160,7 @@ class Store:
         self._pending_by_seq: dict[int, _Entry] = {}
         self._pending_acks: list[int] = []
         self._pending_bytes = 0
+        self._open_bytes = 0  # bytes appended to the open batch (number _batch_no)
         self._first_at = 0.0
         self._batch_no = 0
         self._delete_below = -1
@@ -238,19 +286,24 @@ class Store:
         """Queue a message record; returns the number of the batch that will hold it."""
         parts = records.message_parts(seq, key, msg_id, frames)
         size = sum(len(p) for p in parts) + records.HEADER.size
+        now = time.monotonic()
         with self._cond:
+            if self._open_bytes and self._open_bytes + size > self.max_batch_bytes:
+                self._batch_no += 1  # the open batch is full: closed, to be written now
+                self._open_bytes = 0
+                self._cond.notify()
             batch = self._batch_no
             if self.sync == "always":
                 self._batch_no += 1
-            entry = _Entry(seq, batch, parts, size)
+            else:
+                self._open_bytes += size
+            entry = _Entry(seq, batch, parts, size, now)
             if not self._pending:
-                self._first_at = time.monotonic()
+                self._first_at = now
                 self._cond.notify()
             self._pending.append(entry)
             self._pending_by_seq[seq] = entry
             self._pending_bytes += size
-            if self._pending_bytes >= self.max_batch_bytes:
-                self._cond.notify()
         return batch
 
     def ack(self, seq: int) -> None:
@@ -384,25 +437,27 @@ class Store:
                 delay = first_at + self.sync_window - time.monotonic()
                 if delay > 0:
                     with self._cond:
-                        self._cond.wait_for(
-                            lambda: self._stopping
-                            or self._pending_bytes >= self.max_batch_bytes, delay)
+                        self._cond.wait_for(lambda: self._stopping or self._closed_pending(),
+                                            delay)
             with self._cond:
                 if self.sync == "always" and self._pending:
                     n = next((i + 1 for i, e in enumerate(self._pending) if e.alive),
                              len(self._pending))
-                    taken, self._pending = self._pending[:n], self._pending[n:]
                 else:
-                    taken, self._pending = self._pending, []
-                    if taken and self.sync != "always":
-                        self._batch_no += 1
+                    n = self._batch_prefix()
+                taken, self._pending = self._pending[:n], self._pending[n:]
+                if taken and self.sync != "always" and taken[-1].batch == self._batch_no:
+                    self._batch_no += 1  # the open batch is taken: later messages go on
+                    self._open_bytes = 0
                 for e in taken:
                     if self._pending_by_seq.get(e.seq) is e:
                         del self._pending_by_seq[e.seq]
                         self._pending_bytes -= e.size
                 acks, self._pending_acks = self._pending_acks, []
                 delete_below, self._delete_below = self._delete_below, -1
-                if self._pending or self._pending_acks:
+                if self._pending:
+                    self._first_at = self._pending[0].at
+                elif self._pending_acks:
                     self._first_at = time.monotonic()
                 done = self._stopping and not self._pending and not self._pending_acks
             if taken or acks:
@@ -417,6 +472,29 @@ class Store:
             if done:
                 return
 
+    def _closed_pending(self) -> bool:
+        """A closed batch (full: max_batch_bytes) waits: no reason to gather longer."""
+        return bool(self._pending) and self._pending[0].batch < self._batch_no
+
+    def _batch_prefix(self) -> int:
+        """How many pending entries the next write takes: whole batches, at most
+        max_batch_bytes of live records (at least one batch)."""
+        pending, cap = self._pending, self.max_batch_bytes
+        total = 0
+        n = 0
+        i = 0
+        while i < len(pending):
+            batch, size, j = pending[i].batch, 0, i
+            while j < len(pending) and pending[j].batch == batch:
+                if pending[j].alive:
+                    size += pending[j].size
+                j += 1
+            if n and total + size > cap:
+                break
+            total += size
+            n = i = j
+        return n
+
     def _write(self, taken: list[_Entry], acks: list[int]) -> BatchResult:
         batches = tuple(sorted({e.batch for e in taken}))
         parts: list[bytes] = []
@@ -429,18 +507,12 @@ class Store:
             parts.extend(records.frame_record([records.ack_payload(acks)]))
         if not parts:
             return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now)
-        data = b"".join(parts)
+        buffers, size = _gather(parts)
         try:
             if self._fd < 0 or (self._segment_size_now > 0
-                                and self._segment_size_now + len(data) > self.segment_size):
+                                and self._segment_size_now + size > self.segment_size):
                 self._open_segment()
-            view = memoryview(data)
-            written = 0
-            while written < len(data):
-                n = os.write(self._fd, view[written:])
-                if n <= 0:
-                    raise OSError(errno.EIO, "short write")
-                written += n
+            _writev_all(self._fd, buffers)
             if self.sync != "none":
                 os.fdatasync(self._fd)
                 self.syncs += 1
@@ -449,8 +521,8 @@ class Store:
             self._abandon_segment()
             return BatchResult(batches, self._segment, failed=tuple(placed),
                                failed_acks=tuple(acks), error=reason)
-        self._segment_size_now += len(data)
-        self.bytes_written += len(data)
+        self._segment_size_now += size
+        self.bytes_written += size
         self.records_written += len(placed) + (1 if acks else 0)
         return BatchResult(batches, self._segment, placed=tuple(placed),
                            segment_bytes=self._segment_size_now)
