@@ -220,6 +220,8 @@ BAD_VALUES = [
     ("services: {zpipes: {capacity: 0}}", "services.zpipes.capacity", "0", ">= 1"),
     ("services: {zpipes: {max_chunk: 4GiB}}", "services.zpipes.max_chunk", "'4GiB'",
      "from 1 to 4294967295"),
+    ("services: {pzq: {defaults: {sync_max_bytes: 100}}}", "services.pzq.defaults.sync_max_bytes",
+     "100", ">= 4KiB"),
 ]
 
 
@@ -344,7 +346,7 @@ def test_schema_keys():
         *(f"services.pzq.defaults.{k}" for k in (
             "mode", "stream_endpoint",
             "receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir", "sync",
-            "sync_window", "segment_size", "ack_timeout", "reaper_frequency",
+            "sync_window", "sync_max_bytes", "segment_size", "ack_timeout", "reaper_frequency",
             "inflight_window", "inflight_size", "max_message_size", "max_backlog",
             "idempotence_window", "replicas", "replication_timeout", "peers",
             "node_timeout")),

@@ -110,6 +110,27 @@ def test_defect1_producer_ack_only_after_fsync(start_pzq):
     assert got == {b"m%d" % i for i in range(200)} and len(ids) == 200
 
 
+def test_a_burst_split_by_sync_max_bytes_is_acked_only_once_synced(start_pzq):
+    """64 KiB messages with a 128 KiB cap: many small fdatasyncs, every ACKed message on disk
+    (SIGKILL right after the ACKs loses none)."""
+    q = start_pzq(*FAST, "--sync-max-bytes", "128KiB", "--sync-window", "50000")
+    bodies = [bytes([i % 251]) * 65536 for i in range(40)]
+    with Producer(q.receive, window=40) as p:
+        for body in bodies:
+            p.send(body)
+        p.flush(10)
+    syncs = q.counters()["syncs"]
+    assert syncs >= 40 * 65536 // (128 << 10)  # a cap of 128 KiB: at most two per fdatasync
+    q.kill()
+    q = q.restart()
+    with Consumer(q.send) as c:
+        got = []
+        while len(got) < 40 and (m := c.recv(5)) is not None:
+            got.append(m.body)
+            c.ack(m)
+    assert sorted(got) == sorted(bodies)
+
+
 def test_defect1_hard_sync_syncs_each_message(start_pzq):
     q = start_pzq(*FAST, "--hard-sync")
     with Producer(q.receive, window=8) as p:

@@ -330,6 +330,7 @@ class PzqQueueConfig:
     data_dir: str | None = setting(None, optional_path)
     sync: str = setting("batch", choice(*PZQ_SYNC_MODES))
     sync_window: float = setting(0.002, seconds)
+    sync_max_bytes: int = setting(1 << 20, size(minimum=4096))  # most bytes one fdatasync covers
     segment_size: int = setting(64 << 20, size(minimum=4096))
     ack_timeout: float = setting(5.0, duration())
     reaper_frequency: float = setting(2.5, duration())

@@ -55,6 +55,9 @@ def parser() -> argparse.ArgumentParser:
       help="batch (default: group commit, ACK after fdatasync), always, none (no fdatasync)")
     a("--sync-window", type=int, default=2000, metavar="US",
       help="how long a batch gathers messages before its fdatasync, µs (%(default)s)")
+    a("--sync-max-bytes", type=_size, default=1 << 20, metavar="BYTES",
+      help="most bytes one fdatasync covers: a batch closes there and is written at once "
+           "(%(default)s)")
     a("--inflight-size", type=_size, default=31457280, metavar="BYTES",
       help="most bytes in flight to consumers (%(default)s)")
     a("--inflight-window", type=_positive_int, default=32, metavar="N",
@@ -91,7 +94,8 @@ def settings_from_args(args: argparse.Namespace) -> QueueSettings:
         name="pzq", receive_endpoint=args.receive_dsn, send_endpoint=args.send_dsn,
         monitor_endpoint=args.monitor_dsn or None,
         data_dir=Path(args.database).expanduser().absolute(), sync=sync,
-        sync_window=max(0, args.sync_window) / 1e6, ack_timeout=args.ack_timeout / 1e6,
+        sync_window=max(0, args.sync_window) / 1e6, sync_max_bytes=args.sync_max_bytes,
+        ack_timeout=args.ack_timeout / 1e6,
         reaper_frequency=args.reaper_frequency / 1e6, inflight_window=args.inflight_window,
         inflight_size=args.inflight_size, max_message_size=args.max_message_size,
         max_backlog=args.max_backlog, replicas=args.replicas,

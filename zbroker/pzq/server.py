@@ -105,6 +105,7 @@ class QueueSettings:
     data_dir: Path
     sync: str = "batch"
     sync_window: float = 0.002
+    sync_max_bytes: int = 1 << 20  # a batch closes there: one fdatasync covers at most this
     segment_size: int = 64 << 20
     ack_timeout: float = 5.0
     reaper_frequency: float = 2.5
@@ -139,7 +140,7 @@ class QueueServer:
         self.log = log
         self.store = Store(settings.data_dir, sync=settings.sync,
                            sync_window=settings.sync_window, segment_size=settings.segment_size,
-                           log=log)
+                           max_batch_bytes=settings.sync_max_bytes, log=log)
         if settings.mode not in MODES:
             raise QueueError(f"queue {settings.name!r}: mode must be one of {MODES}, got "
                              f"{settings.mode!r}")
