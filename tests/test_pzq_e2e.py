@@ -131,6 +131,23 @@ def test_a_burst_split_by_sync_max_bytes_is_acked_only_once_synced(start_pzq):
     assert sorted(got) == sorted(bodies)
 
 
+def test_a_byte_window_bounds_what_a_producer_has_in_flight(start_pzq):
+    q = start_pzq(*FAST)
+    seen = []
+    with Producer(q.receive, window=64, max_inflight_bytes=100_000) as p:
+        for i in range(30):
+            p.send(b"%02d" % i + b"x" * 29_998)
+            seen.append((len(p.outstanding), p.inflight_bytes))
+        p.send(b"big" * 50_000)  # larger than the byte window: it goes alone
+        seen.append((len(p.outstanding), p.inflight_bytes))
+        p.flush(10)
+        assert p.inflight_bytes == 0 and p.acked == 31
+    assert all(n <= 3 and b <= 100_000 for n, b in seen[:-1]), seen
+    assert seen[-1] == (1, 150_000)
+    with pytest.raises(ValueError):
+        Producer(q.receive, max_inflight_bytes=0)
+
+
 def test_defect1_hard_sync_syncs_each_message(start_pzq):
     q = start_pzq(*FAST, "--hard-sync")
     with Producer(q.receive, window=8) as p:

@@ -2,6 +2,7 @@
 
     with Producer("tcp://127.0.0.1:11131", window=64) as p:
         p.send(b"hello")            # blocks only while `window` messages await their ACK
+                                    # (or max_inflight_bytes of bodies, if given)
         p.flush(timeout=10)         # every message ACKed (stored), or TimeoutError
 
     with Consumer("tcp://127.0.0.1:11132") as c:
@@ -60,8 +61,19 @@ def _frames(body: bytes | Sequence[bytes]) -> list[bytes]:
 class Producer:
     def __init__(self, endpoint: str, *, window: int = 64, retry_timeout: float = 5.0,
                  context: zmq.Context | None = None,
-                 on_ack: Callable[[bytes, bool, str], None] | None = None):
+                 on_ack: Callable[[bytes, bool, str], None] | None = None,
+                 max_inflight_bytes: int | None = None):
+        """``window``: most messages unACKed; ``max_inflight_bytes``: most bytes of bodies
+        unACKed (None: no bound; a larger message still goes, alone). The ACK latency is
+        about what is in flight divided by the rate the queue stores it (Little's law), so
+        for big messages a byte window bounds it where a message window cannot."""
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if max_inflight_bytes is not None and max_inflight_bytes < 1:
+            raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
         self.window = window
+        self.max_inflight_bytes = max_inflight_bytes
+        self.inflight_bytes = 0
         self.retry_timeout = retry_timeout
         self.on_ack = on_ack
         self._own_ctx = context is None
@@ -69,7 +81,7 @@ class Producer:
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
-        self.outstanding: OrderedDict[bytes, tuple[float, list[bytes]]] = OrderedDict()
+        self.outstanding: OrderedDict[bytes, tuple[float, list[bytes], int]] = OrderedDict()
         self.acked = 0
         self.retried = 0
         self.replication_failed = 0
@@ -80,21 +92,32 @@ class Producer:
     def send(self, body: bytes | Sequence[bytes], msg_id: bytes | None = None,
              timeout: float | None = None) -> bytes:
         """Send one message (one or more body frames); returns its id. Waits (up to
-        ``timeout``, then TimeoutError) while ``window`` messages are unACKed."""
+        ``timeout``, then TimeoutError) while ``window`` messages, or
+        ``max_inflight_bytes`` of bodies with this one, are unACKed."""
         if msg_id is None:
             self._n += 1
             msg_id = f"{self._prefix}-{self._n}".encode()
+        body_frames = _frames(body)
+        size = sum(len(f) for f in body_frames)
         deadline = None if timeout is None else time.monotonic() + timeout
         self.poll(0)
-        while len(self.outstanding) >= self.window:
+        while self._full(size):
             wait = 0.1 if deadline is None else deadline - time.monotonic()
             if wait <= 0:
                 raise TimeoutError(f"{len(self.outstanding)} messages still unACKed")
             self.poll(min(wait, 0.1))
-        frames = [msg_id, b"", *_frames(body)]
-        self.outstanding[msg_id] = (time.monotonic(), frames)
+        frames = [msg_id, b"", *body_frames]
+        self.outstanding[msg_id] = (time.monotonic(), frames, size)
+        self.inflight_bytes += size
         self.sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
         return msg_id
+
+    def _full(self, size: int) -> bool:
+        if len(self.outstanding) >= self.window:
+            return True
+        limit = self.max_inflight_bytes
+        return (limit is not None and bool(self.outstanding)
+                and self.inflight_bytes + size > limit)
 
     def poll(self, timeout: float) -> int:
         """Take the ACKs that came (waiting up to ``timeout`` for the first); resend what
@@ -126,8 +149,10 @@ class Producer:
         if len(frames) < 2:
             return 0
         msg_id, status = frames[0], frames[1]
-        if self.outstanding.pop(msg_id, None) is None:
+        entry = self.outstanding.pop(msg_id, None)
+        if entry is None:
             return 0  # the ACK of a resent message that was ACKed already
+        self.inflight_bytes -= entry[2]
         text = frames[3].decode(errors="replace") if len(frames) > 3 else ""
         ok = status == wire.OK
         if ok:
@@ -144,10 +169,10 @@ class Producer:
         if not self.outstanding:
             return
         now = time.monotonic()
-        for msg_id, (sent, frames) in list(self.outstanding.items()):
+        for msg_id, (sent, frames, size) in list(self.outstanding.items()):
             if now - sent < self.retry_timeout:
                 break  # in send order: the rest is younger
-            self.outstanding[msg_id] = (now, frames)
+            self.outstanding[msg_id] = (now, frames, size)
             self.outstanding.move_to_end(msg_id)
             self.retried += 1
             self.sock.send_multipart(frames)
