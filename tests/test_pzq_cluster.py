@@ -156,9 +156,10 @@ def test_lost_origin_holder_delivers_and_the_restarted_origin_drops_them(cluster
     got = consume(b, 200)
     assert sorted(got) == sorted(b"m%d" % i for i in range(200))  # at-least-once: all there
     a.start()
-    s = a.wait("told what b delivered", lambda s: s["taken_back"] == 200)
-    assert s["recovered"] == 200 and s["messages"] == 0
-    with Consumer(a.queue["send_endpoint"]) as c:
+    with Consumer(a.queue["send_endpoint"]) as c:  # waiting on a from its first moment
+        s = a.wait("told what b delivered", lambda s: s["taken_back"] == 200)
+        assert s["recovered"] == 200 and s["messages"] == 0
+        a.wait("the recovered messages released", lambda s: s["held_recovered"] == 0)
         assert c.recv(1.0) is None  # nothing delivered twice
     b.wait("no stale copies", lambda s: s["replicas_held"] == 0)
 
@@ -188,3 +189,14 @@ def test_a_returning_holder_drops_copies_acked_while_it_was_away(cluster):
     a.wait("b holds again", lambda s: s["replica_holders"] == 1 and s["recopy_backlog"] == 0)
     s = b.wait("only the 7 unACKed held", lambda s: s["replicas_held"] == 7)
     assert s["messages"] == 0  # and nothing was taken over: a lives
+
+
+def test_held_recovered_messages_are_delivered_when_no_peer_took_them(cluster):
+    (a,) = cluster({"replicas": 1})  # alone in its cluster: nobody holds copies
+    assert produce(a, 10).replication_failed == 10
+    a.kill()
+    a.start()
+    assert a.counters()["recovered"] == 10
+    got = consume(a, 10, timeout=20)  # after the rejoin grace (2 x peer_timeout)
+    assert sorted(got) == sorted(b"m%d" % i for i in range(10))
+    assert a.counters()["taken_back"] == 0

@@ -102,6 +102,7 @@ class QueueCore:
         #: REPLICATION_FAILED as soon as it is written here, without waiting for the timeout
         self.replica_targets = limits.replicas
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
+        self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
@@ -114,15 +115,21 @@ class QueueCore:
 
     # --- start ------------------------------------------------------------------------------
 
-    def recover(self, messages: list[MessageRecord], next_seq: int) -> None:
-        """Take over what the store found on disk (durable, not yet ACKed)."""
+    def recover(self, messages: list[MessageRecord], next_seq: int, hold: bool = False) -> None:
+        """Take over what the store found on disk (durable, not yet ACKed). With ``hold``,
+        the messages are not delivered until :meth:`release_held` (peers may say meanwhile
+        that they delivered some of them: :meth:`taken_back`)."""
         for r in messages:
             size = sum(len(f) for f in r.frames)
             self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, -1, True)
             self.keys[r.key] = r.seq
             self._remember(r.msg_id, r.seq)
             self.backlog_bytes += size
-            if not self.stream:
+            if self.stream:
+                continue
+            if hold:
+                self.held.append(r.seq)
+            else:
                 self.dispatcher.add(r.seq, size)
         self.next_seq = max(self.next_seq, next_seq)
         self.head = max(self.head, self.next_seq)
@@ -200,6 +207,17 @@ class QueueCore:
             return False
         self.consumer_ack([m.key, wire.OK])
         return True
+
+    def release_held(self) -> int:
+        """Deliver the held recovered messages that are still here; returns how many."""
+        held, self.held = self.held, []
+        n = 0
+        for seq in held:
+            m = self.messages.get(seq)
+            if m is not None:
+                self.dispatcher.add(seq, m.size)
+                n += 1
+        return n
 
     def taken_back(self, key: bytes) -> bool:
         """A peer delivered the message ``key`` while this queue was gone: drop it here, as

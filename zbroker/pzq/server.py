@@ -131,9 +131,12 @@ class QueueSettings:
 
 class QueueServer:
     def __init__(self, settings: QueueSettings, zmq_context: zmq.Context,
-                 loop: asyncio.AbstractEventLoop, log: Any, cluster: Any = None):
+                 loop: asyncio.AbstractEventLoop, log: Any, cluster: Any = None,
+                 rejoin_grace: float = 0.0):
         """``cluster``: the broker's ClusterPort of the pzq service, if it is in a cluster;
-        a queue with ``replicas`` and no static ``peers`` then replicates through it."""
+        a queue with ``replicas`` and no static ``peers`` then replicates through it, and
+        holds the messages it recovers at start for ``rejoin_grace`` seconds: long enough
+        for the peers that took them over while it was gone to say so (TAKEN)."""
         self.settings = settings
         self.ctx = zmq_context
         self.loop = loop
@@ -152,6 +155,8 @@ class QueueServer:
             raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs a "
                              f"cluster or at least as many peers (has {len(settings.peers)})")
         self.placement: Placement | None = None  # the cluster peers that hold our copies
+        self.rejoin_grace = rejoin_grace
+        self._release: asyncio.TimerHandle | None = None
         self._qname = settings.name.encode()
         self.node = ""
         self.holder = ReplicaHolder(settings.data_dir / "replicas", settings.limits(),
@@ -204,7 +209,8 @@ class QueueServer:
         if committed is not None:  # committed before a crash, not yet ACKed in the log
             stale = [m.seq for m in messages if m.seq < committed]
             messages = [m for m in messages if m.seq >= committed]
-        self.core.recover(messages, max(recovered.next_seq, committed or 0))
+        hold = bool(s.replicas and not s.peers and self.rejoin_grace > 0)
+        self.core.recover(messages, max(recovered.next_seq, committed or 0), hold=hold)
         if s.mode == "stream":
             if committed is None:
                 committed = messages[0].seq if messages else self.core.next_seq
@@ -245,6 +251,8 @@ class QueueServer:
         for seq in stale:
             self.store.ack(seq)
         self._running = True
+        if self.core.held:
+            self._release = self.loop.call_later(self.rejoin_grace, self._release_held)
         for sock in self._socks:
             fd = sock.getsockopt(zmq.FD)
             self._fds.append(fd)
@@ -268,6 +276,8 @@ class QueueServer:
             self._timer.cancel()
         if self._retry_replies is not None:
             self._retry_replies.cancel()
+        if self._release is not None:
+            self._release.cancel()
         await self.loop.run_in_executor(None, self.holder.close)
         stopped = await self.loop.run_in_executor(None, self.store.close, STOP_TIMEOUT)
         if not stopped:
@@ -296,7 +306,8 @@ class QueueServer:
             **core.counters,
             **store.counters(),
             **self.holder.counters(),
-            **({"replica_holders": len(self.placement),
+            **({"replica_holders": len(self.placement), "held_recovered": len(core.held),
+                # ^ recovered messages not delivered yet: peers may still say they did
                 "recopy_backlog": sum(len(r.todo) + len(r.sent)
                                       for r in self.placement.recopies.values())}
                if self.placement is not None else {}),
@@ -548,6 +559,15 @@ class QueueServer:
             return False
         self._schedule_wake()
         return True
+
+    def _release_held(self) -> None:
+        self._release = None
+        if not self._running:
+            return
+        n = self.core.release_held()
+        self.log.info("pzq recovered messages released to consumers", queue=self.settings.name,
+                      messages=n, taken_back=self.core.counters["taken_back"])
+        self._schedule_wake()
 
     def _backlog_keys(self) -> list[bytes]:
         return [m.key for m in self.core.messages.values()]

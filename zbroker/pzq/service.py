@@ -77,7 +77,8 @@ class PzqService(Service):
         try:
             for settings in queue_settings(config, ctx.run_dir):
                 server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log,
-                                     cluster=self._cluster)
+                                     cluster=self._cluster,
+                                     rejoin_grace=2 * config.cluster.peer_timeout)
                 await server.start()
                 self.queues[settings.name] = server
         except QueueError as exc:
