@@ -114,7 +114,7 @@ class PzqService(Service):
         if kind == QUEUES and len(frames) == 2:
             try:
                 hosted = json.loads(frames[1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 hosted = None
             if isinstance(hosted, dict):
                 for name, node in hosted.items():
