@@ -4,12 +4,20 @@ process, beside a raw write+fdatasync baseline measured in the same run on the s
     python bench/bench_pzq.py                       # all cases, sync: batch
     python bench/bench_pzq.py --sync none --cases 100:64
     python bench/bench_pzq.py --dir /var/tmp        # where the data goes (default: a temp dir)
+    python bench/bench_pzq.py --cases 65536:64 65536:64:1MiB 100:64
 
-A case is SIZE:WINDOW[:backlog] (message bytes : producer messages outstanding). The producer
-and the consumer are separate processes (the consumer ACKs each message); the queue is started
-fresh for each case, with an empty data directory. With ``backlog`` the consumer connects only
-after the last producer ACK, so every message is written and fsynced (no write avoidance); its
-end-to-end rate includes the drain.
+A case is SIZE:WINDOW[:backlog][:BYTES] (message bytes : producer messages outstanding, and
+with BYTES at most that many bytes of bodies outstanding: a byte window, as the client's
+``Producer(max_inflight_bytes=...)``). The producer and the consumer are separate processes (the
+consumer ACKs each message); the queue is started fresh for each case, with an empty data
+directory. With ``backlog`` the consumer connects only after the last producer ACK, so every
+message is written and fsynced (no write avoidance); its end-to-end rate includes the drain.
+
+The ACK latency of a producer that keeps its window full is, on average, what it has in flight
+divided by the rate (Little's law): 64 messages of 64 KiB at 400 MB/s is 10.5 ms before any
+queueing jitter, which is why the byte-window case exists. The raw baselines printed first
+(write + fdatasync of 100 B, 1 MiB and 4 MiB in a loop, same disk, same run) are the disk's own
+latency and ceiling for comparison.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from pathlib import Path
 
 import zmq
 
+from zbroker.config import parse_size
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "65536:1", "65536:64",
-                 "65536:64:backlog")
+                 "65536:64:1MiB", "65536:64:backlog", "65536:64:backlog:1MiB")
 
 
 def free_port() -> int:
@@ -58,26 +68,32 @@ def fsync_baseline(directory: Path, seconds: float = 1.0) -> tuple[float, float]
     return len(lat) / seconds, statistics.median(lat) * 1e6
 
 
-def write_baseline(directory: Path, seconds: float = 1.0, chunk: int = 4 << 20) -> float:
-    """MB/s of write(4 MiB) + fdatasync in a loop: the disk's own ceiling for big messages."""
+def write_baseline(directory: Path, chunk: int, seconds: float = 1.0
+                   ) -> tuple[float, float, float]:
+    """(MB/s, p50 ms, p99 ms) of write(chunk) + fdatasync in a loop: the disk's own ceiling
+    and latency for batches of big messages."""
     path = directory / "write-baseline"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    buf = b"x" * chunk
-    n = 0
+    buf = os.urandom(chunk)
+    lat = []
     t0 = time.perf_counter()
     try:
         while time.perf_counter() - t0 < seconds:
+            t = time.perf_counter()
             os.write(fd, buf)
             os.fdatasync(fd)
-            n += 1
+            lat.append(time.perf_counter() - t)
     finally:
         elapsed = time.perf_counter() - t0
         os.close(fd)
         path.unlink()
-    return n * chunk / elapsed / 1e6
+    lat.sort()
+    return (len(lat) * chunk / elapsed / 1e6, lat[len(lat) // 2] * 1e3,
+            lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3)
 
 
-def producer(endpoint: str, n: int, size: int, window: int, start: float, out) -> None:
+def producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | None,
+             start: float, out) -> None:
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.SNDHWM, 0)
@@ -92,8 +108,9 @@ def producer(endpoint: str, n: int, size: int, window: int, start: float, out) -
     t0 = time.perf_counter()
     i = 0
     copy = size < 65536
+    bound = window if max_bytes is None else max(1, min(window, max_bytes // size))
     while i < n or sent_at:
-        while i < n and len(sent_at) < window:
+        while i < n and len(sent_at) < bound:
             mid = b"%d" % i
             sent_at[mid] = time.perf_counter()
             s.send_multipart([mid, b"", body], copy=copy)
@@ -139,7 +156,8 @@ def consumer(endpoint: str, n: int, out) -> None:
     out.send((last, got))
 
 
-def start_pzq(data: Path, sync: str, window_us: int) -> tuple[subprocess.Popen, str, str, str]:
+def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
+              ) -> tuple[subprocess.Popen, str, str, str]:
     receive = f"tcp://127.0.0.1:{free_port()}"
     send = f"tcp://127.0.0.1:{free_port()}"
     mon = f"ipc://{data}.monitor"
@@ -148,8 +166,9 @@ def start_pzq(data: Path, sync: str, window_us: int) -> tuple[subprocess.Popen, 
         [sys.executable, "-m", "zbroker.pzq", "--database", str(data), "--receive-dsn", receive,
          "--send-dsn", send, "--monitor-dsn", mon, "--sync", sync,
          "--sync-window", str(window_us), "--inflight-window", "256",
-         "--max-backlog", "2GiB",
-         "--log-level", "warning"], env=env, stdin=subprocess.DEVNULL)
+         "--max-backlog", "2GiB", "--log-level", "warning",
+         *(["--sync-max-bytes", str(max_sync)] if max_sync else [])],
+        env=env, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -173,15 +192,17 @@ def monitor(endpoint: str) -> dict[str, int]:
 
 
 def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: int,
-             backlog: bool = False) -> dict:
+             backlog: bool = False, max_bytes: int | None = None,
+             max_sync: int | None = None) -> dict:
     data = base / f"q-{size}-{window}"
     shutil.rmtree(data, ignore_errors=True)
-    proc, receive, send, mon = start_pzq(data, sync, window_us)
+    proc, receive, send, mon = start_pzq(data, sync, window_us, max_sync)
     ctx = mp.get_context("fork")
     (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
     start = time.time() + 0.5
     cons = ctx.Process(target=consumer, args=(send, n, c_out))
-    prod = ctx.Process(target=producer, args=(receive, n, size, window, start, p_out))
+    prod = ctx.Process(target=producer,
+                       args=(receive, n, size, window, max_bytes, start, p_out))
     if not backlog:
         cons.start()
     prod.start()
@@ -219,27 +240,37 @@ def main() -> None:
     ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), metavar="SIZE:WINDOW")
     ap.add_argument("--sync", default="batch", choices=("batch", "always", "none"))
     ap.add_argument("--sync-window", type=int, default=2000, metavar="US")
+    ap.add_argument("--sync-max-bytes", type=parse_size, default=None, metavar="BYTES",
+                    help="the queue's sync_max_bytes (default: the queue's default)")
     ap.add_argument("--dir", default=None, help="where the queue's data goes")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-pzq-", dir=args.dir))
     try:
         rate, p50 = fsync_baseline(base)
-        print(f"raw write(100 B)+fdatasync on {base}: {rate:,.0f}/s, p50 {p50:.0f} µs; "
-              f"write(4 MiB)+fdatasync: {write_baseline(base):,.0f} MB/s")
-        print(f"pzq sync={args.sync} sync_window={args.sync_window} µs")
-        print(f"{'size':>6} {'win':>4} {'':>7} {'msgs':>7} {'produce/s':>10} {'e2e msg/s':>10} "
-              f"{'e2e MB/s':>9} {'ack p50 ms':>10} {'ack p99 ms':>10} {'fsyncs':>7} "
-              f"{'msgs/fsync':>10} {'avoided':>8}")
+        print(f"raw write(100 B)+fdatasync on {base}: {rate:,.0f}/s, p50 {p50:.0f} µs")
+        for chunk in (1 << 20, 4 << 20):
+            mbps, c50, c99 = write_baseline(base, chunk)
+            print(f"raw write({chunk >> 20} MiB)+fdatasync: {mbps:,.0f} MB/s, "
+                  f"p50 {c50:.2f} ms, p99 {c99:.2f} ms")
+        print(f"pzq sync={args.sync} sync_window={args.sync_window} µs sync_max_bytes="
+              + (str(args.sync_max_bytes) if args.sync_max_bytes else "default"))
+        print(f"{'size':>6} {'in flight':>12} {'':>7} {'msgs':>7} {'produce/s':>10} "
+              f"{'e2e msg/s':>10} {'e2e MB/s':>9} {'ack p50 ms':>10} {'ack p99 ms':>10} "
+              f"{'fsyncs':>7} {'msgs/fsync':>10} {'avoided':>8}")
         for case in args.cases:
             parts = case.split(":")
             size, window = int(parts[0]), int(parts[1])
-            backlog = parts[2:] == ["backlog"]
+            backlog = "backlog" in parts[2:]
+            byte_window = [p for p in parts[2:] if p != "backlog"]
+            max_bytes = parse_size(byte_window[0]) if byte_window else None
             n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000) * args.scale)
-            r = run_case(base, size, window, n, args.sync, args.sync_window, backlog)
+            r = run_case(base, size, window, n, args.sync, args.sync_window, backlog,
+                         max_bytes, args.sync_max_bytes)
             per = r["n"] / r["syncs"] if r["syncs"] > 0 else float("nan")
             mode = "backlog" if backlog else ""
-            print(f"{size:>6} {window:>4} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
+            flight = f"{window} msgs" + (f"/{byte_window[0]}" if byte_window else "")
+            print(f"{size:>6} {flight:>12} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
                   f"{r['e2e']:>10,.0f} "
                   f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} {r['syncs']:>7} "
                   f"{per:>10.1f} {r['avoided']:>8}" + (f"  FAILED {r['failed']}"
