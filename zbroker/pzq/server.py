@@ -86,7 +86,8 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
     frames = [frame.bytes]
     while frame.more:
         frame = _recv(sock, 0, False)
-        frames.append(frame.bytes)
+        # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
+        frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
     return frames
 
 

@@ -81,7 +81,7 @@ def decode_produce(frames: Sequence[Frame]) -> Produce | WireError:
     delimiter = next((i for i in range(1, len(frames)) if len(frames[i]) == 0), None)
     if delimiter is None:
         return WireError(MALFORMED, msg_id)
-    body = tuple(bytes(f) for f in frames[delimiter + 1:])
+    body = tuple(f if type(f) is memoryview else bytes(f) for f in frames[delimiter + 1:])
     if not body:
         return WireError(EMPTY, msg_id)
     return Produce(msg_id, tuple(bytes(f) for f in frames[1:delimiter]), body)
