@@ -15,6 +15,7 @@ import zmq.asyncio
 from helpers import free_port
 
 from zbroker.config import parse_config
+from zbroker.pzq.replication import BATCH_BYTES, copy_batches, parse_copies
 from zbroker.pzq.service import PzqService
 from zbroker.service import ClusterPort, Peer, ServiceContext
 
@@ -40,6 +41,28 @@ class LinkedPort(ClusterPort):
         self.loop.call_soon(service.peer_message, self.me,
                             [memoryview(bytes(f)) for f in frames])
         return True
+
+
+def test_copy_batches_round_trip_and_split():
+    items = [(b"k%d" % i, [b"a" * i, b"b"]) for i in range(1, 600)]
+    batches = list(copy_batches(b"jobs", NODE.encode(), items))
+    assert len(batches) == 3  # 256 messages at most in one
+    got = []
+    for frames in batches:
+        assert frames[:3] == [b"COPY", b"jobs", NODE.encode()]
+        got += parse_copies(frames[3:])
+    assert got == items
+    big = [(b"k", [b"x" * (BATCH_BYTES + 1)]), (b"k2", [b"y"])]
+    assert len(list(copy_batches(b"q", b"n", big))) == 2  # a big one goes alone
+    assert list(copy_batches(b"q", b"n", [])) == []
+
+
+def test_parse_copies_refuses_what_does_not_add_up():
+    for frames in ([b"k"], [b"k", b"1"], [b"k", b"2", b"b"], [b"k", b"0", b"b"],
+                   [b"k", b"x", b"b"], [b"k", b"1234567", b"b"], [b"k", b"", b"b"],
+                   [b"k", b"1", b"b", b"k2"]):
+        assert parse_copies(frames) is None, frames
+    assert parse_copies([]) == []
 
 
 async def start(tmp_path, name: str, port: LinkedPort, **queue: Any) -> PzqService:
@@ -101,7 +124,8 @@ async def test_copies_are_confirmed_and_the_ack_waits_for_them(pair):
     acks = await produce(a, 5)
     assert all(ack == [ack[0], b"1", b""] for ack in acks), acks  # no REPLICATION_FAILED
     assert qb.counters()["replicas_held"] == 5
-    assert [f[0] for f in pb.sent].count(b"CONFIRM") == 5
+    confirmed = [key for f in pb.sent if f[0] == b"CONFIRM" for key in f[3:]]
+    assert sorted(confirmed) == sorted(m.key for m in qa.core.messages.values())
 
 
 async def test_hostile_frames_from_a_peer_change_nothing(pair, capsys):
@@ -113,9 +137,17 @@ async def test_hostile_frames_from_a_peer_change_nothing(pair, capsys):
         [], [b""], [b"QUEUES"], [b"QUEUES", b"{not json"], [b"QUEUES", b"[" * 100_000],
         [b"QUEUES", b'{"jobs": 7}'], [b"QUEUES", b'{"jobs": "not-a-node"}'],
         [b"QUEUES", b"\xff\xfe"], [b"COPY"], [b"COPY", b"jobs"], [b"COPY", b"jobs", b"xx"],
-        [b"COPY", b"jobs", b"bad node", b"k", b"body"], [b"COPY", b"nope", NODE.encode(), b"k"],
-        [b"DELETE", b"jobs", NODE.encode()], [b"CONFIRM", b"jobs", b"k"],
-        [b"CONFIRM", b"jobs", b"unknown-key", b"1"], [b"TAKEN", b"jobs"],
+        [b"COPY", b"jobs", b"bad node", b"k", b"1", b"body"],
+        [b"COPY", b"nope", NODE.encode(), b"k", b"1", b"body"],
+        [b"COPY", b"jobs", NODE.encode(), b"k"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"x", b"b"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"2", b"b"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"0", b"b"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"99999999999999999999", b"b"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"-1", b"b"],
+        [b"COPY", b"jobs", NODE.encode(), b"k", b"1", b"b", b"k2"],
+        [b"DELETE", b"jobs"], [b"DELETE", b"jobs", b"bad node", b"k"],
+        [b"CONFIRM", b"jobs", b"1"], [b"TAKEN", b"jobs"],
         [b"TAKEN", b"jobs", b"\xff" * 40, b"k"], [b"RELEASE", b"jobs", b"x"],
         [b"RELEASE", b"jobs"], [b"WHAT", b"jobs", b"x"], [b"\x00" * 70_000, b"\xff" * 3],
     ]
@@ -126,6 +158,12 @@ async def test_hostile_frames_from_a_peer_change_nothing(pair, capsys):
     after = qb.counters()
     assert after["replicas_held"] == before["replicas_held"] == 3
     assert after["replica_origins"] == before["replica_origins"]
+    # well-formed but for nothing known: ignored quietly
+    for frames in ([b"CONFIRM", b"jobs", b"1", b"unknown-key"],
+                   [b"DELETE", b"jobs", NODE.encode(), b"unknown-key"]):
+        b.peer_message(peer_a, [memoryview(f) for f in frames])
+        a.peer_message(peer_b, [memoryview(f) for f in frames])
+    await settle(5)
     assert a.queues["jobs"].placement.holders == ["b-life"]
     acks = await produce(a, 2, b"later")  # the channel still works
     assert all(ack == [ack[0], b"1", b""] for ack in acks), acks

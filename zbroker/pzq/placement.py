@@ -15,6 +15,7 @@ backlog of 100 000 messages does not flood the link to the new holder.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,15 +31,16 @@ class Recopy:
     """The backlog being copied to a new holder: keys still to send, and those sent and not
     yet confirmed."""
 
-    todo: list[bytes]
+    todo: deque[bytes]
     sent: set[bytes] = field(default_factory=set)
 
     def next_keys(self, window: int = RECOPY_WINDOW) -> list[bytes]:
         """Keys to send now (the window's free room), taken off ``todo``."""
-        room = window - len(self.sent)
-        if room <= 0 or not self.todo:
+        room = min(window - len(self.sent), len(self.todo))
+        if room <= 0:
             return []
-        out, self.todo = self.todo[:room], self.todo[room:]
+        todo = self.todo
+        out = [todo.popleft() for _ in range(room)]
         self.sent.update(out)
         return out
 
@@ -84,7 +86,7 @@ class Placement:
             for life in added:
                 self.holders.append(life)
                 if keys:
-                    self.recopies[life] = Recopy(list(keys))
+                    self.recopies[life] = Recopy(deque(keys))
         return added
 
     def confirmed(self, life: str, key: bytes) -> None:

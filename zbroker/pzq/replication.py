@@ -20,9 +20,9 @@ service channel instead, addressed by queue name, to N peers that host a queue o
 name (placement.py chooses them and replaces a lost one)::
 
     [QUEUES][json {queue: node}]         the queues a broker hosts (sent to every peer that joins)
-    [COPY][queue][node][key][body...]     hold a copy; answered with CONFIRM
-    [CONFIRM][queue][key]["1"|"0"]        the copy is durable ("1") or was refused
-    [DELETE][queue][node][key]            its original was ACKed: drop the copy
+    [COPY][queue][node]{[key][n][n body frames]}...   hold copies; answered with CONFIRM
+    [CONFIRM][queue]["1"|"0"][key...]     the copies are durable ("1") or were refused
+    [DELETE][queue][node][key...]         their originals were ACKed: drop the copies
     [TAKEN][queue][node][key...]          the holder delivered these in the origin's absence
     [RELEASE][queue][node]                drop every copy held for <node> (sent before any
                                           copy to a peer that joins: what it still holds from
@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,48 @@ def delete_frames(key: bytes, node: str) -> list[bytes]:
 
 def ping_frames(node: str) -> list[bytes]:
     return [b"-", PING + node.encode(), b"", b"-"]
+
+
+BATCH_MESSAGES = 256  # messages (or keys) in one message of the cluster channel, at most
+BATCH_BYTES = 1 << 20  # body bytes in one COPY, at most (a bigger message goes alone)
+
+
+def copy_batches(queue: bytes, node: bytes,
+                 items: Iterable[tuple[bytes, Sequence[bytes]]]) -> Iterator[list[bytes]]:
+    """COPY messages for (key, body frames) pairs."""
+    head = [CCOPY, queue, node]
+    frames, n, size = list(head), 0, 0
+    for key, body in items:
+        frames += [key, b"%d" % len(body), *body]
+        n += 1
+        size += sum(len(f) for f in body)
+        if n >= BATCH_MESSAGES or size >= BATCH_BYTES:
+            yield frames
+            frames, n, size = list(head), 0, 0
+    if n:
+        yield frames
+
+
+def key_batches(head: list[bytes], keys: Sequence[bytes]) -> Iterator[list[bytes]]:
+    """``head`` + up to BATCH_MESSAGES keys, as many messages as it takes."""
+    for i in range(0, len(keys), BATCH_MESSAGES):
+        yield [*head, *keys[i:i + BATCH_MESSAGES]]
+
+
+def parse_copies(frames: Sequence[Any]) -> list[tuple[bytes, list[Any]]] | None:
+    """The (key, body frames) pairs of a COPY (``frames`` after its node); None if it is
+    malformed."""
+    out = []
+    i, end = 0, len(frames)
+    while i < end:
+        if i + 2 >= end or not 0 < len(frames[i + 1]) <= 6 or not bytes(frames[i + 1]).isdigit():
+            return None
+        n = int(frames[i + 1])
+        if n < 1 or i + 2 + n > end:
+            return None
+        out.append((bytes(frames[i]), list(frames[i + 2:i + 2 + n])))
+        i += 2 + n
+    return out
 
 
 def is_node(text: str) -> bool:

@@ -44,10 +44,13 @@ from .replication import (
     TAKEN,
     ReplicaHolder,
     classify,
+    copy_batches,
     copy_frames,
     delete_frames,
     is_node,
+    key_batches,
     node_id,
+    parse_copies,
     ping_frames,
 )
 from .store import BatchResult, Store
@@ -430,12 +433,18 @@ class QueueServer:
         if not core.replies:
             return
         replies, core.replies = core.replies, []
+        confirms: dict[tuple[bytes, bytes], list[bytes]] = {}
         for peer, frames in replies:
             if not peer.startswith(CLUSTER_PEER):
                 self.core.replies.append((peer, frames))
-            elif self.port is not None:
-                self.port.send(peer[len(CLUSTER_PEER):].decode(),
-                          [CONFIRM, self._qname, frames[0], frames[1]])
+            else:
+                confirms.setdefault((peer, frames[1]), []).append(frames[0])
+        if self.port is None:
+            return
+        for (peer, status), keys in confirms.items():
+            life = peer[len(CLUSTER_PEER):].decode()
+            for frames in key_batches([CONFIRM, self._qname, status], keys):
+                self.port.send(life, frames)
 
     def _drain_peers(self) -> bool:
         more = False
@@ -526,21 +535,32 @@ class QueueServer:
             return True
         peer = CLUSTER_PEER + life.encode()
         if kind in (CCOPY, CDELETE):
-            if len(frames) < 3 - (kind == CDELETE):
+            if len(frames) < 2:
                 return False
-            node = frames[0].decode(errors="replace")
+            node = bytes(frames[0]).decode(errors="replace")
             if not is_node(node):
                 return False
             if kind == CCOPY:
-                self._hold(COPY, node, peer, [frames[1], COPY + frames[0], b"", *frames[2:]])
+                copies = parse_copies(frames[1:])
+                if copies is None:
+                    return False
+                header = COPY + frames[0]
+                for key, body in copies:
+                    self._hold(COPY, node, peer, [key, header, b"", *body])
             else:
-                self._hold(DELETE, node, peer, [frames[1], DELETE + frames[0], b"", b"-"])
+                header = DELETE + frames[0]
+                for key in frames[1:]:
+                    self._hold(DELETE, node, peer, [key, header, b"", b"-"])
         elif kind == CONFIRM:
-            if len(frames) != 2:
+            if len(frames) < 2:
                 return False
-            self.core.replica_confirmed(frames[0], frames[1] == wire.OK)
-            if self.placement is not None:
-                self.placement.confirmed(life, frames[0])
+            ok = frames[0] == wire.OK
+            placement = self.placement
+            for key in frames[1:]:
+                self.core.replica_confirmed(key, ok)
+                if placement is not None:
+                    placement.confirmed(life, key)
+            if placement is not None and placement.recopies:
                 self._pump_recopies()
         elif kind == RELEASE:
             if len(frames) != 1 or not is_node(node := frames[0].decode(errors="replace")):
@@ -585,13 +605,15 @@ class QueueServer:
 
     def _send_to_holders(self, out: list[tuple[str, bytes, tuple[bytes, ...]]]) -> None:
         placement, port, node = self.placement, self.port, self.node.encode()
-        for kind, key, body in out:
-            if kind == "copy":
-                frames = [CCOPY, self._qname, node, key, *body]
-            else:
-                frames = [CDELETE, self._qname, node, key]
-                placement.forget(key)
-            for life in placement.holders:
+        copies = [(key, body) for kind, key, body in out if kind == "copy"]
+        deleted = [key for kind, key, _ in out if kind != "copy"]
+        # copies first: a key copied and ACKed within one turn is then deleted after its copy
+        batches = [*copy_batches(self._qname, node, copies),
+                   *key_batches([CDELETE, self._qname, node], deleted)]
+        for key in deleted:
+            placement.forget(key)
+        for life in placement.holders:
+            for frames in batches:
                 port.send(life, frames)  # False: that peer is lost; peer_gone replaces it
         if placement.recopies:
             self._pump_recopies()
@@ -605,16 +627,18 @@ class QueueServer:
                 keys = r.next_keys()
                 if not keys:
                     break
+                items = []
                 for key in keys:
                     seq = core.keys.get(key)
                     m = core.messages.get(seq) if seq is not None else None
                     if m is None:  # ACKed meanwhile
                         r.confirmed(key)
-                    elif not self.port.send(life, [CCOPY, self._qname, node, key,
-                                                      *m.frames]):
-                        r.todo.clear()
-                        r.sent.clear()
-                        break
+                    else:
+                        items.append((key, m.frames))
+                if not all(self.port.send(life, frames)
+                           for frames in copy_batches(self._qname, node, items)):
+                    r.todo.clear()  # that peer is lost: peer_gone replaces it
+                    r.sent.clear()
             if r.done:
                 placement.recopies.pop(life, None)
 

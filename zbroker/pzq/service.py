@@ -15,8 +15,8 @@ import zmq
 
 from zbroker.service import Peer, Service, ServiceContext, ServiceError
 
-from .replication import QUEUES
-from .server import QueueError, QueueServer, QueueSettings, default_data_dir
+from .replication import CCOPY, QUEUES
+from .server import ZERO_COPY_MIN, QueueError, QueueServer, QueueSettings, default_data_dir
 
 
 def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
@@ -109,8 +109,12 @@ class PzqService(Service):
             q.peer_gone(peer.id)
 
     def peer_message(self, peer: Peer, frames: list[Any]) -> None:
-        frames = [bytes(f) for f in frames]
-        kind = frames[0] if frames else b""
+        kind = bytes(frames[0]) if frames else b""
+        if kind == CCOPY:  # big bodies stay in the frame they came in (parse_copies checks)
+            frames = [bytes(f) if i < 2 or len(f) < ZERO_COPY_MIN else f
+                      for i, f in enumerate(frames)]
+        else:
+            frames = [bytes(f) for f in frames]
         if kind == QUEUES and len(frames) == 2:
             try:
                 hosted = json.loads(frames[1])
