@@ -7,6 +7,7 @@ import errno
 import os
 import queue
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,30 @@ def test_group_commit_puts_many_messages_in_one_fsync(tmp_path):
     h.wait_batch(max(batches))
     assert h.store.syncs <= 3, h.store.syncs
     h.close()
+
+
+def test_a_lone_message_is_written_without_waiting_out_the_window(tmp_path):
+    """A producer that waits for each ACK sends nothing more: its message is written once
+    nothing else came for a tenth of the window, not after the whole window."""
+    h = Harness(tmp_path, sync="batch", sync_window=60.0)
+    b = h.append(0)
+    r = h.take(30.0)  # queue.Empty here if it waited the 60 s window
+    assert b in r.batches and h.store.syncs == 1
+    h.close()
+
+
+def test_records_that_keep_coming_are_gathered_into_one_batch(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=20.0)  # lingers 2 s for the next record
+    batches = set()
+    for seq in range(10):
+        batches.add(h.append(seq))
+        time.sleep(0.05)
+    assert len(batches) == 1
+    r = h.take(30.0)
+    assert batches <= set(r.batches)
+    assert h.store.syncs == 1  # ten records arriving 50 ms apart: one write, one fdatasync
+    h.close()
+    assert seqs(recover(tmp_path)) == list(range(10))
 
 
 def test_write_avoidance_an_acked_pending_message_is_never_written(tmp_path):

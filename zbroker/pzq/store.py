@@ -9,7 +9,10 @@ that report, so the event loop never waits for the disk.
 Sync modes:
 
     batch   the writer gathers records for up to ``sync_window`` seconds after the first
-            one of a batch, then writes and fdatasyncs once. A batch holds at most
+            one of a batch while they keep coming, then writes and fdatasyncs once. When
+            nothing new arrives for a tenth of the window (a producer that waits for each
+            ACK, a burst that ended), it writes at once: a lone message is not held for the
+            whole window. A batch holds at most
             ``max_batch_bytes`` (or one message, if larger): it closes there, and the writer
             writes a closed batch at once and never takes more than that many bytes for one
             fdatasync, so the first messages of a burst are ACKed after their own part of it
@@ -162,6 +165,7 @@ class Store:
         self._pending_bytes = 0
         self._open_bytes = 0  # bytes appended to the open batch (number _batch_no)
         self._first_at = 0.0
+        self._arrivals = 0  # records and ACKs queued so far (the writer sees if more came)
         self._batch_no = 0
         self._delete_below = -1
         self._stopping = False
@@ -298,6 +302,7 @@ class Store:
             else:
                 self._open_bytes += size
             entry = _Entry(seq, batch, parts, size, now)
+            self._arrivals += 1
             if not self._pending:
                 self._first_at = now
                 self._cond.notify()
@@ -311,6 +316,7 @@ class Store:
         is still queued, drop the record: write avoidance)."""
         moved = seq in self._live or seq in self._moving  # on disk already, being moved
         with self._cond:
+            self._arrivals += 1
             entry = self._pending_by_seq.pop(seq, None)
             if entry is not None:
                 entry.alive = False
@@ -434,11 +440,7 @@ class Store:
                 first_at = self._first_at
                 stopping = self._stopping
             if self.sync == "batch" and self.sync_window > 0 and not stopping:
-                delay = first_at + self.sync_window - time.monotonic()
-                if delay > 0:
-                    with self._cond:
-                        self._cond.wait_for(lambda: self._stopping or self._closed_pending(),
-                                            delay)
+                self._gather(first_at + self.sync_window, self.sync_window / 10)
             with self._cond:
                 if self.sync == "always" and self._pending:
                     n = next((i + 1 for i, e in enumerate(self._pending) if e.alive),
@@ -471,6 +473,20 @@ class Store:
                 self._delete(delete_below)
             if done:
                 return
+
+    def _gather(self, deadline: float, linger: float) -> None:
+        """Wait for more records until ``deadline``, as long as some arrive every
+        ``linger`` seconds; return early when a batch is closed (full) or on stop."""
+        with self._cond:
+            while True:
+                delay = deadline - time.monotonic()
+                if delay <= 0 or self._stopping or self._closed_pending():
+                    return
+                seen = self._arrivals
+                self._cond.wait_for(lambda: self._stopping or self._closed_pending(),
+                                    min(delay, linger))
+                if self._arrivals == seen:
+                    return  # nothing came for a linger: write now
 
     def _closed_pending(self) -> bool:
         """A closed batch (full: max_batch_bytes) waits: no reason to gather longer."""
