@@ -345,7 +345,8 @@ def test_schema_keys():
         "services.pzq.enabled",
         *(f"services.pzq.defaults.{k}" for k in (
             "mode", "stream_endpoint",
-            "receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir", "sync",
+            "receive_endpoint", "send_endpoint", "credit_endpoint", "monitor_endpoint",
+            "data_dir", "sync",
             "sync_window", "sync_max_bytes", "segment_size", "ack_timeout", "reaper_frequency",
             "inflight_window", "inflight_size", "max_message_size", "max_backlog",
             "idempotence_window", "replicas", "replication_timeout", "peers",

@@ -214,3 +214,33 @@ def test_when_the_last_consumer_leaves_its_messages_are_ready_again():
     q.consumers_changed(1)
     d2, frames2 = q.next_delivery(0, 0)
     assert frames2[0] == frames[0] and d2.attempt == 2
+
+
+def test_a_paused_consumer_is_skipped_and_keeps_its_credit():
+    d = Dispatcher(ack_timeout=5)
+    d.set_consumer("a", 2)
+    d.set_consumer("b", 2)
+    for seq in range(4):
+        d.add(seq, 10)
+    d.pause("a")
+    got = [d.next_delivery(0) for _ in range(3)]
+    assert [g.consumer for g in got[:2]] == ["b", "b"] and got[2] is None
+    d.pause("a", False)
+    assert d.next_delivery(0).consumer == "a"
+    d.pause("nobody")  # unknown: nothing happens
+
+
+def test_credit_consumers_are_counted_and_bounded():
+    from zbroker.pzq import queue as queue_module
+
+    core = QueueCore(FakeStore())
+    assert core.credit_consumer(b"c1", 4) and core.credit_consumer(b"c1", 8)
+    assert core.credit_consumers == 1 and core.dispatcher.consumers[b"c1"].credit == 8
+    saved = queue_module.MAX_CREDIT_CONSUMERS
+    queue_module.MAX_CREDIT_CONSUMERS = 1
+    try:
+        assert not core.credit_consumer(b"c2", 4)
+    finally:
+        queue_module.MAX_CREDIT_CONSUMERS = saved
+    assert core.consumer_gone(b"c1") == 0 and core.credit_consumers == 0
+    assert core.consumer_gone(b"c1") == 0 and core.credit_consumers == 0

@@ -553,3 +553,22 @@ def test_broker_hosts_a_stream_queue_read_by_offset(start_broker, tmp_path):
         assert [m.body for m in s.read(0, 10)] == first  # replayable
         assert s.commit(4) == 4
     assert b.stop() == 0
+
+
+def test_broker_queue_with_a_credit_endpoint(start_broker, tmp_path):
+    credit = f"tcp://127.0.0.1:{free_port()}"
+    cfg = pzq_config(tmp_path, jobs={"credit_endpoint": credit}, other={"credit_endpoint": credit})
+    b = start_broker(config=cfg, wait=False)
+    assert b.wait() != 0 and "both use" in b.stderr()  # two queues cannot share it
+    cfg = pzq_config(tmp_path, jobs={"credit_endpoint": credit, "ack_timeout": 30})
+    b = start_broker(config=cfg)
+    q = cfg["services"]["pzq"]["queues"]["jobs"]
+    wait_for(lambda: endpoint_accepts(credit), 10, "the credit endpoint")
+    with Producer(q["receive_endpoint"]) as p, Consumer(credit, credit=1) as c:
+        p.send(b"one")
+        p.send(b"two")
+        p.flush(5)
+        m = c.recv(5)
+        assert m is not None and c.recv(0.5) is None  # credit 1: the second waits
+        c.ack(m)
+        assert c.recv(5) is not None

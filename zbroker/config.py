@@ -324,6 +324,8 @@ class PzqQueueConfig:
     stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
     receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
     send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers
+    #: null: off. Consumers there say READY with a window and never get more (docs/pzq.md)
+    credit_endpoint: str | None = setting(None, optional_endpoint)
     #: null: ipc://<run_dir>/pzq/<queue>.monitor
     monitor_endpoint: str | None = setting(None, optional_endpoint)
     #: null: $XDG_DATA_HOME/zbroker/<name>/pzq/<queue> (~/.local/share/... without it)

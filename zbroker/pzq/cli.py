@@ -79,6 +79,10 @@ def parser() -> argparse.ArgumentParser:
            "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
     a("--stream-dsn", default="tcp://127.0.0.1:11133",
       help="stream requests' endpoint, with --mode stream (%(default)s)")
+    a("--credit-dsn", default=None,
+      help="an extra consumers' endpoint (ROUTER) where each consumer says READY with its "
+           "window and never holds more unACKed: a slow consumer cannot hoard (off by "
+           "default; push queues only)")
     a("--broadcast-dsn", default=None,
       help="accepted for compatibility, not used: nodes talk on their receive endpoints")
     a("--timeout-replication", "--timeout_replication", dest="timeout_replication",
@@ -102,7 +106,7 @@ def settings_from_args(args: argparse.Namespace) -> QueueSettings:
         replication_timeout=args.timeout_replication / 1e6,
         peers=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
         node_timeout=args.timeout_nodes / 1e6, mode=args.mode,
-        stream_endpoint=args.stream_dsn)
+        stream_endpoint=args.stream_dsn, credit_endpoint=args.credit_dsn or None)
 
 
 async def serve(settings: QueueSettings, log: structlog.typing.FilteringBoundLogger) -> int:

@@ -9,6 +9,9 @@
         m = c.recv(timeout=5)       # a Message, or None after the timeout
         c.ack(m)                    # done; c.nack(m): deliver it again
 
+    with Consumer("tcp://127.0.0.1:11134", credit=8) as c:   # a queue's credit endpoint:
+        ...                         # never more than 8 unACKed messages held by this consumer
+
     with StreamConsumer("tcp://127.0.0.1:11133") as s:   # a queue in stream mode
         head, committed = s.offsets()
         for m in s.read(committed, head):   # StreamMessage(offset, key, sent_us, frames)
@@ -189,22 +192,56 @@ class Producer:
         self.close()
 
 
+READY_EVERY = 1.0  # seconds without a message after which a credit consumer says READY again
+
+
 class Consumer:
+    """A consumer of a queue's send endpoint (messages pushed, as the original's clients
+    get them), or, with ``credit``, of its credit endpoint: the consumer says READY with
+    ``credit`` and the queue never lets it hold more unACKed messages. It says READY again
+    after each second without a message, so it is known again after a queue restart."""
+
     def __init__(self, endpoint: str, *, context: zmq.Context | None = None,
-                 rcvhwm: int | None = None):
+                 rcvhwm: int | None = None, credit: int | None = None):
+        if credit is not None and not 1 <= credit <= wire.MAX_WINDOW:
+            raise ValueError(f"credit must be 1..{wire.MAX_WINDOW}, not {credit}")
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         if rcvhwm is not None:
             self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        self.credit = credit
+        if credit is not None:  # the same id after a reconnect: the queue keeps our credit
+            self.sock.setsockopt(zmq.ROUTING_ID, b"consumer-" + uuid.uuid4().hex.encode())
         self.sock.connect(endpoint)
+        self._ready_at = 0.0
+        self._say_ready()
+
+    def _say_ready(self) -> None:
+        if self.credit is not None:
+            self.sock.send_multipart([wire.READY, b"%d" % self.credit])
+            self._ready_at = time.monotonic()
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: wait for ever)."""
-        if not self.sock.poll(None if timeout is None else int(timeout * 1000)):
-            return None
-        return self._decode(self.sock.recv_multipart())
+        if self.credit is None:
+            if not self.sock.poll(None if timeout is None else int(timeout * 1000)):
+                return None
+            return self._decode(self.sock.recv_multipart())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            if now - self._ready_at >= READY_EVERY:
+                self._say_ready()
+            wait = self._ready_at + READY_EVERY - now
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            if self.sock.poll(max(0, int(wait * 1000))):
+                self._ready_at = time.monotonic()  # it knows us
+                return self._decode(self.sock.recv_multipart())
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def recv_nowait(self) -> Message | None:
         try:

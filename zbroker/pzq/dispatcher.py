@@ -32,6 +32,7 @@ class Consumer:
     id: Hashable
     credit: int
     inflight: set[int] = field(default_factory=set)
+    paused: bool = False  # its connection is full for now: skipped, credit kept
 
     @property
     def free(self) -> int:
@@ -69,6 +70,12 @@ class Dispatcher:
             self.consumers[cid] = Consumer(cid, credit)
         else:
             c.credit = credit
+
+    def pause(self, cid: Hashable, paused: bool = True) -> None:
+        """Skip (or no longer skip) ``cid`` when choosing whom to send to."""
+        c = self.consumers.get(cid)
+        if c is not None:
+            c.paused = paused
 
     def remove_consumer(self, cid: Hashable) -> list[int]:
         """The consumer is gone: its messages go back to the front of the ready queue."""
@@ -192,7 +199,8 @@ class Dispatcher:
     def _least_loaded(self) -> Consumer | None:
         best = None
         for c in self.consumers.values():
-            if c.free > 0 and (best is None or len(c.inflight) < len(best.inflight)):
+            if c.free > 0 and not c.paused and (best is None
+                                                 or len(c.inflight) < len(best.inflight)):
                 best = c
         return best
 

@@ -32,6 +32,7 @@ from .store import BatchResult
 QUEUE_FULL = "Queue full"
 ID_TOO_LONG = "Message id too long"
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
+MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
 
 
 class StoreLike(Protocol):
@@ -103,6 +104,7 @@ class QueueCore:
         self.replica_targets = limits.replicas
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
+        self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
@@ -293,6 +295,23 @@ class QueueCore:
         if connected == 0:
             self.dispatcher.remove_consumer(cid)
         self.dispatcher.set_consumer(cid, self.limits.inflight_window * connected)
+
+    def credit_consumer(self, cid: Hashable, window: int) -> bool:
+        """A consumer of the credit endpoint says READY with its window: it gets at most
+        ``window`` messages unACKed. False if there are too many such consumers already."""
+        if cid not in self.dispatcher.consumers and self.credit_consumers >= MAX_CREDIT_CONSUMERS:
+            return False
+        if cid not in self.dispatcher.consumers:
+            self.credit_consumers += 1
+        self.dispatcher.set_consumer(cid, window)
+        return True
+
+    def consumer_gone(self, cid: Hashable) -> int:
+        """A consumer of the credit endpoint cannot be reached: what it held is ready again
+        at once. Returns how many messages that was."""
+        if cid in self.dispatcher.consumers:
+            self.credit_consumers -= 1
+        return len(self.dispatcher.remove_consumer(cid))
 
     def next_delivery(self, now: float, now_us: int) -> tuple[Delivery, list[bytes]] | None:
         """The next delivery to send and its frames, or None."""

@@ -32,7 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from . import wire
 from .placement import Placement
-from .queue import Limits, QueueCore
+from .queue import CONSUMERS, Limits, QueueCore
 from .replication import (
     CCOPY,
     CDELETE,
@@ -125,6 +125,7 @@ class QueueSettings:
     node_timeout: float = 10.0  # silence after which a peer's copies are taken over
     mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
     stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
+    credit_endpoint: str | None = None  # consumers that say READY with a window (ROUTER)
 
     def limits(self) -> Limits:
         return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
@@ -175,12 +176,14 @@ class QueueServer:
         self._send: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
         self._stream_sock: zmq.Socket | None = None
+        self._credit: zmq.Socket | None = None
         self._events: zmq.Socket | None = None
         self._fds: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._last_reap = 0.0
         self._send_blocked = False
+        self._credit_blocked: set[bytes] = set()
         self._running = False
         self._scheduled = False
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
@@ -237,6 +240,10 @@ class QueueServer:
                 self._mon = self._bind(zmq.ROUTER, s.monitor_endpoint, "monitor")
             if self.stream is not None:
                 self._stream_sock = self._bind(zmq.ROUTER, s.stream_endpoint, "stream")
+            if s.credit_endpoint and self.stream is None:
+                self._credit = self._bind(zmq.ROUTER, s.credit_endpoint, "credit")
+                self._credit.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone consumer: an error
+                self._credit.setsockopt(zmq.SNDHWM, wire.MAX_WINDOW)
             for endpoint in s.peers[:s.replicas]:
                 peer = self.ctx.socket(zmq.DEALER)
                 peer.setsockopt(zmq.LINGER, 500)
@@ -304,6 +311,7 @@ class QueueServer:
             "syncs": store.syncs,
             "expired_messages": core.dispatcher.expired,
             "consumers": self.consumers,
+            "credit_consumers": core.credit_consumers,
             "redelivered": core.dispatcher.redelivered,
             "backlog_bytes": core.backlog_bytes,
             "dropped_replies": self.dropped_replies,
@@ -349,6 +357,7 @@ class QueueServer:
             sock.close()
         self._socks.clear()
         self._recv = self._send = self._mon = self._events = self._stream_sock = None
+        self._credit = None
         self._peers.clear()
 
     # --- the loop --------------------------------------------------------------------------
@@ -367,6 +376,8 @@ class QueueServer:
             again = True
         if self._mon is not None:
             self._drain_monitor()
+        if self._credit is not None and self._drain_credit():
+            again = True
         if self._stream_sock is not None and self._drain_stream():
             again = True
         if self._peers and self._drain_peers():
@@ -385,6 +396,7 @@ class QueueServer:
 
     def _pollin(self) -> bool:
         for sock in (self._recv, self._send, self._events, self._mon, self._stream_sock,
+                     self._credit,
                      *self._peers):
             if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return True
@@ -782,18 +794,60 @@ class QueueServer:
             return
         now = self.loop.time()
         now_us = time.time_ns() // 1000
-        self._send_blocked = False
+        dispatcher, credit = core.dispatcher, self._credit
+        if self._send_blocked:
+            self._send_blocked = False
+            dispatcher.pause(CONSUMERS, False)
+        for cid in self._credit_blocked:
+            dispatcher.pause(cid, False)
+        self._credit_blocked.clear()
         while True:
             nxt = core.next_delivery(now, now_us)
             if nxt is None:
                 return
             d, frames = nxt
+            if d.consumer == CONSUMERS:
+                try:
+                    send_frames(sock, frames)
+                except zmq.Again:
+                    # every legacy consumer's connection is full (or none is there): the
+                    # others may still take it; woken again when the socket is writable
+                    core.unsent(d)
+                    dispatcher.pause(CONSUMERS)
+                    self._send_blocked = True
+                continue
             try:
-                send_frames(sock, frames)
+                _send(credit, d.consumer, _MORE_NOBLOCK, True)
+                send_frames(credit, frames)
+            except zmq.Again:  # its connection is full: tried again at the next wake-up
+                core.unsent(d)
+                dispatcher.pause(d.consumer)
+                self._credit_blocked.add(d.consumer)
+            except zmq.ZMQError:  # EHOSTUNREACH: it has gone; what it held is ready again
+                core.unsent(d)
+                n = core.consumer_gone(d.consumer)
+                self.log.debug("pzq credit consumer gone", queue=self.settings.name,
+                               requeued=n)
+
+    def _drain_credit(self) -> bool:
+        """The credit endpoint: READY (a consumer's window) and ACKs."""
+        sock, core = self._credit, self.core
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames = recv_frames(sock)
             except zmq.Again:
-                core.unsent(d)  # every consumer's connection is full (or none is there)
-                self._send_blocked = True
-                return
+                return False
+            if len(frames) < 2:
+                continue
+            ready = wire.decode_ready(frames[1:])
+            if ready is None:
+                core.consumer_ack(frames[1:])
+            elif isinstance(ready, wire.WireError):
+                core.counters["malformed"] += 1
+            elif not core.credit_consumer(frames[0], ready):
+                self.log.warning("pzq too many credit consumers: READY ignored",
+                                 queue=self.settings.name)
+        return True
 
     def _batch_threadsafe(self, result: BatchResult) -> None:
         try:

@@ -37,14 +37,17 @@ def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
                       monitor_endpoint=monitor.replace("{name}", broker),
                       receive_endpoint=q.receive_endpoint.replace("{name}", broker),
                       send_endpoint=q.send_endpoint.replace("{name}", broker))
-        if "stream_endpoint" in values:
-            values["stream_endpoint"] = values["stream_endpoint"].replace("{name}", broker)
+        for key in ("stream_endpoint", "credit_endpoint"):
+            if values.get(key):
+                values[key] = values[key].replace("{name}", broker)
         out.append(QueueSettings(**values))
     seen: dict[str, str] = {}
     for s in out:
         used = ("receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir")
         if s.mode == "stream":
             used += ("stream_endpoint",)
+        elif s.credit_endpoint:
+            used += ("credit_endpoint",)
         for what in used:
             value = str(getattr(s, what))
             if value in seen and seen[value] != s.name:
@@ -138,5 +141,7 @@ class PzqService(Service):
                        "monitor": q.settings.monitor_endpoint, "mode": q.settings.mode,
                        **({"stream": q.settings.stream_endpoint} if q.stream is not None
                           else {}),
+                       **({"credit": q.settings.credit_endpoint}
+                          if q.settings.credit_endpoint and q.stream is None else {}),
                        **q.counters()}
                 for name, q in self.queues.items()}

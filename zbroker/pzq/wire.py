@@ -101,6 +101,23 @@ def delivery(key: bytes, sent_us: int, ack_timeout_us: int,
     return [key, str(sent_us).encode(), str(ack_timeout_us).encode(), b"", *body]
 
 
+READY = b"READY"
+MAX_WINDOW = 100_000
+
+
+def decode_ready(frames: Sequence[Frame]) -> int | WireError | None:
+    """``["READY"][window]`` on the credit endpoint: the window (1..MAX_WINDOW); None if the
+    frames are not a READY (an ACK then); a WireError if it is a READY that is malformed."""
+    if not frames or bytes(frames[0]) != READY:
+        return None
+    if len(frames) != 2:
+        return WireError(MALFORMED)
+    text = bytes(frames[1])
+    if not text.isdigit() or len(text) > 6 or not 1 <= int(text) <= MAX_WINDOW:
+        return WireError(f"window must be 1..{MAX_WINDOW}")
+    return int(text)
+
+
 def decode_consumer_ack(frames: Sequence[Frame]) -> ConsumerAck | WireError:
     """``[key]["1"|"0"]``. Frames after the status are ignored (room for future fields)."""
     if len(frames) < 2:
