@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zmq
 from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
 
 from zbroker.pzq.client import StreamConsumer
@@ -215,3 +216,24 @@ def test_help_explains_stream_queues(shell):
     assert r.returncode == 0
     for text in (b"--no-commit", b"--from-offset", b"at-least-once", b"exit status"):
         assert text in r.stdout, text
+
+
+def test_get_uses_the_credit_endpoint_past_a_stuck_consumer(start_broker, tmp_path):
+    cfg = queue_config(tmp_path)
+    jobs = cfg["services"]["pzq"]["queues"]["jobs"]
+    jobs.update(credit_endpoint=f"tcp://127.0.0.1:{free_port()}", ack_timeout=60)
+    sh = Shell(start_broker(config=cfg), cfg)
+    wait_for(lambda: endpoint_accepts(jobs["credit_endpoint"]), 10, "the credit endpoint")
+    ctx = zmq.Context()
+    stuck = ctx.socket(zmq.DEALER)  # an original-style consumer that stops reading
+    stuck.connect(jobs["send_endpoint"])
+    try:
+        sh.put("jobs", [b"job %d" % i for i in range(100)])
+        # the stuck one takes the send endpoint's whole share (32); a get through the send
+        # endpoint could not have more than the rest of that shared cap
+        r = sh.run("get", "jobs", "-n", "60", "-t", "5")
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 60 == len(set(r.stdout.splitlines()))
+    finally:
+        stuck.close(linger=0)
+        ctx.term()

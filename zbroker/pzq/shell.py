@@ -172,6 +172,7 @@ class QueueInfo:
     send: str | None
     stream: str | None
     note: str = ""  # why the broker was not asked, for error messages
+    credit: str | None = None  # the credit endpoint, if the queue has one
 
 
 def _lookup(args: argparse.Namespace) -> QueueInfo:
@@ -198,7 +199,7 @@ def _lookup(args: argparse.Namespace) -> QueueInfo:
         known = ", ".join(queues) if queues else "none: services.pzq is not enabled"
         raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: {known})")
     return QueueInfo(str(q.get("mode", "push")), q.get("receive"), q.get("send"),
-                     q.get("stream"))
+                     q.get("stream"), credit=q.get("credit"))
 
 
 def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
@@ -209,7 +210,8 @@ def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
     broker = config.broker.name
     return QueueInfo(q.mode, q.receive_endpoint.replace("{name}", broker),
                      q.send_endpoint.replace("{name}", broker),
-                     q.stream_endpoint.replace("{name}", broker), note)
+                     q.stream_endpoint.replace("{name}", broker), note,
+                     q.credit_endpoint.replace("{name}", broker) if q.credit_endpoint else None)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -228,6 +230,8 @@ def main(argv: Sequence[str]) -> int:
         if args.no_commit or args.from_offset is not None:
             return _error(f"queue {args.queue!r} is a push queue: --no-commit and "
                           "--from-offset are for stream queues", 2)
+        if info.credit:  # holds one message at a time: none is left waiting on exit
+            return _get(args, info.credit, info.note, credit=1)
         assert info.send is not None
         return _get(args, info.send, info.note)
     except KeyboardInterrupt:
@@ -279,10 +283,11 @@ def _shortfall(args: argparse.Namespace, got: int, note: str = "") -> int:
     return 0
 
 
-def _get(args: argparse.Namespace, endpoint: str, note: str = "") -> int:
+def _get(args: argparse.Namespace, endpoint: str, note: str = "",
+         credit: int | None = None) -> int:
     got = 0
     out = sys.stdout.buffer
-    with Consumer(endpoint, rcvhwm=1) as c:
+    with Consumer(endpoint, rcvhwm=1, credit=credit) as c:
         try:
             while args.count <= 0 or got < args.count:
                 m = c.recv(args.timeout)
