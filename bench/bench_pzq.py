@@ -36,18 +36,13 @@ import time
 from pathlib import Path
 
 import zmq
+from pzq_load import free_port, produce_windowed
 
 from zbroker.config import parse_size
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "65536:1", "65536:64",
                  "65536:64:1MiB", "65536:64:backlog", "65536:64:backlog:1MiB")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fsync_baseline(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
@@ -94,43 +89,12 @@ def write_baseline(directory: Path, chunk: int, seconds: float = 1.0
 
 def producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | None,
              start: float, out) -> None:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.SNDHWM, 0)
-    s.setsockopt(zmq.RCVHWM, 0)
-    s.connect(endpoint)
-    body = b"x" * size
-    sent_at: dict[bytes, float] = {}
-    lat: list[float] = []
-    failed = 0
-    while time.time() < start:
-        time.sleep(0.001)
-    t0 = time.perf_counter()
-    i = 0
-    copy = size < 65536
     bound = window if max_bytes is None else max(1, min(window, max_bytes // size))
-    while i < n or sent_at:
-        while i < n and len(sent_at) < bound:
-            mid = b"%d" % i
-            sent_at[mid] = time.perf_counter()
-            s.send_multipart([mid, b"", body], copy=copy)
-            i += 1
-        if not s.poll(10_000):
-            raise SystemExit(f"producer: no ACK for 10 s ({len(sent_at)} outstanding)")
-        now = time.perf_counter()
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            t = sent_at.pop(frames[0], None)
-            if t is not None:
-                lat.append(now - t)
-                failed += frames[1] != b"1"
-    elapsed = time.perf_counter() - t0
-    s.close(linger=0)
-    ctx.term()
-    out.send((t0, elapsed, lat, failed))
+    try:
+        p = produce_windowed(endpoint, n, size, bound, start=start, ack_wait=10.0)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
+    out.send((p.t0, p.t_end - p.t0, p.lat, p.failed))
 
 
 def consumer(endpoint: str, n: int, out) -> None:
@@ -150,7 +114,7 @@ def consumer(endpoint: str, n: int, out) -> None:
                 break
             s.send_multipart([frames[0].bytes, b"1"])
             got += 1
-        last = time.perf_counter()
+        last = time.monotonic()
     s.close()
     ctx.term()
     out.send((last, got))

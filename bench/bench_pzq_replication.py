@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import random
 import shutil
 import signal
 import socket
@@ -51,12 +50,12 @@ from typing import Any
 
 import yaml
 import zmq
+from pzq_load import free_port, produce_windowed
 
 from zbroker.pzq.client import monitor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "jobs"
-REPLICATION_FAILED = b"REPLICATION_FAILED"
 THROUGHPUT_PEER_TIMEOUT = 3.0  # the broker's default: no spurious loss under load
 
 # everything started, for the final clean-up: broker Popens and multiprocessing children
@@ -65,25 +64,6 @@ _CHILDREN: list[Any] = []
 
 
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback port free now, below the ephemeral range (a port bound to 0 could be taken
-    meanwhile by an outgoing connection)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            high = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        high = 32768
-    for _ in range(200):
-        port = random.randrange(20000, max(21000, high))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port")
 
 
 def accepts(endpoint: str) -> bool:
@@ -264,44 +244,9 @@ def producer(endpoint: str, n: int, size: int, window: int, tag: bytes, start: f
              out: Any) -> None:
     """Send ``n`` messages keeping ``window`` unACKed; report the ACK latencies."""
     try:
-        ctx = zmq.Context()
-        s = ctx.socket(zmq.DEALER)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.setsockopt(zmq.RCVHWM, 0)
-        s.connect(endpoint)
-        body = b"x" * size
-        copy = size < 65536
-        sent_at: dict[bytes, float] = {}
-        lat: list[float] = []
-        failed = repl_failed = 0
-        while time.time() < start:
-            time.sleep(0.001)
-        t0 = time.monotonic()
-        i = 0
-        while i < n or sent_at:
-            while i < n and len(sent_at) < window:
-                mid = b"%s-%d" % (tag, i)
-                sent_at[mid] = time.monotonic()
-                s.send_multipart([mid, b"", body], copy=copy)
-                i += 1
-            if not s.poll(30_000):
-                raise BenchError(f"producer: no ACK for 30 s ({len(sent_at)} outstanding)")
-            now = time.monotonic()
-            while True:
-                try:
-                    frames = s.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                t = sent_at.pop(frames[0], None)
-                if t is not None:
-                    lat.append(now - t)
-                    failed += frames[1] != b"1"
-                    repl_failed += frames[3:4] == [REPLICATION_FAILED]
-        t_end = time.monotonic()
-        s.close(linger=0)
-        ctx.term()
-        out.send({"t0": t0, "t_end": t_end, "lat": lat, "failed": failed,
-                  "repl_failed": repl_failed})
+        p = produce_windowed(endpoint, n, size, window, tag + b"-", start)
+        out.send({"t0": p.t0, "t_end": p.t_end, "lat": p.lat, "failed": p.failed,
+                  "repl_failed": p.repl_failed})
     except BaseException as exc:  # the parent reports it
         out.send({"error": f"{type(exc).__name__}: {exc}"})
 

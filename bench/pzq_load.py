@@ -1,0 +1,86 @@
+"""What the pzq benchmarks share: free loopback ports and a producer that keeps a window of
+messages unACKed and times each ACK. Clocks are ``time.monotonic`` (one clock for every
+process on the machine, so a consumer's times compare with the producer's)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+REPLICATION_FAILED = b"REPLICATION_FAILED"
+
+
+def free_port() -> int:
+    """A loopback port free now, below the ephemeral range (a port bound to 0 could be taken
+    meanwhile by an outgoing connection)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    for _ in range(200):
+        port = random.randrange(20000, max(21000, high))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port")
+
+
+@dataclass
+class Produced:
+    t0: float  # the first send
+    t_end: float  # the last ACK
+    lat: list[float] = field(default_factory=list)  # seconds from send to ACK, each message
+    failed: int = 0  # "0" ACKs
+    repl_failed: int = 0  # "1" ACKs with REPLICATION_FAILED
+
+
+def produce_windowed(endpoint: str, n: int, size: int, window: int, tag: bytes = b"",
+                     start: float = 0.0, ack_wait: float = 30.0) -> Produced:
+    """Send ``n`` messages of ``size`` bytes keeping at most ``window`` unACKed (from
+    wall-clock time ``start`` on); raise RuntimeError if no ACK comes for ``ack_wait`` s."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.connect(endpoint)
+    body = b"x" * size
+    copy = size < 65536
+    sent_at: dict[bytes, float] = {}
+    while time.time() < start:
+        time.sleep(0.001)
+    out = Produced(time.monotonic(), 0.0)
+    i = 0
+    try:
+        while i < n or sent_at:
+            while i < n and len(sent_at) < window:
+                mid = b"%s%d" % (tag, i)
+                sent_at[mid] = time.monotonic()
+                s.send_multipart([mid, b"", body], copy=copy)
+                i += 1
+            if not s.poll(int(ack_wait * 1000)):
+                raise RuntimeError(f"producer: no ACK for {ack_wait:g} s "
+                                   f"({len(sent_at)} outstanding)")
+            now = time.monotonic()
+            while True:
+                try:
+                    frames = s.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                t = sent_at.pop(frames[0], None)
+                if t is not None:
+                    out.lat.append(now - t)
+                    out.failed += frames[1] != b"1"
+                    out.repl_failed += frames[3:4] == [REPLICATION_FAILED]
+        out.t_end = time.monotonic()
+        return out
+    finally:
+        s.close(linger=0)
+        ctx.term()
