@@ -19,8 +19,10 @@ ROUNDS = 6
 class Load:
     """A producer (window 64) and a consumer (ACKs everything) in two threads."""
 
-    def __init__(self, q, tag: str, ctx: zmq.Context):
-        self.q, self.tag, self.ctx = q, tag, ctx
+    def __init__(self, q, tag: str, ctx: zmq.Context, credit: str | None = None):
+        """``credit``: consume on this credit endpoint, where ACKs are confirmed."""
+        self.q, self.tag, self.ctx, self.credit = q, tag, ctx, credit
+        self.confirmed: set[bytes] = set()  # bodies whose ACK the queue confirmed
         self.stop = threading.Event()
         self.producer_acked: set[bytes] = set()
         self.consumed: list[bytes] = []  # bodies received and ACKed, in order
@@ -55,13 +57,19 @@ class Load:
             p.poll(0)
 
     def _consume(self) -> None:
-        with Consumer(self.q.send, context=self.ctx) as c:
+        endpoint = self.credit or self.q.send
+        acked: dict[bytes, bytes] = {}  # key -> body, ACKed and not yet confirmed
+        with Consumer(endpoint, context=self.ctx, credit=64 if self.credit else None) as c:
             c.sock.setsockopt(zmq.LINGER, 0)
             while not self.stop.is_set():
                 m = c.recv(0.05)
                 if m is not None:
                     c.ack(m)
                     self.consumed.append(m.body)
+                    acked[m.key] = m.body
+                if self.credit:
+                    for key in [k for k in acked if k not in c.unconfirmed]:
+                        self.confirmed.add(acked.pop(key))
 
     def join(self) -> None:
         self.stop.set()
@@ -107,5 +115,43 @@ def test_sigkill_under_load_loses_no_acked_message(start_pzq):
         # the queue did receive is written within a sync window. So a few, never many.
         assert resurrected <= 64 * ROUNDS, f"{resurrected} resurrected (seed {seed})"
         assert q.counters()["messages"] == 0
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_sigkill_under_load_brings_back_no_confirmed_ack(start_pzq):
+    """On the credit endpoint the queue confirms an ACK once a crash cannot undo it: of
+    those, none comes back after a SIGKILL (the unconfirmed ones may, as above)."""
+    from helpers import endpoint_accepts, wait_for
+    from pzq_helpers import free_port
+
+    seed = int(os.environ.get("PZQ_CRASH_SEED", time.time()))
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    credit = f"tcp://127.0.0.1:{free_port()}"
+    q = start_pzq("--ack-timeout", "3000000", "--reaper-frequency", "100000",
+                  "--credit-dsn", credit)
+    confirmed: set[bytes] = set()
+    consumed = 0
+    back = 0
+    try:
+        for r in range(ROUNDS // 2):
+            wait_for(lambda: endpoint_accepts(credit), 10, "the credit endpoint")
+            load = Load(q, f"c{r}", ctx, credit=credit)
+            time.sleep(rng.uniform(0.3, 1.2))
+            q.kill()
+            load.join()
+            back += sum(1 for b in load.consumed if b in confirmed)
+            consumed += len(load.consumed)
+            confirmed |= load.confirmed
+            q = q.restart()
+        with Consumer(q.send, context=ctx) as c:
+            while (m := c.recv(1.5)) is not None:
+                c.ack(m)
+                back += m.body in confirmed
+        print(f"\nseed {seed}: {consumed} consumed, {len(confirmed)} ACKs confirmed, "
+              f"{back} of them delivered again")
+        assert len(confirmed) > 100, f"too few confirmations to tell (seed {seed})"
+        assert back == 0, f"{back} confirmed ACKs undone by a crash (seed {seed})"
     finally:
         ctx.destroy(linger=0)

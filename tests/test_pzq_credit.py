@@ -126,3 +126,20 @@ def test_a_credit_consumer_is_known_again_after_the_queue_restarts(start_pzq):
         produce(q, 5, b"n")
         got = drain(c, idle=3.0)
     assert sorted(got) == sorted(b"n%d" % i for i in range(5))
+
+
+def test_acks_are_confirmed_once_a_crash_cannot_undo_them(start_pzq, ctx):
+    q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
+    produce(q, 50)
+    with Consumer(credit, credit=8) as c:
+        got = drain(c)
+        assert len(got) == 50
+        c.confirm(5)
+        assert not c.unconfirmed
+        c.ack(b"no-such-key")  # not in the queue: answered at once (UNKNOWN)
+        c.confirm(5)
+    q.kill()
+    q = q.restart()
+    assert q.counters()["messages"] == 0  # every confirmed ACK survived the SIGKILL
+    with Consumer(q.send) as legacy, pytest.raises(ValueError):
+        legacy.confirm(1)  # the send endpoint has no confirmations

@@ -350,3 +350,17 @@ def test_an_ack_during_a_move_is_not_lost(tmp_path):
     h.settle()
     h.close()
     assert seqs(recover(tmp_path)) == []
+
+
+def test_reports_say_which_consumer_acks_a_crash_can_no_longer_undo(tmp_path):
+    h = Harness(tmp_path, sync="batch", sync_window=0.2)
+    b = h.append(0)
+    h.append(1)
+    h.store.ack(0)  # before its write: never written, final once its batch completes
+    r = h.take(WAIT)
+    assert b in r.batches and r.acked == (0,) and r.placed == (1,)
+    h.store.ack(1)  # written: final once its ACK record is synced
+    r = h.take(WAIT)
+    assert r.acked == (1,) and r.batches == ()
+    h.close()
+    assert seqs(recover(tmp_path)) == []

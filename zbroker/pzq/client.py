@@ -11,6 +11,7 @@
 
     with Consumer("tcp://127.0.0.1:11134", credit=8) as c:   # a queue's credit endpoint:
         ...                         # never more than 8 unACKed messages held by this consumer
+        c.confirm(timeout=5)        # every ACK so far survives a crash of the queue
 
     with StreamConsumer("tcp://127.0.0.1:11133") as s:   # a queue in stream mode
         head, committed = s.offsets()
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -199,7 +200,9 @@ class Consumer:
     """A consumer of a queue's send endpoint (messages pushed, as the original's clients
     get them), or, with ``credit``, of its credit endpoint: the consumer says READY with
     ``credit`` and the queue never lets it hold more unACKed messages. It says READY again
-    after each second without a message, so it is known again after a queue restart."""
+    after each second without a message, so it is known again after a queue restart.
+    There the queue also confirms each ACK once a crash can no longer undo it:
+    ``unconfirmed`` holds the keys still waiting, :meth:`confirm` waits for them."""
 
     def __init__(self, endpoint: str, *, context: zmq.Context | None = None,
                  rcvhwm: int | None = None, credit: int | None = None):
@@ -212,6 +215,8 @@ class Consumer:
         if rcvhwm is not None:
             self.sock.setsockopt(zmq.RCVHWM, rcvhwm)
         self.credit = credit
+        self.unconfirmed: set[bytes] = set()
+        self._early: deque[Message] = deque()  # deliveries that came while confirm() waited
         if credit is not None:  # the same id after a reconnect: the queue keeps our credit
             self.sock.setsockopt(zmq.ROUTING_ID, b"consumer-" + uuid.uuid4().hex.encode())
         self.sock.connect(endpoint)
@@ -229,25 +234,59 @@ class Consumer:
             if not self.sock.poll(None if timeout is None else int(timeout * 1000)):
                 return None
             return self._decode(self.sock.recv_multipart())
+        if self._early:
+            return self._early.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            now = time.monotonic()
-            if now - self._ready_at >= READY_EVERY:
-                self._say_ready()
-            wait = self._ready_at + READY_EVERY - now
-            if deadline is not None:
-                wait = min(wait, deadline - now)
-            if self.sock.poll(max(0, int(wait * 1000))):
-                self._ready_at = time.monotonic()  # it knows us
-                return self._decode(self.sock.recv_multipart())
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
+            m = self._credit_recv(deadline)
+            if m is not None or (deadline is not None and time.monotonic() >= deadline):
+                return m
+
+    def _credit_recv(self, deadline: float | None) -> Message | None:
+        """Wait until ``deadline`` (or a READY interval) for a delivery; take confirmations
+        that come meanwhile."""
+        now = time.monotonic()
+        if now - self._ready_at >= READY_EVERY:
+            self._say_ready()
+        wait = self._ready_at + READY_EVERY - now
+        if deadline is not None:
+            wait = min(wait, deadline - now)
+        if not self.sock.poll(max(0, int(wait * 1000))):
+            return None
+        self._ready_at = time.monotonic()  # it knows us
+        frames = self.sock.recv_multipart()
+        if len(frames) == 2 and frames[1] in (wire.ACKED, wire.UNKNOWN):
+            self.unconfirmed.discard(frames[0])
+            return None
+        return self._decode(frames)
+
+    def confirm(self, timeout: float) -> None:
+        """Wait until the queue confirmed every ACK sent so far (credit endpoint only);
+        TimeoutError if some are still unconfirmed after ``timeout`` seconds."""
+        if self.credit is None:
+            raise ValueError("ACKs are confirmed on a credit endpoint only (credit=N)")
+        deadline = time.monotonic() + timeout
+        while self.unconfirmed:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{len(self.unconfirmed)} ACK(s) not confirmed within "
+                                   f"{timeout:g}s")
+            m = self._credit_recv(deadline)
+            if m is not None:
+                self._early.append(m)
 
     def recv_nowait(self) -> Message | None:
-        try:
-            return self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
-        except zmq.Again:
-            return None
+        if self._early:
+            return self._early.popleft()
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return None
+            if self.credit is not None and len(frames) == 2 \
+                    and frames[1] in (wire.ACKED, wire.UNKNOWN):
+                self.unconfirmed.discard(frames[0])
+                continue
+            return self._decode(frames)
 
     @staticmethod
     def _decode(frames: list[bytes]) -> Message:
@@ -258,6 +297,8 @@ class Consumer:
     def ack(self, message: Message | bytes) -> None:
         key = message.key if isinstance(message, Message) else message
         self.sock.send_multipart([key, wire.OK])
+        if self.credit is not None:
+            self.unconfirmed.add(key)
 
     def nack(self, message: Message | bytes) -> None:
         key = message.key if isinstance(message, Message) else message

@@ -105,6 +105,9 @@ class QueueCore:
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
         self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
+        self.ack_waiters: dict[int, tuple[Hashable, bytes]] = {}  # seq -> (consumer, key)
+        #: (consumer id, key, ACKED | UNKNOWN) for the server to send on the credit endpoint
+        self.confirmations: list[tuple[Hashable, bytes, bytes]] = []
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
@@ -244,8 +247,14 @@ class QueueCore:
         return batch
 
     def batch_done(self, result: BatchResult) -> None:
-        """The store wrote (or failed to write) a batch: answer its producers."""
+        """The store wrote (or failed to write) a batch: answer its producers, and the
+        credit consumers whose ACKs it made durable."""
         self.store.complete(result)
+        if self.ack_waiters:
+            for seq in result.acked:
+                w = self.ack_waiters.pop(seq, None)
+                if w is not None:
+                    self.confirmations.append((w[0], w[1], wire.ACKED))
         if result.error is not None:
             for seq in result.failed:
                 m = self.messages.pop(seq, None)
@@ -326,7 +335,10 @@ class QueueCore:
         self.counters["delivered"] -= 1
         self.dispatcher.unsent(delivery)
 
-    def consumer_ack(self, frames: list[bytes]) -> None:
+    def consumer_ack(self, frames: list[bytes], confirm_to: Hashable | None = None) -> None:
+        """A consumer's ACK or NACK. With ``confirm_to`` (a credit consumer's id), an ACK is
+        answered in ``confirmations`` once a crash can no longer undo it (ACKED), or at once
+        if the key is not in the queue (UNKNOWN: ACKed before, or never there)."""
         a = wire.decode_consumer_ack(frames)
         if isinstance(a, wire.WireError):
             self.counters["malformed"] += 1
@@ -334,6 +346,8 @@ class QueueCore:
         seq = self.keys.get(a.key)
         if seq is None or self.stream:  # a stream queue is ACKed by COMMIT only
             self.counters["unknown_acks"] += 1  # already ACKed (a duplicate), or not ours
+            if confirm_to is not None and a.ok:
+                self.confirmations.append((confirm_to, a.key, wire.UNKNOWN))
             return
         if not a.ok:
             self.counters["consumer_nacks"] += 1
@@ -342,6 +356,8 @@ class QueueCore:
         self.counters["consumer_acks"] += 1
         self.dispatcher.ack(seq)
         self._drop(seq)
+        if confirm_to is not None:
+            self.ack_waiters[seq] = (confirm_to, a.key)
 
     def _drop(self, seq: int) -> None:
         m = self.messages.pop(seq)

@@ -189,6 +189,7 @@ class QueueServer:
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
         self._retry_replies: asyncio.TimerHandle | None = None
         self.dropped_replies = 0
+        self.dropped_confirmations = 0
         self.dropped_stream_replies = 0
 
     # --- life cycle ------------------------------------------------------------------------
@@ -296,6 +297,7 @@ class QueueServer:
         await asyncio.sleep(0)  # the writer's last reports
         await asyncio.sleep(0)
         self._flush_replies()
+        self._send_confirmations()
         self._close_sockets()
         self.log.info("pzq queue stopped", queue=self.settings.name,
                       messages=len(self.core.messages))
@@ -312,6 +314,8 @@ class QueueServer:
             "expired_messages": core.dispatcher.expired,
             "consumers": self.consumers,
             "credit_consumers": core.credit_consumers,
+            **({"dropped_confirmations": self.dropped_confirmations}
+               if self._credit is not None else {}),
             "redelivered": core.dispatcher.redelivered,
             "backlog_bytes": core.backlog_bytes,
             "dropped_replies": self.dropped_replies,
@@ -383,6 +387,7 @@ class QueueServer:
         if self._peers and self._drain_peers():
             again = True
         self._flush_replies()
+        self._send_confirmations()
         self._flush_replica_out()
         self._dispatch()
         self._schedule_timer()
@@ -829,6 +834,21 @@ class QueueServer:
                 self.log.debug("pzq credit consumer gone", queue=self.settings.name,
                                requeued=n)
 
+    def _send_confirmations(self) -> None:
+        """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it
+        learns nothing and may ACK again, which is answered UNKNOWN)."""
+        core, sock = self.core, self._credit
+        if not core.confirmations or sock is None:
+            return
+        confirmations, core.confirmations = core.confirmations, []
+        for cid, key, status in confirmations:
+            try:
+                _send(sock, cid, _MORE_NOBLOCK, True)
+                _send(sock, key, _MORE_NOBLOCK, True)
+                _send(sock, status, _NOBLOCK, True)
+            except zmq.ZMQError:
+                self.dropped_confirmations += 1
+
     def _drain_credit(self) -> bool:
         """The credit endpoint: READY (a consumer's window) and ACKs."""
         sock, core = self._credit, self.core
@@ -841,7 +861,7 @@ class QueueServer:
                 continue
             ready = wire.decode_ready(frames[1:])
             if ready is None:
-                core.consumer_ack(frames[1:])
+                core.consumer_ack(frames[1:], confirm_to=frames[0])
             elif isinstance(ready, wire.WireError):
                 core.counters["malformed"] += 1
             elif not core.credit_consumer(frames[0], ready):
@@ -861,6 +881,7 @@ class QueueServer:
                              error=result.error, messages=len(result.failed))
         self.core.batch_done(result)
         self._flush_replies()
+        self._send_confirmations()
         if self._running:
             self._dispatch()
             if self._pollin():

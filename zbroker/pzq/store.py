@@ -65,6 +65,7 @@ class _Entry:
     size: int
     at: float
     alive: bool = True
+    avoided: bool = False  # ACKed before it was written: never written (not a move)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class BatchResult:
     failed_acks: tuple[int, ...] = ()
     error: str | None = None
     segment_bytes: int = 0
+    #: consumer ACKs that can no longer be undone by a crash: ACK records written (and
+    #: synced), and messages ACKed before they were written (never written at all)
+    acked: tuple[int, ...] = ()
 
 
 @dataclass
@@ -322,6 +326,7 @@ class Store:
                 entry.alive = False
                 self._pending_bytes -= entry.size
                 if not moved:
+                    entry.avoided = True
                     self.avoided_messages += 1
                     self.avoided_bytes += entry.size
                     return
@@ -515,14 +520,18 @@ class Store:
         batches = tuple(sorted({e.batch for e in taken}))
         parts: list[bytes] = []
         placed = []
+        avoided = []
         for e in taken:
             if e.alive:
                 parts.extend(records.frame_record(e.parts))
                 placed.append(e.seq)
+            elif e.avoided:
+                avoided.append(e.seq)
         if acks:
             parts.extend(records.frame_record([records.ack_payload(acks)]))
         if not parts:
-            return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now)
+            return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now,
+                               acked=tuple(avoided))
         buffers, size = _gather(parts)
         try:
             if self._fd < 0 or (self._segment_size_now > 0
@@ -536,12 +545,13 @@ class Store:
             reason = f"store failed: {exc.strerror or exc}"
             self._abandon_segment()
             return BatchResult(batches, self._segment, failed=tuple(placed),
-                               failed_acks=tuple(acks), error=reason)
+                               failed_acks=tuple(acks), error=reason, acked=tuple(avoided))
         self._segment_size_now += size
         self.bytes_written += size
         self.records_written += len(placed) + (1 if acks else 0)
         return BatchResult(batches, self._segment, placed=tuple(placed),
-                           segment_bytes=self._segment_size_now)
+                           segment_bytes=self._segment_size_now,
+                           acked=tuple(avoided) + tuple(acks))
 
     def _open_segment(self) -> None:
         self._close_segment()

@@ -102,6 +102,8 @@ def delivery(key: bytes, sent_us: int, ack_timeout_us: int,
 
 
 READY = b"READY"
+ACKED = b"ACKED"  # credit endpoint, [key][ACKED]: that ACK survives a crash of the queue
+UNKNOWN = b"UNKNOWN"  # credit endpoint, [key][UNKNOWN]: an ACK for a key not in the queue
 MAX_WINDOW = 100_000
 
 
