@@ -20,12 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import REPO_ROOT, BrokerProcess, spawn_broker  # noqa: E402
 
 StartBroker = Callable[..., BrokerProcess]
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context for the test's own sockets, destroyed (linger 0) at teardown."""
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
 
 
 @pytest.fixture

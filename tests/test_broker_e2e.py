@@ -34,13 +34,6 @@ from wire import (
 
 
 @pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
-@pytest.fixture
 def clients(ctx, broker):
     made = []
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import zmq
 from helpers import broker_env, cut, read_within
 from wire import (
     INPUT_OK,
@@ -74,13 +73,6 @@ def write_all(broker: str, name: str, chunks: list[bytes], **opts: Any) -> int:
         for chunk in chunks:
             writer.write(chunk)
     return sum(map(len, chunks))
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 # --- stream semantics ------------------------------------------------------------------------

@@ -20,13 +20,6 @@ from wire import INPUT_OK, OUTPUT_OK, WRITE_OK, RawClient, input_, output, write
 from zbroker.management import SocketPath
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def zb(b, *args, timeout=30.0):
     """Run a management command for broker ``b`` (found by its name, as an operator would:
     same config file, same runtime directory)."""

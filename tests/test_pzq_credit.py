@@ -6,20 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
-import zmq
 from helpers import endpoint_accepts, wait_for
 from pzq_helpers import dealer, free_port, recv, wait_counter
 
 from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 def credit_queue(start_pzq, *args: str):

@@ -23,13 +23,6 @@ from zbroker.pzq.service import default_monitor_endpoint
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def test_round_trip_with_the_original_frames(start_pzq, ctx):
     q = start_pzq(*FAST)
     prod = dealer(ctx, q.receive)

@@ -19,13 +19,6 @@ from zbroker.pzq.stream import StreamCore, load_committed, save_committed
 STREAM = ("--mode", "stream")
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def produce(q, bodies, ctx) -> None:
     with Producer(q.receive, window=64, context=ctx) as p:
         p.sock.setsockopt(zmq.LINGER, 0)

@@ -14,7 +14,6 @@ import re
 import statistics
 
 import pytest
-import zmq
 from helpers import run_zbroker, wait_for
 from pipe_stream import lockstep
 from rsyslog import RsyslogServer, ensure_rsyslogd
@@ -36,13 +35,6 @@ def rsyslog(rsyslogd_binary, tmp_path_factory):
     server = RsyslogServer(tmp_path_factory.mktemp("rsyslog"), rsyslogd_binary).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
 
 
 def status(b) -> dict:
