@@ -72,3 +72,33 @@ def test_hello_wire_form_round_trips_and_rejects_junk():
     assert Hello.from_dict(h.to_dict()) == h
     assert Hello.from_dict({"id": "x"}) is None
     assert Hello.from_dict("junk") is None
+
+
+def test_a_closed_connection_loses_the_peer_after_the_grace_not_the_timeout():
+    m = Membership(ME, timeout=10, interval=3, suspect_grace=1)
+    m.hello(hello(), 0)
+    m.disconnected("tcp://b:5670", 2.0)
+    m.disconnected("tcp://b:5670", 2.5)  # a second event does not move the start
+    assert m.next_deadline() == 3.0
+    assert m.due(2.9)[1].left == []
+    (peer, why), = m.due(3.0)[1].left
+    assert peer.id == "b" and why.startswith("its connection closed")
+
+
+def test_a_connection_made_again_or_traffic_clears_the_suspicion():
+    m = Membership(ME, timeout=10, interval=3, suspect_grace=1)
+    m.hello(hello(), 0)
+    m.disconnected("tcp://b:5670", 1.0)
+    m.connected("tcp://b:5670")  # it was only the link
+    assert m.due(5.0)[1].left == []
+    m.disconnected("tcp://b:5670", 6.0)
+    assert m.heard("b", 6.5)  # its own traffic still comes: alive
+    assert m.due(8.0)[1].left == []
+    m.disconnected("tcp://other:1", 8.0)  # someone else's endpoint: nothing
+    assert m.due(9.0)[1].left == [] and "b" in m.peers
+
+
+def test_the_default_grace_is_a_sixth_of_the_timeout_at_least_half_a_second():
+    assert Membership(ME, timeout=3).suspect_grace == 0.5
+    assert Membership(ME, timeout=12).suspect_grace == 2.0
+    assert Membership(ME, timeout=0.3).suspect_grace == 0.3

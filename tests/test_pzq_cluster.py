@@ -57,14 +57,14 @@ def cluster(tmp_path):
     every other, all started."""
     nodes: list[Node] = []
 
-    def make(*settings: dict[str, Any]) -> list[Node]:
+    def make(*settings: dict[str, Any], peer_timeout: float = 2.0) -> list[Node]:
         ports = [free_port() for _ in settings]
         for i, extra in enumerate(settings):
             extra = dict(extra)
             queue = extra.pop("queue", QUEUE)
             name = unique_name(f"c{i}")
             config = {
-                "cluster": {"enabled": True, "discovery": False, "peer_timeout": 2.0,
+                "cluster": {"enabled": True, "discovery": False, "peer_timeout": peer_timeout,
                             "bind": f"tcp://127.0.0.1:{ports[i]}",
                             "peers": [f"tcp://127.0.0.1:{p}" for j, p in enumerate(ports)
                                       if j != i]},
@@ -200,3 +200,15 @@ def test_held_recovered_messages_are_delivered_when_no_peer_took_them(cluster):
     got = consume(a, 10, timeout=20)  # after the rejoin grace (2 x peer_timeout)
     assert sorted(got) == sorted(b"m%d" % i for i in range(10))
     assert a.counters()["taken_back"] == 0
+
+
+def test_a_killed_holder_is_noticed_by_its_closed_connection_before_the_timeout(cluster):
+    """The kernel closes a killed broker's sockets at once: its peers lose it after the short
+    suspicion grace (a sixth of peer_timeout), not after the whole heartbeat timeout."""
+    a, b = cluster({"replicas": 1}, {}, peer_timeout=12.0)
+    a.wait("a holder chosen", lambda s: s["replica_holders"] == 1)
+    b.kill()
+    killed = time.monotonic()
+    a.wait("the holder lost", lambda s: s["replica_holders"] == 0, timeout=30)
+    assert time.monotonic() - killed < 8.0  # 12 s without the closed connection
+    assert "its connection closed" in a.proc.stderr()

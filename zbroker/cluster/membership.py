@@ -1,8 +1,11 @@
 """Who is in the cluster: peers, their heartbeats, joins and losses. No I/O.
 
 Belts and Braces (zguide, "Heartbeating"): a broker pings a peer only when it has sent it
-nothing for ``interval``; anything heard from a peer counts as liveness; a peer heard from for
-``timeout`` is lost. mDNS says nothing about liveness (it keeps a killed broker for many
+nothing for ``interval``; anything heard from a peer counts as liveness; a peer not heard from for
+``timeout`` is lost. Sooner, when our connection to it closed (its process died: the kernel
+closes its sockets at once) and nothing was heard from it for ``suspect_grace`` after that
+(a connection that only broke is made again, and the peer's own traffic goes on meanwhile).
+mDNS says nothing about liveness (it keeps a killed broker for many
 minutes): only what is heard counts.
 
 A peer is admitted by its HELLO. Each admission is a new *life* of the peer, with a key of its
@@ -56,6 +59,7 @@ class Peer:
     joined: float
     last_heard: float
     last_sent: float
+    suspect_since: float | None = None  # our connection to it closed then
 
 
 @dataclass
@@ -69,10 +73,13 @@ class Change:
 
 
 class Membership:
-    def __init__(self, me: Hello, timeout: float, interval: float | None = None) -> None:
+    def __init__(self, me: Hello, timeout: float, interval: float | None = None,
+                 suspect_grace: float | None = None) -> None:
         self.me = me
         self.timeout = timeout
         self.interval = interval if interval is not None else timeout / 3
+        self.suspect_grace = (suspect_grace if suspect_grace is not None
+                              else min(timeout, max(0.5, timeout / 6)))
         self.peers: dict[str, Peer] = {}  # by broker id
         self._lives = 0
 
@@ -111,7 +118,20 @@ class Membership:
         if peer is None:
             return False
         peer.last_heard = now
+        peer.suspect_since = None
         return True
+
+    def disconnected(self, endpoint: str, now: float) -> None:
+        """Our connection to the peer at ``endpoint`` closed."""
+        for peer in self.peers.values():
+            if peer.endpoint == endpoint and peer.suspect_since is None:
+                peer.suspect_since = now
+
+    def connected(self, endpoint: str) -> None:
+        """Our connection to ``endpoint`` is made (again): no reason to suspect it."""
+        for peer in self.peers.values():
+            if peer.endpoint == endpoint:
+                peer.suspect_since = None
 
     def sent(self, peer_id: str, now: float) -> None:
         peer = self.peers.get(peer_id)
@@ -132,11 +152,18 @@ class Membership:
             if now - peer.last_heard >= self.timeout:
                 del self.peers[peer_id]
                 change.left.append((peer, f"silent for {now - peer.last_heard:.1f} s"))
+            elif (peer.suspect_since is not None
+                  and now - peer.suspect_since >= self.suspect_grace):
+                del self.peers[peer_id]
+                change.left.append((peer, f"its connection closed and nothing was heard for "
+                                          f"{now - peer.suspect_since:.1f} s"))
         to_ping = [p for p in self.peers.values() if now - p.last_sent >= self.interval]
         return to_ping, change
 
     def next_deadline(self) -> float:
         if not self.peers:
             return float("inf")
-        return min(min(p.last_heard + self.timeout, p.last_sent + self.interval)
+        return min(min(p.last_heard + self.timeout, p.last_sent + self.interval,
+                       float("inf") if p.suspect_since is None
+                       else p.suspect_since + self.suspect_grace)
                    for p in self.peers.values())

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.service import Peer as ServicePeer
 
@@ -58,6 +59,7 @@ class ClusterNode:
         self.membership: Membership | None = None
         self._router: zmq.Socket | None = None
         self._dealers: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
+        self._monitors: dict[str, zmq.Socket] = {}  # endpoint -> its DEALER's events
         self._contacts: dict[str, float] = {}  # endpoint -> when we last said HELLO
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, ServicePeer] = {}  # peer id -> the life services know
@@ -126,6 +128,14 @@ class ClusterNode:
             self._loop.remove_reader(self._router.getsockopt(zmq.FD))
             self._router.close(linger=0)
             self._router = None
+        for endpoint, monitor in self._monitors.items():
+            self._loop.remove_reader(monitor.getsockopt(zmq.FD))
+            try:
+                self._dealers[endpoint].disable_monitor()
+            except zmq.ZMQError:
+                pass
+            monitor.close(linger=0)
+        self._monitors.clear()
         for dealer in self._dealers.values():
             dealer.close(linger=200)  # let the BYEs go
         self._dealers.clear()
@@ -184,9 +194,35 @@ class ClusterNode:
             dealer.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
             dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
             self._secure(dealer, server=False)
+            monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            self._monitors[endpoint] = monitor
+            self._loop.add_reader(monitor.getsockopt(zmq.FD), self._on_link_event, endpoint)
+            self._loop.call_soon(self._on_link_event, endpoint)  # arms the edge-triggered FD
             dealer.connect(endpoint)
             self._dealers[endpoint] = dealer
         return dealer
+
+    def _on_link_event(self, endpoint: str) -> None:
+        """Our link to ``endpoint`` connected or closed (the monitor's FD is edge-triggered:
+        drain it all)."""
+        monitor = self._monitors.get(endpoint)
+        if monitor is None or self.membership is None:
+            return
+        now = self._loop.time()
+        while True:
+            try:
+                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                break
+            self._log.debug("cluster link", endpoint=endpoint,
+                            link="closed" if event == zmq.EVENT_DISCONNECTED else "connected")
+            if event == zmq.EVENT_DISCONNECTED:
+                self.membership.disconnected(endpoint, now)
+            elif event == zmq.EVENT_CONNECTED:
+                self.membership.connected(endpoint)
+        self._schedule_next()
+        if monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # came while draining
+            self._loop.call_soon(self._on_link_event, endpoint)
 
     def _send_raw(self, endpoint: str, frames: list[Any]) -> bool:
         dealer = self._dealer(endpoint)
