@@ -94,6 +94,18 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
     return frames
 
 
+def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
+    """Up to ``budget`` waiting messages, without blocking, and whether more may wait (the
+    budget was used up: look again soon, the socket's FD will not say so)."""
+    messages = []
+    for _ in range(budget):
+        try:
+            messages.append(recv_frames(sock))
+        except zmq.Again:
+            return messages, False
+    return messages, True
+
+
 class QueueError(Exception):
     """The queue cannot start; the message is for the operator."""
 
@@ -409,21 +421,18 @@ class QueueServer:
                     and self._send.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
     def _drain_producers(self) -> bool:
-        sock, core = self._recv, self.core
+        core = self.core
         now_us = time.time_ns() // 1000
         now = self.loop.time()
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                return False
+        messages, more = receive_some(self._recv)
+        for frames in messages:
             if len(frames) < 2:
                 continue
             if len(frames) > 3 and frames[2][:7] == b"REPLICA":
                 self._replication_traffic(frames)
                 continue
             core.produce(frames[0], frames[1:], now_us, now)
-        return True
+        return more
 
     def _replication_traffic(self, frames: list[bytes]) -> None:
         c = classify(frames[1:])
@@ -464,18 +473,14 @@ class QueueServer:
                 self.port.send(life, frames)
 
     def _drain_peers(self) -> bool:
-        more = False
+        any_more = False
         for sock in self._peers:
-            for _ in range(DRAIN_BUDGET):
-                try:
-                    frames = recv_frames(sock)
-                except zmq.Again:
-                    break
+            messages, more = receive_some(sock)
+            for frames in messages:
                 if len(frames) >= 2:
                     self.core.replica_confirmed(frames[0], frames[1] == wire.OK)
-            else:
-                more = True
-        return more
+            any_more |= more
+        return any_more
 
     def _flush_replica_out(self) -> None:
         out = self.core.replica_out
@@ -671,14 +676,10 @@ class QueueServer:
         self._flush_replies()
 
     def _drain_consumer_acks(self) -> bool:
-        sock, core = self._send, self.core
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                return False
-            core.consumer_ack(frames)
-        return True
+        messages, more = receive_some(self._send)
+        for frames in messages:
+            self.core.consumer_ack(frames)
+        return more
 
     def _drain_events(self) -> bool:
         sock = self._events
@@ -720,15 +721,9 @@ class QueueServer:
 
     def _drain_stream(self) -> bool:
         """Serve HEAD and RANGE at once; a COMMIT waits for its offsets file write."""
-        sock, stream = self._stream_sock, self.stream
-        more = True
-        for _ in range(STREAM_BUDGET):
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                more = False
-                break
-            reply = stream.request(frames)
+        messages, more = receive_some(self._stream_sock, STREAM_BUDGET)
+        for frames in messages:
+            reply = self.stream.request(frames)
             if reply is not None:
                 self._stream_reply(reply)
         self._write_committed()
@@ -851,12 +846,9 @@ class QueueServer:
 
     def _drain_credit(self) -> bool:
         """The credit endpoint: READY (a consumer's window) and ACKs."""
-        sock, core = self._credit, self.core
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                return False
+        core = self.core
+        messages, more = receive_some(self._credit)
+        for frames in messages:
             if len(frames) < 2:
                 continue
             ready = wire.decode_ready(frames[1:])
@@ -867,7 +859,7 @@ class QueueServer:
             elif not core.credit_consumer(frames[0], ready):
                 self.log.warning("pzq too many credit consumers: READY ignored",
                                  queue=self.settings.name)
-        return True
+        return more
 
     def _batch_threadsafe(self, result: BatchResult) -> None:
         try:
