@@ -23,6 +23,7 @@ import zmq
 from helpers import REPO_ROOT, endpoint_accepts, free_port, wait_for
 
 from zbroker.pzq.client import monitor
+from zbroker.pzq.store import BatchResult
 
 UP_TIMEOUT = 10.0
 
@@ -151,3 +152,33 @@ def wait_counter(q: Any, name: str, predicate: Callable[[int], bool], timeout: f
                  ) -> dict[str, int]:
     return wait_for(lambda: (c := q.counters()) and predicate(c[name]) and c, timeout,
                     f"counter {name}")
+
+
+class FakeStore:
+    """A store for the queue core without a disk: batches complete when the test says."""
+
+    def __init__(self):
+        self.batch = 0
+        self.appended: list[int] = []
+        self.acked: list[int] = []
+
+    def append(self, seq, key, msg_id, frames):
+        self.appended.append(seq)
+        return self.batch
+
+    def ack(self, seq):
+        self.acked.append(seq)
+
+    def complete(self, result):
+        pass
+
+    def to_compact(self, backlog_bytes):
+        return []
+
+    def move(self, seq, key, msg_id, frames):
+        raise AssertionError("nothing to compact here")
+
+    def done(self, **kw) -> BatchResult:
+        r = BatchResult((self.batch,), 0, **kw)
+        self.batch += 1
+        return r

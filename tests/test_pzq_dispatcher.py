@@ -3,10 +3,11 @@ idempotent producers, write failures. No sockets, no clock."""
 
 from __future__ import annotations
 
+from pzq_helpers import FakeStore
+
 from zbroker.pzq import wire
 from zbroker.pzq.dispatcher import Dispatcher
 from zbroker.pzq.queue import QUEUE_FULL, Limits, QueueCore
-from zbroker.pzq.store import BatchResult
 
 
 def test_least_loaded_consumer_with_credit_gets_the_next_message():
@@ -102,34 +103,6 @@ def test_a_backlog_drains_without_duplicates_when_acks_come_in_time():
 
 
 # --- the queue core --------------------------------------------------------------------------
-
-
-class FakeStore:
-    def __init__(self):
-        self.batch = 0
-        self.appended: list[int] = []
-        self.acked: list[int] = []
-
-    def append(self, seq, key, msg_id, frames):
-        self.appended.append(seq)
-        return self.batch
-
-    def ack(self, seq):
-        self.acked.append(seq)
-
-    def complete(self, result):
-        pass
-
-    def to_compact(self, backlog_bytes):
-        return []
-
-    def move(self, seq, key, msg_id, frames):
-        raise AssertionError("nothing to compact here")
-
-    def done(self, **kw) -> BatchResult:
-        r = BatchResult((self.batch,), 0, **kw)
-        self.batch += 1
-        return r
 
 
 def core(**limits) -> tuple[QueueCore, FakeStore]:

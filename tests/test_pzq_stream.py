@@ -8,12 +8,11 @@ import time
 
 import pytest
 import zmq
-from pzq_helpers import dealer, nothing, recv
+from pzq_helpers import FakeStore, dealer, nothing, recv
 
 from zbroker.pzq import wire
 from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
 from zbroker.pzq.queue import QueueCore
-from zbroker.pzq.store import BatchResult
 from zbroker.pzq.stream import StreamCore, load_committed, save_committed
 
 STREAM = ("--mode", "stream")
@@ -62,32 +61,6 @@ def test_requests_decode_with_their_caps():
 
 
 # --- the core, without sockets -------------------------------------------------------------
-
-class FakeStore:
-    def __init__(self):
-        self.batch = 0
-        self.acked: list[int] = []
-
-    def append(self, seq, key, msg_id, frames):
-        return self.batch
-
-    def ack(self, seq):
-        self.acked.append(seq)
-
-    def complete(self, result):
-        pass
-
-    def to_compact(self, backlog_bytes):
-        return []
-
-    def move(self, seq, key, msg_id, frames):
-        raise AssertionError("nothing to compact here")
-
-    def done(self, **kw) -> BatchResult:
-        r = BatchResult((self.batch,), 0, **kw)
-        self.batch += 1
-        return r
-
 
 def put(q, n, start=0):
     for i in range(start, start + n):
