@@ -279,6 +279,19 @@ def test_defect7_replication_acks_the_producer(start_pzq, ctx):
     wait_counter(b, "replicas_held", lambda n: n == 0)
 
 
+def test_replica_frames_without_a_delimiter_are_refused_not_fatal(start_pzq, ctx):
+    q = start_pzq(*FAST)
+    s = dealer(ctx, q.receive)
+    node = b"a" * 32
+    s.send_multipart([b"k1", b"REPLICA:" + node, b"x", b"y"])  # no "" before the body
+    assert recv(s)[:2] == [b"k1", b"0"]
+    s.send_multipart([b"k2", b"REPLICA:" + node, b"h2", b"", b"body"])  # extra header: fine
+    assert recv(s)[:2] == [b"k2", b"1"]
+    assert q.counters()["replicas_held"] == 1
+    s.send_multipart([b"m", b"", b"still serving"])
+    assert recv(s) == [b"m", b"1", b""]
+
+
 def test_defect7_replication_failed_when_the_peer_is_down(start_pzq, ctx):
     b = start_pzq(*FAST)
     a = start_pzq(*FAST, "--replicas", "1", "--nodes", b.receive,

@@ -189,9 +189,10 @@ class ReplicaHolder:
         self.origins[node] = origin
         return origin
 
-    def handle(self, kind: bytes, node: str, peer: bytes, frames: list[bytes], now: float,
-               now_us: int) -> QueueCore | None:
-        """Replication traffic from ``node``; returns the core that may have replies."""
+    def handle(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any],
+               now: float, now_us: int) -> QueueCore | None:
+        """Replication traffic from ``node`` (COPY with the message's body, DELETE, PING)
+        that came from ``peer``; returns the core that may have replies."""
         origin = self.origins.get(node)
         if origin is None:
             if kind != COPY:
@@ -204,10 +205,9 @@ class ReplicaHolder:
             origin.taken_over = False  # it is back: a new life for its copies
             self.log.info("pzq replica origin is back", node=node)
         if kind == COPY:
-            delimiter = frames.index(b"", 1)
-            origin.core.produce(peer, [frames[0], b"", *frames[delimiter + 1:]], now_us)
+            origin.core.produce(peer, [key, b"", *body], now_us)
         elif kind == DELETE:
-            origin.core.remove_by_id(frames[0])
+            origin.core.remove_by_id(key)
         return origin.core
 
     def announced(self, life: str, node: str, now: float) -> None:

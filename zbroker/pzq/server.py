@@ -23,6 +23,7 @@ import functools
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -440,14 +441,20 @@ class QueueServer:
             self.core.produce(frames[0], frames[1:], time.time_ns() // 1000, self.loop.time())
             return
         kind, node = c
-        self._hold(kind, node, frames[0], frames[1:])
+        rest = frames[1:]  # [key][header...][""][body...]
+        if b"" not in rest[1:]:  # no delimiter: malformed, answered "0" as any producer's
+            self.core.produce(frames[0], rest, time.time_ns() // 1000, self.loop.time())
+            return
+        body = rest[rest.index(b"", 1) + 1:] if kind == COPY else ()
+        self._hold(kind, node, frames[0], rest[0], body)
 
-    def _hold(self, kind: bytes, node: str, peer: bytes, frames: list[bytes]) -> None:
-        """Copies of another queue's messages (``frames``: [key][header][""][body...])."""
+    def _hold(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any]
+              ) -> None:
+        """A copy of another queue's message (or its DELETE, or that queue's PING)."""
         if node == self.node:
             return  # our own copy came back (a peer list that names us)
         now = self.loop.time()
-        core = self.holder.handle(kind, node, peer, frames, now, time.time_ns() // 1000)
+        core = self.holder.handle(kind, node, peer, key, body, now, time.time_ns() // 1000)
         if self._next_housekeeping == float("inf") and self.holder.origins:
             self._next_housekeeping = now + self.settings.node_timeout / 4  # watch origins
         if core is not None:
@@ -566,13 +573,11 @@ class QueueServer:
                 copies = parse_copies(frames[1:])
                 if copies is None:
                     return False
-                header = COPY + frames[0]
                 for key, body in copies:
-                    self._hold(COPY, node, peer, [key, header, b"", *body])
+                    self._hold(COPY, node, peer, key, body)
             else:
-                header = DELETE + frames[0]
                 for key in frames[1:]:
-                    self._hold(DELETE, node, peer, [key, header, b"", b"-"])
+                    self._hold(DELETE, node, peer, key, ())
         elif kind == CONFIRM:
             if len(frames) < 2:
                 return False
