@@ -169,7 +169,8 @@ def test_peer_lost_fails_the_reader_not_end_of_stream(c):
     c.send("B", b"r", p.Read(100, 0))
     c.send("B", b"r", p.Read(100, 0))  # pending when A dies
     c.lose("A")
-    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"partial"), p.ReadFailed("peer lost")]
+    assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"partial"),
+                                    p.ReadFailed("writer lost: peer lost")]
 
 
 def test_losing_a_peer_that_had_not_written_is_not_a_failure(c):
@@ -251,3 +252,46 @@ def test_malformed_peer_messages_are_dropped(c):
     c.send("A", b"w", p.Write(b"ok", 0))
     c.send("B", b"r", p.Read(10, 0))
     assert c.replies("B", b"r")[-1] == p.ReadOk(b"ok")
+
+
+@pytest.mark.parametrize("how,why", [("disconnected", "disconnected"),
+                                     ("expired", "expired")])
+def test_a_remote_writer_lost_without_close_fails_the_reader_after_its_data(how, why):
+    c = Cluster("AB", client_timeout=1.0)
+    c.join_all()
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"partial", 0))
+    if how == "disconnected":
+        c.servers["A"].disconnected(b"w", c.now)
+        c.pump()
+    else:
+        for _ in range(3):  # the reader talks, the writer is silent with nothing held
+            c.advance(0.5)
+            c.send("B", b"r", p.Ping())
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    replies = [r for r in c.replies("B", b"r") if r != p.PingOk()]
+    assert replies == [p.InputOk(), p.ReadOk(b"partial"), p.ReadFailed(f"writer lost: {why}")]
+
+
+def test_a_remote_reader_broken_by_one_writer_holds_back_no_writer_elsewhere(c):
+    """A reader whose stream a lost writer broke takes nothing more; what another broker's
+    writer sends it meanwhile is credited back, so that writer never waits for that room."""
+    c = Cluster("AB", capacity=4)
+    c.join_all()
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("B", b"w1", p.Output(b"x"))
+    c.send("A", b"w2", p.Output(b"x"))
+    c.send("A", b"r2", p.Input(b"x"))
+    c.send("B", b"w1", p.Write(b"1", 0))
+    c.send("A", b"w2", p.Write(b"22", 0))  # its audience: r on B and r2 on A
+    c.servers["B"].disconnected(b"w1", c.now)
+    c.pump()
+    for _ in range(5):  # r2 keeps reading; r never reads: w2 must not wait for r's room
+        c.send("A", b"w2", p.Write(b"33", 0))
+        c.send("A", b"r2", p.Read(100, 0))
+    assert c.replies("A", b"w2") == [p.OutputOk()] + [p.WriteOk()] * 6
+    c.send("B", b"r", p.Read(100, 0))
+    c.send("B", b"r", p.Read(100, 0))
+    assert c.replies("B", b"r")[1:] == [p.ReadOk(b"122"), p.ReadFailed("writer lost: disconnected")]

@@ -171,3 +171,58 @@ def test_end_comes_only_when_every_writer_has_gone():
     assert read_all(t, 1) is ReadEnd.WAIT  # writer 3 is still there
     t.detach(3)
     assert read_all(t, 1) is ReadEnd.END
+
+
+def test_a_lost_writer_fails_its_audience_after_the_data_it_sent():
+    t = PipeTable()
+    t.attach_reader(b"p", 1)
+    t.attach_writer(b"p", 2)
+    t.write(2, b"abc")
+    t.attach_reader(b"p", 3)  # late: not in writer 2's audience
+    t.detach(2, "disconnected")
+    assert read_all(t, 1, 2) == b"ab"
+    assert read_all(t, 1) == b"c"
+    assert read_all(t, 1) is ReadEnd.FAILED
+    assert t.failure(1) == "writer lost: disconnected"
+    assert read_all(t, 1) is ReadEnd.FAILED  # sticky
+    assert read_all(t, 3) is ReadEnd.WAIT  # it saw none of that stream: nothing was cut
+    assert t.failure(3) is None
+
+
+def test_a_lost_writer_that_had_not_started_breaks_nothing():
+    t = PipeTable()
+    t.attach_reader(b"p", 1)
+    t.attach_writer(b"p", 2)
+    t.detach(2, "expired")
+    assert read_all(t, 1) is ReadEnd.WAIT  # not END: nobody closed a stream
+    t.attach_writer(b"p", 3)
+    t.detach(3)
+    assert read_all(t, 1) is ReadEnd.END
+
+
+def test_a_broken_reader_takes_no_more_data_and_holds_no_writer_back():
+    t = PipeTable(capacity=4)
+    t.attach_reader(b"p", 1)
+    t.attach_writer(b"p", 2)
+    t.attach_writer(b"p", 3)
+    t.write(2, b"ab")
+    t.write(3, b"cd")  # reader 1 is full now
+    t.detach(2, "disconnected")
+    assert t.write(3, b"ef")[0] is WriteResult.NO_READERS  # not WAIT for ever, not ACCEPTED
+    t.attach_reader(b"p", 4)
+    t.attach_writer(b"p", 5)
+    assert t.write(5, b"gh")[0] is WriteResult.ACCEPTED  # a new stream skips the broken reader
+    assert read_all(t, 1) == b"abcd"
+    assert read_all(t, 4) == b"gh"
+
+
+def test_break_writer_fails_its_writes_and_its_readers_after_its_data():
+    t = PipeTable()
+    t.attach_reader(b"p", 1)
+    t.attach_writer(b"p", 2)
+    t.write(2, b"ok")
+    t.break_writer(2, "too big")
+    assert t.write(2, b"x")[0] is WriteResult.FAILED and t.failure(2) == "too big"
+    t.detach(2)  # a close after the break
+    assert read_all(t, 1) == b"ok"
+    assert read_all(t, 1) is ReadEnd.FAILED and t.failure(1) == "writer lost: too big"

@@ -142,3 +142,12 @@ def test_helpers_build_the_same_frames():
     head, tail = p.encode_write_parts(b"abc", 1000)
     assert head + b"abc" + tail == p.encode(p.Write(b"abc", 1000))
     assert struct.unpack(">I", tail)[0] == 1000
+
+
+def test_peer_detach_says_why_an_end_was_lost_and_stays_compatible():
+    from zpipes import peering
+
+    assert peering.decode(peering.encode(peering.Detach(7))) == peering.Detach(7)
+    lost = peering.Detach(7, "expired")
+    assert peering.decode(peering.encode(lost)) == lost
+    assert isinstance(peering.decode([b"DETACH", b"\0" * 8, b""]), peering.PeerDecodeError)

@@ -268,21 +268,165 @@ def test_close_without_an_open_pipe_is_invalid_like_the_original(h):
 # --- heartbeats, expiry, limits, shutdown ---------------------------------------------------------
 
 
-def test_silent_client_expires_and_its_end_is_detached():
+def test_silent_idle_reader_expires_and_its_writer_learns_no_readers():
     h = Harness(client_timeout=2.0)
     open_pair(h)
     h.send(W, p.Write(b"started", 0))
-    h.send(R, p.Read(1, 0))
     h.send(R, p.Read(10, 0))
-    h.send(R, p.Read(10, 0))  # pending when the reader falls silent
-    for _ in range(6):  # the writer keeps talking, the reader is silent
+    assert h.replies(R) == [p.ReadOk(b"started")]
+    for _ in range(6):  # the writer keeps talking; the reader, holding nothing, is silent
         h.advance(0.5)
         h.send(W, p.Ping())
-    assert h.replies(R) == [p.ReadOk(b"s"), p.ReadOk(b"tarted"),
-                            p.ReadFailed("client expired: silent for too long")]
     assert R not in h.server.clients
+    assert h.replies(R) == []  # an expired client gets nothing: it is not listening
     h.send(W, p.Write(b"x", 0))
     assert h.replies(W)[-1] == p.WriteFailed("no readers")
+
+
+def test_client_with_a_held_request_is_never_expired():
+    """An original client never PINGs: it sends one request and waits. While the broker holds
+    that request (a READ waiting for data, a WRITE held by flow control) the client is waiting
+    for us, not silent: it is not expired however long it waits, and its silence counts from
+    our answer."""
+    h = Harness(client_timeout=1.0, capacity=4)
+    R1, W1 = b"waiting reader", b"late writer"
+    h.send(R1, p.Input(b"a"))
+    h.send(R1, p.Read(100, 0))  # no writer yet: the READ waits
+    open_pair(h, b"b")
+    h.send(W, p.Write(b"abcd", 0))
+    h.send(W, p.Write(b"efgh", 0))  # held: the reader holds its capacity
+    assert h.replies(W) == [p.WriteOk()]
+    for _ in range(10):  # 5 s: only the slow reader of "b" says anything
+        h.advance(0.5)
+        h.send(R, p.Ping())
+    assert R1 in h.server.clients and W in h.server.clients
+    h.send(R, p.Read(100, 0))
+    assert h.replies(W) == [p.WriteOk()]  # the held WRITE completes: nothing lost
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R)[-2:] == [p.ReadOk(b"abcd"), p.ReadOk(b"efgh")]
+    h.send(W1, p.Output(b"a"))
+    h.send(W1, p.Write(b"at last", 0))
+    assert h.replies(R1) == [p.InputOk(), p.ReadOk(b"at last")]
+    # from our answer on, its silence counts again
+    h.advance(0.6)
+    assert R1 in h.server.clients
+    h.advance(0.6)
+    assert R1 not in h.server.clients
+
+
+def test_silent_writer_expires_and_its_readers_fail_after_its_data():
+    h = Harness(client_timeout=1.0)
+    open_pair(h)
+    h.send(W, p.Write(b"partial", 0))
+    assert h.replies(W) == [p.WriteOk()]
+    for _ in range(4):
+        h.advance(0.5)
+        h.send(R, p.Ping())
+    assert W not in h.server.clients
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.PingOk()] * 4 + [
+        p.ReadOk(b"partial"), p.ReadFailed("writer lost: expired"),
+        p.ReadFailed("writer lost: expired")]
+
+
+@pytest.mark.parametrize("how", ["disconnected", "unreachable"])
+def test_a_writer_gone_without_close_fails_its_readers_after_its_data(h, how):
+    open_pair(h)
+    h.send(R, p.Read(3, 0))
+    h.send(W, p.Write(b"abcdef", 0))
+    assert h.replies(R) == [p.ReadOk(b"abc")] and h.replies(W) == [p.WriteOk()]
+    getattr(h.server, how)(W, h.now)
+    assert W not in h.server.clients and h.replies(W) == []
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"def"), p.ReadFailed("writer lost: disconnected")]
+
+
+def test_a_pending_read_fails_when_the_writer_is_lost(h):
+    open_pair(h)
+    h.send(W, p.Write(b"x", 0))
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))  # waiting
+    assert h.replies(R) == [p.ReadOk(b"x")]
+    h.server.disconnected(W, h.now)
+    assert h.replies(R) == [p.ReadFailed("writer lost: disconnected")]
+
+
+def test_a_writer_lost_before_writing_breaks_nothing(h):
+    open_pair(h)
+    h.server.disconnected(W, h.now)
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == []  # still waiting for a writer: no stream was cut
+    h.send(W2, p.Output(b"p"))
+    h.send(W2, p.Write(b"whole", 0))
+    h.send(W2, p.Close())
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"whole"), p.ReadEnd()]
+
+
+def test_end_of_stream_only_when_every_writer_of_the_stream_closed(h):
+    open_pair(h)
+    h.send(W2, p.Output(b"p"))
+    h.send(W, p.Write(b"one", 0))
+    h.send(W2, p.Write(b"two", 0))
+    h.send(W, p.Close())  # one writer closes...
+    h.server.disconnected(W2, h.now)  # ...the other is lost
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"onetwo"), p.ReadFailed("writer lost: disconnected")]
+
+
+def test_a_reader_cut_by_one_writer_takes_nothing_more_from_the_others(h):
+    """Once a reader's stream is broken it is out of every writer's audience: a writer whose
+    only reader it was learns "no readers" rather than a WRITE_OK for data nobody will read."""
+    open_pair(h)
+    h.send(W2, p.Output(b"p"))
+    h.send(W, p.Write(b"a", 0))
+    h.send(W2, p.Write(b"b", 0))
+    h.replies(W2)
+    h.server.disconnected(W, h.now)
+    h.send(W2, p.Write(b"c", 0))
+    assert h.replies(W2) == [p.WriteFailed("no readers")]
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"ab"), p.ReadFailed("writer lost: disconnected")]
+
+
+def test_an_invalid_command_from_a_writer_cuts_its_stream(h):
+    open_pair(h)
+    h.send(W, p.Write(b"x", 0))
+    h.send(W, p.Read(1, 0))  # not a writer's command
+    assert h.replies(W) == [p.WriteOk(), p.Invalid()]
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"x"), p.ReadFailed("writer lost: invalid command")]
+
+
+def test_a_disconnected_last_reader_fails_a_held_write_with_no_readers():
+    h = Harness(capacity=2)
+    open_pair(h)
+    h.send(W, p.Write(b"ab", 0))
+    h.send(W, p.Write(b"cd", 0))  # held: the reader holds its capacity
+    assert h.replies(W) == [p.WriteOk()]
+    h.server.disconnected(R, h.now)
+    assert h.replies(W) == [p.WriteFailed("no readers")]
+
+
+def test_an_over_size_write_is_refused_with_the_limit_and_cuts_the_stream():
+    h = Harness(max_chunk=8)
+    open_pair(h)
+    h.send(W, p.Write(b"12345678", 0))
+    h.send(W, p.Write(b"123456789", 0))
+    h.send(W, p.Write(b"1", 0))
+    reason = "chunk of 9 bytes is over the broker's limit of 8 bytes (max_chunk)"
+    assert h.replies(W) == [p.WriteOk(), p.WriteFailed(reason), p.WriteFailed(reason)]
+    h.send(W, p.Close())  # a close after a broken stream does not make it whole
+    assert h.replies(W) == [p.CloseOk()]
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"12345678"), p.ReadFailed("writer lost: " + reason)]
 
 
 def test_any_traffic_counts_as_liveness():
@@ -298,6 +442,7 @@ def test_any_traffic_counts_as_liveness():
 def test_unreachable_client_is_cleaned_up(h):
     open_pair(h)
     h.server.unreachable(R, h.now)
+    assert h.replies(R) == []
     assert R not in h.server.clients
     h.send(W, p.Write(b"x", 0))
     h.advance(0.01)

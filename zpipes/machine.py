@@ -14,6 +14,9 @@ Rules that hold everywhere:
   and any pipe end the client had is detached (no dangling readers or writers). An internal
   event not listed (a timer or wake-up that no longer applies) changes nothing. Nothing asserts.
 * Every command gets exactly one reply.
+* A client is expired only while the broker holds nothing of it (the "processing" states have
+  no EXPIRED: a client waiting for our answer is not silent). A client whose connection is gone
+  (DISCONNECTED) gets no reply: its end is detached as lost, so the other ends learn the truth.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ class Event(StrEnum):
     WAIT = "wait"  # the active request cannot be answered yet
     PIPE_CHANGED = "pipe changed"  # the pipe may now answer the active request
     TIMEOUT = "timeout"  # the active request's timeout passed
-    EXPIRED = "expired"  # the client was silent for too long
+    EXPIRED = "expired"  # the client was silent for too long, with nothing of it held
+    DISCONNECTED = "disconnected"  # its connection is gone (or its replies cannot be delivered)
     SHUTDOWN = "shutdown"  # the broker is stopping
 
 
@@ -80,6 +84,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.OUTPUT: _r(S.BEFORE_WRITING, "open pipe writer"),
         E.PING: _r(S.START, "send PING_OK"),
         E.EXPIRED: _r(S.START, "terminate"),
+        E.DISCONNECTED: _r(S.START, "terminate"),
         E.SHUTDOWN: _r(S.START, "terminate"),
     },
     S.BEFORE_READING: {
@@ -91,6 +96,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.PING: _r(S.READING, "send PING_OK"),
         E.CLOSE: _r(S.START, "close pipe end", "send CLOSE_OK"),
         E.EXPIRED: _r(S.START, "close pipe end", "terminate"),
+        E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(S.START, "close pipe end", "terminate"),
     },
     S.PROCESSING_READ: {
@@ -110,9 +116,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
             S.START, "send READ_FAILED", "finish request", "fail queued commands",
             "close pipe end", "send CLOSE_OK",
         ),
-        E.EXPIRED: _r(
-            S.START, "send READ_FAILED", "fail queued commands", "close pipe end", "terminate",
-        ),
+        E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(
             S.START, "send READ_FAILED", "fail queued commands", "close pipe end", "terminate",
         ),
@@ -126,6 +130,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.PING: _r(S.WRITING, "send PING_OK"),
         E.CLOSE: _r(S.START, "close pipe end", "send CLOSE_OK"),
         E.EXPIRED: _r(S.START, "close pipe end", "terminate"),
+        E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(S.START, "close pipe end", "terminate"),
     },
     S.PROCESSING_WRITE: {
@@ -145,9 +150,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
             S.START, "send WRITE_FAILED", "finish request", "fail queued commands",
             "close pipe end", "send CLOSE_OK",
         ),
-        E.EXPIRED: _r(
-            S.START, "send WRITE_FAILED", "fail queued commands", "close pipe end", "terminate",
-        ),
+        E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(
             S.START, "send WRITE_FAILED", "fail queued commands", "close pipe end", "terminate",
         ),

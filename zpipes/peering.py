@@ -3,7 +3,8 @@
 Every message is a list of frames, the first naming it. End ids are the sender's own.
 
     ATTACH  role ("r"|"w"), end, pipe name    an end was opened on the sender
-    DETACH  end                                it was closed (after its last DATA)
+    DETACH  end [, why lost]                   it was closed (after its last DATA); with a
+                                               reason when it ended without a close
     DATA    writer end, reader end, first, chunk   a chunk of the sender's writer for the
                                                receiver's reader; ``first`` starts the stream
     CREDIT  reader end, bytes                  the receiver's reader took that many more bytes
@@ -30,6 +31,7 @@ class Attach:
 @dataclass(frozen=True, slots=True)
 class Detach:
     end: int
+    lost: str | None = None  # why it ended without a close (its stream broke), if it did
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,9 @@ def encode(msg: PeerMessage) -> list[bytes | memoryview]:
         return [b"CREDIT", _TWO.pack(msg.reader_end, msg.size)]
     if isinstance(msg, Attach):
         return [b"ATTACH", _ROLE_CODE[msg.role], _END.pack(msg.end), msg.pipe]
-    return [b"DETACH", _END.pack(msg.end)]
+    if msg.lost is None:
+        return [b"DETACH", _END.pack(msg.end)]
+    return [b"DETACH", _END.pack(msg.end), msg.lost.encode("utf-8", "replace")[:255]]
 
 
 def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeError:
@@ -82,6 +86,8 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
         role = _CODE_ROLE.get(bytes(frames[1]))
         if role is not None:
             return Attach(role, _END.unpack(frames[2])[0], bytes(frames[3]))
-    if kind == b"DETACH" and sizes == [8]:
-        return Detach(_END.unpack(frames[1])[0])
+    if kind == b"DETACH" and (sizes == [8] or (len(sizes) == 2 and sizes[0] == 8
+                                               and 1 <= sizes[1] <= 255)):
+        lost = bytes(frames[2]).decode("utf-8", "replace") if len(sizes) == 2 else None
+        return Detach(_END.unpack(frames[1])[0], lost)
     return PeerDecodeError(f"malformed peer message {kind[:20]!r} with frame sizes {sizes[:8]}")

@@ -13,8 +13,13 @@ Semantics (see docs/zpipes-semantics.md):
 * A write waits while the pipe has no reader (before the stream started) or while any reader
   of its audience holds ``capacity`` bytes or more. Once every reader of the audience has
   gone, the writer is broken: writes fail with "no readers".
-* A reader gets end-of-stream when its buffer is empty, no writer is attached, and a writer was
-  attached at some time while it was (a reader that opened first waits for a writer).
+* A reader gets end-of-stream when its buffer is empty, no writer is attached, and a writer
+  closed while it was attached (a reader that opened first waits for a writer).
+* A writer that ends in any other way than a close (``detach(end, failure)``: expired,
+  disconnected, its broker lost, its stream broken by an over-size chunk) after its stream
+  started breaks that stream: each reader of its audience gets the data it was sent, then fails
+  with "writer lost: <why>" (``failure``), and takes no data from other writers from then on.
+  A lost writer that had not started breaks nothing: it never was part of a stream.
 
 Ends on other brokers of the cluster stand in the table as *remote* ends (proxies), so the
 rules above hold cluster-wide:
@@ -23,9 +28,9 @@ rules above hold cluster-wide:
   to send, and counts against its capacity until the reader's broker gives ``credit`` back.
 * A remote writer's chunks arrive through ``deliver``; the first one to a reader says that the
   reader is in its audience. What local readers take of remote data is returned as ``credits``.
-* When a remote end's broker is lost (``detach(end, lost=True)``), the ends whose stream it was
-  part of break: a writer that was writing to it fails, a reader it was writing to fails (its
-  stream may be missing data); ``failure`` says why.
+* When a remote end's broker is lost (``detach(end, PEER_LOST)``), the ends whose stream it was
+  part of break: a writer that was writing to it fails, a reader it was writing to fails after
+  the data it got (its stream may be missing data); ``failure`` says why.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class ReadEnd(Enum):
 
 
 PEER_LOST = "peer lost"
+WRITER_LOST = "writer lost: "  # what a reader's failure starts with when a writer broke it
 
 
 @dataclass(eq=False)
@@ -65,8 +71,8 @@ class Reader:
     chunks: deque[memoryview] = field(default_factory=deque)
     origins: deque[int | None] = field(default_factory=deque)  # remote writer of each chunk
     queued: int = 0  # bytes buffered for this reader (remote: sent and not yet credited)
-    saw_writer: bool = False
-    failure: str | None = None
+    saw_close: bool = False  # a writer closed while this reader was attached
+    failure: str | None = None  # its stream broke: it fails once it has read what it holds
     bytes_in: int = 0  # bytes ever queued for this reader
     bytes_out: int = 0  # bytes ever read
 
@@ -114,7 +120,7 @@ class PipeTable:
     def attach_reader(self, name: bytes, end: int, remote: bool = False) -> set[int]:
         self._check_new(end)
         pipe = self.pipes.setdefault(name, Pipe(name))
-        reader = Reader(end, pipe, remote=remote, saw_writer=bool(pipe.writers))
+        reader = Reader(end, pipe, remote=remote)
         pipe.readers[end] = reader
         self._readers[end] = reader
         return pipe.wake_all()  # writers waiting for a first reader
@@ -125,13 +131,13 @@ class PipeTable:
         writer = Writer(end, pipe, remote=remote)
         pipe.writers[end] = writer
         self._writers[end] = writer
-        for reader in pipe.readers.values():
-            reader.saw_writer = True
         return set()
 
-    def detach(self, end: int, lost: bool = False) -> set[int]:
-        """Remove an end (reader or writer); what it had buffered is discarded. ``lost``: its
-        broker was lost, so the streams it took part in are broken, not ended."""
+    def detach(self, end: int, failure: str | None = None) -> set[int]:
+        """Remove an end (reader or writer); what it had buffered is discarded. ``failure``:
+        why the end was lost, None when it closed. A writer lost, or closed after its stream
+        broke, breaks the stream of each reader of its audience; a remote reader lost with its
+        broker breaks the stream of each writer that was writing to it."""
         if end in self._readers:
             reader = self._readers.pop(end)
             pipe = reader.pipe
@@ -139,17 +145,18 @@ class PipeTable:
             for writer in pipe.writers.values():
                 if end in writer.audience:
                     writer.audience.discard(end)
-                    if lost and writer.failure is None:
-                        writer.failure = PEER_LOST
+                    if failure is not None and reader.remote and writer.failure is None:
+                        writer.failure = failure
         elif end in self._writers:
             writer = self._writers.pop(end)
             pipe = writer.pipe
             del pipe.writers[end]
-            if lost:
-                for reader_end in writer.audience:
-                    reader = pipe.readers.get(reader_end)
-                    if reader is not None and reader.failure is None:
-                        reader.failure = PEER_LOST
+            failure = failure or writer.failure
+            if failure is None:
+                for reader in pipe.readers.values():
+                    reader.saw_close = True
+            else:
+                self._break_audience(writer, failure)
         else:
             return set()
         pipe.waiting.discard(end)
@@ -157,6 +164,25 @@ class PipeTable:
         if not pipe.readers and not pipe.writers:
             del self.pipes[pipe.name]
         return woken
+
+    def break_writer(self, end: int, failure: str) -> set[int]:
+        """The writer's stream is broken (e.g. it sent a chunk over the limit): its writes fail
+        with ``failure`` from now on and its readers fail once they have read what it sent."""
+        writer = self._writers[end]
+        if writer.failure is None:
+            writer.failure = failure
+        self._break_audience(writer, failure)
+        return writer.pipe.wake_all()
+
+    def _break_audience(self, writer: Writer, failure: str) -> None:
+        pipe = writer.pipe
+        audience, writer.audience = writer.audience, set()
+        for reader_end in audience:
+            reader = pipe.readers.get(reader_end)
+            if reader is not None and reader.failure is None:
+                reader.failure = WRITER_LOST + failure
+                for other in pipe.writers.values():  # it takes nothing more from anyone
+                    other.audience.discard(reader_end)
 
     # --- data --------------------------------------------------------------------------------
 
@@ -171,7 +197,7 @@ class PipeTable:
                 return WriteResult.NO_READERS, set()
             audience = [pipe.readers[r] for r in writer.audience]
         else:
-            audience = list(pipe.readers.values())
+            audience = [r for r in pipe.readers.values() if r.failure is None]
             if not audience:
                 pipe.waiting.add(end)
                 return WriteResult.WAIT, set()
@@ -197,13 +223,14 @@ class PipeTable:
         return WriteResult.ACCEPTED, pipe.wake_all()
 
     def read(self, end: int, size: int) -> tuple[list[memoryview] | ReadEnd, set[int]]:
-        """Take up to ``size`` bytes (at least one) as a list of slices, or say END or WAIT."""
+        """Take up to ``size`` bytes (at least one) as a list of slices, or say END, WAIT or,
+        once what it holds is read, FAILED."""
         reader = self._readers[end]
         pipe = reader.pipe
-        if reader.failure is not None:
-            return ReadEnd.FAILED, set()
         if not reader.chunks:
-            if reader.saw_writer and not pipe.writers:
+            if reader.failure is not None:
+                return ReadEnd.FAILED, set()
+            if reader.saw_close and not pipe.writers:
                 return ReadEnd.END, set()
             pipe.waiting.add(end)
             return ReadEnd.WAIT, set()
@@ -245,18 +272,23 @@ class PipeTable:
 
     def deliver(self, writer_end: int, reader_end: int, first: bool, chunk: Chunk) -> set[int]:
         """A chunk of a remote writer for a local reader. Chunks for ends that are gone, or for
-        a reader that is not in the writer's audience, are dropped."""
+        a reader that is not in the writer's audience (or whose stream broke), are dropped; a
+        dropped chunk for a reader still here is credited back at once, so that the writer's
+        broker does not wait for room that will never be made."""
         writer = self._writers.get(writer_end)
         reader = self._readers.get(reader_end)
         if (writer is None or reader is None or not writer.remote or reader.remote
                 or reader.pipe is not writer.pipe):
             return set()
-        if first:
+        view = memoryview(chunk)
+        if first and reader.failure is None:
             writer.started = True
             writer.audience.add(reader_end)
         elif reader_end not in writer.audience:
+            if len(view):
+                key = (writer_end, reader_end)
+                self.credits[key] = self.credits.get(key, 0) + len(view)
             return set()
-        view = memoryview(chunk)
         if len(view):
             reader.chunks.append(view)
             reader.origins.append(writer_end)

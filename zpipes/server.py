@@ -4,6 +4,7 @@ The caller (the broker's ZPIPES service) feeds it what arrives and what time it 
 
     server.receive(routing_id, frames, now)   # a message from a client
     server.tick(now)                          # at server.next_deadline(): timeouts, expiry
+    server.disconnected(routing_id, now)      # the client's connection is gone
     server.unreachable(routing_id, now)       # a reply could not be delivered
     server.shutdown(now)                      # the broker is stopping
 
@@ -24,13 +25,14 @@ from typing import Any
 from . import peering
 from . import protocol as p
 from .machine import IDLE_STATES, Event, State, rule_for
-from .pipes import DEFAULT_CAPACITY, PipeTable, ReadEnd, WriteResult
+from .pipes import DEFAULT_CAPACITY, PEER_LOST, PipeTable, ReadEnd, WriteResult
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     capacity: int = DEFAULT_CAPACITY  # bytes buffered per reader before writers wait
-    client_timeout: float = 60.0  # seconds of silence before a client is expired
+    client_timeout: float = 60.0  # seconds of silence, with nothing of it held, before expiry
+    max_chunk: int = 16 << 20  # the largest chunk a WRITE may carry
     max_clients: int = 10_000
     max_pipelined: int = 64  # commands queued behind a pending one
     max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
@@ -50,9 +52,17 @@ _EVENT_OF: dict[type, Event] = {
 # Why a pending or queued request fails, by the event that made it fail.
 _REASONS: dict[Event, str] = {
     Event.CLOSE: "pipe closed by client",
-    Event.EXPIRED: "client expired: silent for too long",
     Event.SHUTDOWN: "broker stopping",
     Event.NO_READERS: "no readers",
+}
+
+# Why a writer's end went without a CLOSE, by the event that ended it: its readers fail with
+# "writer lost: <this>". Any other event that detaches an end is a command that did not fit
+# the client's state.
+_END_LOST: dict[Event, str] = {
+    Event.EXPIRED: "expired",
+    Event.DISCONNECTED: "disconnected",
+    Event.SHUTDOWN: "broker stopping",
 }
 
 _WRITE_EVENT = {
@@ -177,7 +187,9 @@ class ZpipesServer:
         if now >= self._next_sweep:
             self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
             limit = now - self.config.client_timeout
-            for client in [c for c in self.clients.values() if c.last_seen <= limit]:
+            # a client with a request held by us is waiting for us, not silent
+            for client in [c for c in self.clients.values()
+                           if c.last_seen <= limit and c.request is None]:
                 self.log.info("client expired", client=client.id, pipe=_name(client.pipe),
                               silent_s=round(now - client.last_seen, 3))
                 self._execute(client, Event.EXPIRED)
@@ -189,13 +201,27 @@ class ZpipesServer:
             return min(self._timers[0][0], self._next_sweep)
         return self._next_sweep
 
+    def disconnected(self, routing_id: bytes, now: float) -> None:
+        """The client's connection is gone (the transport says so): detach its end as lost,
+        so that its readers fail, or its writers learn they have no readers."""
+        self._now = now
+        client = self.clients.get(routing_id)
+        if client is not None:
+            # a client that had closed its end and then went is the normal case
+            log = self.log.info if client.end is not None else self.log.debug
+            log("client disconnected", client=client.id, pipe=_name(client.pipe),
+                state=str(client.state))
+            self._execute(client, Event.DISCONNECTED)
+            self._wake()
+
     def unreachable(self, routing_id: bytes, now: float) -> None:
-        """A reply to this client could not be delivered: it has gone. Clean up as on expiry."""
+        """A reply to this client could not be delivered: it has gone, or stopped reading its
+        replies. Clean up as on a disconnect."""
         self._now = now
         client = self.clients.get(routing_id)
         if client is not None:
             self.log.info("client unreachable", client=client.id, pipe=_name(client.pipe))
-            self._execute(client, Event.EXPIRED)
+            self._execute(client, Event.DISCONNECTED)
             self._wake()
 
     def shutdown(self, now: float) -> None:
@@ -275,12 +301,17 @@ class ZpipesServer:
             role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
         else:
             role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
-        self._woken.extend(self.pipes.detach(end))
+        lost = None if client.event is Event.CLOSE else _END_LOST.get(client.event,
+                                                                       "invalid command")
+        # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
+        # only shrinks its writers' audience, wherever they are
+        failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
+        self._woken.extend(self.pipes.detach(end, lost))
         del self._by_end[end]
-        self._broadcast(peering.Detach(end))
+        self._broadcast(peering.Detach(end, failure))
         self.log.info("pipe closed", client=client.id, pipe=_name(client.pipe), role=role,
                       why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
-                      **sizes)
+                      **({"lost": lost} if lost else {}), **sizes)
         client.end = client.pipe = None
 
     def _start_request(self, client: Client) -> None:
@@ -312,7 +343,16 @@ class ZpipesServer:
             client.read_data, client.next_event = result, Event.HAVE_DATA
 
     def _try_write(self, client: Client) -> None:
-        result, woken = self.pipes.write(client.end, client.request.chunk)
+        chunk = client.request.chunk
+        if len(chunk) > self.config.max_chunk:
+            client.reason = (f"chunk of {len(chunk)} bytes is over the broker's limit of "
+                             f"{self.config.max_chunk} bytes (max_chunk)")
+            self.log.warning("write refused", client=client.id, pipe=_name(client.pipe),
+                             reason=client.reason)
+            self._woken.extend(self.pipes.break_writer(client.end, client.reason))
+            client.next_event = Event.FAILED
+            return
+        result, woken = self.pipes.write(client.end, chunk)
         self._woken.extend(woken)
         if result is WriteResult.FAILED:
             client.reason = self.pipes.failure(client.end) or "failed"
@@ -340,6 +380,7 @@ class ZpipesServer:
     def _finish_request(self, client: Client) -> None:
         client.request = client.request_event = client.deadline = client.read_data = None
         client.timer_armed = False
+        client.last_seen = self._now  # its silence counts from our answer
 
     def _send_read_ok(self, client: Client) -> None:
         self.outbox.append((client.routing_id, p.encode_read_ok(client.read_data)))
@@ -414,7 +455,7 @@ class ZpipesServer:
         for key, proxy in lost:
             del self._proxies[key]
             del self._proxy_of[proxy]
-            self._woken.extend(self.pipes.detach(proxy, lost=True))
+            self._woken.extend(self.pipes.detach(proxy, PEER_LOST))
         if lost:
             self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
         self._wake()
@@ -448,9 +489,9 @@ class ZpipesServer:
             if proxy is not None:
                 pipe = self.pipes.pipe_of(proxy)
                 del self._proxy_of[proxy]
-                self._woken.extend(self.pipes.detach(proxy))
+                self._woken.extend(self.pipes.detach(proxy, msg.lost))
                 self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
-                              remote_end=msg.end)
+                              remote_end=msg.end, **({"lost": msg.lost} if msg.lost else {}))
         else:
             self.log.warning("invalid peer message", peer=peer, error=msg.reason)
         self._wake()
