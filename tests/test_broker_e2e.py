@@ -255,7 +255,7 @@ def test_write_timeout_with_no_reader(clients):
     assert 0.19 <= time.monotonic() - t < 3
 
 
-def test_silent_client_is_expired_and_the_writer_learns(start_broker, ctx):
+def test_silent_client_is_expired_and_the_other_end_learns(start_broker, ctx):
     b = start_broker(config={"clients": {"timeout": 2}})
     reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
     try:
@@ -266,10 +266,12 @@ def test_silent_client_is_expired_and_the_writer_learns(start_broker, ctx):
         assert reader.recv() == (READ_OK, b"f")
         reader.send(read(100, 0))
         assert reader.recv() == (READ_OK, b"irst")
-        reader.send(read(100, 0))  # pending, then silence
-        assert reader.recv() == (READ_FAILED, "client expired: silent for too long")
-        # the writer pinged meanwhile? no: it too was silent, and is expired as well; a
-        # writer that keeps pinging learns the reader has gone
+        # the reader waits with a READ held (never expired); the writer, holding nothing, is
+        # silent: it is expired, and the stream it cut fails
+        reader.send(read(100, 0))
+        assert reader.recv() == (READ_FAILED, "writer lost: expired")
+        # a silent reader holding nothing is expired too: a writer that keeps pinging learns
+        # that its reader has gone
         writer2 = RawClient(ctx, b.endpoint)
         reader2 = RawClient(ctx, b.endpoint)
         reader2.call(input_(b"exp2"))
@@ -330,8 +332,8 @@ def test_oversized_frame_drops_only_that_connection(start_broker, ctx):
     big, other = RawClient(ctx, b.endpoint, timeout_ms=1000), RawClient(ctx, b.endpoint)
     try:
         big.call(output(b"huge"))
-        big.send(write(b"x" * (128 << 10), 0))
-        assert big.nothing_within(500)  # refused by the socket layer: no reply
+        big.send(write(b"x" * (256 << 10), 0))  # over twice max_chunk: refused by the transport
+        assert big.nothing_within(500)
         assert other.call(ping()) == (PING_OK, None)  # everyone else goes on
         assert other.call(input_(b"huge")) == (INPUT_OK, None)
     finally:

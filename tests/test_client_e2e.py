@@ -20,7 +20,8 @@ import pytest
 from helpers import broker_env, cut, read_within
 from wire import (
     INPUT_OK,
-    READ_FAILED,
+    INVALID,
+    READ_OK,
     RawClient,
     input_,
     read,
@@ -551,19 +552,25 @@ def test_two_writers_chunks_are_never_interleaved_and_each_keeps_its_order(broke
 
 def test_idle_library_ends_are_not_expired_but_a_silent_raw_client_is(start_broker, ctx):
     b = start_broker(config={"clients": {"timeout": 2}})
-    silent = RawClient(ctx, b.endpoint, timeout_ms=100)
+    silent = RawClient(ctx, b.endpoint, timeout_ms=1000)
+    held = RawClient(ctx, b.endpoint, timeout_ms=5000)
     reader = zpipes.open("hb", "r", broker=b.name, timeout=6)
     writer = zpipes.open("hb", "w", broker=b.name, timeout=10)  # open, unused for 6 s
     idle = zpipes.open("hb2", "r", broker=b.name, timeout=10)  # open, no call for 6 s
     try:
-        assert silent.call(input_(b"quiet")) == (INPUT_OK, None)
-        silent.send(read(10, 0))  # pending, then silence
+        assert silent.call(input_(b"quiet")) == (INPUT_OK, None)  # then silence, nothing held
+        assert held.call(input_(b"held")) == (INPUT_OK, None)
+        held.send(read(10, 0))  # then silence, with a READ held by the broker
         start = time.monotonic()
         with pytest.raises(PipeTimeout):
             reader.read(1)  # blocking with no data for 6 s: the library pings meanwhile
         assert time.monotonic() - start >= 5.9
-        # the raw client that said nothing was expired long ago
-        assert silent.recv() == (READ_FAILED, "client expired: silent for too long")
+        # the raw client that said nothing and held nothing was expired long ago: the broker
+        # has forgotten its end, so a READ now does not fit its (new) state
+        assert silent.call(read(10, 0)) == (INVALID, None)
+        # the one that waits for its READ was not: it waits for us
+        write_all(b.name, "held", [b"patience"])
+        assert held.recv() == (READ_OK, b"patience")
         # both library ends still work
         writer.write(b"still alive")
         writer.close()
@@ -572,6 +579,7 @@ def test_idle_library_ends_are_not_expired_but_a_silent_raw_client_is(start_brok
         assert idle.read() == b"me too"
     finally:
         silent.close()
+        held.close()
         for end in (reader, writer, idle):
             end.abort()
 
