@@ -195,7 +195,7 @@ class ZpipesService(Service):
             if routing_id not in clients:
                 if routing_id in gone:
                     continue  # sent before its connection closed: nobody to answer
-                self._on_monitor()  # disconnects up to now, before a descriptor is trusted
+                self._take_connection_events()  # up to now, before a descriptor is trusted
                 server.receive(routing_id, [f.buffer for f in frames[1:]], now)
                 self._learn_connection(routing_id, frames[0].get(zmq.SRCFD))
             else:
@@ -217,6 +217,10 @@ class ZpipesService(Service):
             self._client_gone(routing_id)
 
     def _on_monitor(self) -> None:
+        self._take_connection_events()
+        self._flush_outside()
+
+    def _take_connection_events(self) -> None:
         """Take the connection events that the socket monitor has: a closed connection's client
         is detached at once."""
         monitor, server = self._monitor, self.server
@@ -236,8 +240,6 @@ class ZpipesService(Service):
                 routing_id = self._fd_client.pop(fd, None)
                 if routing_id is not None:
                     self._client_gone(routing_id)
-        self._flush()
-        self._schedule()
 
     def _client_gone(self, routing_id: bytes) -> None:
         gone = self._gone
