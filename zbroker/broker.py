@@ -31,6 +31,7 @@ import zmq
 
 from . import logs
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
+from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
 from .service import ClusterPort, Peer, Service, ServiceContext, ServiceError
 
@@ -138,6 +139,8 @@ class Broker:
         if not wanted:
             self.log.warning("no service is enabled", name=self.name)
         self._created_dirs = make_private_dir(self.config.broker.run_dir)
+        open_files = raise_open_file_limit()
+        self.log.debug("open-file limit", soft=open_files)
         self.zmq_context = zmq.Context()
         try:
             for name in wanted:
