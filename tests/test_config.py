@@ -341,7 +341,8 @@ def test_schema_keys():
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
-        "services.zpipes.max_chunk",
+        "services.zpipes.max_chunk", "services.zpipes.allow.users",
+        "services.zpipes.allow.groups",
         "services.pzq.enabled",
         *(f"services.pzq.defaults.{k}" for k in (
             "mode", "stream_endpoint",
@@ -353,3 +354,17 @@ def test_schema_keys():
             "node_timeout")),
         "services.pzq.queues",
     ]
+
+
+def test_zpipes_allow_takes_names_and_numbers_and_refuses_unknown_ones():
+    c = parse_config({"services": {"zpipes": {"allow": {"users": ["root", 1234, "*"],
+                                                        "groups": ["root", "5"]}}}})
+    assert c.services.zpipes.allow.users == (0, 1234, "*")
+    assert c.services.zpipes.allow.groups == (0, 5)
+    assert parse_config(None).services.zpipes.allow.groups is None  # the broker's own group
+    with pytest.raises(ConfigError, match="services.zpipes.allow.users.*no user 'no-such-u'"):
+        parse_config({"services": {"zpipes": {"allow": {"users": ["no-such-u"]}}}})
+    with pytest.raises(ConfigError, match="services.zpipes.allow.groups"):
+        parse_config({"services": {"zpipes": {"allow": {"groups": ["*"]}}}})
+    with pytest.raises(ConfigError, match="services.zpipes.allow.users"):
+        parse_config({"services": {"zpipes": {"allow": {"users": "alice"}}}})

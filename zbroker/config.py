@@ -273,12 +273,57 @@ class ClientsConfig:
     max_pipelined_bytes: int = setting(8 << 20, size(minimum=1))
 
 
+def _id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
+    allowed = f"a list of {what} names or numbers" + (', or "*" for anyone' if star else "")
+
+    def parse(value: Any) -> tuple[int | str, ...] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(
+                isinstance(v, str) or _is_int(v) and v >= 0 for v in value):
+            raise _Invalid(allowed)
+        out = []
+        for v in value:
+            if v == "*" and not star:
+                raise _Invalid(allowed)
+            try:
+                out.append(lookup(v))
+            except KeyError:
+                raise _Invalid(f"{allowed}; there is no {what} {v!r} on this host") from None
+        return tuple(out)
+
+    return parse
+
+
+def user_list(value: Any) -> tuple[int | str, ...]:
+    from .local_access import user_id
+
+    return _id_list("user", user_id, star=True)(value) or ()
+
+
+def group_list(value: Any) -> tuple[int, ...] | None:
+    from .local_access import group_id
+
+    return _id_list("group", group_id, star=False)(value)
+
+
+@dataclass(frozen=True)
+class ZpipesAllowConfig:
+    """Who may connect to an ipc endpoint (tcp endpoints are open to whoever reaches them)."""
+
+    #: besides the broker's own user and root (names or uids); ["*"]: anyone
+    users: tuple[int | str, ...] = setting((), user_list)
+    #: members of these groups (names or gids); null: the broker's own group
+    groups: tuple[int, ...] | None = setting(None, group_list)
+
+
 @dataclass(frozen=True)
 class ZpipesConfig:
     enabled: bool = setting(True, boolean)
     endpoint: str = setting("ipc://@/zpipes/{name}", endpoint)
     capacity: int = setting(1 << 20, size(minimum=1))  # bytes buffered per reader
     max_chunk: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
+    allow: ZpipesAllowConfig = section(ZpipesAllowConfig)
 
 
 def optional_endpoint(value: Any) -> str | None:

@@ -11,6 +11,10 @@ each connection's disconnect with its file descriptor, and the first message of 
 which descriptor it came from (``zmq.SRCFD``), so a disconnect names the client to detach. The
 monitor is drained before a new client's first message is taken, so a descriptor reused by a new
 connection is never mistaken for the old one.
+
+The same events guard the door: a connection to an ipc endpoint from a user that
+``services.zpipes.allow`` does not admit (by the kernel's SO_PEERCRED), or one past
+``clients.max_clients``, is hung up before any message of it is taken.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zbroker.limits import clients_problem
+from zbroker.local_access import Peer as LocalPeer
+from zbroker.local_access import Policy, default_policy, hang_up, local_address, peer_of
 from zbroker.service import Peer, Service, ServiceContext, ServiceError
 from zpipes.server import ServerConfig, ZpipesServer
 
@@ -37,8 +44,24 @@ GONE_REMEMBERED = 4096  # routing ids of disconnected clients whose late message
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
 
+REFUSED_USERS_REMEMBERED = 1024  # uids whose refusal was logged (each is logged once)
+
+
 def frame_limit(max_chunk: int) -> int:
     return FRAME_LIMIT_FACTOR * max_chunk + FRAME_OVERHEAD
+
+
+def access_policy(config: Any) -> Policy:
+    allow = config.services.zpipes.allow
+    return default_policy(allow.users, allow.groups)
+
+
+def _ipc_address(endpoint: str) -> bytes | str | None:
+    """What getsockname() says for a socket accepted on an ipc endpoint."""
+    transport, _, address = endpoint.partition("://")
+    if transport != "ipc":
+        return None
+    return b"\0" + address[1:].encode() if address.startswith("@") else address
 
 
 def server_config(config: Any) -> ServerConfig:
@@ -73,11 +96,21 @@ class ZpipesService(Service):
         self._fd_client: dict[int, bytes] = {}  # open connection's descriptor -> its client
         self._open_fds: set[int] = set()  # descriptors of connections the monitor saw accepted
         self._gone: OrderedDict[bytes, None] = OrderedDict()  # clients whose connection closed
+        self._policy: Policy = default_policy()
+        self._max_connections = 0
+        self._refused: dict[str, int] = {"not allowed": 0, "too many clients": 0}
+        self._refused_users: OrderedDict[int, None] = OrderedDict()
+        self._full = False  # at max_clients connections (logged once per episode)
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
         self.endpoint = section.endpoint  # the config has filled in the broker name
         self._loop, self._log, self._cluster = ctx.loop, ctx.log, ctx.cluster
+        problem = clients_problem(config.clients.max_clients)
+        if problem:
+            raise ServiceError(problem)
+        self._policy = access_policy(config)
+        self._max_connections = config.clients.max_clients
         sock = ctx.zmq_context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # tell us when a client has gone
         sock.setsockopt(zmq.MAXMSGSIZE, frame_limit(section.max_chunk))
@@ -108,7 +141,7 @@ class ZpipesService(Service):
         self._loop.call_soon(self._on_monitor)
         ctx.log.info("zpipes bound", endpoint=self.endpoint,
                      capacity=section.capacity, max_chunk=section.max_chunk,
-                     client_timeout=config.clients.timeout)
+                     client_timeout=config.clients.timeout, allowed=self._policy.describe())
 
     async def stop(self) -> None:
         sock, server, loop = self._sock, self.server, self._loop
@@ -131,6 +164,9 @@ class ZpipesService(Service):
         if self.server is None or self._sock is None:
             return
         section, before = new.services.zpipes, old.services.zpipes
+        problem = clients_problem(new.clients.max_clients)
+        if problem:
+            raise ServiceError(problem)
         if section.endpoint != before.endpoint and section.endpoint not in self._bound:
             # bind the new endpoint too; unbinding the old one would drop its clients
             try:
@@ -146,6 +182,13 @@ class ZpipesService(Service):
             self._log.info("zpipes max_chunk changed; it applies to connections made from now "
                            "on", max_chunk=section.max_chunk)
         self.server.reconfigure(server_config(new))
+        self._max_connections = new.clients.max_clients
+        policy = access_policy(new)
+        if policy != self._policy:
+            self._policy = policy
+            self._refused_users.clear()
+            self._log.info("zpipes access changed; it applies to connections made from now on",
+                           allowed=policy.describe())
 
     def peer_joined(self, peer: Peer) -> None:
         if self.server is not None:
@@ -175,6 +218,7 @@ class ZpipesService(Service):
 
     def status(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "bound_endpoints": list(self._bound),
+                "connections": len(self._open_fds), "refused": dict(self._refused),
                 **(self.server.status() if self.server else {})}
 
     # --- I/O ---------------------------------------------------------------------------------
@@ -196,8 +240,13 @@ class ZpipesService(Service):
                 if routing_id in gone:
                     continue  # sent before its connection closed: nobody to answer
                 self._take_connection_events()  # up to now, before a descriptor is trusted
+                fd = frames[0].get(zmq.SRCFD)
+                if fd not in self._open_fds:  # closed meanwhile, or refused: nobody to answer
+                    self._remember_gone(routing_id)
+                    continue
                 server.receive(routing_id, [f.buffer for f in frames[1:]], now)
-                self._learn_connection(routing_id, frames[0].get(zmq.SRCFD))
+                if routing_id in clients:
+                    self._fd_client[fd] = routing_id
             else:
                 server.receive(routing_id, [f.buffer for f in frames[1:]], now)
             if server.outbox:
@@ -206,15 +255,6 @@ class ZpipesService(Service):
         self._schedule()
         if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self._loop.call_soon(self._on_readable)
-
-    def _learn_connection(self, routing_id: bytes, fd: int) -> None:
-        """A new client's first message came from connection ``fd``."""
-        if routing_id not in self.server.clients:
-            return  # refused
-        if fd in self._open_fds:
-            self._fd_client[fd] = routing_id
-        else:  # its connection closed before we read its first message
-            self._client_gone(routing_id)
 
     def _on_monitor(self) -> None:
         self._take_connection_events()
@@ -233,20 +273,62 @@ class ZpipesService(Service):
                 break
             fd = event["value"]
             if event["event"] == zmq.EVENT_ACCEPTED:
-                self._open_fds.add(fd)
                 self._fd_client.pop(fd, None)
+                if self._admit(fd, event["endpoint"].decode(errors="replace")):
+                    self._open_fds.add(fd)
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self._open_fds.discard(fd)
                 routing_id = self._fd_client.pop(fd, None)
                 if routing_id is not None:
                     self._client_gone(routing_id)
 
+    def _admit(self, fd: int, endpoint: str) -> bool:
+        """Whether to take the connection just accepted on ``fd``; if not, hang it up. Its
+        messages are never taken: only connections in ``_open_fds`` are heard."""
+        expected = _ipc_address(endpoint)
+        peer: LocalPeer | None = None
+        if expected is not None:
+            if local_address(fd) != expected:
+                return False  # the descriptor is not that connection's any more
+            peer = peer_of(fd)
+            if peer is None:
+                return False
+        if peer is not None and not self._policy.allows(peer):
+            self._refuse(fd, "not allowed", peer)
+            return False
+        if len(self._open_fds) >= self._max_connections:
+            self._refuse(fd, "too many clients", peer)
+            return False
+        if self._full:
+            self._full = False
+            self._log.info("zpipes takes connections again",
+                           refused=self._refused["too many clients"])
+        return True
+
+    def _refuse(self, fd: int, why: str, peer: LocalPeer | None) -> None:
+        hang_up(fd)
+        self._refused[why] += 1
+        if peer is not None and why == "not allowed":
+            if peer.uid not in self._refused_users:  # once per user: never a flood of lines
+                self._refused_users[peer.uid] = None
+                if len(self._refused_users) > REFUSED_USERS_REMEMBERED:
+                    self._refused_users.popitem(last=False)
+                self._log.warning("zpipes connection refused: user not allowed",
+                                  peer=peer.describe(), allowed=self._policy.describe())
+        elif not self._full:
+            self._full = True
+            self._log.warning("zpipes connection refused: too many clients; newer connections "
+                              "are hung up until some go", max_clients=self._max_connections)
+
     def _client_gone(self, routing_id: bytes) -> None:
+        self._remember_gone(routing_id)
+        self.server.disconnected(routing_id, self._loop.time())
+
+    def _remember_gone(self, routing_id: bytes) -> None:
         gone = self._gone
         gone[routing_id] = None
         if len(gone) > GONE_REMEMBERED:
             gone.popitem(last=False)
-        self.server.disconnected(routing_id, self._loop.time())
 
     def _flush(self) -> None:
         sock, server = self._sock, self.server
