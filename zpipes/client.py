@@ -57,6 +57,7 @@ import zmq
 import zmq.utils.garbage  # noqa: F401 - see _close_open_ends
 
 from zpipes import protocol as p
+from zpipes import trust
 from zpipes._common import (
     CLOSE_LINGER_MS,
     EOF,
@@ -628,7 +629,8 @@ def _probe_address(address: str) -> tuple[int, Any] | None:
 
 def check_broker_running(broker: str, address: str | None = None) -> None:
     """Fail fast when nothing listens on the broker's endpoint (by default the Linux abstract
-    socket of ``ipc://@/zpipes/<broker>``), with a plain connect."""
+    socket of ``ipc://@/zpipes/<broker>``), with a plain connect; and, on a local socket, when
+    the process listening there is run by a user we do not trust (see zpipes/trust.py)."""
     address = address or endpoint(broker)
     probe = _probe_address(address)
     if probe is None:
@@ -637,14 +639,18 @@ def check_broker_running(broker: str, address: str | None = None) -> None:
     try:
         sock.settimeout(1.0)
         sock.connect(probe[1])
+        uid = trust.peer_uid(sock) if probe[0] == socket.AF_UNIX else None
     except (ConnectionRefusedError, FileNotFoundError):
         raise BrokerUnavailable(
             f"broker {broker!r} is not running (nothing listens on {address})"
         ) from None
     except OSError:
-        pass  # cannot tell (e.g. no route, a timeout): let ZeroMQ try
+        uid = None  # cannot tell (e.g. no route, a timeout): let ZeroMQ try
     finally:
         sock.close()
+    problem = None if uid is None else trust.distrust(uid, broker, address)
+    if problem:
+        raise BrokerUnavailable(problem)
 
 
 class _Channel:
