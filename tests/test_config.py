@@ -337,7 +337,7 @@ def test_schema_keys():
         "log.level", "log.format", "log.file", "log.animate",
         "log.syslog.target", "log.syslog.facility", "log.syslog.format", "log.syslog.queue",
         "clients.timeout", "clients.max_clients", "clients.max_pipelined",
-        "clients.max_pipelined_bytes",
+        "clients.max_pipelined_bytes", "clients.max_buffered",
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",

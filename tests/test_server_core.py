@@ -462,7 +462,37 @@ def test_pipelined_write_bytes_are_bounded():
     h.send(W, p.Output(b"p"))
     for _ in range(4):
         h.send(W, p.Write(b"123456", 0))
-    assert h.replies(W) == [p.OutputOk()] + [p.WriteFailed("too many pipelined requests")] * 2
+    # the third WRITE is refused; its stream has lost that chunk, so it is cut: the waiting
+    # and the queued WRITE fail too, and so does every later one
+    assert h.replies(W) == [p.OutputOk()] + [p.WriteFailed("too many pipelined requests")] * 4
+
+
+def test_the_broker_wide_buffer_budget_refuses_writes_past_it_and_cuts_their_stream():
+    """Writers with no reader hold their WRITEs; past clients.max_buffered a WRITE is refused
+    with the reason, and the budget is given back when the holders go."""
+    h = Harness(max_buffered=12)
+    hogs = [b"hog%d" % i for i in range(3)]
+    for hog in hogs:
+        h.send(hog, p.Output(b"nobody reads"))
+        h.send(hog, p.Write(b"123456", 0))  # waits for a reader, holding 6 bytes
+    reason = "the broker's buffers for all clients are full (clients.max_buffered, 12 bytes)"
+    assert h.replies(hogs[0]) == [p.OutputOk()]
+    assert h.replies(hogs[1]) == [p.OutputOk()]  # 12 held: at the budget, not past it
+    assert h.replies(hogs[2]) == [p.OutputOk(), p.WriteFailed(reason)]
+    assert h.server.held == 12
+    for hog in hogs:
+        h.server.disconnected(hog, h.now)
+    assert h.server.held == 0
+    open_pair(h)
+    h.send(W, p.Write(b"0123456789", 0))
+    assert h.replies(W) == [p.WriteOk()]  # the budget came back
+    assert h.server.pipes.buffered == 10
+    h.send(W, p.Write(b"xyz", 0))
+    assert h.replies(W) == [p.WriteFailed(reason)]  # what readers have not read counts too
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"0123456789"), p.ReadFailed("writer lost: " + reason)]
+    assert h.server.pipes.buffered == 0
 
 
 def test_client_limit():

@@ -181,6 +181,7 @@ def test_status_counts_only_live_clients_after_kills(transport_broker, ctx):
     b = transport_broker
     live = RawClient(ctx, b.endpoint)
     assert live.call(input_(b"alive")) == (INPUT_OK, None)
+    live.send(read(10, 0))  # held: a live client that is never expired
     killed = [endpoint_client(b.endpoint, role, b"dead%d" % i)
               for i, role in enumerate(["reader", "writer", "reader", "writer", "writer"])]
     assert status(b)["clients"] == 6

@@ -114,6 +114,8 @@ class PipeTable:
         self.outgoing: list[tuple[int, int, bool, memoryview]] = []
         # bytes of remote writers' chunks taken by local readers: (writer end, reader end) -> n
         self.credits: dict[tuple[int, int], int] = {}
+        #: bytes held for local readers (a chunk fanned out to N readers counts N times)
+        self.buffered = 0
 
     # --- attach and detach -------------------------------------------------------------------
 
@@ -142,6 +144,8 @@ class PipeTable:
             reader = self._readers.pop(end)
             pipe = reader.pipe
             del pipe.readers[end]
+            if not reader.remote:
+                self.buffered -= reader.queued
             for writer in pipe.writers.values():
                 if end in writer.audience:
                     writer.audience.discard(end)
@@ -218,6 +222,7 @@ class PipeTable:
             elif size:
                 reader.chunks.append(view)
                 reader.origins.append(None)
+                self.buffered += size
             reader.queued += size
             reader.bytes_in += size
         return WriteResult.ACCEPTED, pipe.wake_all()
@@ -255,6 +260,7 @@ class PipeTable:
         was_full = reader.queued >= self.capacity
         reader.queued -= got
         reader.bytes_out += got
+        self.buffered -= got
         woken = pipe.wake_all() if was_full and reader.queued < self.capacity else set()
         return taken, woken
 
@@ -293,6 +299,7 @@ class PipeTable:
             reader.chunks.append(view)
             reader.origins.append(writer_end)
             reader.queued += len(view)
+            self.buffered += len(view)
             reader.bytes_in += len(view)
             writer.bytes_in += len(view)
         return reader.pipe.wake_all()
@@ -338,7 +345,7 @@ class PipeTable:
         return self._writers[end]
 
     def buffered_bytes(self) -> int:
-        """Bytes held for local readers (a chunk fanned out to N readers counts N times)."""
+        """Bytes held for local readers, counted afresh (``buffered`` keeps it as it goes)."""
         return sum(r.queued for r in self._readers.values() if not r.remote)
 
     def _check_new(self, end: int) -> None:

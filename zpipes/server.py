@@ -33,6 +33,7 @@ class ServerConfig:
     capacity: int = DEFAULT_CAPACITY  # bytes buffered per reader before writers wait
     client_timeout: float = 60.0  # seconds of silence, with nothing of it held, before expiry
     max_chunk: int = 16 << 20  # the largest chunk a WRITE may carry
+    max_buffered: int = 256 << 20  # bytes of pipe data the broker holds for all its clients
     max_clients: int = 10_000
     max_pipelined: int = 64  # commands queued behind a pending one
     max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
@@ -97,6 +98,8 @@ class Client:
     request: Any = None  # the active READ or WRITE
     request_event: Event | None = None
     request_serial: int = 0
+    budget_serial: int = -1  # the request last checked against the broker-wide budget
+    dequeued: bool = False  # the command being handled came from the client's queue
     deadline: float | None = None  # when the active request times out
     timer_armed: bool = False
     # the event being handled and what the actions pass along
@@ -124,6 +127,7 @@ class ZpipesServer:
         self._next_sweep = 0.0
         self.peers: set[str] = set()
         self.peer_outbox: list[tuple[str, list[bytes | memoryview]]] = []
+        self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
         self._proxies: dict[tuple[str, int], int] = {}  # (peer, its end) -> our stand-in end
         self._proxy_of: dict[int, tuple[str, int]] = {}
         self._actions: dict[str, Callable[[Client], None]] = {
@@ -234,6 +238,14 @@ class ZpipesServer:
     # --- the engine --------------------------------------------------------------------------
 
     def _execute(self, client: Client, event: Event, msg: Any = None) -> None:
+        before = _held_by(client)
+        try:
+            self._run(client, event, msg)
+        finally:
+            self.held += _held_by(client) - before
+
+    def _run(self, client: Client, event: Event, msg: Any) -> None:
+        client.dequeued = False
         while True:
             while event is not None:
                 rule = rule_for(client.state, event)
@@ -251,6 +263,7 @@ class ZpipesServer:
             if client.terminated or client.state not in IDLE_STATES or not client.queue:
                 return
             event, msg = client.queue.popleft()  # pipelining: next queued command
+            client.dequeued = True
             if event is Event.WRITE:
                 client.queued_bytes -= len(msg.chunk)
 
@@ -344,12 +357,10 @@ class ZpipesServer:
 
     def _try_write(self, client: Client) -> None:
         chunk = client.request.chunk
-        if len(chunk) > self.config.max_chunk:
-            client.reason = (f"chunk of {len(chunk)} bytes is over the broker's limit of "
-                             f"{self.config.max_chunk} bytes (max_chunk)")
-            self.log.warning("write refused", client=client.id, pipe=_name(client.pipe),
-                             reason=client.reason)
-            self._woken.extend(self.pipes.break_writer(client.end, client.reason))
+        problem = self._write_problem(client, len(chunk))
+        if problem:
+            client.reason = problem
+            self._break_stream(client, problem)
             client.next_event = Event.FAILED
             return
         result, woken = self.pipes.write(client.end, chunk)
@@ -357,6 +368,33 @@ class ZpipesServer:
         if result is WriteResult.FAILED:
             client.reason = self.pipes.failure(client.end) or "failed"
         client.next_event = _WRITE_EVENT[result]
+
+    def _write_problem(self, client: Client, size: int) -> str | None:
+        """Why a WRITE of ``size`` bytes cannot be taken (the first time it is tried), or None.
+        A WRITE is checked against the broker-wide budget when it arrives: what it holds is
+        counted from then on."""
+        if size > self.config.max_chunk:
+            return (f"chunk of {size} bytes is over the broker's limit of "
+                    f"{self.config.max_chunk} bytes (max_chunk)")
+        if client.request_serial != client.budget_serial:  # its first try
+            client.budget_serial = client.request_serial
+            if not client.dequeued and self._over_budget(size):  # (queued: admitted then)
+                return self._budget_reason()
+        return None
+
+    def _over_budget(self, size: int) -> bool:
+        return self.held + self.pipes.buffered + size > self.config.max_buffered
+
+    def _budget_reason(self) -> str:
+        return (f"the broker's buffers for all clients are full (clients.max_buffered, "
+                f"{self.config.max_buffered} bytes)")
+
+    def _break_stream(self, client: Client, reason: str) -> None:
+        """A chunk of the client's stream was refused: its stream is cut for its readers."""
+        self.log.warning("write refused", client=client.id, pipe=_name(client.pipe),
+                         reason=reason)
+        if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
+            self._woken.extend(self.pipes.break_writer(client.end, reason))
 
     def _wait_for_pipe(self, client: Client) -> None:
         if client.deadline is not None and not client.timer_armed:
@@ -402,11 +440,18 @@ class ZpipesServer:
     def _queue_command(self, client: Client) -> None:
         event, msg = client.event, client.msg
         size = len(msg.chunk) if event is Event.WRITE else 0
+        problem = None
         if (len(client.queue) >= self.config.max_pipelined
                 or client.queued_bytes + size > self.config.max_pipelined_bytes):
             self.log.warning("pipelining limit", client=client.id, pipe=_name(client.pipe),
                              queued=len(client.queue), queued_bytes=client.queued_bytes)
-            self._fail_command(client.routing_id, event, "too many pipelined requests")
+            problem = "too many pipelined requests"
+        elif size and self._over_budget(size):
+            problem = self._budget_reason()
+        if problem:
+            self._fail_command(client.routing_id, event, problem)
+            if event is Event.WRITE:  # the stream has lost that chunk
+                self._break_stream(client, problem)
             return
         client.queue.append((event, msg))
         client.queued_bytes += size
@@ -538,6 +583,14 @@ class ZpipesServer:
                 for name, pipe in self.pipes.pipes.items()
             },
         }
+
+
+def _held_by(client: Client) -> int:
+    """Bytes of WRITE data the client's waiting and queued requests hold."""
+    if client.terminated:
+        return 0
+    active = len(client.request.chunk) if client.request_event is Event.WRITE else 0
+    return active + client.queued_bytes
 
 
 def pipe_name_problem(name: bytes) -> str | None:

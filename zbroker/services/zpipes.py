@@ -74,6 +74,7 @@ def server_config(config: Any) -> ServerConfig:
         max_clients=clients.max_clients,
         max_pipelined=clients.max_pipelined,
         max_pipelined_bytes=clients.max_pipelined_bytes,
+        max_buffered=clients.max_buffered,
         animate=config.log.animate,
     )
 

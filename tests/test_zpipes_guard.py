@@ -1,6 +1,7 @@
-"""Who may use a broker's ipc endpoint, and how many: the policy alone, then real brokers with
-connections from other uids (as root: setpriv) and floods of connections under a small
-open-file limit."""
+"""What guards a broker's ZPIPES endpoint: who may connect (the policy alone, then real brokers
+with connections from other uids, as root with setpriv), how many (floods of connections under a
+small open-file limit), how much pipe data all clients together may make it hold, and which
+broker a client trusts."""
 
 from __future__ import annotations
 
@@ -271,3 +272,50 @@ def test_zpipes_refuses_a_broker_name_squatted_by_another_user(tmp_path):
     finally:
         squatter.kill()
         squatter.wait(10)
+
+
+# --- the broker-wide buffer budget ----------------------------------------------------------------
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_broker, ctx):
+    """40 writers each hold a 4 MiB WRITE on pipes nobody reads (160 MiB asked): past
+    clients.max_buffered (32 MiB) they are refused with the reason, the broker's memory stays
+    bounded, and it comes back when they go."""
+    from wire import OUTPUT_OK, WRITE_FAILED, WRITE_OK, RawClient, output, write
+
+    b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
+    before = rss(b.pid)
+    hogs = [RawClient(ctx, b.endpoint, 20_000) for _ in range(40)]
+    chunk = b"h" * (4 << 20)
+    for i, hog in enumerate(hogs):
+        assert hog.call(output(b"nobody reads %d" % i)) == (OUTPUT_OK, None)
+        hog.send(write(chunk, 0))
+    refused = 0
+    for hog in hogs:
+        if not hog.nothing_within(300):
+            kind, reason = hog.recv()
+            assert kind == WRITE_FAILED and "clients.max_buffered" in reason, (kind, reason)
+            refused += 1
+    assert 40 - refused <= 9  # at most the budget's worth (and one) is held
+    grown = rss(b.pid) - before
+    assert grown < 64 << 20, f"the broker grew by {grown >> 20} MiB"
+    for hog in hogs:
+        hog.close()
+    wait_for(lambda: _status(b.name, b.dir)["clients"] == 0, 30, "the writers to go")
+    w, r = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    from wire import INPUT_OK, READ_OK, input_, read
+
+    assert r.call(input_(b"after")) == (INPUT_OK, None)
+    assert w.call(output(b"after")) == (OUTPUT_OK, None)
+    assert w.call(write(b"x" * (1 << 20), 0)) == (WRITE_OK, None)  # the budget came back
+    assert r.call(read(1 << 20, 0)) == (READ_OK, b"x" * (1 << 20))
+    w.close()
+    r.close()
