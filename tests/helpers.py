@@ -102,6 +102,15 @@ def endpoint_accepts(endpoint: str) -> bool:
         return True
 
 
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid``, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
 def broker_env(tmp_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))

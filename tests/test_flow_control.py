@@ -7,6 +7,7 @@ import threading
 import time
 
 import zmq
+from helpers import rss_bytes
 from wire import (
     OUTPUT_OK,
     READ_END,
@@ -23,14 +24,6 @@ from wire import (
 TOTAL = 512 << 20
 CHUNK = 1 << 20
 WINDOW = 8  # WRITEs the writer keeps in flight
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def test_slow_reader_keeps_broker_rss_flat(broker):

@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import broker_env, run_zbroker, wait_for, write_config
+from helpers import broker_env, rss_bytes, run_zbroker, wait_for, write_config
 from pipe_stream import lockstep
 
 from zbroker.limits import FD_RESERVE, clients_problem
@@ -277,14 +277,6 @@ def test_zpipes_refuses_a_broker_name_squatted_by_another_user(tmp_path):
 # --- the broker-wide buffer budget ----------------------------------------------------------------
 
 
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_broker, ctx):
     """40 writers each hold a 4 MiB WRITE on pipes nobody reads (160 MiB asked): past
     clients.max_buffered (32 MiB) they are refused with the reason, the broker's memory stays
@@ -292,7 +284,7 @@ def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_bro
     from wire import OUTPUT_OK, WRITE_FAILED, WRITE_OK, RawClient, output, write
 
     b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
-    before = rss(b.pid)
+    before = rss_bytes(b.pid)
     hogs = [RawClient(ctx, b.endpoint, 20_000) for _ in range(40)]
     chunk = b"h" * (4 << 20)
     for i, hog in enumerate(hogs):
@@ -305,7 +297,7 @@ def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_bro
             assert kind == WRITE_FAILED and "clients.max_buffered" in reason, (kind, reason)
             refused += 1
     assert 40 - refused <= 9  # at most the budget's worth (and one) is held
-    grown = rss(b.pid) - before
+    grown = rss_bytes(b.pid) - before
     assert grown < 64 << 20, f"the broker grew by {grown >> 20} MiB"
     for hog in hogs:
         hog.close()
