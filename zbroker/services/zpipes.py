@@ -4,7 +4,10 @@ All protocol decisions are taken by zpipes.server.ZpipesServer; this module only
 between the socket and the core, and calls the core's ``tick`` when its next deadline comes.
 
 Each readiness event drains the socket with non-blocking receives (up to a budget, so timers
-still run under load), and big frames travel without copies (``copy=False``).
+still run under load). Frames are received without copies (``copy=False``); replies are copied
+into ZeroMQ's message unless they are big. A zero-copy send has the buffer released by pyzmq's
+garbage-collector thread, one wake-up of that thread (and a turn of the GIL) per message: for
+a 64 KiB READ_OK that costs the broker more CPU than the copy does, for 1 MiB less.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ from zbroker.service import Peer, Service, ServiceContext, ServiceError
 from zpipes.server import ServerConfig, ZpipesServer
 
 DRAIN_BUDGET = 1000  # messages taken per readiness event before giving timers a turn
-ZERO_COPY_MIN = 1 << 16  # frames at least this big are sent without a copy
+ZERO_COPY_MIN = 1 << 18  # replies at least this big are sent without a copy (see _flush)
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
+
+# Plain ints: the flags of pyzmq are enum.Flag members, whose ``|`` runs Python code.
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
+_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 
 
 def server_config(config: Any) -> ServerConfig:
@@ -148,18 +156,28 @@ class ZpipesService(Service):
         if sock is None or server is None:
             return
         now = self._loop.time()
+        recv, getsockopt, receive = sock.recv, sock.getsockopt, server.receive
+        # Ask whether a message waits rather than catch zmq.Again after the last one: the
+        # question is cheaper than the exception, and asked after our sends, it is also the
+        # look that the edge-triggered FD needs before we sleep.
         for _ in range(DRAIN_BUDGET):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            if not getsockopt(_EVENTS) & _POLLIN:
                 break
-            server.receive(frames[0].bytes, [f.buffer for f in frames[1:]], now)
-            if server.outbox:
+            routing_id = recv(_NOBLOCK)  # small: as bytes
+            frame = recv(_NOBLOCK, copy=False)  # the body (a ROUTER always has one)
+            if getsockopt(_RCVMORE):  # not ZPIPES: the core answers INVALID
+                frames = [frame.buffer]
+                while getsockopt(_RCVMORE):
+                    frames.append(recv(_NOBLOCK, copy=False).buffer)
+                receive(routing_id, frames, now)
+            else:
+                receive(routing_id, (frame.buffer,), now)
+            if server.outbox or server.peer_outbox:
                 self._flush()
-        self._flush()
-        self._schedule()
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        else:  # the budget is spent: let timers run, then drain on
+            self._read_pending = True
             self._loop.call_soon(self._on_readable)
+        self._schedule()
 
     def _flush(self) -> None:
         sock, server = self._sock, self.server
@@ -169,12 +187,13 @@ class ZpipesService(Service):
             outbox, server.peer_outbox = server.peer_outbox, []
             for peer, frames in outbox:
                 self._cluster.send(peer, frames)
+        send = sock.send
         while server.outbox:
             outbox, server.outbox = server.outbox, []
             for routing_id, frame in outbox:
                 try:
-                    sock.send(routing_id, zmq.SNDMORE | zmq.NOBLOCK)
-                    sock.send(frame, zmq.NOBLOCK, copy=len(frame) < ZERO_COPY_MIN)
+                    send(routing_id, _SNDMORE_NOBLOCK)
+                    send(frame, _NOBLOCK, copy=len(frame) < ZERO_COPY_MIN)
                 except zmq.ZMQError as exc:
                     # EHOSTUNREACH: the client has gone; EAGAIN: it stopped reading replies.
                     self._log.info("reply undeliverable", error=exc.strerror)
