@@ -163,6 +163,13 @@ def raw_reader(endpoint: str, pipe: bytes, chunk: int, nbytes: int, ready, go) -
     ctx.term()
 
 
+def _send_read_ok(sock: zmq.Socket, rid, data) -> None:
+    # zero-copy only for big frames: pyzmq frees each one in a thread of its own
+    sock.send(rid, zmq.SNDMORE)
+    sock.send(SIG + bytes([READ_OK]) + len(data).to_bytes(4, "big") + data,
+              copy=len(data) < 1 << 18)
+
+
 def relay(endpoint: str, capacity: int, ready) -> None:
     """The baseline: a minimal ZPIPES relay for one writer and one reader, pyzmq alone. It
     buffers up to ``capacity`` bytes, answers a WRITE at once while there is room and a READ
@@ -188,8 +195,7 @@ def relay(endpoint: str, capacity: int, ready) -> None:
             if held_read is not None:
                 data = chunks.pop(0)
                 queued -= len(data)
-                sock.send_multipart([held_read, SIG + bytes([READ_OK])
-                                     + len(data).to_bytes(4, "big") + data], copy=False)
+                _send_read_ok(sock, held_read, data)
                 held_read = None
         elif mid == READ:
             if not chunks:
@@ -197,8 +203,7 @@ def relay(endpoint: str, capacity: int, ready) -> None:
                 continue
             data = chunks.pop(0)
             queued -= len(data)
-            sock.send_multipart([rid, SIG + bytes([READ_OK]) + len(data).to_bytes(4, "big")
-                                 + data], copy=False)
+            _send_read_ok(sock, rid, data)
             if held_write is not None and queued < capacity:
                 wrid, wbuf = held_write
                 held_write = None
