@@ -1,17 +1,32 @@
-"""Throughput and latency of ZPIPES on one host, against baselines measured in the same run.
+"""Throughput, broker CPU and latency of ZPIPES on one host, against baselines measured in the
+same run.
 
-    python bench/bench_pipes.py            # 1 GiB bulk, 1 M small lines, 2000 latency samples
+    python bench/bench_pipes.py            # 1 GiB per case, 1 M small lines, 2000 latency samples
     python bench/bench_pipes.py --quick    # smaller, for a smoke run
+    python bench/bench_pipes.py --cases raw,bulk --runs 5
 
-Bulk and lines: ``SOURCE | zpipes write p`` into ``zpipes read p > /dev/null``, against
-``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo pipe. Latency: one small
-line written through the client library until the reader has it, against the same through an
-os.pipe in one process. The machine is noisy: compare the ratios, not the absolute figures.
+Raw wire (``raw``): a client that behaves like the original C client (one DEALER per end, one
+request outstanding at a time, no PINGs): the writer sends a WRITE of one chunk and waits for
+its WRITE_OK; the reader sends READ(chunk size, timeout 0) and waits for its READ_OK. Chunks of
+64 KiB and 1 MiB. Baseline: the same two clients against a minimal relay written with pyzmq
+alone (a ROUTER that acks WRITEs and answers READs from a buffer, no state machine, no logs):
+what any Python broker pays for the messages themselves. Printed beside the rates: the CPU
+seconds (user + system) that the broker (and the relay) spent per GiB moved.
+
+Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes read p >
+/dev/null``, against ``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo
+pipe; the broker's CPU seconds per GiB beside. Latency (``latency``): one small line written
+through the client library until the reader has it, against the same through an os.pipe in
+one process.
+
+Runs are interleaved (baseline, zpipes, baseline, ...) and the medians compared: the machine
+is noisy, so compare the ratios, not the absolute figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import signal
@@ -24,10 +39,21 @@ import time
 import uuid
 from pathlib import Path
 
+import zmq
+
 import zpipes
 
 ZPIPES = [sys.executable, "-m", "zpipes"]
 ZBROKER = [sys.executable, "-m", "zbroker"]
+GIB = 1 << 30
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that process ``pid`` has used (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def start_broker(name: str) -> subprocess.Popen:
@@ -59,20 +85,187 @@ def timed_pair(writer_cmd: str, reader_cmd: str, env: dict) -> float:
     return time.perf_counter() - t
 
 
-def throughput(name: str, source: str, nbytes: int, broker: str, tmp: Path, runs: int) -> None:
+def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tmp: Path,
+               runs: int) -> None:
     env = dict(os.environ)
     fifo = tmp / "fifo"
     os.mkfifo(fifo)
     zp = " ".join(ZPIPES)
-    fifo_s, pipe_s = [], []
+    bname = broker.args[len(ZBROKER)]
+    fifo_s, pipe_s, cpu = [], [], []
     for i in range(runs):  # interleaved, so that noise hits both alike
         fifo_s.append(timed_pair(f"{source} | cat > {fifo}", f"cat {fifo} > /dev/null", env))
-        pipe_s.append(timed_pair(f"{source} | {zp} write --broker {broker} bench{i}",
-                                 f"{zp} read --broker {broker} bench{i} > /dev/null", env))
+        c = cpu_seconds(broker.pid)
+        pipe_s.append(timed_pair(f"{source} | {zp} write --broker {bname} bench{i}",
+                                 f"{zp} read --broker {bname} bench{i} > /dev/null", env))
+        cpu.append(cpu_seconds(broker.pid) - c)
     fifo.unlink()
     f, z = statistics.median(fifo_s), statistics.median(pipe_s)
     print(f"{name:<28} fifo {nbytes / f / 1e6:8.0f} MB/s   zpipes {nbytes / z / 1e6:8.0f} MB/s"
-          f"   ratio {f / z:5.2f}x   (median of {runs})")
+          f"   ratio {f / z:5.2f}x   broker CPU {statistics.median(cpu) * GIB / nbytes:5.2f} s/GiB"
+          f"   (median of {runs})")
+
+
+# --- raw wire: a client like the original C client -------------------------------------------
+
+SIG = b"\xaa\xa0"
+INPUT, INPUT_OK, OUTPUT, OUTPUT_OK, READ, READ_OK, READ_END = 1, 2, 4, 5, 7, 8, 9
+WRITE, WRITE_OK, CLOSE, CLOSE_OK = 12, 13, 16, 17
+
+
+def _expect(sock: zmq.Socket, mid: int) -> bytes:
+    frame = sock.recv()
+    if frame[:2] != SIG or frame[2] != mid:
+        raise SystemExit(f"raw client: expected message {mid}, got {frame[:40]!r}")
+    return frame
+
+
+def raw_writer(endpoint: str, pipe: bytes, chunk: int, count: int, ready, go) -> None:
+    """Like the C client: one WRITE at a time, each waits for its WRITE_OK; then CLOSE."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(SIG + bytes([OUTPUT, len(pipe)]) + pipe)
+    _expect(sock, OUTPUT_OK)
+    frame = SIG + bytes([WRITE]) + chunk.to_bytes(4, "big") + b"x" * chunk + bytes(4)
+    ready.set()
+    go.wait()
+    for _ in range(count):
+        sock.send(frame, copy=False)
+        _expect(sock, WRITE_OK)
+    sock.send(SIG + bytes([CLOSE]))
+    _expect(sock, CLOSE_OK)
+    sock.close()
+    ctx.term()
+
+
+def raw_reader(endpoint: str, pipe: bytes, chunk: int, nbytes: int, ready, go) -> None:
+    """Like the C client: READ(chunk, timeout 0), wait for READ_OK, until all has come."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(endpoint)
+    sock.send(SIG + bytes([INPUT, len(pipe)]) + pipe)
+    _expect(sock, INPUT_OK)
+    read = SIG + bytes([READ]) + chunk.to_bytes(4, "big") + bytes(4)
+    ready.set()
+    go.wait()
+    got = 0
+    while got < nbytes:
+        sock.send(read)
+        frame = sock.recv(copy=False)
+        buf = frame.buffer
+        if buf[2] != READ_OK:
+            raise SystemExit(f"raw reader: expected READ_OK, got message {buf[2]}")
+        got += len(buf) - 7
+    sock.send(SIG + bytes([CLOSE]))
+    _expect(sock, CLOSE_OK)
+    sock.close()
+    ctx.term()
+
+
+def _send_read_ok(sock: zmq.Socket, rid, data) -> None:
+    # zero-copy only for big frames: pyzmq frees each one in a thread of its own
+    sock.send(rid, zmq.SNDMORE)
+    sock.send(SIG + bytes([READ_OK]) + len(data).to_bytes(4, "big") + data,
+              copy=len(data) < 1 << 18)
+
+
+def relay(endpoint: str, capacity: int, ready) -> None:
+    """The baseline: a minimal ZPIPES relay for one writer and one reader, pyzmq alone. It
+    buffers up to ``capacity`` bytes, answers a WRITE at once while there is room and a READ
+    with one buffered chunk, and holds a request that must wait."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    ready.set()
+    chunks: list = []
+    queued = 0
+    held_write = held_read = None
+    while True:
+        rid, frame = sock.recv_multipart(copy=False)
+        buf = frame.buffer
+        mid = buf[2]
+        if mid == WRITE:
+            if queued >= capacity:
+                held_write = (rid, buf)
+                continue
+            chunks.append(buf[7:-4])
+            queued += len(buf) - 11
+            sock.send_multipart([rid, SIG + bytes([WRITE_OK])])
+            if held_read is not None:
+                data = chunks.pop(0)
+                queued -= len(data)
+                _send_read_ok(sock, held_read, data)
+                held_read = None
+        elif mid == READ:
+            if not chunks:
+                held_read = rid
+                continue
+            data = chunks.pop(0)
+            queued -= len(data)
+            _send_read_ok(sock, rid, data)
+            if held_write is not None and queued < capacity:
+                wrid, wbuf = held_write
+                held_write = None
+                chunks.append(wbuf[7:-4])
+                queued += len(wbuf) - 11
+                sock.send_multipart([wrid, SIG + bytes([WRITE_OK])])
+        elif mid in (INPUT, OUTPUT):
+            sock.send_multipart([rid, SIG + bytes([mid + 1])])
+        elif mid == CLOSE:
+            sock.send_multipart([rid, SIG + bytes([CLOSE_OK])])
+        else:
+            break
+
+
+def raw_transfer(endpoint: str, pid: int, pipe: bytes, chunk: int, nbytes: int) -> tuple:
+    """(seconds, CPU seconds of process ``pid``) for ``nbytes`` through ``endpoint``."""
+    mp = multiprocessing.get_context("spawn")
+    count = nbytes // chunk
+    ready_w, ready_r, go = mp.Event(), mp.Event(), mp.Event()
+    writer = mp.Process(target=raw_writer, args=(endpoint, pipe, chunk, count, ready_w, go))
+    reader = mp.Process(target=raw_reader,
+                        args=(endpoint, pipe, chunk, count * chunk, ready_r, go))
+    reader.start()
+    writer.start()
+    if not (ready_r.wait(30) and ready_w.wait(30)):
+        raise SystemExit("raw clients did not open their pipe ends")
+    c, t = cpu_seconds(pid), time.perf_counter()
+    go.set()
+    writer.join(600)
+    reader.join(600)
+    t, c = time.perf_counter() - t, cpu_seconds(pid) - c
+    if writer.exitcode or reader.exitcode:
+        raise SystemExit("raw clients failed")
+    return t, c
+
+
+def raw_wire(broker: subprocess.Popen, chunk: int, nbytes: int, runs: int) -> None:
+    mp = multiprocessing.get_context("spawn")
+    relay_ep = f"ipc://@/zpipes-bench-relay/{uuid.uuid4().hex[:8]}"
+    ready = mp.Event()
+    relay_proc = mp.Process(target=relay, args=(relay_ep, 1 << 20, ready), daemon=True)
+    relay_proc.start()
+    ready.wait(10)
+    endpoint = zpipes.client.endpoint(broker.args[len(ZBROKER)])
+    base_s, base_cpu, pipe_s, pipe_cpu = [], [], [], []
+    try:
+        for i in range(runs):
+            t, c = raw_transfer(relay_ep, relay_proc.pid, b"relay", chunk, nbytes)
+            base_s.append(t)
+            base_cpu.append(c)
+            t, c = raw_transfer(endpoint, broker.pid, f"raw{chunk}-{i}".encode(), chunk, nbytes)
+            pipe_s.append(t)
+            pipe_cpu.append(c)
+    finally:
+        relay_proc.kill()
+        relay_proc.join()
+    b, z = statistics.median(base_s), statistics.median(pipe_s)
+    bc, zc = statistics.median(base_cpu) * GIB / nbytes, statistics.median(pipe_cpu) * GIB / nbytes
+    size = f"{chunk >> 10} KiB" if chunk < 1 << 20 else f"{chunk >> 20} MiB"
+    print(f"{f'raw wire, {size} WRITEs':<28} relay {nbytes / b / 1e6:7.0f} MB/s   zpipes "
+          f"{nbytes / z / 1e6:8.0f} MB/s   ratio {b / z:5.2f}x   CPU s/GiB: relay {bc:5.2f}  "
+          f"broker {zc:5.2f}  ({zc / bc:4.2f}x)   (median of {runs})")
 
 
 def latency(broker: str, samples: int) -> None:
@@ -119,21 +312,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, one run each")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--size", type=int, metavar="MIB",
+                    help="MiB per raw-wire and bulk transfer (default 1024, --quick 128)")
+    ap.add_argument("--cases", default="raw,bulk,lines,latency",
+                    help="comma-separated subset of raw,bulk,lines,latency (default: all)")
     args = ap.parse_args()
-    size = (128 << 20) if args.quick else (1 << 30)
+    size = (args.size << 20) if args.size else (128 << 20) if args.quick else (1 << 30)
     lines = 100_000 if args.quick else 1_000_000
     runs = 1 if args.quick else args.runs
+    cases = set(args.cases.split(","))
     broker = f"bench-{uuid.uuid4().hex[:8]}"
     proc = start_broker(broker)
     tmp = Path(tempfile.mkdtemp())
     try:
         print(f"zbroker ZPIPES benchmark, {os.cpu_count()} cores")
-        throughput(f"bulk {size >> 20} MiB", f"head -c {size} /dev/zero", size, broker, tmp, runs)
-        text = "a line of log text, about sixty bytes long, for the bench"
-        nbytes = lines * (len(text) + 1)
-        throughput(f"{lines} lines of {len(text) + 1} B", f"yes '{text}' | head -n {lines}",
-                   nbytes, broker, tmp, runs)
-        latency(broker, 200 if args.quick else 2000)
+        if "raw" in cases:
+            for chunk in (64 << 10, 1 << 20):
+                raw_wire(proc, chunk, size, runs)
+        if "bulk" in cases:
+            throughput(f"bulk {size >> 20} MiB", f"head -c {size} /dev/zero", size, proc, tmp,
+                       runs)
+        if "lines" in cases:
+            text = "a line of log text, about sixty bytes long, for the bench"
+            nbytes = lines * (len(text) + 1)
+            throughput(f"{lines} lines of {len(text) + 1} B", f"yes '{text}' | head -n {lines}",
+                       nbytes, proc, tmp, runs)
+        if "latency" in cases:
+            latency(broker, 200 if args.quick else 2000)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)

@@ -26,6 +26,7 @@ MAX_STRING = 255
 MAX_NUMBER4 = 0xFFFFFFFF
 
 _U32 = struct.Struct(">I")
+_TWO_U32 = struct.Struct(">II")
 _HEADER_CHUNK = struct.Struct(">2sBI")  # signature, id, chunk length
 
 
@@ -230,6 +231,7 @@ COMMAND_IDS = frozenset(
      MessageId.PING}
 )
 REPLY_IDS = frozenset(MessageId) - COMMAND_IDS
+_MESSAGE_IDS = {int(m): m for m in MessageId}  # faster than MessageId(n)
 
 # Which string fields carry text (str) rather than names (bytes).
 _TEXT_FIELDS = frozenset({"reason"})
@@ -269,10 +271,41 @@ def encode(msg: Message) -> bytes:
     return b"".join(parts)
 
 
-def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes:
-    """READ_OK whose chunk is the concatenation of ``chunks``, built with one copy."""
+def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes | memoryview:
+    """READ_OK whose chunk is the concatenation of ``chunks``, built with one copy; or with
+    none when ``chunks`` is one whole chunk of a WRITE frame that we received into a writable
+    buffer: that frame's header is then turned into READ_OK's in place (both are signature, id,
+    chunk length) and the answer is a view of the frame without the WRITE's timeout."""
+    if len(chunks) == 1:
+        frame = _write_frame_of(chunks[0])
+        if frame is not None:
+            frame[2] = MessageId.READ_OK
+            return frame[: len(frame) - 4]
     size = sum(len(c) for c in chunks)
     return b"".join([_HEADER_CHUNK.pack(SIGNATURE, MessageId.READ_OK, size), *chunks])
+
+
+def _write_frame_of(chunk: bytes | memoryview) -> memoryview | None:
+    """The whole WRITE frame (or one already turned into READ_OK) around ``chunk``, if
+    ``chunk`` is the chunk view that :func:`decode` made of a writable frame.
+
+    decode's chunk view of a WRITE of n bytes is the only view of n bytes over a frame of
+    n + 11 bytes that says n in its header: what the pipes cut from it is shorter, and a
+    peer's chunk is a frame of its own."""
+    base = getattr(chunk, "obj", None)
+    if base is None or type(base) is bytes:
+        return None
+    try:
+        frame = memoryview(base)
+    except TypeError:
+        return None
+    size = len(chunk)
+    if (frame.readonly or len(frame) != size + 11 or frame.format != "B"
+            or frame[0] != 0xAA or frame[1] != 0xA0
+            or frame[2] not in (MessageId.WRITE, MessageId.READ_OK)
+            or _U32.unpack_from(frame, 3)[0] != size):
+        return None
+    return frame
 
 
 def encode_write_parts(chunk: bytes | memoryview, timeout: int) -> tuple[bytes, bytes]:
@@ -289,13 +322,25 @@ def encode_write_parts(chunk: bytes | memoryview, timeout: int) -> tuple[bytes, 
 def decode(frame: bytes | memoryview) -> Message | DecodeError:
     """Decode one frame. Chunks are returned as zero-copy slices of ``frame``."""
     data = memoryview(frame)
+    size = len(data)
+    # The bulk of the traffic, READ and WRITE, first and in few steps.
+    if size >= 11 and data[0] == 0xAA and data[1] == 0xA0:
+        if data[2] == MessageId.WRITE:
+            length = _U32.unpack_from(data, 3)[0]
+            if length == size - 11:
+                return Write(data[7 : size - 4], _U32.unpack_from(data, size - 4)[0])
+        elif data[2] == MessageId.READ and size == 11:
+            return Read(*_TWO_U32.unpack_from(data, 3))
+    return _decode(data)
+
+
+def _decode(data: memoryview) -> Message | DecodeError:
     if len(data) < 3:
         return DecodeError(f"frame of {len(data)} bytes is shorter than a header")
     if data[0:2] != SIGNATURE:
         return DecodeError(f"bad signature {bytes(data[0:2]).hex()}, expected aaa0")
-    try:
-        msg_id = MessageId(data[2])
-    except ValueError:
+    msg_id = _MESSAGE_IDS.get(data[2])
+    if msg_id is None:
         return DecodeError(f"unknown message id {data[2]}")
     cls, layout = LAYOUT[msg_id]
     pos = 3
