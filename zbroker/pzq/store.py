@@ -24,6 +24,15 @@ Write avoidance: a message ACKed by its consumer while its record is still queue
 taken by the writer) is never written, nor is its ACK record; its batch still completes, so
 its producer still gets its ACK. ``avoided_messages`` / ``avoided_bytes`` count this.
 
+Write errors (disk full, read-only, no permission): the batch fails (its producers are
+answered "0", its ACK records are queued again) and the writer waits before the next write,
+from BACKOFF_MIN doubling up to BACKOFF_MAX while writes keep failing; it logs "store write
+failing" once with the error and "store writable again" with the number of failed writes when
+one succeeds. While failing it writes on in the segment it has (cut back to its last good
+record after each failure) and creates no new segment file. Segments whose messages are all
+ACKed are still deleted meanwhile (that frees space even before the ACK records are written:
+a deleted MESSAGE record needs no ACK record).
+
 Retention: a segment is deleted once it and every older segment hold no unACKed message
 (ACK records always come after the message they ACK, so dropping the oldest segments never
 brings back an ACKed message). The writer starts a new segment when the current one passes
@@ -51,6 +60,8 @@ SUFFIX = ".seg"
 GATHER_MIN = 4096  # parts this large are written from where they are, not copied
 IOV_MAX = 1024
 STOP_TIMEOUT = 10.0
+BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling while it fails
+BACKOFF_MAX = 1.0
 
 
 class StoreInUse(OSError):
@@ -180,6 +191,9 @@ class Store:
         self._next_segment = 0
         self._dir_fd = -1
         self._lock_fd = -1
+        self._dirty = False  # a failed write may have left part of a record at the end
+        self._backoff = 0.0
+        self.failing = 0  # failed writes since the last good one (written by the writer)
         # event loop side
         self._live: dict[int, int] = {}  # seq -> segment holding its record
         self._seg_live: dict[int, int] = {}  # segment -> number of live messages in it
@@ -376,6 +390,7 @@ class Store:
                 with self._cond:
                     self._pending_acks.extend(result.failed_acks)
                     self._cond.notify()
+            self._collect()  # segments with nothing unACKed left can go: it frees space
             return
         self.last_error = None
         segment = result.segment
@@ -429,6 +444,7 @@ class Store:
             "avoided_messages": self.avoided_messages,
             "avoided_bytes": self.avoided_bytes,
             "failed_writes": self.failed_batches,
+            "write_failing": 1 if self.failing else 0,
             "segments": len(self._seg_live),
             "deleted_segments": self.deleted_segments,
             "moved_messages": self.moved_messages,
@@ -467,8 +483,11 @@ class Store:
                 elif self._pending_acks:
                     self._first_at = time.monotonic()
                 done = self._stopping and not self._pending and not self._pending_acks
+            failed = False
             if taken or acks:
                 result = self._write(taken, acks)
+                failed = result.error is not None
+                self._note(result.error)
                 if self._notify is not None:
                     try:
                         self._notify(result)
@@ -476,8 +495,26 @@ class Store:
                         pass
             if delete_below > 0:
                 self._delete(delete_below)
-            if done:
-                return
+            if done or (failed and stopping):
+                return  # stopping on a failing disk: what could not be written is lost
+            if failed:
+                with self._cond:  # wait before trying again (a stop ends the wait)
+                    self._cond.wait_for(lambda: self._stopping, self._backoff)
+
+    def _note(self, error: str | None) -> None:
+        """Keep the failing state: log its start (once) and its end; set the backoff."""
+        if error is None:
+            if self.failing and self.log is not None:
+                self.log.info("pzq store writable again", directory=str(self.directory),
+                              failures=self.failing)
+            self.failing = 0
+            self._backoff = 0.0
+            return
+        if not self.failing and self.log is not None:
+            self.log.warning("pzq store write failing", directory=str(self.directory),
+                             error=error)
+        self.failing += 1
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
 
     def _gather(self, deadline: float, linger: float) -> None:
         """Wait for more records until ``deadline``, as long as some arrive every
@@ -534,16 +571,23 @@ class Store:
                                acked=tuple(avoided))
         buffers, size = _gather(parts)
         try:
-            if self._fd < 0 or (self._segment_size_now > 0
+            if self._dirty:
+                self._cut_tail()
+            if self._fd < 0 or (self._segment_size_now > 0 and not self.failing
                                 and self._segment_size_now + size > self.segment_size):
-                self._open_segment()
+                self._open_segment()  # while writes fail: no new file, the one we have
             _writev_all(self._fd, buffers)
             if self.sync != "none":
                 os.fdatasync(self._fd)
                 self.syncs += 1
         except OSError as exc:
             reason = f"store failed: {exc.strerror or exc}"
-            self._abandon_segment()
+            self._dirty = self._fd >= 0
+            if self._dirty:
+                try:
+                    self._cut_tail()
+                except OSError:
+                    pass  # cut before the next write to this segment
             return BatchResult(batches, self._segment, failed=tuple(placed),
                                failed_acks=tuple(acks), error=reason, acked=tuple(avoided))
         self._segment_size_now += size
@@ -564,15 +608,12 @@ class Store:
         if self.sync != "none":
             os.fsync(self._dir_fd)  # the new file's name must survive a crash too
 
-    def _abandon_segment(self) -> None:
-        """After a failed write: cut off what may have been written, continue in a new
-        segment (so a half record never sits before good ones)."""
-        if self._fd >= 0:
-            try:
-                os.ftruncate(self._fd, self._segment_size_now)
-            except OSError:
-                pass
-        self._close_segment()
+    def _cut_tail(self) -> None:
+        """After a failed write: cut the segment back to its last good record (a half record
+        never sits before good ones). Raises OSError if it cannot (tried again next time)."""
+        if os.fstat(self._fd).st_size != self._segment_size_now:
+            os.ftruncate(self._fd, self._segment_size_now)
+        self._dirty = False
 
     def _close_segment(self) -> None:
         if self._fd >= 0:
