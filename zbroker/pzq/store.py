@@ -31,7 +31,8 @@ failing" once with the error and "store writable again" with the number of faile
 one succeeds. While failing it writes on in the segment it has (cut back to its last good
 record after each failure) and creates no new segment file. Segments whose messages are all
 ACKed are still deleted meanwhile (that frees space even before the ACK records are written:
-a deleted MESSAGE record needs no ACK record).
+a deleted MESSAGE record needs no ACK record), the current one too while writes fail: the
+next write then starts a new segment file.
 
 Retention: a segment is deleted once it and every older segment hold no unACKed message
 (ACK records always come after the message they ACK, so dropping the oldest segments never
@@ -95,6 +96,7 @@ class BatchResult:
     #: consumer ACKs that can no longer be undone by a crash: ACK records written (and
     #: synced), and messages ACKed before they were written (never written at all)
     acked: tuple[int, ...] = ()
+    good_writes: int = 0  # the writer's count of good writes, this one included
 
 
 @dataclass
@@ -183,6 +185,7 @@ class Store:
         self._arrivals = 0  # records and ACKs queued so far (the writer sees if more came)
         self._batch_no = 0
         self._delete_below = -1
+        self._delete_current = -1  # good_writes the loop had seen when it let the current go
         self._stopping = False
         # writer thread only
         self._fd = -1
@@ -193,6 +196,7 @@ class Store:
         self._lock_fd = -1
         self._dirty = False  # a failed write may have left part of a record at the end
         self._backoff = 0.0
+        self._good_writes = 0
         self.failing = 0  # failed writes since the last good one (written by the writer)
         # event loop side
         self._live: dict[int, int] = {}  # seq -> segment holding its record
@@ -202,6 +206,7 @@ class Store:
         self._moving: set[int] = set()
         self._compacting: int | None = None
         self._writer_segment = -1
+        self._seen_good = 0  # good_writes of the last result taken
         self._deleted_below = -1
         self._thread: threading.Thread | None = None
         self._notify: Callable[[BatchResult], None] | None = None
@@ -379,6 +384,7 @@ class Store:
 
     def complete(self, result: BatchResult) -> None:
         """Bookkeeping after a write (called on the event loop with each result)."""
+        self._seen_good = max(self._seen_good, result.good_writes)
         if result.error is not None:
             self.failed_batches += 1
             self.last_error = result.error
@@ -415,9 +421,17 @@ class Store:
     def _collect(self) -> None:
         """Ask the writer to delete the oldest segments that hold no live message."""
         below = -1
+        current = False
         for segment in sorted(self._seg_live):
-            if segment == self._writer_segment or self._seg_live[segment] > 0:
+            if self._seg_live[segment] > 0:
                 break
+            if segment == self._writer_segment:
+                # while writes fail, the current segment can go too (it frees the space the
+                # ACK records cannot be written to); the writer checks that no good write
+                # came since the results seen here
+                if not self.failing or self._seg_bytes.get(segment, 0) == 0:
+                    break
+                current = True
             below = segment + 1
         if below > self._deleted_below:
             self._deleted_below = below
@@ -426,6 +440,7 @@ class Store:
                 self._seg_bytes.pop(segment, None)
             with self._cond:
                 self._delete_below = below
+                self._delete_current = self._seen_good if current else -1
                 self._cond.notify()
 
     @property
@@ -478,6 +493,7 @@ class Store:
                         self._pending_bytes -= e.size
                 acks, self._pending_acks = self._pending_acks, []
                 delete_below, self._delete_below = self._delete_below, -1
+                delete_current, self._delete_current = self._delete_current, -1
                 if self._pending:
                     self._first_at = self._pending[0].at
                 elif self._pending_acks:
@@ -494,7 +510,7 @@ class Store:
                     except Exception:  # the loop is gone (shutting down)
                         pass
             if delete_below > 0:
-                self._delete(delete_below)
+                self._delete(delete_below, delete_current)
             if done or (failed and stopping):
                 return  # stopping on a failing disk: what could not be written is lost
             if failed:
@@ -568,7 +584,7 @@ class Store:
             parts.extend(records.frame_record([records.ack_payload(acks)]))
         if not parts:
             return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now,
-                               acked=tuple(avoided))
+                               acked=tuple(avoided), good_writes=self._good_writes)
         buffers, size = _gather(parts)
         try:
             if self._dirty:
@@ -589,13 +605,15 @@ class Store:
                 except OSError:
                     pass  # cut before the next write to this segment
             return BatchResult(batches, self._segment, failed=tuple(placed),
-                               failed_acks=tuple(acks), error=reason, acked=tuple(avoided))
+                               failed_acks=tuple(acks), error=reason, acked=tuple(avoided),
+                               good_writes=self._good_writes)
         self._segment_size_now += size
         self.bytes_written += size
         self.records_written += len(placed) + (1 if acks else 0)
+        self._good_writes += 1
         return BatchResult(batches, self._segment, placed=tuple(placed),
                            segment_bytes=self._segment_size_now,
-                           acked=tuple(avoided) + tuple(acks))
+                           acked=tuple(avoided) + tuple(acks), good_writes=self._good_writes)
 
     def _open_segment(self) -> None:
         self._close_segment()
@@ -623,11 +641,19 @@ class Store:
                 pass
             self._fd = -1
 
-    def _delete(self, below: int) -> None:
+    def _delete(self, below: int, current_seen: int = -1) -> None:
+        """Delete the segments below ``below``; the current one only while writes fail and
+        if the loop had seen every good write (``current_seen``: nothing it does not know
+        of can have been written to it)."""
         removed = 0
         for number in list_segments(self.directory):
-            if number >= below or number == self._segment:
+            if number >= below:
                 break
+            if number == self._segment:
+                if not (self.failing and current_seen == self._good_writes):
+                    break
+                self._close_segment()  # the next write starts a new segment
+                self._segment, self._segment_size_now, self._dirty = -1, 0, False
             try:
                 os.unlink(self.directory / segment_name(number))
                 removed += 1
