@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,23 @@ def spawn_pzq(database: Path, *args: str, receive: str | None = None, send: str 
     if registry is not None:
         registry.append(q)
     return q
+
+
+def preset_node(database: Path) -> str:
+    """Give the queue of ``database`` its node id before it starts (as an operator may, to
+    list it in a holder's ``--replica-sources``); returns it."""
+    node = uuid.uuid4().hex
+    database.mkdir(parents=True, exist_ok=True)
+    (database / "node-id").write_text(node + "\n")
+    return node
+
+
+def vm_kb(pid: int, field_name: str = "VmRSS") -> int:
+    """A memory figure of a process from /proc/PID/status, in KiB (VmRSS, VmHWM, ...)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field_name} for {pid}")
 
 
 def dealer(ctx: zmq.Context, endpoint: str, kind: int = zmq.DEALER) -> zmq.Socket:

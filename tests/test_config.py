@@ -350,8 +350,9 @@ def test_schema_keys():
             "data_dir", "sync",
             "sync_window", "sync_max_bytes", "segment_size", "ack_timeout", "reaper_frequency",
             "inflight_window", "inflight_size", "max_message_size", "max_backlog",
-            "idempotence_window", "replicas", "replication_timeout", "peers",
-            "node_timeout")),
+            "idempotence_window", "idempotence_bytes", "max_frames", "replicas",
+            "replication_timeout", "peers", "node_timeout", "replica_sources",
+            "max_replica_origins")),
         "services.pzq.queues",
     ]
 

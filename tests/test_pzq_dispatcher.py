@@ -154,7 +154,7 @@ def test_a_failed_write_answers_0_and_forgets_the_message():
 
 
 def test_queue_full_is_refused():
-    q, store = core(max_backlog=10)
+    q, store = core(max_backlog=50)  # each costs 1 + 8 bytes and 16 for each of 2 frames
     q.produce(b"P", [b"a", b"", b"x" * 8], 1)
     q.produce(b"P", [b"b", b"", b"x" * 8], 1)
     assert q.replies == [(b"P", wire.producer_ack(b"b", False, QUEUE_FULL))]

@@ -12,7 +12,16 @@ import time
 import pytest
 import zmq
 from helpers import broker_env, endpoint_accepts, wait_for
-from pzq_helpers import cpu_seconds, dealer, free_port, nothing, recv, spawn_pzq, wait_counter
+from pzq_helpers import (
+    cpu_seconds,
+    dealer,
+    free_port,
+    nothing,
+    preset_node,
+    recv,
+    spawn_pzq,
+    wait_counter,
+)
 
 from zbroker.config import default_config
 from zbroker.pzq import wire
@@ -264,11 +273,12 @@ def test_nack_redelivers_at_once(start_pzq):
         c.ack(m2)
 
 
-def test_defect7_replication_acks_the_producer(start_pzq, ctx):
+def test_defect7_replication_acks_the_producer(start_pzq, ctx, tmp_path):
     """Copies confirmed: "1"; the holder keeps them until the consumer ACK at the origin."""
-    b = start_pzq(*FAST)
+    node_a = preset_node(tmp_path / "a")
+    b = start_pzq(*FAST, "--replica-sources", node_a)
     a = start_pzq(*FAST, "--replicas", "1", "--nodes", b.receive,
-                  "--timeout-replication", "2000000")
+                  "--timeout-replication", "2000000", database=tmp_path / "a")
     prod = dealer(ctx, a.receive)
     prod.send_multipart([b"r1", b"", b"copied"])
     assert recv(prod) == [b"r1", b"1", b""]
@@ -280,9 +290,9 @@ def test_defect7_replication_acks_the_producer(start_pzq, ctx):
 
 
 def test_replica_frames_without_a_delimiter_are_refused_not_fatal(start_pzq, ctx):
-    q = start_pzq(*FAST)
-    s = dealer(ctx, q.receive)
     node = b"a" * 32
+    q = start_pzq(*FAST, "--replica-sources", node.decode())
+    s = dealer(ctx, q.receive)
     s.send_multipart([b"k1", b"REPLICA:" + node, b"x", b"y"])  # no "" before the body
     assert recv(s)[:2] == [b"k1", b"0"]
     s.send_multipart([b"k2", b"REPLICA:" + node, b"h2", b"", b"body"])  # extra header: fine
@@ -305,9 +315,11 @@ def test_defect7_replication_failed_when_the_peer_is_down(start_pzq, ctx):
     assert a.counters()["replication_failed"] == 1
 
 
-def test_replica_holder_takes_over_when_the_origin_is_lost(start_pzq):
-    b = start_pzq(*FAST, "--timeout-nodes", "1000000")
-    a = start_pzq(*FAST, "--replicas", "1", "--nodes", b.receive, "--timeout-nodes", "1000000")
+def test_replica_holder_takes_over_when_the_origin_is_lost(start_pzq, tmp_path):
+    b = start_pzq(*FAST, "--timeout-nodes", "1000000",
+                  "--replica-sources", preset_node(tmp_path / "a"))
+    a = start_pzq(*FAST, "--replicas", "1", "--nodes", b.receive, "--timeout-nodes", "1000000",
+                  database=tmp_path / "a")
     with Producer(a.receive, window=16) as p:
         for i in range(50):
             p.send(b"%d" % i)
@@ -515,7 +527,8 @@ def test_shell_put_and_get(start_broker, tmp_path):
 
 
 def test_broker_queue_replicates_to_a_peer_broker(start_broker, tmp_path):
-    peer_cfg = pzq_config(tmp_path / "b", q={})
+    node_a = preset_node(tmp_path / "a" / "data-q")  # a's queue, listed by its peer
+    peer_cfg = pzq_config(tmp_path / "b", q={"replica_sources": [node_a]})
     peer_q = peer_cfg["services"]["pzq"]["queues"]["q"]
     cfg = pzq_config(tmp_path / "a", q={"replicas": 1, "peers": [peer_q["receive_endpoint"]]})
     q = cfg["services"]["pzq"]["queues"]["q"]

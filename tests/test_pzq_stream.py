@@ -242,14 +242,15 @@ def test_bad_requests_get_an_error_reply_and_the_queue_goes_on(start_pzq, ctx):
 
 
 def test_a_full_backlog_refuses_producers_until_a_commit_frees_room(start_pzq, ctx):
-    q = start_pzq(*STREAM, "--max-backlog", "1000")
-    produce(q, [b"%0100d" % i for i in range(10)], ctx)  # 10 x 100 bytes: full
+    # a message costs its body, its id (18 or 19 bytes here) and 16 bytes for each of the two
+    q = start_pzq(*STREAM, "--max-backlog", "1510")
+    produce(q, [b"%0100d" % i for i in range(10)], ctx)  # 10 x ~150 bytes: full
     with pytest.raises(ProducerError, match="Queue full"):
         produce(q, [b"one more"], ctx)
     with StreamConsumer(q.stream, context=ctx) as s:
         assert s.head() == 10  # the refused one has no offset
         assert s.commit(3) == 3
-        produce(q, [b"%0100d" % i for i in range(3)], ctx)  # room for 300 bytes again
+        produce(q, [b"%0100d" % i for i in range(3)], ctx)  # room for 450 bytes again
         with pytest.raises(ProducerError, match="Queue full"):
             produce(q, [b"x"], ctx)
         assert s.offsets() == (13, 3)

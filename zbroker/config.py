@@ -361,6 +361,22 @@ class ClusterConfig:
 
 
 PZQ_SYNC_MODES = ("batch", "always", "none")
+_NODE_ID_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def node_id_list(value: Any) -> tuple[str, ...]:
+    """pzq node ids: 32 lower-case hex digits each (a queue's ``<data_dir>/node-id``)."""
+    what = "a list of pzq node ids (32 hex digits, from a queue's <data_dir>/node-id)"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _Invalid(what)
+    out = []
+    for v in value:
+        if not isinstance(v, str) or not _NODE_ID_RE.fullmatch(v.strip().lower()):
+            raise _Invalid(f"{what}; got {_show(v)}")
+        out.append(v.strip().lower())
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -388,10 +404,18 @@ class PzqQueueConfig:
     max_message_size: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
     max_backlog: int = setting(256 << 20, size(minimum=1))
     idempotence_window: int = setting(100_000, integer(minimum=0))
+    #: the idempotence window also keeps at most this many bytes of ids (the oldest go first)
+    idempotence_bytes: int = setting(16 << 20, size(minimum=0))
+    max_frames: int = setting(1024, integer(minimum=2, maximum=1 << 20))  # frames per message
     replicas: int = setting(0, integer(minimum=0))  # copies on peers before the ACK
     replication_timeout: float = setting(0.1, duration())
     peers: tuple[str, ...] = setting((), endpoint_list)  # peer queues' receive endpoints
     node_timeout: float = setting(10.0, duration())  # a silent peer's copies are taken over
+    #: node ids of the queues whose copies this queue holds over static peers (REPLICA:<node>
+    #: on its receive endpoint); none: such copies are refused
+    replica_sources: tuple[str, ...] = setting((), node_id_list)
+    #: origins whose copies this queue holds at once (static peers and the cluster)
+    max_replica_origins: int = setting(16, integer(minimum=1, maximum=4096))
 
 
 def pzq_queues(value: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None:

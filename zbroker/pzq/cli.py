@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 import zmq
 
-from zbroker.config import PZQ_SYNC_MODES, parse_size
+from zbroker.config import PZQ_SYNC_MODES, PzqQueueConfig, node_id_list, parse_size
 
 from .server import QueueError, QueueServer, QueueSettings
 
@@ -41,7 +41,15 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _node_ids(text: str) -> tuple[str, ...]:
+    try:
+        return node_id_list([n for n in text.split(",") if n.strip()])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
+    d = PzqQueueConfig  # the defaults of the settings the broker config has too
     p = argparse.ArgumentParser(prog="pzq", description=DESCRIPTION)
     a = p.add_argument
     a("--database", default="/tmp/pzq-db", help="directory of the queue's log (%(default)s)")
@@ -62,9 +70,20 @@ def parser() -> argparse.ArgumentParser:
       help="most bytes in flight to consumers (%(default)s)")
     a("--inflight-window", type=_positive_int, default=32, metavar="N",
       help="most unACKed messages per consumer (%(default)s)")
-    a("--max-message-size", type=_size, default=16 << 20, metavar="BYTES")
+    a("--max-message-size", type=_size, default=16 << 20, metavar="BYTES",
+      help="largest message body; a larger message is refused as soon as its frames pass "
+           "this (plus 64 KiB for its id and headers) and the rest is not kept (%(default)s)")
+    a("--max-frames", type=_positive_int, default=d.max_frames, metavar="N",
+      help="most frames in a message (id, headers, delimiter and body); more: refused "
+           "(%(default)s)")
     a("--max-backlog", type=_size, default=256 << 20, metavar="BYTES",
-      help="bytes of unACKed messages held; beyond, producers get 'Queue full'")
+      help="what unACKed messages may cost together: ids and bodies, 16 bytes a frame, and "
+           "the copies held for other nodes; beyond, producers get 'Queue full' (%(default)s)")
+    a("--idempotence-bytes", type=_size, default=d.idempotence_bytes, metavar="BYTES",
+      help="most bytes of producer ids remembered to answer a retry without storing it "
+           "twice; the oldest are forgotten first (%(default)s)")
+    a("--segment-size", type=_size, default=d.segment_size, metavar="BYTES",
+      help="a new log segment starts past this size (%(default)s)")
     a("--receive-dsn", default="tcp://127.0.0.1:11131", help="producers' endpoint (%(default)s)")
     a("--send-dsn", default="tcp://127.0.0.1:11132", help="consumers' endpoint (%(default)s)")
     a("--monitor-dsn", default="ipc:///tmp/pzq-monitor", help="MONITOR endpoint (%(default)s)")
@@ -72,6 +91,12 @@ def parser() -> argparse.ArgumentParser:
       help="copies on other nodes (the first N of --nodes) before the ACK (%(default)s)")
     a("--nodes", default="", metavar="DSN,DSN",
       help="receive endpoints of the other nodes' queues, separated by ','")
+    a("--replica-sources", type=_node_ids, default=d.replica_sources, metavar="NODE,NODE",
+      help="node ids (<database>/node-id of each) of the queues whose copies this one holds; "
+           "REPLICA traffic from any other is refused (default: none, refuse all)")
+    a("--max-replica-origins", type=_positive_int, default=d.max_replica_origins, metavar="N",
+      help="most nodes whose copies are held at once; copies of more are refused "
+           "(%(default)s)")
     a("--timeout-nodes", type=_positive_int, default=10_000_000, metavar="US",
       help="silence after which a node's copies are delivered here, µs (%(default)s)")
     a("--mode", choices=("push", "stream"), default="push",
@@ -102,7 +127,10 @@ def settings_from_args(args: argparse.Namespace) -> QueueSettings:
         ack_timeout=args.ack_timeout / 1e6,
         reaper_frequency=args.reaper_frequency / 1e6, inflight_window=args.inflight_window,
         inflight_size=args.inflight_size, max_message_size=args.max_message_size,
-        max_backlog=args.max_backlog, replicas=args.replicas,
+        max_backlog=args.max_backlog, max_frames=args.max_frames,
+        idempotence_bytes=args.idempotence_bytes, segment_size=args.segment_size,
+        replica_sources=args.replica_sources, max_replica_origins=args.max_replica_origins,
+        replicas=args.replicas,
         replication_timeout=args.timeout_replication / 1e6,
         peers=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
         node_timeout=args.timeout_nodes / 1e6, mode=args.mode,

@@ -4,8 +4,8 @@ The core decides; the server (server.py) moves frames and runs the clock. The co
 a store (store.py, or a fake in tests) and a dispatcher (dispatcher.py) and keeps:
 
 - the unACKed messages (``messages``, by seq) and their keys (what consumers ACK with),
-- the idempotence window: the last ``idempotence_window`` producer message ids, so that a
-  retried id is answered, not stored twice,
+- the idempotence window: the last ``idempotence_window`` producer message ids (and at most
+  ``idempotence_bytes`` of them), so that a retried id is answered, not stored twice,
 - the producers waiting for the batch that holds their message (the producer ACK goes out
   when the store reports that batch written and synced; refused input is answered at once).
 
@@ -26,11 +26,12 @@ from typing import Any, Protocol
 
 from . import wire
 from .dispatcher import Delivery, Dispatcher
-from .records import MAX_ID, MessageRecord
+from .records import MessageRecord
 from .store import BatchResult
 
 QUEUE_FULL = "Queue full"
-ID_TOO_LONG = "Message id too long"
+ID_TOO_LONG = wire.ID_TOO_LONG
+MAX_ID = wire.MAX_ID
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
 
@@ -47,13 +48,27 @@ class StoreLike(Protocol):
 class Limits:
     ack_timeout: float = 5.0
     max_message_size: int = 16 << 20
-    max_backlog: int = 256 << 20  # bytes of unACKed message bodies
+    max_backlog: int = 256 << 20  # what unACKed messages cost (wire.cost), copies included
     max_messages: int = 1_000_000
     idempotence_window: int = 100_000
+    idempotence_bytes: int = 16 << 20  # bytes of ids the idempotence window keeps at most
+    max_frames: int = 1024  # frames of a producer's message (id, headers, delimiter, body)
     inflight_window: int = 32  # per consumer
     inflight_size: int = 30 << 20  # bytes in flight, all consumers together
     replicas: int = 0  # copies on peers before the producer ACK
     replication_timeout: float = 0.1
+
+
+class Budget:
+    """What the unACKed messages of a queue cost together: its own and the copies it holds
+    for peers share one ``max_backlog`` (and ``max_messages``), so that copies taken over
+    never push the queue past its limits."""
+
+    __slots__ = ("bytes", "messages")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.messages = 0
 
 
 class Message:
@@ -85,14 +100,18 @@ class Replicating:
 
 
 class QueueCore:
-    def __init__(self, store: StoreLike, limits: Limits = Limits(), stream: bool = False):
+    def __init__(self, store: StoreLike, limits: Limits = Limits(), stream: bool = False,
+                 budget: Budget | None = None, full_reason: str = QUEUE_FULL):
         self.store = store
         self.limits = limits
         self.stream = stream
+        self.budget = budget if budget is not None else Budget()
+        self.full_reason = full_reason
         self.dispatcher = Dispatcher(limits.ack_timeout, limits.inflight_size)
         self.messages: dict[int, Message] = {}
         self.keys: dict[bytes, int] = {}
         self.ids: OrderedDict[bytes, int] = OrderedDict()
+        self.ids_bytes = 0
         self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}  # (peer, msg id, key)
         self.after: dict[int, list[Callable[[bool], None]]] = {}  # batch -> callbacks
         self.replies: list[tuple[bytes, list[bytes]]] = []
@@ -125,11 +144,11 @@ class QueueCore:
         the messages are not delivered until :meth:`release_held` (peers may say meanwhile
         that they delivered some of them: :meth:`taken_back`)."""
         for r in messages:
-            size = sum(len(f) for f in r.frames)
+            size = wire.cost(r.msg_id, r.frames)
             self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, -1, True)
             self.keys[r.key] = r.seq
             self._remember(r.msg_id, r.seq)
-            self.backlog_bytes += size
+            self._count(size, 1)
             if self.stream:
                 continue
             if hold:
@@ -145,20 +164,24 @@ class QueueCore:
     def produce(self, peer: bytes, frames: list[bytes], now_us: int, now: float = 0.0) -> None:
         """A message from a producer (frames after its routing id). ``now``: the monotonic
         clock, for the replication timeout."""
+        if len(frames) > self.limits.max_frames:
+            self.counters["malformed"] += 1
+            return self._refuse(peer, bytes(frames[0][:MAX_ID]),
+                                wire.too_many_frames(self.limits.max_frames))
         p = wire.decode_produce(frames)
         if isinstance(p, wire.WireError):
             self.counters["malformed"] += 1
             if p.msg_id is not None:
-                self._refuse(peer, p.msg_id, p.reason)
+                self._refuse(peer, p.msg_id[:MAX_ID], p.reason)
             return
         self.counters["produced"] += 1
         msg_id = p.msg_id
         if len(msg_id) > MAX_ID:
             return self._refuse(peer, msg_id[:MAX_ID], ID_TOO_LONG)
-        size = p.size
-        if size > self.limits.max_message_size:
-            return self._refuse(peer, msg_id, f"Message too large: {size} bytes, "
-                                              f"limit {self.limits.max_message_size}")
+        if p.size > self.limits.max_message_size:
+            return self._refuse(peer, msg_id, wire.too_large(p.size,
+                                                             self.limits.max_message_size))
+        size = wire.cost(msg_id, p.body)
         prior = self.ids.get(msg_id)
         if prior is not None:
             self.counters["duplicates"] += 1
@@ -171,9 +194,10 @@ class QueueCore:
             else:
                 self._reply(peer, wire.producer_ack(msg_id))
             return
-        if (self.backlog_bytes + size > self.limits.max_backlog
-                or len(self.messages) >= self.limits.max_messages):
-            return self._refuse(peer, msg_id, QUEUE_FULL)
+        budget = self.budget
+        if (budget.bytes + size > self.limits.max_backlog
+                or budget.messages >= self.limits.max_messages):
+            return self._refuse(peer, msg_id, self.full_reason)
         seq = self.next_seq
         self.next_seq += 1
         key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
@@ -200,13 +224,14 @@ class QueueCore:
         seq = self.next_seq
         self.next_seq += 1
         key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
-        batch = self._add(seq, key, msg_id, frames, sum(len(f) for f in frames))
+        # not checked against max_backlog: a copy held here was counted there already
+        batch = self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
         self.after.setdefault(batch, []).append(when_stored)
 
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
         (a replica whose original was ACKed). False if there is none."""
-        seq = self.ids.pop(msg_id, None)
+        seq = self._forget(msg_id)
         m = self.messages.get(seq) if seq is not None else None
         if m is None:
             return False
@@ -241,7 +266,7 @@ class QueueCore:
         self.messages[seq] = Message(seq, key, msg_id, body, size, batch, False)
         self.keys[key] = seq
         self._remember(msg_id, seq)
-        self.backlog_bytes += size
+        self._count(size, 1)
         if not self.stream:
             self.dispatcher.add(seq, size)
         return batch
@@ -261,8 +286,8 @@ class QueueCore:
                 if m is not None:
                     self.keys.pop(m.key, None)
                     if self.ids.get(m.msg_id) == seq:
-                        del self.ids[m.msg_id]  # a retry must be stored, not deduplicated
-                    self.backlog_bytes -= m.size
+                        self._forget(m.msg_id)  # a retry must be stored, not deduplicated
+                    self._count(-m.size, -1)
                     self.dispatcher.drop(seq)
         else:
             for seq in result.placed:
@@ -362,7 +387,7 @@ class QueueCore:
     def _drop(self, seq: int) -> None:
         m = self.messages.pop(seq)
         del self.keys[m.key]
-        self.backlog_bytes -= m.size
+        self._count(-m.size, -1)
         self.store.ack(seq)
         if self.limits.replicas:
             self.replica_out.append(("delete", m.key, ()))
@@ -450,15 +475,39 @@ class QueueCore:
 
     # --- internals --------------------------------------------------------------------------
 
+    def _count(self, size: int, n: int) -> None:
+        self.backlog_bytes += size
+        self.budget.bytes += size
+        self.budget.messages += n
+
     def _remember(self, msg_id: bytes, seq: int) -> None:
         ids = self.ids
+        if msg_id in ids:  # taken over again, or recovered twice: one entry
+            self.ids_bytes -= len(msg_id)
+            del ids[msg_id]
         ids[msg_id] = seq
-        if len(ids) > self.limits.idempotence_window:
-            ids.popitem(last=False)
+        self.ids_bytes += len(msg_id)
+        limits = self.limits
+        while ids and (len(ids) > limits.idempotence_window
+                       or self.ids_bytes > limits.idempotence_bytes):
+            old, _ = ids.popitem(last=False)
+            self.ids_bytes -= len(old)
+
+    def _forget(self, msg_id: bytes) -> int | None:
+        seq = self.ids.pop(msg_id, None)
+        if seq is not None:
+            self.ids_bytes -= len(msg_id)
+        return seq
 
     def _reply(self, peer: bytes, frames: list[bytes]) -> None:
         self.counters["producer_acks"] += 1
         self.replies.append((peer, frames))
+
+    def refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
+        """Answer "0" with ``reason`` to input refused before it reached :meth:`produce` (the
+        server's receive limits)."""
+        self.counters["malformed"] += 1
+        self._refuse(peer, msg_id, reason)
 
     def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
         self.counters["producer_failures"] += 1

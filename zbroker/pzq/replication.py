@@ -9,7 +9,11 @@ copies are not confirmed within ``replication_timeout`` the ACK is "1" with the 
     [key]["REPLICA-ACK:<node>"][""]["-"]         its original was ACKed: drop the copy
     ["-"]["REPLICA-PING:<node>"][""]["-"]        <node> is alive (every node_timeout / 4)
 
-``<node>`` is the sending queue's node id (kept in its data directory). A holder keeps the
+``<node>`` is the sending queue's node id (kept in its data directory). A queue holds copies
+only from the node ids listed in its ``replica_sources`` (anything else on its receive
+endpoint with a ``REPLICA:<node>`` header is answered "0" and creates nothing), and from at
+most ``max_replica_origins`` origins; the copies count in its ``max_backlog`` with its own
+messages (one :class:`Budget`). A holder keeps the
 copies of each origin node in its own log (``<data_dir>/replicas/<node>``); when an origin
 has been silent for ``node_timeout``, the holder takes its copies over: they enter its own
 queue and its consumers get them (at-least-once: if the origin was not really gone, both may
@@ -38,13 +42,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .queue import Limits, QueueCore
+from .queue import QUEUE_FULL, Budget, Limits, QueueCore
 from .store import BatchResult, Store
 
 # frames of the cluster's service channel (service "pzq")
@@ -58,6 +63,18 @@ COPY = b"REPLICA:"
 DELETE = b"REPLICA-ACK:"
 PING = b"REPLICA-PING:"
 _NODE_RE = re.compile(r"[0-9a-f]{32}")
+
+NOT_CONFIGURED = "replication is not configured on this queue"
+COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
+
+
+def not_accepted(node: str) -> str:
+    return f"replica node {node} is not accepted by this queue (replica_sources)"
+
+
+def too_many_origins(limit: int) -> str:
+    return f"too many replica origins: this queue holds copies of {limit} already " \
+           f"(max_replica_origins)"
 
 
 def node_id(data_dir: Path) -> str:
@@ -161,33 +178,66 @@ class ReplicaHolder:
     """The copies this queue holds for other nodes, one log per origin node."""
 
     def __init__(self, base: Path, limits: Limits, store_options: dict[str, Any],
-                 notify: Callable[[Origin, BatchResult], None], log: Any):
+                 notify: Callable[[Origin, BatchResult], None], log: Any,
+                 budget: Budget | None = None, max_origins: int = 16):
         self.base = base
+        # the ids of a replica core are the keys of the copies it holds (dropped with them):
+        # bounded by the backlog, never evicted while the copy is here
         self.limits = dataclasses.replace(limits, replicas=0,
-                                          idempotence_window=limits.max_messages)
+                                          idempotence_window=limits.max_messages,
+                                          idempotence_bytes=1 << 62)
         self.store_options = store_options
         self.notify = notify
         self.log = log
+        self.budget = budget if budget is not None else Budget()
+        self.max_origins = max_origins
         self.origins: dict[str, Origin] = {}
         self.taken_over = 0
+        self.refused = 0  # replica messages refused (not accepted, too many origins)
 
-    def open_existing(self, now: float) -> None:
-        """Open the logs of the origins found on disk (blocking: before serving)."""
+    def open_existing(self, now: float, accepted: Callable[[str], bool]) -> None:
+        """Open the logs of the origins found on disk (blocking: before serving), at most
+        ``max_origins``. An empty log of a node that is not ``accepted`` is removed; one that
+        holds copies is kept and opened (its copies are delivered if the node stays silent)."""
         if not self.base.is_dir():
             return
+        removed, skipped = 0, []
         for d in sorted(self.base.iterdir()):
-            if d.is_dir() and _NODE_RE.fullmatch(d.name):
-                self._open(d.name, now)
+            if not (d.is_dir() and _NODE_RE.fullmatch(d.name)):
+                continue
+            if len(self.origins) >= self.max_origins:
+                skipped.append(d.name)
+                continue
+            origin = self._open(d.name, now)
+            if not origin.core.messages and not accepted(d.name):
+                del self.origins[d.name]
+                origin.store.close()
+                shutil.rmtree(d, ignore_errors=True)
+                removed += 1
+        if removed:
+            self.log.info("pzq empty replica logs of nodes not accepted removed",
+                          removed=removed)
+        if skipped:
+            self.log.warning("pzq replica logs not opened: more origins than "
+                             "max_replica_origins", limit=self.max_origins,
+                             skipped=len(skipped), first=skipped[0])
 
     def _open(self, node: str, now: float) -> Origin:
         store = Store(self.base / node, log=self.log, **self.store_options)
         recovered = store.open()
-        core = QueueCore(store, self.limits)
+        core = QueueCore(store, self.limits, budget=self.budget, full_reason=COPIES_FULL)
         core.recover(recovered.messages, recovered.next_seq)
         origin = Origin(node, core, store, now)
         store.start(lambda result: self.notify(origin, result))
         self.origins[node] = origin
         return origin
+
+    def refusal(self, kind: bytes, node: str) -> str | None:
+        """Why a COPY from ``node`` cannot be held (a new origin past ``max_origins``);
+        None if it can."""
+        if kind == COPY and node not in self.origins and len(self.origins) >= self.max_origins:
+            return too_many_origins(self.max_origins)
+        return None
 
     def handle(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any],
                now: float, now_us: int) -> QueueCore | None:
@@ -289,4 +339,5 @@ class ReplicaHolder:
     def counters(self) -> dict[str, int]:
         return {"replica_origins": len(self.origins),
                 "replicas_held": sum(len(o.core.messages) for o in self.origins.values()),
-                "replicas_taken_over": self.taken_over}
+                "replicas_taken_over": self.taken_over,
+                "replicas_refused": self.refused}

@@ -31,9 +31,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zbroker.config import PzqQueueConfig
+
 from . import wire
 from .placement import Placement
-from .queue import CONSUMERS, Limits, QueueCore
+from .queue import CONSUMERS, Budget, Limits, QueueCore
 from .replication import (
     CCOPY,
     CDELETE,
@@ -41,6 +43,7 @@ from .replication import (
     CONFIRM,
     COPY,
     DELETE,
+    NOT_CONFIGURED,
     RELEASE,
     TAKEN,
     ReplicaHolder,
@@ -51,6 +54,7 @@ from .replication import (
     is_node,
     key_batches,
     node_id,
+    not_accepted,
     parse_copies,
     ping_frames,
 )
@@ -71,6 +75,10 @@ MAXMSG_SLACK = 1 << 20  # frames up to max_message_size + this get a "0" ACK; la
 STOP_TIMEOUT = 5.0
 REPLY_HWM = 100_000  # producer ACKs queued per producer connection
 MAX_HELD_REPLIES = 100_000  # ACKs held back for producers whose connection is full
+#: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on
+#: top of the frames' own FRAME_COST: past max_message_size + this, the rest is discarded
+ENVELOPE_ALLOWANCE = 64 << 10
+REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
 
 
 def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
@@ -93,6 +101,39 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
         # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
         frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
     return frames
+
+
+def recv_bounded(sock: zmq.Socket, max_frames: int, max_bytes: int
+                 ) -> tuple[list[Any], str | None]:
+    """Receive a producer's multipart message frame by frame, without blocking (zmq.Again if
+    there is none): ``(frames, None)``; or, as soon as it has more than ``max_frames`` frames
+    (after the routing id) or its frames with FRAME_COST each pass ``max_bytes``, ``([routing
+    id, message id], reason)``: the rest of it is received and let go at once, never kept. A
+    message id longer than MAX_ID is kept cut to MAX_ID + 1 bytes (enough to refuse it)."""
+    frame = _recv(sock, _NOBLOCK, False)
+    frames: list[Any] = [frame.bytes]
+    n = size = 0
+    while frame.more:
+        frame = _recv(sock, 0, False)
+        n += 1
+        size += len(frame) + wire.FRAME_COST
+        if n > max_frames or size > max_bytes:
+            if n == 1:  # the id itself is too large
+                frames.append(bytes(frame.buffer[:wire.MAX_ID]))
+            while frame.more:
+                frame = _recv(sock, 0, False)
+                size += len(frame)  # a libzmq frame is freed when the next replaces it
+            reason = (wire.too_many_frames(max_frames) if n > max_frames
+                      else f"Message too large: more than {max_bytes} bytes with its id and "
+                           f"headers")
+            return frames[:2], reason
+        if n == 1:
+            frames.append(frame.bytes if len(frame) <= wire.MAX_ID
+                          else bytes(frame.buffer[:wire.MAX_ID + 1]))
+        else:
+            # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
+            frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
+    return frames, None
 
 
 def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
@@ -131,6 +172,8 @@ class QueueSettings:
     max_message_size: int = 16 << 20
     max_backlog: int = 256 << 20
     idempotence_window: int = 100_000
+    idempotence_bytes: int = PzqQueueConfig.idempotence_bytes
+    max_frames: int = PzqQueueConfig.max_frames
     replicas: int = 0
     replication_timeout: float = 0.1
     peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
@@ -139,10 +182,14 @@ class QueueSettings:
     mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
     stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
     credit_endpoint: str | None = None  # consumers that say READY with a window (ROUTER)
+    #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
+    replica_sources: tuple[str, ...] = PzqQueueConfig.replica_sources
+    max_replica_origins: int = PzqQueueConfig.max_replica_origins
 
     def limits(self) -> Limits:
         return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
                       max_backlog=self.max_backlog, idempotence_window=self.idempotence_window,
+                      idempotence_bytes=self.idempotence_bytes, max_frames=self.max_frames,
                       inflight_window=self.inflight_window, inflight_size=self.inflight_size,
                       replicas=self.replicas, replication_timeout=self.replication_timeout)
 
@@ -165,7 +212,9 @@ class QueueServer:
         if settings.mode not in MODES:
             raise QueueError(f"queue {settings.name!r}: mode must be one of {MODES}, got "
                              f"{settings.mode!r}")
-        self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream")
+        self.budget = Budget()  # this queue's messages and the copies it holds, together
+        self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream",
+                              budget=self.budget)
         self.stream: StreamCore | None = None
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
         replicate_in_cluster = bool(settings.replicas and not settings.peers)
@@ -180,7 +229,10 @@ class QueueServer:
         self.holder = ReplicaHolder(settings.data_dir / "replicas", settings.limits(),
                                     {"sync": settings.sync, "sync_window": settings.sync_window,
                                      "segment_size": settings.segment_size},
-                                    self._replica_batch_threadsafe, log)
+                                    self._replica_batch_threadsafe, log, budget=self.budget,
+                                    max_origins=settings.max_replica_origins)
+        self._sources = frozenset(settings.replica_sources)
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
         self._peers: list[zmq.Socket] = []
         self._next_housekeeping = float("inf")
         self.consumers = 0
@@ -240,7 +292,8 @@ class QueueServer:
         if s.replicas and not s.peers:
             self.placement = Placement(self.node, s.replicas)
             self.core.replica_targets = 0  # until peers of the cluster host this queue
-        await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time())
+        await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time(),
+                                        self._accepts_origin)
         try:
             self._recv = self._bind(zmq.ROUTER, s.receive_endpoint, "receive")
             self._recv.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -286,7 +339,7 @@ class QueueServer:
         self.log.info("pzq queue started", queue=s.name, receive=s.receive_endpoint,
                       send=s.send_endpoint, monitor=s.monitor_endpoint, mode=s.mode,
                       stream=s.stream_endpoint if self.stream is not None else None,
-                      data_dir=str(s.data_dir), sync=s.sync,
+                      data_dir=str(s.data_dir), sync=s.sync, node=self.node,
                       recovered=len(messages), committed=committed,
                       truncated_bytes=recovered.truncated_bytes)
 
@@ -422,18 +475,27 @@ class QueueServer:
                     and self._send.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
     def _drain_producers(self) -> bool:
-        core = self.core
+        core, sock = self.core, self._recv
         now_us = time.time_ns() // 1000
         now = self.loop.time()
-        messages, more = receive_some(self._recv)
-        for frames in messages:
+        max_frames = self.settings.max_frames
+        max_bytes = (self.settings.max_message_size + ENVELOPE_ALLOWANCE
+                     + wire.FRAME_COST * max_frames)
+        for _ in range(DRAIN_BUDGET):
+            try:
+                frames, refused = recv_bounded(sock, max_frames, max_bytes)
+            except zmq.Again:
+                return False
             if len(frames) < 2:
+                continue
+            if refused is not None:
+                core.refuse(frames[0], frames[1][:wire.MAX_ID], refused)
                 continue
             if len(frames) > 3 and frames[2][:7] == b"REPLICA":
                 self._replication_traffic(frames)
                 continue
             core.produce(frames[0], frames[1:], now_us, now)
-        return more
+        return True
 
     def _replication_traffic(self, frames: list[bytes]) -> None:
         c = classify(frames[1:])
@@ -445,14 +507,40 @@ class QueueServer:
         if b"" not in rest[1:]:  # no delimiter: malformed, answered "0" as any producer's
             self.core.produce(frames[0], rest, time.time_ns() // 1000, self.loop.time())
             return
+        if node == self.node:
+            return  # our own copy came back (a peer list that names us)
+        reason = (None if node in self._sources else
+                  NOT_CONFIGURED if not self._sources else not_accepted(node))
+        if reason is not None:  # creates nothing; only a copy is answered (as a producer)
+            self._refuse_replica(kind, frames[0], rest[0], reason)
+            return
         body = rest[rest.index(b"", 1) + 1:] if kind == COPY else ()
         self._hold(kind, node, frames[0], rest[0], body)
+
+    def _accepts_origin(self, node: str) -> bool:
+        """Copies from ``node`` may be held here: it is a replica source, or this queue is in
+        a cluster (whose peers are the cluster's to admit)."""
+        return node in self._sources or self.port is not None
+
+    def _refuse_replica(self, kind: bytes, peer: bytes, key: bytes, reason: str) -> None:
+        self.holder.refused += 1
+        if kind == COPY:
+            self._answer_holders([(peer, wire.producer_ack(key[:wire.MAX_ID], False, reason))])
+        now = self.loop.time()
+        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
+            self._refusal_logged = now
+            self.log.warning("pzq replica traffic refused", queue=self.settings.name,
+                             reason=reason, refused=self.holder.refused)
 
     def _hold(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any]
               ) -> None:
         """A copy of another queue's message (or its DELETE, or that queue's PING)."""
         if node == self.node:
             return  # our own copy came back (a peer list that names us)
+        reason = self.holder.refusal(kind, node)
+        if reason is not None:
+            self._refuse_replica(kind, peer, key, reason)
+            return
         now = self.loop.time()
         core = self.holder.handle(kind, node, peer, key, body, now, time.time_ns() // 1000)
         if self._next_housekeeping == float("inf") and self.holder.origins:
@@ -466,6 +554,9 @@ class QueueServer:
         if not core.replies:
             return
         replies, core.replies = core.replies, []
+        self._answer_holders(replies)
+
+    def _answer_holders(self, replies: list[tuple[bytes, list[bytes]]]) -> None:
         confirms: dict[tuple[bytes, bytes], list[bytes]] = {}
         for peer, frames in replies:
             if not peer.startswith(CLUSTER_PEER):
@@ -873,9 +964,9 @@ class QueueServer:
             pass  # the loop is closed
 
     def _on_batch(self, result: BatchResult) -> None:
-        if result.error is not None:
-            self.log.warning("pzq store write failed", queue=self.settings.name,
-                             error=result.error, messages=len(result.failed))
+        if result.error is not None:  # the store logs when writes start and stop failing
+            self.log.debug("pzq store write failed", queue=self.settings.name,
+                           error=result.error, messages=len(result.failed))
         self.core.batch_done(result)
         self._flush_replies()
         self._send_confirmations()

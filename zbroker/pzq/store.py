@@ -24,6 +24,16 @@ Write avoidance: a message ACKed by its consumer while its record is still queue
 taken by the writer) is never written, nor is its ACK record; its batch still completes, so
 its producer still gets its ACK. ``avoided_messages`` / ``avoided_bytes`` count this.
 
+Write errors (disk full, read-only, no permission): the batch fails (its producers are
+answered "0", its ACK records are queued again) and the writer waits before the next write,
+from BACKOFF_MIN doubling up to BACKOFF_MAX while writes keep failing; it logs "store write
+failing" once with the error and "store writable again" with the number of failed writes when
+one succeeds. While failing it writes on in the segment it has (cut back to its last good
+record after each failure) and creates no new segment file. Segments whose messages are all
+ACKed are still deleted meanwhile (that frees space even before the ACK records are written:
+a deleted MESSAGE record needs no ACK record), the current one too while writes fail: the
+next write then starts a new segment file.
+
 Retention: a segment is deleted once it and every older segment hold no unACKed message
 (ACK records always come after the message they ACK, so dropping the oldest segments never
 brings back an ACKed message). The writer starts a new segment when the current one passes
@@ -51,6 +61,8 @@ SUFFIX = ".seg"
 GATHER_MIN = 4096  # parts this large are written from where they are, not copied
 IOV_MAX = 1024
 STOP_TIMEOUT = 10.0
+BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling while it fails
+BACKOFF_MAX = 1.0
 
 
 class StoreInUse(OSError):
@@ -84,6 +96,7 @@ class BatchResult:
     #: consumer ACKs that can no longer be undone by a crash: ACK records written (and
     #: synced), and messages ACKed before they were written (never written at all)
     acked: tuple[int, ...] = ()
+    good_writes: int = 0  # the writer's count of good writes, this one included
 
 
 @dataclass
@@ -172,6 +185,7 @@ class Store:
         self._arrivals = 0  # records and ACKs queued so far (the writer sees if more came)
         self._batch_no = 0
         self._delete_below = -1
+        self._delete_current = -1  # good_writes the loop had seen when it let the current go
         self._stopping = False
         # writer thread only
         self._fd = -1
@@ -180,6 +194,10 @@ class Store:
         self._next_segment = 0
         self._dir_fd = -1
         self._lock_fd = -1
+        self._dirty = False  # a failed write may have left part of a record at the end
+        self._backoff = 0.0
+        self._good_writes = 0
+        self.failing = 0  # failed writes since the last good one (written by the writer)
         # event loop side
         self._live: dict[int, int] = {}  # seq -> segment holding its record
         self._seg_live: dict[int, int] = {}  # segment -> number of live messages in it
@@ -188,6 +206,7 @@ class Store:
         self._moving: set[int] = set()
         self._compacting: int | None = None
         self._writer_segment = -1
+        self._seen_good = 0  # good_writes of the last result taken
         self._deleted_below = -1
         self._thread: threading.Thread | None = None
         self._notify: Callable[[BatchResult], None] | None = None
@@ -365,6 +384,7 @@ class Store:
 
     def complete(self, result: BatchResult) -> None:
         """Bookkeeping after a write (called on the event loop with each result)."""
+        self._seen_good = max(self._seen_good, result.good_writes)
         if result.error is not None:
             self.failed_batches += 1
             self.last_error = result.error
@@ -376,6 +396,7 @@ class Store:
                 with self._cond:
                     self._pending_acks.extend(result.failed_acks)
                     self._cond.notify()
+            self._collect()  # segments with nothing unACKed left can go: it frees space
             return
         self.last_error = None
         segment = result.segment
@@ -400,9 +421,17 @@ class Store:
     def _collect(self) -> None:
         """Ask the writer to delete the oldest segments that hold no live message."""
         below = -1
+        current = False
         for segment in sorted(self._seg_live):
-            if segment == self._writer_segment or self._seg_live[segment] > 0:
+            if self._seg_live[segment] > 0:
                 break
+            if segment == self._writer_segment:
+                # while writes fail, the current segment can go too (it frees the space the
+                # ACK records cannot be written to); the writer checks that no good write
+                # came since the results seen here
+                if not self.failing or self._seg_bytes.get(segment, 0) == 0:
+                    break
+                current = True
             below = segment + 1
         if below > self._deleted_below:
             self._deleted_below = below
@@ -411,6 +440,7 @@ class Store:
                 self._seg_bytes.pop(segment, None)
             with self._cond:
                 self._delete_below = below
+                self._delete_current = self._seen_good if current else -1
                 self._cond.notify()
 
     @property
@@ -429,6 +459,7 @@ class Store:
             "avoided_messages": self.avoided_messages,
             "avoided_bytes": self.avoided_bytes,
             "failed_writes": self.failed_batches,
+            "write_failing": 1 if self.failing else 0,
             "segments": len(self._seg_live),
             "deleted_segments": self.deleted_segments,
             "moved_messages": self.moved_messages,
@@ -462,22 +493,44 @@ class Store:
                         self._pending_bytes -= e.size
                 acks, self._pending_acks = self._pending_acks, []
                 delete_below, self._delete_below = self._delete_below, -1
+                delete_current, self._delete_current = self._delete_current, -1
                 if self._pending:
                     self._first_at = self._pending[0].at
                 elif self._pending_acks:
                     self._first_at = time.monotonic()
                 done = self._stopping and not self._pending and not self._pending_acks
+            failed = False
             if taken or acks:
                 result = self._write(taken, acks)
+                failed = result.error is not None
+                self._note(result.error)
                 if self._notify is not None:
                     try:
                         self._notify(result)
                     except Exception:  # the loop is gone (shutting down)
                         pass
             if delete_below > 0:
-                self._delete(delete_below)
-            if done:
-                return
+                self._delete(delete_below, delete_current)
+            if done or (failed and stopping):
+                return  # stopping on a failing disk: what could not be written is lost
+            if failed:
+                with self._cond:  # wait before trying again (a stop ends the wait)
+                    self._cond.wait_for(lambda: self._stopping, self._backoff)
+
+    def _note(self, error: str | None) -> None:
+        """Keep the failing state: log its start (once) and its end; set the backoff."""
+        if error is None:
+            if self.failing and self.log is not None:
+                self.log.info("pzq store writable again", directory=str(self.directory),
+                              failures=self.failing)
+            self.failing = 0
+            self._backoff = 0.0
+            return
+        if not self.failing and self.log is not None:
+            self.log.warning("pzq store write failing", directory=str(self.directory),
+                             error=error)
+        self.failing += 1
+        self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
 
     def _gather(self, deadline: float, linger: float) -> None:
         """Wait for more records until ``deadline``, as long as some arrive every
@@ -531,27 +584,36 @@ class Store:
             parts.extend(records.frame_record([records.ack_payload(acks)]))
         if not parts:
             return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now,
-                               acked=tuple(avoided))
+                               acked=tuple(avoided), good_writes=self._good_writes)
         buffers, size = _gather(parts)
         try:
-            if self._fd < 0 or (self._segment_size_now > 0
+            if self._dirty:
+                self._cut_tail()
+            if self._fd < 0 or (self._segment_size_now > 0 and not self.failing
                                 and self._segment_size_now + size > self.segment_size):
-                self._open_segment()
+                self._open_segment()  # while writes fail: no new file, the one we have
             _writev_all(self._fd, buffers)
             if self.sync != "none":
                 os.fdatasync(self._fd)
                 self.syncs += 1
         except OSError as exc:
             reason = f"store failed: {exc.strerror or exc}"
-            self._abandon_segment()
+            self._dirty = self._fd >= 0
+            if self._dirty:
+                try:
+                    self._cut_tail()
+                except OSError:
+                    pass  # cut before the next write to this segment
             return BatchResult(batches, self._segment, failed=tuple(placed),
-                               failed_acks=tuple(acks), error=reason, acked=tuple(avoided))
+                               failed_acks=tuple(acks), error=reason, acked=tuple(avoided),
+                               good_writes=self._good_writes)
         self._segment_size_now += size
         self.bytes_written += size
         self.records_written += len(placed) + (1 if acks else 0)
+        self._good_writes += 1
         return BatchResult(batches, self._segment, placed=tuple(placed),
                            segment_bytes=self._segment_size_now,
-                           acked=tuple(avoided) + tuple(acks))
+                           acked=tuple(avoided) + tuple(acks), good_writes=self._good_writes)
 
     def _open_segment(self) -> None:
         self._close_segment()
@@ -564,15 +626,12 @@ class Store:
         if self.sync != "none":
             os.fsync(self._dir_fd)  # the new file's name must survive a crash too
 
-    def _abandon_segment(self) -> None:
-        """After a failed write: cut off what may have been written, continue in a new
-        segment (so a half record never sits before good ones)."""
-        if self._fd >= 0:
-            try:
-                os.ftruncate(self._fd, self._segment_size_now)
-            except OSError:
-                pass
-        self._close_segment()
+    def _cut_tail(self) -> None:
+        """After a failed write: cut the segment back to its last good record (a half record
+        never sits before good ones). Raises OSError if it cannot (tried again next time)."""
+        if os.fstat(self._fd).st_size != self._segment_size_now:
+            os.ftruncate(self._fd, self._segment_size_now)
+        self._dirty = False
 
     def _close_segment(self) -> None:
         if self._fd >= 0:
@@ -582,11 +641,19 @@ class Store:
                 pass
             self._fd = -1
 
-    def _delete(self, below: int) -> None:
+    def _delete(self, below: int, current_seen: int = -1) -> None:
+        """Delete the segments below ``below``; the current one only while writes fail and
+        if the loop had seen every good write (``current_seen``: nothing it does not know
+        of can have been written to it)."""
         removed = 0
         for number in list_segments(self.directory):
-            if number >= below or number == self._segment:
+            if number >= below:
                 break
+            if number == self._segment:
+                if not (self.failing and current_seen == self._good_writes):
+                    break
+                self._close_segment()  # the next write starts a new segment
+                self._segment, self._segment_size_now, self._dirty = -1, 0, False
             try:
                 os.unlink(self.directory / segment_name(number))
                 removed += 1

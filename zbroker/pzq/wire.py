@@ -39,6 +39,26 @@ MALFORMED = "Malformed message, no delimiter found or missing message parts"
 EMPTY = "Trying to save empty message"
 REPLICATION_FAILED = "REPLICATION_FAILED"
 
+MAX_ID = 255  # bytes of a producer's message id; a longer one is refused
+ID_TOO_LONG = f"message id longer than {MAX_ID} bytes"
+#: what each frame a queue holds costs on top of its bytes, in the backlog and message size
+#: limits (the bookkeeping of a frame in memory and on disk is about that much)
+FRAME_COST = 16
+
+
+def too_many_frames(limit: int) -> str:
+    return f"more than {limit} frames in a message"
+
+
+def too_large(size: int, limit: int, more: bool = False) -> str:
+    return f"Message too large: {'more than ' if more else ''}{size} bytes, limit {limit}"
+
+
+def cost(msg_id: bytes, body: Sequence[Frame]) -> int:
+    """What a stored message counts for in the limits: its id and body bytes, and
+    FRAME_COST for each of those frames (so empty frames and ids count too)."""
+    return len(msg_id) + sum(len(f) for f in body) + FRAME_COST * (len(body) + 1)
+
 Frame = bytes | bytearray | memoryview
 
 
