@@ -4,6 +4,8 @@ stand-in for the broker (no real broker)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import threading
 import time
@@ -15,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zpipes
-from zpipes import cli
+from zpipes import aio, cli
 from zpipes import protocol as p
 from zpipes.client import (
     EOF,
@@ -693,14 +695,27 @@ class ScriptedBroker:
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def wait_disconnect(self, timeout: float = 5.0) -> float:
-        """Wait until a client connection closed; the time it was seen (monotonic)."""
+        """Wait until a client connection closed and every message that came before was
+        taken; the time the close was seen (monotonic)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.monitor.poll(50):
                 event = self.monitor.recv_multipart()
                 if int.from_bytes(event[0][:2], "little") & zmq.EVENT_DISCONNECTED:
-                    return time.monotonic()
+                    seen = time.monotonic()
+                    self.settle()
+                    return seen
         raise AssertionError(f"no client connection closed within {timeout}s")
+
+    def settle(self) -> None:
+        """Wait until the stand-in took every message that has arrived."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.sock.poll(0):
+                    return
+            time.sleep(0.01)
+        raise AssertionError("the stand-in did not take what arrived")
 
     def close(self):
         self.stop.set()
@@ -1012,3 +1027,44 @@ def test_close_whose_flush_times_out_aborts_instead_of_ending_the_stream(broker)
     assert writer.closed
     broker.wait_disconnect()
     assert broker.count(p.Close) == 0
+
+
+async def test_async_with_left_by_an_exception_aborts_the_writer():
+    broker = ScriptedBroker(write_ok=True)
+    try:
+        broker.watch()
+        with pytest.raises(RuntimeError, match="producer failed"):
+            async with await aio.open("p", "w", broker=broker.name, timeout=5) as writer:
+                await writer.write(b"half")
+                await writer.flush()
+                raise RuntimeError("producer failed")
+        assert writer.closed
+        await asyncio.to_thread(broker.wait_disconnect)
+        assert broker.count(p.Close) == 0
+        async with await aio.open("p", "w", broker=broker.name, timeout=5) as writer:
+            await writer.write(b"whole")
+        await asyncio.to_thread(broker.wait_for, p.Close, 1)
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("acknowledged", [True, False])
+async def test_an_async_writer_dropped_unclosed_closes_only_if_all_was_acknowledged(
+        acknowledged):
+    """A CLOSE while WRITEs are unanswered would make the broker drop them and end the stream
+    as if it were whole: the dropped end is cut then."""
+    broker = ScriptedBroker(write_ok=acknowledged)
+    try:
+        broker.watch()
+        writer = await aio.open("p", "w", broker=broker.name, timeout=5)
+        await writer.write(b"data")
+        if acknowledged:
+            await writer.flush()
+        del writer
+        gc.collect()
+        if acknowledged:
+            await asyncio.to_thread(broker.wait_for, p.Close, 1)
+        await asyncio.to_thread(broker.wait_disconnect)
+        assert broker.count(p.Close) == (1 if acknowledged else 0)
+    finally:
+        broker.close()
