@@ -344,11 +344,13 @@ def start_streaming(broker: Any, env: dict[str, str], pipe: str, data: bytes,
     return reader, writer
 
 
-@pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, status", [
+    (signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)])
 def test_interrupted_write_cuts_the_stream_and_read_exits_1_after_the_data(
         broker, env, signum, status):
-    """A writer stopped by a signal aborts: its reader fails ("writer lost") after the data
-    that came before, instead of exiting 0 as if the stream were whole."""
+    """A writer stopped by a signal aborts (or, killed, just loses its connection): its reader
+    fails ("writer lost") after the data that came before, instead of exiting 0 as if the
+    stream were whole."""
     data = os.urandom(100_000)
     reader, writer = start_streaming(broker, env, "cut", data)
     try:
