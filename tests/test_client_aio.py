@@ -179,6 +179,88 @@ async def test_writer_gets_broken_pipe_when_its_reader_closes(broker):
         writer.abort()
 
 
+# --- ending a stream: close ends it, abort cuts it -------------------------------------------
+
+CUT_WAIT = 15.0  # seconds a reader waits for the failure (the broker tells within about one)
+
+
+async def read_until_failure(reader: Any) -> tuple[bytes, ZpipesError]:
+    """Everything the reader gets, up to the failure that must follow it (never an end)."""
+    got = bytearray()
+    while True:
+        try:
+            piece = await reader.read1(MiB)
+        except ZpipesError as exc:
+            return bytes(got), exc
+        assert piece, f"end of stream after {len(got)} bytes: a cut stream looked whole"
+        got += piece
+
+
+def assert_writer_lost(error: ZpipesError) -> None:
+    assert isinstance(error, PipeFailed), repr(error)  # not a timeout, not the connection
+    assert error.reason.startswith("writer lost"), repr(error)
+    assert "writer lost" in str(error), repr(error)
+
+
+async def test_abort_cuts_the_stream_the_reader_fails_after_the_flushed_data(broker):
+    data = random.Random(5).randbytes(300_000)
+    async with await aio.open("cut", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        writer = await aio.open("cut", "w", broker=broker.name, timeout=CUT_WAIT)
+        for piece in cut(data, [100_000, 1, 65_536]):
+            await writer.write(piece)
+        await writer.flush()  # the broker took all of it
+        writer.abort()
+        assert writer.closed
+        got, error = await read_until_failure(reader)
+    assert got == data
+    assert_writer_lost(error)
+
+
+async def test_async_with_left_by_an_exception_cuts_the_stream(broker):
+    async with await aio.open("exc", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        with pytest.raises(RuntimeError, match="producer failed"):
+            async with await aio.open("exc", "w", broker=broker.name,
+                                      timeout=CUT_WAIT) as writer:
+                await writer.write(b"first part\n")
+                await writer.flush()
+                raise RuntimeError("producer failed")
+        assert writer.closed
+        got, error = await read_until_failure(reader)
+    assert got == b"first part\n"
+    assert_writer_lost(error)
+
+
+async def test_a_cancelled_async_with_block_cuts_the_stream(broker):
+    flushed = asyncio.Event()
+
+    async def produce() -> None:
+        async with await aio.open("cancel", "w", broker=broker.name,
+                                  timeout=CUT_WAIT) as writer:
+            await writer.write(b"first part\n")
+            await writer.flush()
+            flushed.set()
+            await asyncio.sleep(3600)  # cancelled here
+
+    async with await aio.open("cancel", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        producing = asyncio.create_task(produce())
+        async with asyncio.timeout(LIMIT):
+            await flushed.wait()
+        producing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await producing
+        got, error = await read_until_failure(reader)
+    assert got == b"first part\n"
+    assert_writer_lost(error)
+
+
+async def test_close_ends_the_stream_the_reader_gets_everything_then_the_end(broker):
+    data = random.Random(6).randbytes(300_000)
+    async with await aio.open("whole", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        await write_all(broker.name, "whole", cut(data, [100_000, 1, 65_536]))
+        assert await reader.read() == data
+        assert await reader.read() == b""
+
+
 # --- the broker stops or dies ----------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from wire import (
 )
 
 import zpipes
-from zpipes import BrokenPipe, BrokerUnavailable, PipeTimeout, ZpipesError
+from zpipes import BrokenPipe, BrokerUnavailable, PipeFailed, PipeTimeout, ZpipesError
 
 MiB = 1 << 20
 JOIN = 30.0  # seconds: the longest any background call of these tests may take
@@ -339,6 +339,101 @@ def test_writer_gets_broken_pipe_when_a_reader_process_is_killed(broker, tmp_pat
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
+
+
+# --- ending a stream: close ends it, abort cuts it -------------------------------------------
+
+CUT_WAIT = 15.0  # seconds a reader waits for the failure (the broker tells within about one)
+
+
+def read_until_failure(reader: Any) -> tuple[bytes, ZpipesError]:
+    """Everything the reader gets, up to the failure that must follow it (never an end)."""
+    got = bytearray()
+    while True:
+        try:
+            piece = reader.read1(MiB)
+        except ZpipesError as exc:
+            return bytes(got), exc
+        assert piece, f"end of stream after {len(got)} bytes: a cut stream looked whole"
+        got += piece
+
+
+def assert_writer_lost(error: ZpipesError) -> None:
+    assert isinstance(error, PipeFailed), repr(error)  # not a timeout, not the connection
+    assert error.reason.startswith("writer lost"), repr(error)
+    assert "writer lost" in str(error), repr(error)
+
+
+def test_abort_cuts_the_stream_the_reader_fails_after_the_flushed_data(broker):
+    data = os.urandom(300_000)
+    with zpipes.open("cut", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        writer = zpipes.open("cut", "w", broker=broker.name, timeout=CUT_WAIT)
+        for piece in cut(data, [100_000, 1, 65_536]):
+            writer.write(piece)
+        writer.flush()  # the broker took all of it
+        writer.abort()
+        got, error = read_until_failure(reader)
+    assert got == data
+    assert_writer_lost(error)
+
+
+def test_close_ends_the_stream_the_reader_gets_everything_then_the_end(broker):
+    data = os.urandom(300_000)
+    with zpipes.open("whole", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        with zpipes.open("whole", "w", broker=broker.name, timeout=CUT_WAIT) as writer:
+            for piece in cut(data, [100_000, 1, 65_536]):
+                writer.write(piece)
+        assert reader.read() == data
+        assert reader.read() == b""
+
+
+@pytest.mark.parametrize("mode", ["w", "wt"])
+def test_with_block_left_by_an_exception_cuts_the_stream(broker, mode):
+    text = "first lines ✓\n" * 1000
+    with zpipes.open("exc", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        with pytest.raises(RuntimeError, match="producer failed"):
+            with zpipes.open("exc", mode, broker=broker.name, timeout=CUT_WAIT) as writer:
+                writer.write(text if mode == "wt" else text.encode())
+                writer.flush()
+                writer.write("never flushed" if mode == "wt" else b"")
+                raise RuntimeError("producer failed")
+        assert writer.closed
+        got, error = read_until_failure(reader)
+    assert got == text.encode()
+    assert_writer_lost(error)
+
+
+WRITER_SCRIPT = """
+import sys
+import zpipes
+name, mode, broker, how = sys.argv[1:]
+writer = zpipes.open(name, mode, broker=broker)  # never closed by the program
+writer.write("text, not flushed\\n" if mode == "wt" else b"bytes, not flushed\\n")
+if how == "raise":
+    writer.flush()
+    raise RuntimeError("producer failed")
+if how == "exit":
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("mode", ["w", "wt"])
+@pytest.mark.parametrize("how, status", [("return", 0), ("exit", 3), ("raise", 1)])
+def test_ends_left_open_at_exit_are_closed_unless_an_uncaught_exception_ends_the_program(
+        broker, tmp_path, mode, how, status):
+    expected = b"text, not flushed\n" if mode == "wt" else b"bytes, not flushed\n"
+    with zpipes.open("exit", "r", broker=broker.name, timeout=CUT_WAIT) as reader:
+        done = subprocess.run([sys.executable, "-c", WRITER_SCRIPT, "exit", mode, broker.name,
+                               how], env=broker_env(tmp_path), capture_output=True,
+                              timeout=JOIN)
+        assert done.returncode == status, done.stderr
+        if how == "raise":
+            got, error = read_until_failure(reader)
+            assert got == expected
+            assert_writer_lost(error)
+        else:
+            assert reader.read() == expected  # the text layer's text too
+            assert reader.read() == b""
 
 
 # --- the broker stops or dies ----------------------------------------------------------------

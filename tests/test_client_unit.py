@@ -4,6 +4,8 @@ stand-in for the broker (no real broker)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import threading
 import time
@@ -15,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zpipes
-from zpipes import cli
+from zpipes import aio, cli
 from zpipes import protocol as p
 from zpipes.client import (
     EOF,
@@ -688,9 +690,39 @@ class ScriptedBroker:
             time.sleep(0.01)
         return [m for m in list(self.seen) if isinstance(m, cls)]
 
+    def watch(self):
+        """Start watching for client connections that close (see ``wait_disconnect``)."""
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def wait_disconnect(self, timeout: float = 5.0) -> float:
+        """Wait until a client connection closed and every message that came before was
+        taken; the time the close was seen (monotonic)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.monitor.poll(50):
+                event = self.monitor.recv_multipart()
+                if int.from_bytes(event[0][:2], "little") & zmq.EVENT_DISCONNECTED:
+                    seen = time.monotonic()
+                    self.settle()
+                    return seen
+        raise AssertionError(f"no client connection closed within {timeout}s")
+
+    def settle(self) -> None:
+        """Wait until the stand-in took every message that has arrived."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.sock.poll(0):
+                    return
+            time.sleep(0.01)
+        raise AssertionError("the stand-in did not take what arrived")
+
     def close(self):
         self.stop.set()
         self.thread.join()
+        if hasattr(self, "monitor"):
+            self.sock.disable_monitor()
+            self.monitor.close(linger=0)
         self.sock.close()
 
 
@@ -762,7 +794,8 @@ def test_writer_window_and_errors_on_later_calls(broker):
         writer.write(b"more")
     with pytest.raises(BrokenPipeError):
         writer.close()
-    assert writer.closed and isinstance(broker.seen[-1], p.Close)
+    # the flush in close failed: the end is aborted, not closed (no CLOSE)
+    assert writer.closed and broker.count(p.Close) == 0
 
 
 def test_write_from_reads_what_is_there():
@@ -925,3 +958,113 @@ def test_endpoint_probe_fails_fast_on_a_closed_tcp_port():
     time.sleep(0.05)
     with pytest.raises(BrokerUnavailable):
         zpipes.open("p", "r", endpoint=f"tcp://127.0.0.1:{port}")
+
+
+# --- ending a stream: close ends it, abort cuts it (no CLOSE: the connection goes) ----------
+
+
+def test_writer_abort_sends_no_close_and_drops_the_connection_at_once(broker):
+    broker.watch()
+    writer = zpipes.open("p", "w", broker=broker.name, timeout=5)
+    writer.write(b"unacknowledged")  # the stand-in never answers WRITEs
+    broker.wait_for(p.Write, 1)
+    start = time.monotonic()
+    writer.abort()
+    assert writer.closed
+    assert broker.wait_disconnect() - start < 1.0
+    assert broker.count(p.Close) == 0
+    writer.abort()  # again: nothing
+    writer.close()
+
+
+def test_reader_abort_sends_close_without_waiting(broker):
+    reader = zpipes.open("p", "r", broker=broker.name, timeout=5)
+    reader.abort()
+    assert reader.closed
+    broker.wait_for(p.Close, 1)
+
+
+@pytest.mark.parametrize("mode", ["w", "wt"])
+def test_with_block_left_by_an_exception_aborts_the_writer(mode):
+    broker = ScriptedBroker(write_ok=True)
+    try:
+        broker.watch()
+        with pytest.raises(RuntimeError, match="producer failed"):
+            with zpipes.open("p", mode, broker=broker.name, timeout=5) as writer:
+                writer.write(b"half" if mode == "w" else "half")
+                writer.flush()
+                raise RuntimeError("producer failed")
+        assert writer.closed
+        broker.wait_disconnect()
+        assert broker.count(p.Close) == 0
+        assert [bytes(m.chunk) for m in broker.seen if isinstance(m, p.Write)] == [b"half"]
+        # left normally, the block closes: CLOSE once the broker took everything
+        with zpipes.open("p", mode, broker=broker.name, timeout=5) as writer:
+            writer.write(b"whole" if mode == "w" else "whole")
+        broker.wait_for(p.Close, 1)
+        assert bytes(broker.wait_for(p.Write, 2)[1].chunk) == b"whole"
+    finally:
+        broker.close()
+
+
+def test_text_writer_abort_drops_the_text_it_holds_and_the_end_under_it(broker):
+    writer = zpipes.open("p", "wt", broker=broker.name, timeout=5)
+    writer.write("held by the text layer")
+    writer.abort()
+    assert writer.closed and writer.buffer.closed
+    writer.close()  # nothing left to flush or close
+    assert broker.count(p.Write) == 0 and broker.count(p.Close) == 0
+
+
+def test_close_whose_flush_times_out_aborts_instead_of_ending_the_stream(broker):
+    """A CLOSE while WRITEs are unanswered would make the broker drop them and end the stream
+    as if it were whole."""
+    broker.watch()
+    writer = zpipes.open("p", "w", broker=broker.name, timeout=0.3)
+    writer.write(b"never acknowledged")
+    with pytest.raises(PipeTimeout):
+        writer.close()
+    assert writer.closed
+    broker.wait_disconnect()
+    assert broker.count(p.Close) == 0
+
+
+async def test_async_with_left_by_an_exception_aborts_the_writer():
+    broker = ScriptedBroker(write_ok=True)
+    try:
+        broker.watch()
+        with pytest.raises(RuntimeError, match="producer failed"):
+            async with await aio.open("p", "w", broker=broker.name, timeout=5) as writer:
+                await writer.write(b"half")
+                await writer.flush()
+                raise RuntimeError("producer failed")
+        assert writer.closed
+        await asyncio.to_thread(broker.wait_disconnect)
+        assert broker.count(p.Close) == 0
+        async with await aio.open("p", "w", broker=broker.name, timeout=5) as writer:
+            await writer.write(b"whole")
+        await asyncio.to_thread(broker.wait_for, p.Close, 1)
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("acknowledged", [True, False])
+async def test_an_async_writer_dropped_unclosed_closes_only_if_all_was_acknowledged(
+        acknowledged):
+    """A CLOSE while WRITEs are unanswered would make the broker drop them and end the stream
+    as if it were whole: the dropped end is cut then."""
+    broker = ScriptedBroker(write_ok=acknowledged)
+    try:
+        broker.watch()
+        writer = await aio.open("p", "w", broker=broker.name, timeout=5)
+        await writer.write(b"data")
+        if acknowledged:
+            await writer.flush()
+        del writer
+        gc.collect()
+        if acknowledged:
+            await asyncio.to_thread(broker.wait_for, p.Close, 1)
+        await asyncio.to_thread(broker.wait_disconnect)
+        assert broker.count(p.Close) == (1 if acknowledged else 0)
+    finally:
+        broker.close()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tty
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,116 @@ def test_sigint_exits_130_quietly(broker, env, command):
         kill_all(proc)
 
 
+@pytest.mark.parametrize("command", ["read", "write"])
+def test_sigterm_exits_143_quietly(broker, env, command):
+    proc = zpipes_cmd(env, command, "--broker", broker.name, "term")
+    try:
+        if command == "write":
+            proc.stdin.write(b"waiting for a reader\n")
+            proc.stdin.flush()
+        wait_attached(broker, "term", "writer" if command == "write" else "reader")
+        time.sleep(0.2)  # and waiting
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        status, err = finish(proc, 10)
+        assert status == 143, err
+        assert err == b""
+    finally:
+        kill_all(proc)
+
+
+# --- a cut stream: the writer stopped before the end of its input ---------------------------
+
+
+def outcome(proc: subprocess.Popen[bytes], timeout: float = WAIT) -> tuple[int, bytes, bytes]:
+    """Wait for a command started by ``zpipes_cmd``: (exit status, the rest of its standard
+    output, its standard error)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=timeout)
+        raise AssertionError(f"{proc.args} still running after {timeout}s; "
+                             f"stdout: {len(out)} bytes; stderr: {err!r}") from None
+    return proc.returncode, out, err
+
+
+def start_streaming(broker: Any, env: dict[str, str], pipe: str, data: bytes,
+                    stdin: Any = subprocess.PIPE) -> tuple[Any, Any]:
+    """A ``zpipes read`` and a ``zpipes write`` of ``pipe`` (standard input: ``stdin``; a pipe
+    is fed ``data``); returns (reader, writer) once the reader has written out ``data``."""
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, pipe, stdin=subprocess.DEVNULL)
+    wait_attached(broker, pipe)  # the reader is in the writer's stream from its start
+    writer = zpipes_cmd(env, "write", "--broker", broker.name, pipe, stdin=stdin,
+                        stdout=subprocess.DEVNULL)
+    if stdin is subprocess.PIPE:
+        writer.stdin.write(data)
+        writer.stdin.flush()  # and the input stays open: no end of input
+    return reader, writer
+
+
+@pytest.mark.parametrize("signum, status", [
+    (signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)])
+def test_interrupted_write_cuts_the_stream_and_read_exits_1_after_the_data(
+        broker, env, signum, status):
+    """A writer stopped by a signal aborts (or, killed, just loses its connection): its reader
+    fails ("writer lost") after the data that came before, instead of exiting 0 as if the
+    stream were whole."""
+    data = os.urandom(100_000)
+    reader, writer = start_streaming(broker, env, "cut", data)
+    try:
+        assert read_within(reader.stdout.fileno(), len(data), WAIT) == data
+        writer.send_signal(signum)
+        assert finish(writer) == (status, b"")
+        read_status, rest, err = outcome(reader)
+        assert rest == b""
+        assert_quiet_failure(read_status, err, "writer lost")
+    finally:
+        kill_all(writer, reader)
+
+
+def test_write_whose_input_fails_cuts_the_stream_and_exits_1(broker, env):
+    """Reading standard input fails (EIO: a terminal that hung up): the writer aborts and
+    exits 1 with one line; its reader fails after the data that came before."""
+    data = os.urandom(3000)
+    master, slave = os.openpty()
+    tty.setraw(slave)  # bytes pass as they are, no echo
+    try:
+        reader, writer = start_streaming(broker, env, "eio", data, stdin=slave)
+    finally:
+        os.close(slave)
+    try:
+        os.write(master, data)
+        assert read_within(reader.stdout.fileno(), len(data), WAIT) == data
+        os.close(master)  # the terminal hangs up: reading it fails with EIO
+        master = -1
+        status, err = finish(writer)
+        assert_quiet_failure(status, err, "cannot read standard input", "Input/output error")
+        read_status, rest, err = outcome(reader)
+        assert rest == b""
+        assert_quiet_failure(read_status, err, "writer lost")
+    finally:
+        if master >= 0:
+            os.close(master)
+        kill_all(writer, reader)
+
+
+def test_complete_stream_read_exits_0_and_sha256_agrees(broker, env):
+    """The end of the input ends the stream: the reader exits 0 with every byte."""
+    data = os.urandom(3 * MiB + 17)
+    reader = zpipes_cmd(env, "read", "--broker", broker.name, "whole", stdin=subprocess.DEVNULL)
+    writer = None
+    try:
+        wait_attached(broker, "whole")
+        writer = run_zpipes(env, ["write", "--broker", broker.name, "whole"], input=data)
+        assert (writer.returncode, writer.stderr) == (0, b"")
+        status, out, err = outcome(reader)
+        assert (status, err) == (0, b"")
+        assert hashlib.sha256(out).hexdigest() == hashlib.sha256(data).hexdigest()
+    finally:
+        kill_all(reader)
+
+
 def test_broker_stopping_ends_read_with_status_1_and_a_message(start_broker, env):
     b = start_broker()
     reader = zpipes_cmd(env, "read", "--broker", b.name, "stop", stdin=subprocess.DEVNULL)
@@ -376,8 +487,10 @@ def test_interactive_line_reaches_the_reader_within_0_2_s(broker, env):
 
 
 @pytest.mark.parametrize("command, words", [
-    ("read", ["NAME", "standard output", "--broker", "--timeout", "end of the stream"]),
-    ("write", ["NAME", "standard input", "--broker", "--timeout", "close"]),
+    ("read", ["NAME", "standard output", "--broker", "--timeout", "end of the stream",
+              "exit status 1", "writer was lost", "143"]),
+    ("write", ["NAME", "standard input", "--broker", "--timeout", "close", "aborts",
+               "writer lost", "130", "143"]),
 ])
 def test_help_of_each_sub_command_exits_0_and_explains(env, command, words):
     result = run_zpipes(env, [command, "--help"])
@@ -392,5 +505,5 @@ def test_top_level_help_lists_both_commands_and_exit_statuses(env):
     result = run_zpipes(env, ["--help"])
     text = " ".join(result.stdout.decode().split())
     assert result.returncode == 0
-    for word in ("read", "write", "Exit status", "130"):
+    for word in ("read", "write", "Exit status", "130", "143", "writer was lost"):
         assert word in text, text

@@ -222,15 +222,16 @@ def saw_disconnect(recv_event: Callable[[], list[bytes]]) -> bool:
             dropped = True
 
 
-def close_socket(sock: Any, monitor: Any, dead: bool) -> None:
-    """Close the monitor and the socket: a dead channel's socket at once, else with the
-    linger that lets a last message (a CLOSE) go out."""
+def close_socket(sock: Any, monitor: Any, at_once: bool) -> None:
+    """Close the monitor and the socket: ``at_once`` (a dead channel, an aborted writer) with
+    no linger, dropping whatever is still queued; else with the linger that lets a last
+    message (a CLOSE) go out."""
     try:
         sock.disable_monitor()
     except zmq.ZMQError:
         pass
     monitor.close(linger=0)
-    sock.close(linger=0 if dead else CLOSE_LINGER_MS)
+    sock.close(linger=0 if at_once else CLOSE_LINGER_MS)
 
 
 # --- pipe ends -------------------------------------------------------------------------------

@@ -31,6 +31,11 @@ Cancellation (``asyncio.timeout``, ``Task.cancel``) is safe at every ``await``: 
 without waiting (a send waits only while the queue to the broker is full, and then nothing was
 sent yet) and the protocol state is updated right after, so a cancelled call loses nothing and
 a later call picks up from there.
+
+Ending a stream works as in the sync client: ``close()`` ends it, ``abort()`` cuts it (the
+readers fail with "writer lost"), and so does an ``async with`` block left by an exception. An
+end that the program dropped, or left open when its event loop shuts down, is closed without
+waiting if the broker had acknowledged everything written, else cut.
 """
 
 from __future__ import annotations
@@ -227,7 +232,7 @@ class _AsyncChannel:
                 # close it): close as well as we can without waiting.
                 owner = self._owner()
                 if owner is not None:
-                    owner.abort()
+                    owner._close_now()
                 else:
                     self.close()
             raise
@@ -310,7 +315,8 @@ class _AsyncChannel:
 
     def send_last(self, frame: bytes) -> None:
         """Send a last frame if there is room, without waiting and without a running event
-        loop (for abort); then the socket is closed (its linger delivers it)."""
+        loop (a CLOSE nobody waits for); then the socket is closed (its linger delivers
+        it)."""
         if self.closed or self.dead is not None:
             return
         try:
@@ -318,8 +324,10 @@ class _AsyncChannel:
         except zmq.ZMQError:
             pass
 
-    def close(self) -> None:
-        """Close the socket (no waiting) and stop the pump."""
+    def close(self, at_once: bool = False) -> None:
+        """Close the socket (no waiting) and stop the pump; ``at_once``: with no linger, so
+        that the connection goes away now and what is still queued for the broker is
+        dropped."""
         if self.closed:
             return
         self.closed = True
@@ -332,7 +340,7 @@ class _AsyncChannel:
                 self._task.cancel()
             except RuntimeError:  # the event loop is closed
                 pass
-        close_socket(self._sock, self._monitor, self.dead is not None)
+        close_socket(self._sock, self._monitor, at_once or self.dead is not None)
 
 
 class _AsyncPipeEnd(EndBase):
@@ -377,7 +385,7 @@ class _AsyncPipeEnd(EndBase):
             if proto.phase is not Phase.OPEN:
                 raise fresh(proto.error or ProtocolError("open failed"))
         except BaseException:
-            self._abort()
+            self._close_now()
             raise
 
     # --- properties ---
@@ -442,21 +450,48 @@ class _AsyncPipeEnd(EndBase):
             if channel is not None:
                 channel.close()
 
-    def _abort(self) -> None:
-        """Close at once: send CLOSE if there is room, do not wait for CLOSE_OK."""
+    def _cut(self) -> None:
+        """Drop the end at once: a writer sends no CLOSE and closes its socket with no linger
+        (the broker fails its readers); a reader sends CLOSE if there is room."""
         if self._done:
             return
         self._done = True
         channel, proto = self._channel, self._proto
+        if channel is None:
+            return
+        writer = isinstance(proto, WriterProtocol)
+        try:
+            if not writer and proto.needs_close:
+                channel.send_last(proto.close_command())
+        finally:
+            channel.close(at_once=writer)
+
+    def _close_now(self) -> None:
+        """Close without waiting (an end dropped unclosed, or still open when its event loop
+        shuts down): send CLOSE if there is room, so that the readers see the end of the
+        stream, but only if the broker acknowledged everything written; else cut."""
+        if self._done:
+            return
+        proto = self._proto
+        if isinstance(proto, WriterProtocol) and proto.outstanding:
+            self._cut()  # a CLOSE now would cancel the unacknowledged WRITEs in the broker
+            return
+        self._done = True
+        channel = self._channel
         if channel is not None:
             if proto.needs_close:
                 channel.send_last(proto.close_command())
             channel.close()
 
     def abort(self) -> None:
-        """Close at once, without waiting (not even for a call in progress in another task):
-        a writer's unacknowledged data may be dropped by the broker."""
-        self._abort()
+        """Drop the pipe end at once, without waiting (not even for a call in progress in
+        another task); never raises.
+
+        A writer sends no CLOSE: its socket is closed with no linger, the broker sees its
+        connection go without a CLOSE, and the readers of its stream fail ("writer lost: ...")
+        after the data the broker had taken; what it had not acknowledged yet may be dropped.
+        A reader sends a CLOSE if there is room for it, and does not wait for the answer."""
+        self._cut()
         self._closed = True
 
     async def __aenter__(self) -> Any:
@@ -468,8 +503,11 @@ class _AsyncPipeEnd(EndBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None and not issubclass(exc_type, Exception):
-            self.abort()  # cancelled (or worse): do not wait for the broker
+        """Leaving an ``async with`` block: :meth:`close` normally, :meth:`abort` when an
+        exception (a cancellation too) leaves it: a writer's readers then fail instead of
+        seeing the end of the stream."""
+        if exc_type is not None:
+            self.abort()
         else:
             await self.close()
 
@@ -480,7 +518,7 @@ class _AsyncPipeEnd(EndBase):
         if self._done or sys.is_finalizing():
             return
         try:
-            self._abort()
+            self._close_now()
         except Exception:  # a finalizer has nobody to report to
             pass
 
@@ -672,7 +710,10 @@ class AsyncPipeWriter(WriterCounters, _AsyncPipeEnd):
     most ``window`` chunks unacknowledged, and returns once it is sent (it waits only while the
     window is full). An error of an earlier write is raised by the next ``write``, ``flush`` or
     ``close``. ``await flush()`` waits until the broker accepted everything; ``await close()``
-    flushes, then closes the pipe end, so that the reader sees the end of the stream. Do close.
+    flushes, then closes the pipe end, so that the reader sees the end of the stream. Do close
+    (or use ``async with``). ``abort()`` cuts the stream instead: its readers fail with "writer
+    lost", after the data the broker took. An ``async with`` block left by an exception (a
+    cancellation too) aborts, and so does a ``close`` whose flush fails or is cancelled.
     """
 
     def __init__(
@@ -779,8 +820,10 @@ class AsyncPipeWriter(WriterCounters, _AsyncPipeEnd):
     # --- closing ---
 
     async def close(self) -> None:
-        """Flush, then close the pipe end (the reader sees the end of the stream) and wait
-        for the broker's CLOSE_OK. Raises what the flush raised; the end is closed anyway."""
+        """Flush, then close the pipe end (the readers see the end of the stream) and wait
+        for the broker's CLOSE_OK. The stream ends only once the broker took all of it: if
+        the flush fails, times out or is cancelled, the end is aborted instead (the readers
+        fail) and close raises what the flush raised."""
         if self._done:
             self._closed = True
             return
@@ -791,14 +834,8 @@ class AsyncPipeWriter(WriterCounters, _AsyncPipeEnd):
             try:
                 try:
                     await self._flush()
-                except Exception:
-                    try:
-                        await self._finish()
-                    except ZpipesError:
-                        pass
-                    raise
                 except BaseException:
-                    self._abort()  # cancelled: do not wait for the broker
+                    self._cut()  # not all taken: the readers must not see an end
                     raise
                 await self._finish()
                 if self._proto.close_error is not None:

@@ -4,9 +4,15 @@ output.
     producer | zpipes write NAME        # closes the pipe at end of input
     zpipes read NAME | consumer         # ends at end of stream
 
+``zpipes write`` closes the pipe only at the end of its input: then its readers see the end of
+the stream. Stopped any other way (Ctrl-C, SIGTERM, an error reading its input, a pipe or
+broker failure) it aborts instead, and its readers fail with "writer lost" after the data the
+broker took. ``zpipes read`` exits 0 only at the end of a whole stream (every writer closed);
+a cut stream makes it exit 1 with the broker's reason.
+
 Exit status: 0 success, 1 pipe or broker failure (one line on standard error), 2 usage,
-130 interrupted (Ctrl-C). ``zpipes read`` ends quietly, with status 0, when its standard output
-is closed.
+130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM). ``zpipes read`` ends quietly, with
+status 0, when its standard output is closed.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from zpipes import client
 from zpipes.errors import ZpipesError
 
 STDIN, STDOUT = 0, 1
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 PIPE_SIZE = 1 << 20  # ask the kernel for OS pipes this big on our side (best effort)
 
 
@@ -69,9 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description="Reliable named pipes served by a zbroker. Data is copied byte for byte "
         "(binary-safe); a writer blocks while no reader is attached or the reader is slow.",
-        epilog="Exit status: 0 success, 1 pipe or broker failure, 2 usage error, "
-        "130 interrupted. Example: 'tar c dir | zpipes write backup' in one shell and "
-        "'zpipes read backup | tar x' in another.",
+        epilog="Exit status: 0 success (for read: the whole stream, every writer closed), "
+        "1 pipe or broker failure (for read also: a writer was lost, the stream is cut), "
+        "2 usage error, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Example: "
+        "'tar c dir | zpipes write backup' in one shell and 'zpipes read backup | tar x' in "
+        "another.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     write = commands.add_parser(
@@ -80,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy standard input into a pipe",
         description="Copy standard input into pipe NAME; at end of input, wait until the "
         "broker has taken all of it, then close the pipe so that the reader sees the end of "
-        "the stream. Input is passed on as soon as it arrives (fit for interactive use).",
+        "the stream. Input is passed on as soon as it arrives (fit for interactive use). "
+        "Stopped before the end of its input (SIGINT: exit status 130, SIGTERM: 143, an error "
+        "reading standard input or a pipe failure: 1), it aborts the pipe instead: the reader "
+        "fails (\"writer lost\") after the data passed on before.",
     )
     write.add_argument("name", metavar="NAME", help="the pipe's name (1 to 255 bytes of UTF-8)")
     read = commands.add_parser(
@@ -88,8 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="copy a pipe to standard output",
         description="Copy pipe NAME to standard output until the end of the stream (all "
-        "writers closed). Data is written out as soon as it arrives. Ends quietly when "
-        "standard output is closed.",
+        "writers closed): exit status 0. Data is written out as soon as it arrives. If the "
+        "stream is cut (a writer was lost: it was interrupted, killed or failed) or the pipe "
+        "fails, exit status 1 with the broker's reason on standard error, after the data "
+        "that came before. Ends quietly (status 0) when standard output is closed. SIGINT: "
+        "exit status 130, SIGTERM: 143.",
     )
     read.add_argument("name", metavar="NAME", help="the pipe's name (1 to 255 bytes of UTF-8)")
     return parser
@@ -106,18 +121,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         client.check_broker_name(broker)
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    old_term = _raise_on_sigterm()
     try:
         if args.command == "write":
             return _write(name, broker, timeout, address)
         return _read(name, broker, timeout, address)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Terminated:
+        return EXIT_TERMINATED
     except ZpipesError as exc:
         _complain(str(exc))
         return EXIT_FAILED
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised like KeyboardInterrupt for SIGINT, so that the pipe end is
+    aborted on the way out (dying of the signal would drop the connection too, but leave
+    nothing to say why)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _raise_on_sigterm() -> Any:
+    """Make SIGTERM raise :class:`Terminated`; the previous handler (None: not the main
+    thread, or SIGTERM is ignored, which stays so)."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            return None
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:  # not the main thread
+        return None
 
 
 def _write(name: bytes, broker: str, timeout: float | None, address: str | None) -> int:
+    """Copy standard input into the pipe; close it at the end of the input, abort it (the
+    readers fail) on anything else."""
     _grow_os_pipe(STDIN)
     pipe = client.PipeWriter(name, broker, timeout, endpoint=address)
     try:
@@ -127,10 +171,10 @@ def _write(name: bytes, broker: str, timeout: float | None, address: str | None)
         except OSError as exc:
             if isinstance(exc, ZpipesError):
                 raise
-            pipe.abort()
+            _quiet_abort(pipe)
             _complain(f"cannot read standard input: {exc.strerror or exc}")
             return EXIT_FAILED
-        pipe.close()  # waits for the last WRITE_OK and CLOSE_OK
+        pipe.close()  # waits for the last WRITE_OK and CLOSE_OK; aborts if that fails
         return EXIT_OK
     except BaseException:
         _quiet_abort(pipe)
@@ -162,20 +206,23 @@ def _read(name: bytes, broker: str, timeout: float | None, address: str | None) 
 
 
 def _quiet_abort(pipe: client.PipeReader | client.PipeWriter) -> None:
-    """Close the pipe end at once, with Ctrl-C held off so that it is closed properly."""
+    """Abort the pipe end at once (a writer's readers fail), with SIGINT and SIGTERM held
+    off so that a second signal cannot leave it half done."""
     if pipe.closed:
         return
-    try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    except ValueError:  # not the main thread
-        old = None
+    held = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            held[signum] = signal.signal(signum, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
     try:
         pipe.abort()
     except Exception:  # the error that brought us here is the one to report
         pass
     finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+        for signum, old in held.items():
+            signal.signal(signum, old)
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -12,6 +12,13 @@ consumed chunk keeps its rest for the next call, and a timeout leaves everything
 flight. End of stream (``b""``), a timeout (:class:`~zpipes.errors.PipeTimeout`, a
 ``TimeoutError``) and a failure (:class:`~zpipes.errors.ZpipesError`) never look alike.
 
+Ending a stream: a writer's ``close()`` ends it (once the broker took all of it), its
+``abort()`` cuts it (no CLOSE: the connection goes, and the broker fails the readers with
+"writer lost: ..." after the data it took). A reader gets end of stream only when every writer
+of its stream closed. A ``with`` block closes the end, or aborts it when an exception leaves
+the block; an end the program dropped is closed, and so are the ends left open at exit,
+unless an uncaught exception ends the program: they are aborted then.
+
 Layout of this module:
 
 * :class:`ReaderProtocol` and :class:`WriterProtocol` hold the protocol logic of one pipe end:
@@ -838,7 +845,21 @@ class _Channel:
             finally:
                 self._lock.release()
 
-    def close(self) -> None:
+    def send_last(self, frame: bytes) -> None:
+        """Send a last frame (a CLOSE that nobody waits for) if the queue to the broker has
+        room and the connection is up; never waits, never raises. The socket's linger takes
+        it out once the channel is closed."""
+        with self._lock:
+            if self.closed or self.dead is not None:
+                return
+            try:
+                self._sock.send(frame, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+    def close(self, at_once: bool = False) -> None:
+        """Stop the heartbeat and close the socket; ``at_once``: with no linger, so that the
+        connection goes away now and what is still queued for the broker is dropped."""
         if self.closed:
             return
         self._stop.set()
@@ -846,12 +867,13 @@ class _Channel:
             self._thread.join(timeout=5)
         with self._lock:
             self.closed = True
-            close_socket(self._sock, self._monitor, self.dead is not None)
+            close_socket(self._sock, self._monitor, at_once or self.dead is not None)
 
 
 # --- the file objects --------------------------------------------------------------------
 
 _open_ends: weakref.WeakSet[_PipeEnd] = weakref.WeakSet()
+_open_texts: weakref.WeakSet[_TextPipe] = weakref.WeakSet()
 _zmq_context: zmq.Context | None = None
 _context_lock = threading.Lock()
 
@@ -866,17 +888,38 @@ def _context() -> zmq.Context:
         return _zmq_context
 
 
+def _ending_by_exception() -> bool:
+    """True while an uncaught exception ends the program: the interpreter keeps it in
+    ``sys.last_value`` (``sys.last_exc``) before it runs the exit handlers. Not in an
+    interactive session, where that is only the last error shown at the prompt."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return False
+    return getattr(sys, "last_exc", None) is not None or (
+        getattr(sys, "last_value", None) is not None
+    )
+
+
 @atexit.register
 def _close_open_ends() -> None:
     """Close what the program left open, so that no written data is left behind unsent; then
     end our ZeroMQ context, which waits until ZeroMQ is done with every message.
 
+    A program that exits normally (``sys.exit()`` included) closes its ends: their readers
+    see the end of the stream. One that an uncaught exception (a ``KeyboardInterrupt``, too)
+    ends aborts them instead, so that their readers fail rather than take a cut stream for
+    a whole one. Text ends go first, so that the text they still hold is written.
+
     This must run before pyzmq's own exit handler, which drops the buffers of zero-copy
     messages, whether or not ZeroMQ is still sending them: exit handlers run last-registered
     first, and importing ``zmq.utils.garbage`` above registers pyzmq's before this one."""
-    for end in list(_open_ends):
+    cut = _ending_by_exception()
+    ends: list[_TextPipe | _PipeEnd] = [*_open_texts, *_open_ends]
+    for end in ends:
         try:
-            end.close()
+            if cut:
+                end.abort()
+            else:
+                end.close()
         except Exception:  # nothing to report to at exit
             pass
     with _context_lock:
@@ -965,13 +1008,40 @@ class _PipeEnd(EndBase, io.BufferedIOBase):
                 channel.close()
 
     def abort(self) -> None:
-        """Close at once: a writer's unacknowledged data may be dropped by the broker."""
+        """Drop the pipe end at once, without waiting for the broker; never raises.
+
+        A writer sends no CLOSE: its socket is closed with no linger, the broker sees its
+        connection go without a CLOSE, and the readers of its stream fail ("writer lost: ...")
+        after the data the broker had taken; what it had not acknowledged yet may be dropped.
+        So a reader never takes an aborted stream for a whole one. A reader sends a CLOSE if
+        there is room for it, and does not wait for the answer."""
         try:
-            self._finish()
-        except ZpipesError:
-            pass
+            self._cut()
         finally:
             super().close()
+
+    def _cut(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        _open_ends.discard(self)
+        channel, proto = self._channel, self._proto
+        if channel is None:
+            return
+        writer = isinstance(proto, WriterProtocol)
+        try:
+            if not writer and proto.needs_close:
+                channel.send_last(proto.close_command())
+        finally:
+            channel.close(at_once=writer)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Leaving a ``with`` block: :meth:`close` normally, :meth:`abort` when an exception
+        leaves it (a writer's readers then fail instead of seeing the end of the stream)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -981,6 +1051,9 @@ class _PipeEnd(EndBase, io.BufferedIOBase):
         return False
 
     def __del__(self) -> None:
+        """An end the program dropped without closing it is closed (a writer's readers see
+        the end of the stream once the broker took everything); at exit, see
+        ``_close_open_ends``."""
         if self._done or sys.is_finalizing():
             return
         try:
@@ -1190,7 +1263,9 @@ class PipeWriter(WriterCounters, _PipeEnd):
     ``window`` chunks unacknowledged, and returns once it is sent (it waits only while the
     window is full). An error of an earlier write is raised by the next ``write``, ``flush``
     or ``close``. ``flush`` waits until the broker accepted everything; ``close`` flushes,
-    then closes the pipe end, so that the reader sees the end of the stream. Do close.
+    then closes the pipe end, so that the reader sees the end of the stream. Do close (or
+    use ``with``). ``abort`` cuts the stream instead: its readers fail with "writer lost",
+    after the data the broker took. A ``with`` block left by an exception aborts.
     """
 
     def __init__(
@@ -1345,8 +1420,10 @@ class PipeWriter(WriterCounters, _PipeEnd):
     # --- closing ---
 
     def close(self) -> None:
-        """Flush, then close the pipe end (the reader sees the end of the stream) and wait
-        for the broker's CLOSE_OK. Raises what the flush raised; the end is closed anyway."""
+        """Flush, then close the pipe end (the readers see the end of the stream) and wait
+        for the broker's CLOSE_OK. The stream ends only once the broker took all of it: if
+        the flush fails, times out or is interrupted, the end is aborted instead (see
+        :meth:`abort`: the readers fail) and close raises what the flush raised."""
         if self._done:
             super().close()
             return
@@ -1354,10 +1431,7 @@ class PipeWriter(WriterCounters, _PipeEnd):
             try:
                 self.flush()
             except BaseException:
-                try:
-                    self._finish()
-                except ZpipesError:
-                    pass
+                self._cut()
                 raise
             self._finish()
             if self._proto.close_error is not None:
@@ -1398,8 +1472,13 @@ def open(
 ) -> PipeReader | PipeWriter | io.TextIOWrapper:
     """Open pipe ``name`` on ``broker`` for reading (mode ``"r"``/``"rb"``: a
     :class:`PipeReader`) or writing (``"w"``/``"wb"``: a :class:`PipeWriter`). Modes ``"rt"``
-    and ``"wt"`` give a text stream (``io.TextIOWrapper``; options ``encoding`` (default
-    UTF-8), ``errors``, ``newline``, ``line_buffering``, ``write_through``).
+    and ``"wt"`` give a text stream (an ``io.TextIOWrapper`` that can also ``abort()``;
+    options ``encoding`` (default UTF-8), ``errors``, ``newline``, ``line_buffering``,
+    ``write_through``).
+
+    Use the pipe end in a ``with`` block: leaving it normally closes the end (a writer's
+    readers see the end of the stream), leaving it by an exception aborts it (they fail with
+    "writer lost": a reader gets the end of the stream only when every writer closed).
 
     ``timeout`` (seconds; None waits for ever) bounds the open and every read, write and
     flush. Other options: ``ping_interval``, ``broker_timeout``, ``endpoint`` (a ZeroMQ
@@ -1419,7 +1498,26 @@ def open(
     if not text:
         return end
     text_opts.setdefault("encoding", "utf-8")
-    return io.TextIOWrapper(end, **text_opts)  # type: ignore[arg-type]
+    wrapper = _TextPipe(end, **text_opts)  # type: ignore[arg-type]
+    _open_texts.add(wrapper)
+    return wrapper
+
+
+class _TextPipe(io.TextIOWrapper):
+    """A text pipe end (modes ``"rt"`` and ``"wt"``): an ``io.TextIOWrapper`` that can
+    :meth:`abort`, and whose ``with`` block, left by an exception, aborts the pipe end under
+    it rather than closing it (``TextIOWrapper`` would flush and close: for a writer, a cut
+    stream that its readers take for a whole one)."""
+
+    def abort(self) -> None:
+        """Abort the pipe end (see :meth:`PipeWriter.abort`); text not yet written is dropped."""
+        self.buffer.abort()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
 
 
 __all__ = [
