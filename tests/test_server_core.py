@@ -585,3 +585,29 @@ def test_raising_the_capacity_wakes_a_writer_waiting_for_room():
     assert h.replies(W) == [p.WriteOk()]  # room now: accepted without any read
     h.send(R, p.Read(100, 0))
     assert h.replies(R) == [p.ReadOk(b"12345678")]
+
+
+def test_close_with_a_write_pending_cuts_the_stream():
+    """A CLOSE that drops a WRITE the writer sent does not end the stream as complete."""
+    h = Harness(capacity=2)
+    open_pair(h)
+    h.send(W, p.Write(b"ab", 0))
+    h.send(W, p.Write(b"cd", 0))  # held: the reader holds its capacity
+    h.send(W, p.Close())
+    assert h.replies(W) == [p.WriteOk(), p.WriteFailed("pipe closed by client"), p.CloseOk()]
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"ab"),
+                            p.ReadFailed("writer lost: closed with a WRITE pending")]
+
+
+def test_close_with_a_write_waiting_for_a_first_reader_cuts_nothing(h):
+    """The original's selftest: WRITE with no reader, then CLOSE: no stream had started."""
+    h.send(W, p.Output(b"alone"))
+    h.send(W, p.Write(b"x", 0))
+    h.send(W, p.Close())
+    assert h.replies(W) == [p.OutputOk(), p.WriteFailed("pipe closed by client"), p.CloseOk()]
+    h.send(R, p.Input(b"alone"))
+    h.send(R, p.Read(1, 100))
+    h.advance(0.2)
+    assert h.replies(R) == [p.InputOk(), p.ReadTimeout()]

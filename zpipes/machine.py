@@ -146,9 +146,9 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.OUTPUT: _r(S.PROCESSING_WRITE, "queue command"),
         E.MALFORMED: _r(S.PROCESSING_WRITE, "queue command"),
         E.PING: _r(S.PROCESSING_WRITE, "send PING_OK"),
-        E.CLOSE: _r(
+        E.CLOSE: _r(  # the WRITEs it drops were part of its stream: the stream is cut
             S.START, "send WRITE_FAILED", "finish request", "fail queued commands",
-            "close pipe end", "send CLOSE_OK",
+            "cut pipe end", "send CLOSE_OK",
         ),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(

@@ -155,6 +155,7 @@ class ZpipesServer:
             "queue command": self._queue_command,
             "fail queued commands": self._fail_queued_commands,
             "close pipe end": self._close_pipe_end,
+            "cut pipe end": self._cut_pipe_end,
             "terminate": self._terminate,
         }
 
@@ -304,7 +305,10 @@ class ZpipesServer:
         self.log.info("pipe opened", client=client.id, pipe=_name(name), role=role,
                       readers=len(pipe.readers), writers=len(pipe.writers))
 
-    def _close_pipe_end(self, client: Client) -> None:
+    def _cut_pipe_end(self, client: Client) -> None:
+        self._close_pipe_end(client, "closed with a WRITE pending")
+
+    def _close_pipe_end(self, client: Client, cut: str | None = None) -> None:
         end = client.end
         if end is None:
             return
@@ -314,8 +318,8 @@ class ZpipesServer:
             role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
         else:
             role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
-        lost = None if client.event is Event.CLOSE else _END_LOST.get(client.event,
-                                                                       "invalid command")
+        lost = cut or (None if client.event is Event.CLOSE
+                       else _END_LOST.get(client.event, "invalid command"))
         # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
         # only shrinks its writers' audience, wherever they are
         failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
