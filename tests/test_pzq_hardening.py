@@ -327,3 +327,18 @@ def test_a_full_disk_frees_its_log_once_everything_is_acked(start_pzq, small_fs)
     q = q.restart()
     assert q.counters()["messages"] == 0
     legit_round_trip(q)
+
+
+def test_the_python_producer_refuses_an_id_the_queue_would_refuse(ctx):
+    """The queue answers a refused long id with the id cut to 255 bytes, which the producer
+    could never match to what it sent: the producer refuses such an id itself."""
+    from zbroker.pzq.client import Producer
+
+    producer = Producer("tcp://127.0.0.1:1", context=ctx)
+    try:
+        with pytest.raises(ValueError, match="message id longer than 255 bytes"):
+            producer.send(b"body", msg_id=b"i" * 256)
+        assert not producer.outstanding
+        producer.send(b"body", msg_id=b"i" * 255)  # at the limit: sent (nobody listens)
+    finally:
+        producer.close()

@@ -97,10 +97,14 @@ class Producer:
              timeout: float | None = None) -> bytes:
         """Send one message (one or more body frames); returns its id. Waits (up to
         ``timeout``, then TimeoutError) while ``window`` messages, or
-        ``max_inflight_bytes`` of bodies with this one, are unACKed."""
+        ``max_inflight_bytes`` of bodies with this one, are unACKed. An id over 255 bytes is
+        refused here (ValueError): the queue would refuse it too, and could not name it in
+        its answer."""
         if msg_id is None:
             self._n += 1
             msg_id = f"{self._prefix}-{self._n}".encode()
+        elif len(msg_id) > wire.MAX_ID:
+            raise ValueError(f"{wire.ID_TOO_LONG} ({len(msg_id)})")
         body_frames = _frames(body)
         size = sum(len(f) for f in body_frames)
         deadline = None if timeout is None else time.monotonic() + timeout
