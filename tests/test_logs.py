@@ -220,12 +220,13 @@ def test_sources_and_kinds_are_counted_apart(repeats):
         ("peer refused", "10.0.0.9")]
 
 
-def test_info_and_debug_are_never_collapsed(repeats):
+def test_info_and_debug_and_events_without_a_source_are_never_collapsed(repeats):
     f, clock, lines, log = repeats
     for _ in range(5):
         log("pipe opened", level="info", client=1)
         log("chunk", level="debug", client=1)
-    assert len(lines) == 10
+        log("config reload refused", level="error", component="broker", reason=f"bad {_}")
+    assert len(lines) == 15
 
 
 def test_after_a_quiet_interval_the_next_one_is_a_first_again(repeats):

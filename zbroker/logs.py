@@ -15,7 +15,8 @@ Repeated warnings are collapsed (``RepeatFilter``): a warning or error of one ki
 name) from one source (its values of SOURCE_KEYS) is logged the first time, then at most once
 per REPEAT_INTERVAL as one line that counts the others: "invalid frame (repeated 1999 times in
 the last 10 s)". A flood of bad input (malformed frames, a refused peer reconnecting) costs a
-few lines, not one per message; the first of each kind and source is never held back.
+few lines, not one per message; the first of each kind and source is never held back, and an
+event that names no source (the broker's own doings, an operator's reload) is never collapsed.
 
 Re-configuring (SIGHUP) takes effect in loggers bound before it too, services' included:
 
@@ -46,11 +47,13 @@ LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("console", "json")
 _LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 #: the fields that say where an event came from, for collapsing repeats: a network address
-#: first (what a flood cannot choose freely), then the broker's own handles of a client, a
-#: peer (its life), a pipe, a queue. Fields a sender chooses itself (a claimed name or endpoint)
-#: are logged under other keys, so that varying them does not make a flood "new" every time.
+#: (what a flood cannot choose freely), the broker's own handles of a client, a peer (its id,
+#: its life), a pipe, a queue. Fields a sender chooses itself (a claimed name or endpoint) are
+#: logged under other keys, so that varying them does not make a flood "new" every time.
 SOURCE_KEYS = ("address", "client", "peer", "id", "life", "sender", "endpoint", "pipe", "queue",
-               "node", "component", "service")
+               "node")
+#: bound context that tells apart the same event of different parts of the broker
+CONTEXT_KEYS = ("component", "service")
 REPEAT_INTERVAL = 10.0  # seconds: at most one line per kind and source in that time
 REPEAT_KEYS = 4096  # kinds and sources remembered (least recently seen forgotten first)
 REPEAT_LEVELS = frozenset(("warning", "error", "critical"))
@@ -153,9 +156,10 @@ class _Window:
 class RepeatFilter:
     """A structlog processor (after ``add_log_level``): collapses repeated warnings and errors.
 
-    The key of an event is its name and its values of ``source_keys``. The first event of a
-    key is passed; the same key again within ``interval`` of the last line logged for it is
-    dropped and counted; the counted ones are told in one line, the last of them with
+    The key of an event is its name and its values of ``source_keys`` (and CONTEXT_KEYS); an
+    event with none of ``source_keys`` is always passed. The first event of a key is passed;
+    the same key again within ``interval`` of the last line logged for it is dropped and
+    counted; the counted ones are told in one line, the last of them with
     " (repeated N times in the last S s)" added to its name and ``repeated=N``: by ``flush``
     (call it every second or so) once ``interval`` has passed, or by the next event of that
     key if it comes first. ``emit(level, event)`` writes the lines that ``flush`` (and the
@@ -176,15 +180,21 @@ class RepeatFilter:
         self._owed: dict[tuple[Any, ...], None] = {}  # keys with repeats untold
         self._lock = threading.Lock()
 
-    def key(self, event: EventDict) -> tuple[Any, ...]:
-        return (str(event.get("event")),
-                *((k, _hashable(event[k])) for k in self.source_keys if k in event))
+    def key(self, event: EventDict) -> tuple[Any, ...] | None:
+        """(event name, source and context fields), or None if it names no source."""
+        source = tuple((k, _hashable(event[k])) for k in self.source_keys if k in event)
+        if not source:
+            return None
+        return (str(event.get("event")), *source,
+                *((k, _hashable(event[k])) for k in CONTEXT_KEYS if k in event))
 
     def __call__(self, logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
         level = event.get("level", method)
         if level not in REPEAT_LEVELS:
             return event
         key = self.key(event)
+        if key is None:
+            return event
         forgotten: list[tuple[str, EventDict]] = []
         with self._lock:
             now = self.clock()
