@@ -355,27 +355,32 @@ class ClusterNode:
                 self._say_hello(change.challenge, reply=False)
         if change.reply_hello_to:  # first, so that it reaches the peer before what services
             self._say_hello(change.reply_hello_to, reply=True)  # send it when it joins
-        self._apply(change)
+        self._apply(change, address=address)
 
-    def _apply(self, change: Change, reason: str | None = None) -> None:
+    def _apply(self, change: Change, reason: str | None = None, address: str = "") -> None:
+        """Act on ``change``; ``address``: where the message that made it came from."""
         if change.dropped:
+            # a flood of HELLOs gives contacts up one by one: logged by where the HELLOs come
+            # from, so that the repeats are counted into one line
             self._log.warning("cluster contacts given up", contacts=len(change.dropped),
-                              first=change.dropped[0][:80],
-                              why="no broker answered there", pending_limit=self.membership
-                              .max_pending)
+                              first=change.dropped[0][:80], **({"address": address} if address
+                                                               else {}),
+                              why="no broker answered there in time, or more than "
+                                  f"{self.membership.max_pending} were waiting")
         for endpoint in change.dropped:
             self._close_link(endpoint)
         for peer, why in change.left:
             life = self._lives.pop(peer.id, None)
-            self._log.warning("peer left", peer=peer.name, id=peer.id, endpoint=peer.endpoint,
-                              why=reason or why)
+            self._log.warning("peer left", peer=peer.name, id=peer.id, life=peer.life,
+                              endpoint=peer.endpoint, why=reason or why)
             if life is not None:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
             life = ServicePeer(peer.life, peer.name, peer.endpoint)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
-            self._log.info("peer joined", peer=peer.name, id=peer.id, endpoint=peer.endpoint)
+            self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                           endpoint=peer.endpoint)
             self._on_join(life)
 
     # --- timers ----------------------------------------------------------------------------------
