@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from .config import LOG_LEVELS, Config, ConfigError, find_config_file, load_config, parse_config
-from .management import CommandError, NotRunning, follow_logs, request
+from .management import CommandError, NoAccess, NotRunning, follow_logs, request
 
 
 def _error(message: str) -> None:
@@ -75,7 +75,7 @@ def _call(args: argparse.Namespace, message: dict[str, Any]) -> tuple[int, Any]:
     try:
         name, run_dir = _locate(args)
         return 0, request(run_dir, name, message)
-    except (ConfigError, NotRunning, CommandError) as exc:
+    except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
         _error(str(exc))
         return 1, None
 
@@ -288,7 +288,7 @@ def logs_command(argv: Sequence[str]) -> int:
         return follow_logs(run_dir, name, sys.stdout, format="json" if args.json else "console",
                            level=args.level, pipe=args.pipe, lines=max(args.lines, 0),
                            follow=args.follow)
-    except (ConfigError, NotRunning, CommandError) as exc:
+    except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
         _error(str(exc))
         return 1
     except KeyboardInterrupt:
