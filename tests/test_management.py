@@ -317,7 +317,7 @@ def test_status_text_renders_any_service_and_the_cluster():
             "pzq": {"queues": {"orders": {"depth": 3, "in_flight": 1}}, "paused": False},
         },
         "logs": {"level": "info", "format": "json", "file": None, "animate": False,
-                 "write_errors": 0,
+                 "write_errors": 0, "repeats_collapsed": 1999,
                  "syslog": {"target": "udp://127.0.0.1:514", "format": "rfc5424",
                             "facility": "daemon", "connected": False,
                             "last_error": "connection refused", "sent": 1, "dropped": 2,
@@ -325,15 +325,17 @@ def test_status_text_renders_any_service_and_the_cluster():
         "management": {"followers": 0, "followers_dropped": 0},
         "cluster": {"endpoint": "tcp://10.0.0.1:5670",
                     "peers": [{"id": "AB", "name": "b2", "endpoint": "tcp://10.0.0.2:5670",
-                               "last_heard_s": 0.4}]},
+                               "last_heard_s": 0.4}], "pending_contacts": 3},
     })
     assert text.splitlines()[:3] == ["broker b1 (pid 7), up 1h 2m 5s",
                                      "  config: embedded defaults",
                                      "  run dir: /run/zbroker/b1"]
     assert "    p: readers 1, writers 0, buffered 5" in text
     assert "pzq:\n  queues: 1\n    orders: depth 3, in_flight 1\n  paused: false" in text
-    assert "cluster: tcp://10.0.0.1:5670, 1 peers\n  b2 (AB) tcp://10.0.0.2:5670, " \
-           "last heard 0.4s ago" in text
+    assert "cluster: tcp://10.0.0.1:5670, 1 peers, 3 contacts not answering\n" \
+           "  b2 (AB) tcp://10.0.0.2:5670, last heard 0.4s ago" in text
+    assert "logs: level info, json to standard error, 1999 repeated warnings counted, " \
+           "not written" in text
     assert ("  syslog: udp://127.0.0.1:514 (rfc5424, daemon, not connected: connection "
             "refused): 1 sent, 2 dropped, 3/10 queued") in text
 

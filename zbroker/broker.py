@@ -360,7 +360,9 @@ class Broker:
         if node is None:
             return None
         return {"endpoint": getattr(node, "endpoint", None),
-                "peers": node.peers() if hasattr(node, "peers") else []}
+                "peers": node.peers() if hasattr(node, "peers") else [],
+                "pending_contacts": (node.pending_contacts()
+                                     if hasattr(node, "pending_contacts") else 0)}
 
     def get_settings(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all

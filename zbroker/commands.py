@@ -134,7 +134,9 @@ def format_status(status: dict[str, Any]) -> str:
     cluster = status.get("cluster")
     if cluster:
         peers = cluster.get("peers") or []
-        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers")
+        pending = cluster.get("pending_contacts")
+        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers"
+                     + (f", {pending} contacts not answering" if pending else ""))
         for peer in peers:
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago")
@@ -142,7 +144,9 @@ def format_status(status: dict[str, Any]) -> str:
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"
                  + (", animate" if log.get("animate") else "")
-                 + (f", {log['write_errors']} write errors" if log.get("write_errors") else ""))
+                 + (f", {log['write_errors']} write errors" if log.get("write_errors") else "")
+                 + (f", {log['repeats_collapsed']} repeated warnings counted, not written"
+                    if log.get("repeats_collapsed") else ""))
     syslog = log.get("syslog")
     if syslog:
         state = "connected" if syslog["connected"] else (
