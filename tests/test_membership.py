@@ -214,3 +214,15 @@ def test_a_broker_that_lost_its_peer_starts_afresh_without_a_new_challenge():
     change = b.hello(a.greeting(b_at, reply=False), 5.0, sender="a")
     assert change.challenge is None and [p.life for p, _ in change.left] == [life]
     assert change.joined and change.reply_hello_to == a_at
+
+
+def test_only_our_own_hello_makes_us_give_up_a_contact_that_is_ourselves():
+    m = Membership(ME, secret=SECRET, timeout=3)
+    m.add_contact("tcp://10.0.0.1:5670", 0)  # a static list that names us too
+    m.add_contact("tcp://b:5670", 0)
+    ours = m.greeting("tcp://10.0.0.1:5670", reply=False)
+    assert m.own_contact(ours) == "tcp://10.0.0.1:5670"
+    forged = Hello("me", "x", "prod", "tcp://b:5670", nonce="0" * 32)  # our id, not our nonce
+    assert m.own_contact(forged) is None
+    assert m.hello(forged, 0).refused == "that is this broker"
+    assert m.own_contact(hello()) is None

@@ -155,6 +155,17 @@ class Membership:
         return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
                      nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "")
 
+    def own_contact(self, hello: Hello) -> str | None:
+        """The contact at which ``hello``, naming this broker, was said by this broker itself
+        (it carries our nonce for that contact), or None: a HELLO that only claims our id
+        cannot make us give up a contact."""
+        if hello.id != self.me.id or not hello.nonce:
+            return None
+        for endpoint in self.contacts:
+            if hmac.compare_digest(hello.nonce, self.nonce(endpoint)):
+                return endpoint
+        return None
+
     def hello(self, hello: Hello, now: float, sender: str | None = None) -> Change:
         """A HELLO from the broker connected as ``sender`` (None: not checked)."""
         change = Change()

@@ -337,9 +337,10 @@ class ClusterNode:
             hello = Hello(hello.id, hello.name, hello.cluster,
                           hello.endpoint.replace("*", address, 1), hello.version, hello.reply,
                           hello.nonce, hello.echo)
-        if hello.id == self.id:  # a contact that turned out to be ourselves
-            self._static.discard(hello.endpoint)
-            self._apply(self.membership.forget_contact(hello.endpoint))
+        own = self.membership.own_contact(hello)
+        if own is not None:  # a contact that turned out to be ourselves
+            self._static.discard(own)
+            self._apply(self.membership.forget_contact(own))
             return
         sender = frames[0].bytes.decode("ascii", "replace")
         change = self.membership.hello(hello, now, sender)
