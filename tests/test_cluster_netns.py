@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import subprocess
 import time
 
@@ -259,6 +260,43 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
     rc.kill()
 
 
+def test_a_broker_with_another_key_is_refused_in_a_few_log_lines(testbed, tmp_path):
+    """A broker with another cluster's key reconnects again and again (about ten times a
+    second); each refusal used to be a warning line. Now: the first, then a count."""
+    from zbroker.cluster.security import generate_key_file
+
+    key, other = tmp_path / "cluster.key", tmp_path / "other.key"
+    generate_key_file(key)
+    generate_key_file(other)
+    bed = testbed(3, start=False)
+    a, b, c = bed.hosts
+    keyed = {"cluster": {"key_file": str(key), "discovery": False,
+                         "peers": [a.endpoint, b.endpoint]}}
+    a.start_broker(keyed)
+    b.start_broker(keyed)
+    c.start_broker({"cluster": {"key_file": str(other), "discovery": False,
+                                "peers": [a.endpoint]}})
+    wait_for_cluster([a, b])
+    a.wait_for_log("cluster connection refused", timeout=10)
+    r = reader(b, "keyed")
+    wait_attached(a, "keyed", "reader")
+    w = writer(a, "keyed")
+    w.stdin.write(b"beside the refusals\n")
+    w.stdin.close()
+    assert r.communicate(timeout=30)[0] == b"beside the refusals\n"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(
+            e.get("repeated") for e in a.log_events()):
+        time.sleep(0.2)
+    refused = [e for e in a.log_events()
+               if e.get("event", "").startswith("cluster connection refused")]
+    print(f"{len(refused)} refusal lines: {[e['event'] for e in refused]}")
+    assert refused[0]["event"] == "cluster connection refused"
+    assert any(e.get("repeated", 0) > 1 for e in refused), refused
+    assert len(refused) <= 4, [e["event"] for e in refused]
+    assert c.peers() == set() and a.peers() == {b.endpoint}
+
+
 def test_cluster_simulation(testbed):
     """The seed's "full cluster test case": 5 brokers, random sessions, every byte checked.
     More brokers or time: ZBROKER_SIM_BROKERS / ZBROKER_SIM_SECONDS, or run cluster_sim.py."""
@@ -307,3 +345,132 @@ def test_seed_bugs_multi_broker_sequences(testbed):
     assert w.wait(30) == 0
     assert r.communicate(timeout=30)[0] == b"connected\n"
     assert a.broker.poll() is None and b.broker.poll() is None
+
+
+HELLO_FLOOD = r"""
+import json, sys, uuid
+import zmq
+from zbroker.cluster.membership import PROTOCOL_VERSION
+
+target, me, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ctx = zmq.Context()
+# live ZMTP sockets that accept a broker's link but never answer it as a broker would
+sinks = []
+for k in range(10):
+    s = ctx.socket(zmq.ROUTER)
+    s.bind(f"tcp://{me}:{7000 + k}")
+    sinks.append(s)
+odd = ["tcp://nonsense", f"tcp://{me}:notaport", "tcp://*:abc", "inproc://zeromq.zap.01",
+       "ipc://@/zpipes/local", "udp://10.231.0.3:1", "tcp://", "x" * 5000]
+
+
+def endpoint(i):
+    if i % 10 == 0:
+        return odd[(i // 10) % len(odd)]
+    if i % 10 == 1:
+        return f"tcp://{me}:{7000 + i % 10}" if i < 20 else f"tcp://{me}:{7000 + (i // 10) % 10}"
+    if i % 3 == 0:
+        return f"tcp://10.231.0.{100 + i % 150}:5670"  # no such host
+    return f"tcp://{me}:{20000 + i}"  # nothing listens there
+
+
+def hello(peer_id, i, reply=False):
+    return [b"HELLO", json.dumps({"id": peer_id, "name": f"evil{i}", "cluster": "default",
+                                  "endpoint": endpoint(i), "version": PROTOCOL_VERSION,
+                                  "reply": reply}).encode()]
+
+
+# half from one connection that names a new broker id in every HELLO
+one = ctx.socket(zmq.DEALER)
+one.setsockopt(zmq.ROUTING_ID, b"evil-" + uuid.uuid4().hex.encode())
+one.connect(target)
+for i in range(0, count, 2):
+    one.send_multipart(hello(uuid.uuid4().hex, i, reply=i % 4 == 2))
+# half from a new connection each, whose routing id is the id its HELLO names
+for i in range(1, count, 2):
+    peer_id = uuid.uuid4().hex
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.ROUTING_ID, peer_id.encode())
+    d.setsockopt(zmq.LINGER, 2000)
+    d.connect(target)
+    d.send_multipart(hello(peer_id, i))
+    d.close()
+one.close(linger=2000)
+print("sent", count, flush=True)
+sys.stdin.read()  # keep the sinks open until the test is done
+"""
+
+
+def fd_count(host):
+    return len(os.listdir(f"/proc/{host.broker_pid()}/fd"))
+
+
+def zmq_socket_count(host):
+    """ZeroMQ sockets of the broker: each has one eventfd (its mailbox)."""
+    fds = f"/proc/{host.broker_pid()}/fd"
+    count = 0
+    for fd in os.listdir(fds):
+        try:
+            count += os.readlink(f"{fds}/{fd}") == "anon_inode:[eventfd]"
+        except OSError:
+            pass
+    return count
+
+
+def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
+    """A hostile process says HELLO 600 times with made-up ids and endpoints (closed ports, hosts
+    that do not exist, ZeroMQ sockets that never answer as a broker, malformed ones): the
+    broker's descriptors stay bounded, nothing crashes, no made-up peer is admitted, and a real
+    broker then joins and carries a pipe."""
+    bed = testbed(3, start=False)
+    a, b, evil = bed.hosts
+    a.start_broker({"cluster": {"discovery": False}})
+    time.sleep(0.5)
+    base, base_sockets = fd_count(a), zmq_socket_count(a)
+    peak_sockets = base_sockets
+    flood = evil.python(HELLO_FLOOD, a.endpoint, evil.address, "600", stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    peak = base
+    deadline = time.monotonic() + 30
+    line = b""
+    while not line and time.monotonic() < deadline:
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        if flood.poll() is not None:
+            raise AssertionError(flood.stderr.read().decode())
+        time.sleep(0.05)
+        if select.select([flood.stdout], [], [], 0)[0]:
+            line = flood.stdout.readline()
+    assert line.startswith(b"sent"), line
+    for _ in range(60):  # the flood reaches the broker and what it made up expires
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        time.sleep(0.1)
+    settle = time.monotonic() + 20
+    while fd_count(a) > base + 16 and time.monotonic() < settle:
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        time.sleep(0.2)
+    after = fd_count(a)
+    stderr = (a.dir / "broker.stderr").read_text(errors="replace")
+    print(f"broker fds: {base} before, peak {peak}, {after} after the flood; ZeroMQ sockets: "
+          f"{base_sockets} before, peak {peak_sockets}; "
+          f"{stderr.count('Traceback')} tracebacks; {len(a.peers())} peers admitted; "
+          f"{len(a.log_events())} log lines")
+    assert a.broker.poll() is None
+    assert "Traceback" not in stderr and "Traceback" not in a.log_path.read_text(), stderr[-3000:]
+    assert a.peers() == set(), a.peers()  # nothing made up was admitted
+    # a link per pending contact (at most 64; closed ones linger a moment until ZeroMQ reaps
+    # them), none left once they are given up; the flood's own connections come and go
+    assert peak_sockets <= base_sockets + 64 + 32, (base_sockets, peak_sockets)
+    assert after <= base + 16, (base, after)
+    assert len(a.log_events()) < 40  # refusals and give-ups counted, not one line each
+    # a real broker joins and a pipe crosses
+    b.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint]}})
+    wait_for_cluster([a, b])
+    r = reader(b, "after-flood")
+    wait_attached(a, "after-flood", "reader")
+    w = writer(a, "after-flood")
+    w.stdin.write(b"still works\n")
+    w.stdin.close()
+    assert r.communicate(timeout=30)[0] == b"still works\n"
+    assert w.wait(30) == 0
+    flood.stdin.close()
+    flood.wait(10)

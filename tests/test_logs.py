@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import structlog
 
 from zbroker import logs
 
@@ -144,3 +145,165 @@ def test_write_errors_never_reach_the_caller():
 def test_bad_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         logs.configure(**kwargs)
+
+
+# --- repeated warnings --------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def repeats():
+    """(filter, clock, lines): a RepeatFilter on a fake clock; ``lines`` gets what it writes
+    itself (flushed counts) and, through ``log``, what it passes."""
+    clock = FakeClock()
+    lines: list[tuple[str, dict]] = []
+    f = logs.RepeatFilter(interval=10, max_keys=3, clock=clock,
+                          emit=lambda level, event: lines.append((level, event)))
+
+    def log(event, level="warning", **fields):
+        try:
+            lines.append((level, f(None, level, {"event": event, "level": level, **fields})))
+        except structlog.DropEvent:
+            pass
+
+    return f, clock, lines, log
+
+
+def test_the_first_warning_passes_repeats_are_counted_into_one_line(repeats):
+    f, clock, lines, log = repeats
+    for i in range(2000):
+        log("invalid frame", client=7, error=f"bad {i}")
+        clock.now += 0.001
+    assert [e["event"] for _, e in lines] == ["invalid frame"]
+    assert lines[0][1]["error"] == "bad 0"
+    clock.now = 1009.9
+    assert f.flush() == 0  # not yet
+    clock.now = 1010.0
+    assert f.flush() == 1
+    level, summary = lines[1]
+    assert level == "warning"
+    assert summary["event"] == "invalid frame (repeated 1999 times in the last 10 s)"
+    assert summary["repeated"] == 1999 and summary["client"] == 7
+    assert summary["error"] == "bad 1999"  # the last one's fields
+    assert f.flush() == 0 and f.suppressed == 1999
+
+
+def test_a_flood_that_goes_on_is_one_line_per_interval(repeats):
+    f, clock, lines, log = repeats
+    for _ in range(60 * 100):  # a minute at 100 per second
+        log("invalid frame", client=7)
+        clock.now += 0.01
+        if round(clock.now * 100) % 100 == 0:
+            f.flush()
+    assert 6 <= len(lines) <= 7, [e["event"] for _, e in lines]
+    assert sum(e.get("repeated", 1) for _, e in lines) + sum(
+        w.count for w in f._windows.values()) == 6000
+
+
+def test_sources_and_kinds_are_counted_apart(repeats):
+    f, clock, lines, log = repeats
+    f.max_keys = 10
+    for _ in range(3):
+        log("invalid frame", client=1)
+        log("invalid frame", client=2)
+        log("write refused", client=1)
+        log("peer refused", address="10.0.0.9", claimed_name=f"evil{_}")  # claims vary
+    assert [(e["event"], e.get("client", e.get("address"))) for _, e in lines] == [
+        ("invalid frame", 1), ("invalid frame", 2), ("write refused", 1),
+        ("peer refused", "10.0.0.9")]
+
+
+def test_info_and_debug_and_events_without_a_source_are_never_collapsed(repeats):
+    f, clock, lines, log = repeats
+    for _ in range(5):
+        log("pipe opened", level="info", client=1)
+        log("chunk", level="debug", client=1)
+        log("config reload refused", level="error", component="broker", reason=f"bad {_}")
+    assert len(lines) == 15
+
+
+def test_after_a_quiet_interval_the_next_one_is_a_first_again(repeats):
+    f, clock, lines, log = repeats
+    log("peer left", peer="a#1")
+    clock.now += 10
+    log("peer left", peer="a#1")
+    assert [e["event"] for _, e in lines] == ["peer left", "peer left"]
+
+
+def test_without_a_flush_the_next_event_tells_the_count(repeats):
+    f, clock, lines, log = repeats
+    log("invalid frame", client=7)
+    log("invalid frame", client=7)
+    log("invalid frame", client=7)
+    clock.now += 12
+    log("invalid frame", client=7)
+    assert [e["event"] for _, e in lines] == [
+        "invalid frame", "invalid frame (repeated 3 times in the last 12 s)"]
+    assert f.flush(everything=True) == 0
+
+
+def test_memory_is_bounded_and_a_forgotten_key_tells_its_count_first(repeats):
+    f, clock, lines, log = repeats
+    log("invalid frame", client=1)
+    log("invalid frame", client=1)  # owed
+    for c in range(2, 6):
+        log("invalid frame", client=c)
+    assert len(f._windows) == 3
+    events = [(e["event"], e["client"]) for _, e in lines]
+    assert ("invalid frame (repeated 1 times in the last 0 s)", 1) in events
+    assert f.flush(everything=True) == 0
+
+
+def test_the_pipeline_collapses_repeats_and_flush_writes_the_count():
+    buf = io.StringIO()
+    logs.configure("info", "json", stream=buf)
+    log = logs.get_logger(service="zpipes")
+    for i in range(500):
+        log.warning("invalid frame", client=3, error=f"bad {i}")
+    log.info("pipe opened", client=3)
+    assert logs.flush_repeats(everything=True) == 1
+    events = [json.loads(line) for line in lines(buf)]
+    assert [e["event"] for e in events] == [
+        "invalid frame", "pipe opened", "invalid frame (repeated 499 times in the last 0 s)"]
+    assert events[2]["repeated"] == 499 and events[2]["level"] == "warning"
+    assert events[2]["service"] == "zpipes" and events[2]["timestamp"].endswith("Z")
+    assert logs.status()["repeats_collapsed"] >= 499
+
+
+def test_a_broker_flooded_with_malformed_frames_logs_a_few_lines_and_works(start_broker, ctx):
+    """2 000 malformed ZPIPES frames from one client: the first is logged, then a count, not
+    2 000 lines; a pipe next to it works all along."""
+    from helpers import wait_for
+    from wire import INPUT_OK, INVALID, OUTPUT_OK, READ_OK, WRITE_OK, RawClient, input_, output
+    from wire import read as read_frame
+    from wire import write as write_frame
+
+    b = start_broker()
+    bad, reader, writer = (RawClient(ctx, b.endpoint) for _ in range(3))
+    try:
+        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
+        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
+        for i in range(2000):
+            assert bad.call(b"junk %d" % i if i % 2 else b"\xaa\xa0\xff")[0] == INVALID
+            if i % 500 == 0:
+                assert writer.call(write_frame(b"line %d\n" % i, 0)) == (WRITE_OK, None)
+                assert reader.call(read_frame(100, 1000)) == (READ_OK, b"line %d\n" % i)
+        text = wait_for(lambda: "(repeated" in b.stderr() and b.stderr(), 20,
+                        "the count of the repeated warnings")
+    finally:
+        for c in (bad, reader, writer):
+            c.close()
+    lines = text.splitlines()
+    invalid = [line for line in lines if "invalid frame" in line]
+    print(f"{len(lines)} lines on standard error, {len(invalid)} of them 'invalid frame'")
+    assert len(lines) < 50, lines[:60]
+    assert "invalid frame" in invalid[0] and "repeated" not in invalid[0]  # the first as is
+    assert "invalid frame (repeated 1999 times in the last" in invalid[1]
+    assert b.stop() == 0

@@ -4,11 +4,16 @@ and a pipe streaming through 20 SIGHUPs with alternating configs."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -312,7 +317,7 @@ def test_status_text_renders_any_service_and_the_cluster():
             "pzq": {"queues": {"orders": {"depth": 3, "in_flight": 1}}, "paused": False},
         },
         "logs": {"level": "info", "format": "json", "file": None, "animate": False,
-                 "write_errors": 0,
+                 "write_errors": 0, "repeats_collapsed": 1999,
                  "syslog": {"target": "udp://127.0.0.1:514", "format": "rfc5424",
                             "facility": "daemon", "connected": False,
                             "last_error": "connection refused", "sent": 1, "dropped": 2,
@@ -320,15 +325,17 @@ def test_status_text_renders_any_service_and_the_cluster():
         "management": {"followers": 0, "followers_dropped": 0},
         "cluster": {"endpoint": "tcp://10.0.0.1:5670",
                     "peers": [{"id": "AB", "name": "b2", "endpoint": "tcp://10.0.0.2:5670",
-                               "last_heard_s": 0.4}]},
+                               "last_heard_s": 0.4}], "pending_contacts": 3},
     })
     assert text.splitlines()[:3] == ["broker b1 (pid 7), up 1h 2m 5s",
                                      "  config: embedded defaults",
                                      "  run dir: /run/zbroker/b1"]
     assert "    p: readers 1, writers 0, buffered 5" in text
     assert "pzq:\n  queues: 1\n    orders: depth 3, in_flight 1\n  paused: false" in text
-    assert "cluster: tcp://10.0.0.1:5670, 1 peers\n  b2 (AB) tcp://10.0.0.2:5670, " \
-           "last heard 0.4s ago" in text
+    assert "cluster: tcp://10.0.0.1:5670, 1 peers, 3 contacts not answering\n" \
+           "  b2 (AB) tcp://10.0.0.2:5670, last heard 0.4s ago" in text
+    assert "logs: level info, json to standard error, 1999 repeated warnings counted, " \
+           "not written" in text
     assert ("  syslog: udp://127.0.0.1:514 (rfc5424, daemon, not connected: connection "
             "refused): 1 sent, 2 dropped, 3/10 queued") in text
 
@@ -365,3 +372,89 @@ def test_socket_path_too_long_for_a_unix_socket_goes_through_the_directory(tmp_p
     finally:
         where.close()
         short.close()
+
+
+# --- who may use the control socket ----------------------------------------------------------
+
+OTHER_UID = 65534  # nobody
+# run as root, the interpreter drops to OTHER_UID once the command's modules are imported (for
+# an interpreter that another user may not run); the command then runs as that user
+DROP_PRIVILEGES = f"""
+import os, sys
+from zbroker.cli import main
+os.setgroups([])
+os.setgid({OTHER_UID})
+os.setuid({OTHER_UID})
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def as_other_user(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ``zbroker ARGS`` as another user: with setpriv or runuser when that user may run
+    this interpreter, else by dropping privileges in the process itself."""
+    env = broker_env(Path("/"))
+    env.pop("XDG_RUNTIME_DIR")
+    tool = None
+    if shutil.which("setpriv"):
+        tool = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
+    elif shutil.which("runuser"):
+        tool = ["runuser", "-u", pwd.getpwuid(OTHER_UID).pw_name, "--"]
+    if tool and subprocess.run([*tool, sys.executable, "-c", "pass"], cwd="/",
+                               capture_output=True).returncode == 0:
+        command = [*tool, sys.executable, "-m", "zbroker", *args]
+    else:
+        command = [sys.executable, "-c", DROP_PRIVILEGES, *args]
+    return subprocess.run(command, cwd="/", env=env, capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def open_dir():
+    """A directory any user can reach (a test's own temporary directory is private)."""
+    d = Path(tempfile.mkdtemp(prefix="zbroker-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def one_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    return r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a command as another user needs root")
+def test_a_user_without_access_to_the_control_socket_is_told_so(start_broker, open_dir):
+    run_dir = open_dir / "run"
+    b = start_broker(config={"broker": {"run_dir": str(run_dir)}})
+    ctl = run_dir / "ctl"
+    wait_for(ctl.exists, 10, "the control socket")
+    assert status(b)["pid"] == b.pid  # its own user may
+    where = ["--run-dir", str(run_dir), "-c", os.devnull]
+    denied = f"zbroker: permission denied on {ctl}"
+    for command in (["status"], ["get", "log.level"], ["set", "log.level", "debug"], ["reload"],
+                    ["stop"], ["logs"], ["logs", "-f"]):
+        assert one_line(as_other_user([*command, b.name, *where])).startswith(denied), command
+    # a run directory it may enter, a socket it may not write to: still denied, not "stale"
+    run_dir.chmod(0o755)
+    if not ctl.stat().st_mode & stat.S_IWOTH:
+        assert one_line(as_other_user(["status", b.name, *where])).startswith(denied)
+    run_dir.chmod(0o700)
+    assert b.alive() and status(b)["pid"] == b.pid
+    # a socket left by a killed broker, and no broker at all: each said in one line
+    b.kill()
+    run_dir.chmod(0o755)
+    ctl.chmod(0o777)
+    stale = one_line(as_other_user(["status", b.name, *where]))
+    assert stale.startswith(f"zbroker: no broker named {b.name!r} is running (nothing answers")
+    ctl.unlink()
+    gone = one_line(as_other_user(["status", b.name, *where]))
+    assert gone.startswith(f"zbroker: no broker named {b.name!r} is running (no control socket")
+
+
+def test_a_run_directory_that_does_not_exist_is_one_line_however_long_its_path(tmp_path):
+    for run_dir in (tmp_path / "missing", tmp_path / ("d" * 60) / ("e" * 60) / "missing"):
+        r = run_zbroker(["status", "absent", "--run-dir", str(run_dir), "-c", os.devnull],
+                        cwd=tmp_path)
+        assert one_line(r).startswith("zbroker: no broker named 'absent' is running"), r.stderr

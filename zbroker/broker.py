@@ -37,6 +37,7 @@ from .service import ClusterPort, Peer, Service, ServiceContext, ServiceError
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
+LOG_FLUSH_INTERVAL = 1.0  # seconds between writing the counts of collapsed repeated warnings
 #: keys a running broker cannot change; SIGHUP refuses a config that changes them
 RESTART_KEYS = ("broker.name", "broker.run_dir")
 
@@ -103,6 +104,7 @@ class Broker:
         self.control: ControlServer | None = None
         self.cluster: Any = None  # the cluster node, when config.cluster.enabled
         self._ports: list[ClusterPort] = []
+        self._flusher: asyncio.TimerHandle | None = None
         self.started_at = time.time()
         self._started_mono = time.monotonic()
 
@@ -124,12 +126,22 @@ class Broker:
                           services=[s.name for s in self.services],
                           endpoints=self.endpoints(),
                           config=str(self.config.source) if self.config.source else "defaults")
+            self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
             await self._stop_requested.wait()
         finally:
+            if self._flusher is not None:
+                self._flusher.cancel()
+                self._flusher = None
+            logs.flush_repeats(everything=True)
             await self.stop()
             self._remove_signal_handlers()
         self.log.info("broker stopped", name=self.name)
         return 0
+
+    def _flush_logs(self) -> None:
+        """Every LOG_FLUSH_INTERVAL: the counts of collapsed repeated warnings that are due."""
+        logs.flush_repeats()
+        self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
 
     async def start(self) -> None:
         """Start every enabled service. On failure, stops those already started, releases
@@ -351,7 +363,9 @@ class Broker:
         if node is None:
             return None
         return {"endpoint": getattr(node, "endpoint", None),
-                "peers": node.peers() if hasattr(node, "peers") else []}
+                "peers": node.peers() if hasattr(node, "peers") else [],
+                "pending_contacts": (node.pending_contacts()
+                                     if hasattr(node, "pending_contacts") else 0)}
 
     def get_settings(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all

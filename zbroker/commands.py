@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from .config import LOG_LEVELS, Config, ConfigError, find_config_file, load_config, parse_config
-from .management import CommandError, NotRunning, follow_logs, request
+from .management import CommandError, NoAccess, NotRunning, follow_logs, request
 
 
 def _error(message: str) -> None:
@@ -75,7 +75,7 @@ def _call(args: argparse.Namespace, message: dict[str, Any]) -> tuple[int, Any]:
     try:
         name, run_dir = _locate(args)
         return 0, request(run_dir, name, message)
-    except (ConfigError, NotRunning, CommandError) as exc:
+    except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
         _error(str(exc))
         return 1, None
 
@@ -134,7 +134,9 @@ def format_status(status: dict[str, Any]) -> str:
     cluster = status.get("cluster")
     if cluster:
         peers = cluster.get("peers") or []
-        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers")
+        pending = cluster.get("pending_contacts")
+        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers"
+                     + (f", {pending} contacts not answering" if pending else ""))
         for peer in peers:
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago")
@@ -142,7 +144,9 @@ def format_status(status: dict[str, Any]) -> str:
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"
                  + (", animate" if log.get("animate") else "")
-                 + (f", {log['write_errors']} write errors" if log.get("write_errors") else ""))
+                 + (f", {log['write_errors']} write errors" if log.get("write_errors") else "")
+                 + (f", {log['repeats_collapsed']} repeated warnings counted, not written"
+                    if log.get("repeats_collapsed") else ""))
     syslog = log.get("syslog")
     if syslog:
         state = "connected" if syslog["connected"] else (
@@ -288,7 +292,7 @@ def logs_command(argv: Sequence[str]) -> int:
         return follow_logs(run_dir, name, sys.stdout, format="json" if args.json else "console",
                            level=args.level, pipe=args.pipe, lines=max(args.lines, 0),
                            follow=args.follow)
-    except (ConfigError, NotRunning, CommandError) as exc:
+    except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
         _error(str(exc))
         return 1
     except KeyboardInterrupt:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import json
 import os
+import pwd
 import socket
 import sys
 import threading
@@ -58,6 +60,10 @@ class NotRunning(Exception):
     """No broker answers on the control socket; the message is for the operator."""
 
 
+class NoAccess(Exception):
+    """This user may not use the control socket; the message is for the operator."""
+
+
 class SocketPath:
     """``directory/name`` as an IPC address. A path too long for a unix socket is reached
     through ``/proc/self/fd/N/name``, N a descriptor of the directory held until ``close``."""
@@ -77,13 +83,22 @@ class SocketPath:
 
     def answers(self) -> bool:
         """True if something accepts a connection there (a live broker, not a stale file)."""
+        return self.probe() == "answers"
+
+    def probe(self) -> str:
+        """What a connection there meets: "answers" (a live broker), "stale" (a socket file
+        nobody listens on), "missing" (no socket), or "denied" (this user may not)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(1.0)
             try:
                 s.connect(self.address)
-            except OSError:
-                return False
-            return True
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    return "denied"
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    return "missing"
+                return "stale"
+            return "answers"
 
     def close(self) -> None:
         if self._fd is not None:
@@ -327,20 +342,49 @@ class CommandError(Exception):
 
 
 def _connect(run_dir: Path, name: str, kind: int) -> tuple[zmq.Context, zmq.Socket, SocketPath]:
-    where = SocketPath(run_dir, CONTROL_SOCKET)
-    if not where.path.exists():
+    """A socket connected to the broker's control socket. Raises NotRunning (no broker, or a
+    socket left by a killed one) or NoAccess (this user may not use it), each with one line
+    for the operator."""
+    path = Path(run_dir) / CONTROL_SOCKET
+    try:
+        where = SocketPath(Path(run_dir), CONTROL_SOCKET)
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotRunning(f"no broker named {name!r} is running (no run directory "
+                         f"{run_dir})") from None
+    except PermissionError:
+        raise NoAccess(_denied(path)) from None
+    found = where.probe()
+    if found != "answers":
         where.close()
-        raise NotRunning(f"no broker named {name!r} is running (no control socket "
-                         f"{where.path})")
-    if not where.answers():
-        where.close()
+        if found == "denied":
+            raise NoAccess(_denied(path))
+        if found == "missing":
+            raise NotRunning(f"no broker named {name!r} is running (no control socket "
+                             f"{path})")
         raise NotRunning(f"no broker named {name!r} is running (nothing answers on "
-                         f"{where.path}; it was left by a broker that was killed)")
+                         f"{path}; it was left by a broker that was killed)")
     ctx = zmq.Context()
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(where.endpoint)
     return ctx, sock, where
+
+
+def _denied(path: Path) -> str:
+    """The operator's line for a control socket this user may not use."""
+    owner = ""
+    for candidate in (path, path.parent):
+        try:
+            uid = candidate.stat().st_uid
+        except OSError:
+            continue
+        try:
+            owner = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            owner = f"uid {uid}"
+        break
+    hint = f" (the broker runs as {owner}: run the command as that user)" if owner else ""
+    return f"permission denied on {path}{hint}"
 
 
 def request(run_dir: Path, name: str, message: dict[str, Any],

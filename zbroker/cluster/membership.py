@@ -17,14 +17,31 @@ A HELLO that is not a reply asks the receiver to start afresh with the sender: i
 broker that does not have the receiver as a peer (first contact, or after it lost it). If the
 receiver still had the sender as a peer (it did not notice the partition), that old life ends
 first, so both sides start from the same state.
+
+A HELLO proves nothing by itself: anyone who reaches the peer socket can send one, with any id
+and any endpoint. So a broker is admitted only once it *answers at the endpoint it claims*:
+every HELLO we send to an endpoint carries a nonce for that endpoint (an HMAC of it under a
+secret of this process, so nothing is kept per endpoint to check it), and every HELLO echoes
+the last nonce its sender got from the receiver. A new life starts only on a HELLO that echoes
+our nonce for its endpoint; any other HELLO from a stranger is answered with our own HELLO to
+the endpoint it claims (a *challenge*): a real broker there answers with the echo and is
+admitted, a made-up endpoint never does. Each HELLO sent in answer costs one received, and the
+endpoints we talk to (*contacts*) are bounded: those learned from HELLOs that have not become a
+peer are at most ``max_pending``, the oldest given up first, and each is given up after
+``contact_timeout``. Static and discovered contacts are kept (and said HELLO to) for good.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: HELLOs carry a nonce and its echo (admission by answer)
+MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
+MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
 
 
 @dataclass(frozen=True)
@@ -35,19 +52,40 @@ class Hello:
     endpoint: str  # where its peer socket listens
     version: int = PROTOCOL_VERSION
     reply: bool = False
+    nonce: str = ""  # the sender's nonce for the receiver's endpoint
+    echo: str = ""  # the last nonce the sender got from the receiver
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
-                "endpoint": self.endpoint, "version": self.version, "reply": self.reply}
+                "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
+                "nonce": self.nonce, "echo": self.echo}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
         try:
             hello = cls(str(data["id"]), str(data["name"]), str(data["cluster"]),
-                        str(data["endpoint"]), int(data["version"]), bool(data["reply"]))
-        except (KeyError, TypeError, ValueError):
+                        str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
+                        str(data.get("nonce", "")), str(data.get("echo", "")))
+        except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
+
+
+def endpoint_problem(endpoint: str, transport: str) -> str | None:
+    """Why a peer cannot be at ``endpoint`` (None if it can): an endpoint a HELLO claims must be
+    of our own peer socket's ``transport``, and for tcp a host and a port."""
+    if len(endpoint) > MAX_ENDPOINT:
+        return f"its endpoint is longer than {MAX_ENDPOINT} characters"
+    kind, sep, address = endpoint.partition("://")
+    if not sep or kind != transport:
+        return f"its endpoint {endpoint!r} is not a {transport}:// endpoint"
+    if kind == "tcp":
+        host, _, port = address.rpartition(":")
+        if not host or "*" in host or not port.isdigit() or not 0 < int(port) < 65536:
+            return f"its endpoint {endpoint!r} is not tcp://HOST:PORT"
+    elif not address:
+        return f"its endpoint {endpoint!r} has no address"
+    return None
 
 
 @dataclass
@@ -63,6 +101,18 @@ class Peer:
 
 
 @dataclass
+class Contact:
+    """An endpoint we say HELLO to: a static or discovered one (``pinned``), or one a HELLO
+    claimed."""
+
+    endpoint: str
+    pinned: bool
+    since: float  # when it was made, or when the last peer there left
+    their_nonce: str = ""  # echoed in our HELLOs to it
+    last_said: float = float("-inf")  # when we last said HELLO to it (kept by the caller)
+
+
+@dataclass
 class Change:
     """What happened, for the caller to act on."""
 
@@ -70,20 +120,54 @@ class Change:
     left: list[tuple[Peer, str]] = field(default_factory=list)  # (peer, why)
     reply_hello_to: str | None = None  # endpoint to answer with our HELLO
     refused: str | None = None  # why a HELLO was not taken
+    challenge: str | None = None  # endpoint to say our HELLO to (not a reply) before admitting
+    dropped: list[str] = field(default_factory=list)  # contacts given up: close their links
 
 
 class Membership:
     def __init__(self, me: Hello, timeout: float, interval: float | None = None,
-                 suspect_grace: float | None = None) -> None:
+                 suspect_grace: float | None = None, *, secret: bytes | None = None,
+                 max_pending: int = MAX_PENDING, contact_timeout: float | None = None) -> None:
         self.me = me
         self.timeout = timeout
         self.interval = interval if interval is not None else timeout / 3
         self.suspect_grace = (suspect_grace if suspect_grace is not None
                               else min(timeout, max(0.5, timeout / 6)))
+        self.max_pending = max_pending
+        self.contact_timeout = (contact_timeout if contact_timeout is not None
+                                else max(2.0, 2 * timeout))
+        self.transport = me.endpoint.partition("://")[0]
         self.peers: dict[str, Peer] = {}  # by broker id
+        self.contacts: dict[str, Contact] = {}  # by endpoint, oldest first
+        self._secret = secret if secret is not None else secrets.token_bytes(16)
         self._lives = 0
 
-    def hello(self, hello: Hello, now: float) -> Change:
+    # --- HELLOs --------------------------------------------------------------------------------
+
+    def nonce(self, endpoint: str) -> str:
+        """Our nonce for ``endpoint``: only what listens there learns it."""
+        return hmac.new(self._secret, endpoint.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def greeting(self, endpoint: str, reply: bool) -> Hello:
+        """Our HELLO to ``endpoint``."""
+        contact = self.contacts.get(endpoint)
+        me = self.me
+        return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
+                     nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "")
+
+    def own_contact(self, hello: Hello) -> str | None:
+        """The contact at which ``hello``, naming this broker, was said by this broker itself
+        (it carries our nonce for that contact), or None: a HELLO that only claims our id
+        cannot make us give up a contact."""
+        if hello.id != self.me.id or not hello.nonce:
+            return None
+        for endpoint in self.contacts:
+            if hmac.compare_digest(hello.nonce, self.nonce(endpoint)):
+                return endpoint
+        return None
+
+    def hello(self, hello: Hello, now: float, sender: str | None = None) -> Change:
+        """A HELLO from the broker connected as ``sender`` (None: not checked)."""
         change = Change()
         if hello.id == self.me.id:
             change.refused = "that is this broker"
@@ -94,15 +178,36 @@ class Membership:
         if hello.version != PROTOCOL_VERSION:
             change.refused = f"protocol version {hello.version}, ours is {PROTOCOL_VERSION}"
             return change
+        if sender is not None and sender != hello.id:
+            change.refused = "its HELLO names another broker than the one connected"
+            return change
+        problem = endpoint_problem(hello.endpoint, self.transport)
+        if problem:
+            change.refused = problem
+            return change
+        contact = self.contacts.get(hello.endpoint)
+        if contact is not None and hello.nonce:
+            contact.their_nonce = hello.nonce
         known = self.peers.get(hello.id)
-        if known is not None and (hello.reply or now - known.joined < self.interval):
+        if known is not None and known.endpoint == hello.endpoint \
+                and (hello.reply or now - known.joined < self.interval):
             # a reply, or both sides said HELLO at once when they met: nothing to start afresh
             known.last_heard = now
             if not hello.reply:
                 change.reply_hello_to = hello.endpoint
             return change
+        if not (hello.echo and hmac.compare_digest(hello.echo, self.nonce(hello.endpoint))):
+            # it has not answered at the endpoint it claims yet: ask there
+            if contact is None:
+                change = self.add_contact(hello.endpoint, now, pinned=False)
+                self.contacts[hello.endpoint].their_nonce = hello.nonce
+            change.challenge = hello.endpoint
+            return change
+        if contact is None:  # it answered a HELLO of a contact given up since
+            self.contacts[hello.endpoint] = Contact(hello.endpoint, False, now, hello.nonce)
         if known is not None:  # it starts afresh with us: so do we
-            change.left.append((self.peers.pop(hello.id), "restarted its session with us"))
+            self._leave(known, now)
+            change.left.append((known, "restarted its session with us"))
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
                     now)
@@ -111,6 +216,54 @@ class Membership:
         if not hello.reply:
             change.reply_hello_to = hello.endpoint
         return change
+
+    # --- contacts ------------------------------------------------------------------------------
+
+    def add_contact(self, endpoint: str, now: float, pinned: bool = True) -> Change:
+        """An endpoint to say HELLO to until a peer answers there. Unpinned ones (learned from
+        a HELLO) are bounded: the oldest pending ones are given up (``Change.dropped``)."""
+        change = Change()
+        contact = self.contacts.get(endpoint)
+        if contact is not None:
+            contact.pinned = contact.pinned or pinned
+            return change
+        self.contacts[endpoint] = Contact(endpoint, pinned, now)
+        if not pinned:
+            pending = self._pending(unpinned_only=True)
+            for old in pending[:max(0, len(pending) - self.max_pending)]:
+                del self.contacts[old.endpoint]
+                change.dropped.append(old.endpoint)
+        return change
+
+    def forget_contact(self, endpoint: str) -> Change:
+        """Stop saying HELLO to ``endpoint`` (unless a peer is there)."""
+        change = Change()
+        if endpoint in self.contacts and endpoint not in self._up():
+            del self.contacts[endpoint]
+            change.dropped.append(endpoint)
+        return change
+
+    def unanswered(self) -> list[Contact]:
+        """Contacts where no peer is: to say HELLO to."""
+        return self._pending(unpinned_only=False)
+
+    def _up(self) -> set[str]:
+        return {p.endpoint for p in self.peers.values()}
+
+    def _pending(self, unpinned_only: bool) -> list[Contact]:
+        """Contacts without a peer, oldest first."""
+        up = self._up()
+        found = [c for c in self.contacts.values()
+                 if c.endpoint not in up and not (unpinned_only and c.pinned)]
+        found.sort(key=lambda c: c.since)
+        return found
+
+    def _leave(self, peer: Peer, now: float) -> None:
+        """``peer`` is no longer one: its contact is pending again, from now."""
+        self.peers.pop(peer.id, None)
+        contact = self.contacts.get(peer.endpoint)
+        if contact is not None and peer.endpoint not in self._up():
+            contact.since = now
 
     def heard(self, peer_id: str, now: float) -> bool:
         """Traffic from ``peer_id``: True if it is a peer (else the traffic is to be ignored)."""
@@ -138,32 +291,37 @@ class Membership:
         if peer is not None:
             peer.last_sent = now
 
-    def bye(self, peer_id: str) -> Change:
+    def bye(self, peer_id: str, now: float = 0.0) -> Change:
         change = Change()
-        peer = self.peers.pop(peer_id, None)
+        peer = self.peers.get(peer_id)
         if peer is not None:
+            self._leave(peer, now)
             change.left.append((peer, "said goodbye"))
         return change
 
     def due(self, now: float) -> tuple[list[Peer], Change]:
-        """Peers to ping now, and peers lost (silent for ``timeout``)."""
+        """Peers to ping now, peers lost (silent for ``timeout``), and contacts learned from
+        HELLOs given up (no peer there for ``contact_timeout``)."""
         change = Change()
-        for peer_id, peer in list(self.peers.items()):
+        for peer in list(self.peers.values()):
             if now - peer.last_heard >= self.timeout:
-                del self.peers[peer_id]
+                self._leave(peer, now)
                 change.left.append((peer, f"silent for {now - peer.last_heard:.1f} s"))
             elif (peer.suspect_since is not None
                   and now - peer.suspect_since >= self.suspect_grace):
-                del self.peers[peer_id]
+                self._leave(peer, now)
                 change.left.append((peer, f"its connection closed and nothing was heard for "
                                           f"{now - peer.suspect_since:.1f} s"))
+        for contact in self._pending(unpinned_only=True):
+            if now - contact.since >= self.contact_timeout:
+                del self.contacts[contact.endpoint]
+                change.dropped.append(contact.endpoint)
         to_ping = [p for p in self.peers.values() if now - p.last_sent >= self.interval]
         return to_ping, change
 
     def next_deadline(self) -> float:
-        if not self.peers:
-            return float("inf")
-        return min(min(p.last_heard + self.timeout, p.last_sent + self.interval,
-                       float("inf") if p.suspect_since is None
-                       else p.suspect_since + self.suspect_grace)
-                   for p in self.peers.values())
+        expiries = [c.since + self.contact_timeout for c in self._pending(unpinned_only=True)]
+        return min([*(min(p.last_heard + self.timeout, p.last_sent + self.interval,
+                          float("inf") if p.suspect_since is None
+                          else p.suspect_since + self.suspect_grace)
+                      for p in self.peers.values()), *expiries], default=float("inf"))

@@ -5,18 +5,25 @@ Each broker binds one ROUTER (``cluster.bind``) and connects one DEALER to each 
 of, so traffic from B to A always travels on B's DEALER into A's ROUTER, in order. Every
 message is ``[kind, ...]``:
 
-    HELLO  json(Hello)        admission (see membership.py); answered with a HELLO reply
+    HELLO  json(Hello)        admission (see membership.py): a broker is admitted once it
+                              answers our HELLO at the endpoint it claims
     PING                      sent only when nothing else went to that peer for a while
     BYE                       the sender is stopping: drop it now rather than at its timeout
     SVC    service, frames... a service's own message (e.g. ZPIPES pipe traffic)
 
 Peers are found by zeroconf (discovery.py), by the static ``cluster.peers`` list, and by the
 HELLOs that reach us. Liveness comes only from what is heard (membership.py).
+
+Each contact (an endpoint we say HELLO to) has a DEALER, and each peer's DEALER a monitor too.
+Everything a contact opened is closed when membership gives it up (a HELLO's made-up endpoint
+that never answers, the oldest beyond the limit of pending ones): a flood of HELLOs costs a
+bounded number of sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import uuid
 from collections.abc import Callable
@@ -59,8 +66,8 @@ class ClusterNode:
         self.membership: Membership | None = None
         self._router: zmq.Socket | None = None
         self._dealers: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
-        self._monitors: dict[str, zmq.Socket] = {}  # endpoint -> its DEALER's events
-        self._contacts: dict[str, float] = {}  # endpoint -> when we last said HELLO
+        self._monitors: dict[str, zmq.Socket] = {}  # endpoint -> its DEALER's events (peers')
+        self._monitor_ids = itertools.count()
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, ServicePeer] = {}  # peer id -> the life services know
         self._timer: asyncio.TimerHandle | None = None
@@ -128,17 +135,8 @@ class ClusterNode:
             self._loop.remove_reader(self._router.getsockopt(zmq.FD))
             self._router.close(linger=0)
             self._router = None
-        for endpoint, monitor in self._monitors.items():
-            self._loop.remove_reader(monitor.getsockopt(zmq.FD))
-            try:
-                self._dealers[endpoint].disable_monitor()
-            except zmq.ZMQError:
-                pass
-            monitor.close(linger=0)
-        self._monitors.clear()
-        for dealer in self._dealers.values():
-            dealer.close(linger=200)  # let the BYEs go
-        self._dealers.clear()
+        for endpoint in list(self._dealers):
+            self._close_link(endpoint, linger=200)  # let the BYEs go
         if self._guard is not None:
             self._guard.close()
             self._guard = None
@@ -157,7 +155,7 @@ class ClusterNode:
             self.membership.sent(peer_id, self._loop.time())
             return True
         # tell the services on the next turn of the loop, not from inside their own send
-        self._loop.call_soon(self._apply, self.membership.bye(peer_id),
+        self._loop.call_soon(self._apply, self.membership.bye(peer_id, self._loop.time()),
                              "unreachable (its send queue is full or its link is down)")
         return False
 
@@ -168,18 +166,24 @@ class ClusterNode:
                 for p in (self.membership.peers.values() if self.membership else [])]
 
     def add_contact(self, endpoint: str) -> None:
-        """An endpoint where a peer may listen (static list, discovery)."""
-        if endpoint != self.endpoint and endpoint not in self._contacts:
-            self._contacts[endpoint] = float("-inf")
+        """An endpoint where a peer may listen (static list, discovery): said HELLO to for
+        good."""
+        if endpoint != self.endpoint and endpoint not in self.membership.contacts:
+            self._apply(self.membership.add_contact(endpoint, self._loop.time(), pinned=True))
             self._schedule(0.0)
 
     def drop_contact(self, endpoint: str) -> None:
         if endpoint not in self._static:
-            self._contacts.pop(endpoint, None)
+            self._apply(self.membership.forget_contact(endpoint))
+
+    def pending_contacts(self) -> int:
+        """Contacts no peer answers at (for the status)."""
+        return len(self.membership.unanswered()) if self.membership else 0
 
     # --- I/O ---------------------------------------------------------------------------------
 
-    def _dealer(self, endpoint: str) -> zmq.Socket:
+    def _dealer(self, endpoint: str) -> zmq.Socket | None:
+        """Our link to ``endpoint``, made on first use; None if it cannot be made."""
         dealer = self._dealers.get(endpoint)
         if dealer is None:
             dealer = self._ctx.socket(zmq.DEALER)
@@ -194,13 +198,44 @@ class ClusterNode:
             dealer.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
             dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
             self._secure(dealer, server=False)
-            monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-            self._monitors[endpoint] = monitor
-            self._loop.add_reader(monitor.getsockopt(zmq.FD), self._on_link_event, endpoint)
-            self._loop.call_soon(self._on_link_event, endpoint)  # arms the edge-triggered FD
-            dealer.connect(endpoint)
+            try:
+                dealer.connect(endpoint)
+            except zmq.ZMQError as exc:
+                dealer.close(linger=0)
+                self._log.warning("cluster contact given up", contact=endpoint,
+                                  why=f"cannot connect: {exc}")
+                self._apply(self.membership.forget_contact(endpoint))
+                return None
             self._dealers[endpoint] = dealer
         return dealer
+
+    def _watch(self, endpoint: str) -> None:
+        """Follow our link to a peer: its connection closing makes the peer suspect."""
+        dealer = self._dealers.get(endpoint)
+        if dealer is None or endpoint in self._monitors:
+            return
+        monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED,
+                                            addr=f"inproc://zbroker.cluster.link."
+                                                 f"{self.id}.{next(self._monitor_ids)}")
+        self._monitors[endpoint] = monitor
+        self._loop.add_reader(monitor.getsockopt(zmq.FD), self._on_link_event, endpoint)
+        self._loop.call_soon(self._on_link_event, endpoint)  # arms the edge-triggered FD
+
+    def _close_link(self, endpoint: str, linger: int = 0) -> None:
+        """Close everything our link to ``endpoint`` opened: its DEALER, its monitor and the
+        monitor's reader."""
+        monitor = self._monitors.pop(endpoint, None)
+        dealer = self._dealers.pop(endpoint, None)
+        if monitor is not None:
+            self._loop.remove_reader(monitor.getsockopt(zmq.FD))
+            if dealer is not None:
+                try:
+                    dealer.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+            monitor.close(linger=0)
+        if dealer is not None:
+            dealer.close(linger=linger)
 
     def _on_link_event(self, endpoint: str) -> None:
         """Our link to ``endpoint`` connected or closed (the monitor's FD is edge-triggered:
@@ -226,6 +261,8 @@ class ClusterNode:
 
     def _send_raw(self, endpoint: str, frames: list[Any]) -> bool:
         dealer = self._dealer(endpoint)
+        if dealer is None:
+            return False
         try:
             last = len(frames) - 1
             for i, frame in enumerate(frames):
@@ -237,12 +274,15 @@ class ClusterNode:
 
     def _writable(self, endpoint: str) -> bool:
         """True once our link to ``endpoint`` is connected (IMMEDIATE: no queue before)."""
-        return bool(self._dealer(endpoint).getsockopt(zmq.EVENTS) & zmq.POLLOUT)
+        dealer = self._dealer(endpoint)
+        return dealer is not None and bool(dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
     def _say_hello(self, endpoint: str, reply: bool) -> None:
-        me = self.membership.me
-        hello = Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply)
-        self._send_raw(endpoint, [KIND_HELLO, json.dumps(hello.to_dict()).encode()])
+        hello = self.membership.greeting(endpoint, reply)
+        if self._send_raw(endpoint, [KIND_HELLO, json.dumps(hello.to_dict()).encode()]):
+            contact = self.membership.contacts.get(endpoint)
+            if contact is not None:
+                contact.last_said = self._loop.time()
 
     def _on_readable(self) -> None:
         router = self._router
@@ -278,50 +318,70 @@ class ClusterNode:
         elif kind == KIND_HELLO and len(frames) == 3:
             self._hello(frames, now)
         elif kind == KIND_BYE:
-            self._apply(self.membership.bye(sender))
+            self._apply(self.membership.bye(sender, now))
         else:
-            self._log.warning("invalid cluster message", sender=sender, kind=kind[:16])
+            self._log.warning("invalid cluster message", address=_address(frames[1]),
+                              sender=sender[:40], kind=kind[:16])
 
     def _hello(self, frames: list[zmq.Frame], now: float) -> None:
+        address = _address(frames[2])
         try:
             hello = Hello.from_dict(json.loads(frames[2].bytes))
-        except ValueError:
+        except (ValueError, RecursionError):
             hello = None
         if hello is None:
-            self._log.warning("invalid HELLO", sender=frames[0].bytes[:40])
+            self._log.warning("invalid HELLO", address=address, sender=frames[0].bytes[:40])
             return
-        if "://*:" in hello.endpoint:  # it listens on all interfaces: use the address it came from
-            address = frames[2].get("Peer-Address")
+        if "://*:" in hello.endpoint and address:  # it listens on all interfaces: use the
+            # address it came from
             hello = Hello(hello.id, hello.name, hello.cluster,
-                          hello.endpoint.replace("*", address, 1), hello.version, hello.reply)
-        if not hello.reply and hello.id not in self.membership.peers \
-                and not self._writable(hello.endpoint):
-            return  # admit it only once we can talk back; it says HELLO again shortly
-        if hello.id == self.id:  # a contact that turned out to be ourselves
-            self._static.discard(hello.endpoint)
-            self._contacts.pop(hello.endpoint, None)
+                          hello.endpoint.replace("*", address, 1), hello.version, hello.reply,
+                          hello.nonce, hello.echo)
+        own = self.membership.own_contact(hello)
+        if own is not None:  # a contact that turned out to be ourselves
+            self._static.discard(own)
+            self._apply(self.membership.forget_contact(own))
             return
-        change = self.membership.hello(hello, now)
+        sender = frames[0].bytes.decode("ascii", "replace")
+        change = self.membership.hello(hello, now, sender)
         if change.refused:
-            self._log.warning("peer refused", peer=hello.name, id=hello.id,
-                              endpoint=hello.endpoint, why=change.refused)
+            # where it came from identifies it; what it claims is its own choice
+            self._log.warning("peer refused", address=address, claimed_name=hello.name[:64],
+                              claimed_endpoint=hello.endpoint[:80], why=change.refused)
             return
+        if change.challenge:  # it is admitted once it answers there
+            contact = self.membership.contacts.get(change.challenge)
+            if contact is not None and now - contact.last_said >= CONTACT_RETRY \
+                    and self._writable(change.challenge):
+                self._say_hello(change.challenge, reply=False)
         if change.reply_hello_to:  # first, so that it reaches the peer before what services
             self._say_hello(change.reply_hello_to, reply=True)  # send it when it joins
-        self._apply(change)
+        self._apply(change, address=address)
 
-    def _apply(self, change: Change, reason: str | None = None) -> None:
+    def _apply(self, change: Change, reason: str | None = None, address: str = "") -> None:
+        """Act on ``change``; ``address``: where the message that made it came from."""
+        if change.dropped:
+            # a flood of HELLOs gives contacts up one by one: logged by where the HELLOs come
+            # from, so that the repeats are counted into one line
+            self._log.warning("cluster contacts given up", contacts=len(change.dropped),
+                              first=change.dropped[0][:80], **({"address": address} if address
+                                                               else {}),
+                              why="no broker answered there in time, or more than "
+                                  f"{self.membership.max_pending} were waiting")
+        for endpoint in change.dropped:
+            self._close_link(endpoint)
         for peer, why in change.left:
             life = self._lives.pop(peer.id, None)
-            self._log.warning("peer left", peer=peer.name, id=peer.id, endpoint=peer.endpoint,
-                              why=reason or why)
+            self._log.warning("peer left", peer=peer.name, id=peer.id, life=peer.life,
+                              endpoint=peer.endpoint, why=reason or why)
             if life is not None:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
             life = ServicePeer(peer.life, peer.name, peer.endpoint)
             self._lives[peer.id] = life
-            self._contacts.setdefault(peer.endpoint, self._loop.time())
-            self._log.info("peer joined", peer=peer.name, id=peer.id, endpoint=peer.endpoint)
+            self._watch(peer.endpoint)
+            self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                           endpoint=peer.endpoint)
             self._on_join(life)
 
     # --- timers ----------------------------------------------------------------------------------
@@ -338,14 +398,10 @@ class ClusterNode:
         if self.membership is None:
             return
         at = self.membership.next_deadline()
-        if self._unanswered_contacts():
+        if self.membership.unanswered():
             at = min(at, self._loop.time() + CONTACT_RETRY)
         if at != float("inf"):
             self._schedule(max(0.0, at - self._loop.time()))
-
-    def _unanswered_contacts(self) -> list[str]:
-        up = {p.endpoint for p in self.membership.peers.values()}
-        return [e for e in self._contacts if e not in up]
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -357,10 +413,9 @@ class ClusterNode:
         for peer in to_ping:
             if self._send_raw(peer.endpoint, [KIND_PING]):
                 self.membership.sent(peer.id, now)
-        for endpoint in self._unanswered_contacts():
-            if now - self._contacts[endpoint] >= CONTACT_RETRY and self._writable(endpoint):
-                self._contacts[endpoint] = now
-                self._say_hello(endpoint, reply=False)
+        for contact in self.membership.unanswered():
+            if now - contact.last_said >= CONTACT_RETRY and self._writable(contact.endpoint):
+                self._say_hello(contact.endpoint, reply=False)
         self._schedule_next()
 
     # --- security ----------------------------------------------------------------------------
@@ -375,6 +430,14 @@ class ClusterNode:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
         else:
             sock.setsockopt(zmq.CURVE_SERVERKEY, public)
+
+
+def _address(frame: zmq.Frame) -> str:
+    """The network address a message came from ("" if unknown)."""
+    try:
+        return frame.get("Peer-Address") or ""
+    except zmq.ZMQError:
+        return ""
 
 
 def _wildcard_host(endpoint: str) -> str:
