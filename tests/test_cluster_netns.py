@@ -53,6 +53,17 @@ def wait_attached(host, pipe, role, count=1, timeout=10.0):
     host.wait_for_log("remote end attached", timeout, count=count, pipe=pipe, role=role)
 
 
+def line_crosses(a, b, pipe, line):
+    """A reader on ``b``, then a writer on ``a`` once ``a`` knows of it: ``line`` arrives."""
+    r = reader(b, pipe)
+    wait_attached(a, pipe, "reader")
+    w = writer(a, pipe)
+    w.stdin.write(line)
+    w.stdin.close()
+    assert r.communicate(timeout=30)[0] == line
+    assert w.wait(30) == 0
+
+
 def test_brokers_find_each_other_with_zeroconf(testbed):
     bed = testbed(3)
     for host in bed.hosts:
@@ -183,12 +194,7 @@ def test_static_peers_without_discovery(testbed):
     a.start_broker({"cluster": {"discovery": False, "peers": [b.endpoint]}})
     b.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint]}})
     wait_for_cluster([a, b])
-    r = reader(b, "static")
-    wait_attached(a, "static", "reader")
-    w = writer(a, "static")
-    w.stdin.write(b"no multicast needed\n")
-    w.stdin.close()
-    assert r.communicate(timeout=30)[0] == b"no multicast needed\n"
+    line_crosses(a, b, "static", b"no multicast needed\n")
 
 
 def test_other_cluster_names_do_not_pair(testbed):
@@ -247,12 +253,7 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
     time.sleep(1)
     assert c.peers() == set() and a.peers() == {b.endpoint}
     # traffic still flows between the keyed brokers, encrypted
-    r = reader(b, "secret")
-    wait_attached(a, "secret", "reader")
-    w = writer(a, "secret")
-    w.stdin.write(b"for key holders only\n")
-    w.stdin.close()
-    assert r.communicate(timeout=30)[0] == b"for key holders only\n"
+    line_crosses(a, b, "secret", b"for key holders only\n")
     # and a keyless broker's pipe of the same name never meets them
     rc = reader(c, "secret")
     time.sleep(0.5)
@@ -278,12 +279,7 @@ def test_a_broker_with_another_key_is_refused_in_a_few_log_lines(testbed, tmp_pa
                                 "peers": [a.endpoint]}})
     wait_for_cluster([a, b])
     a.wait_for_log("cluster connection refused", timeout=10)
-    r = reader(b, "keyed")
-    wait_attached(a, "keyed", "reader")
-    w = writer(a, "keyed")
-    w.stdin.write(b"beside the refusals\n")
-    w.stdin.close()
-    assert r.communicate(timeout=30)[0] == b"beside the refusals\n"
+    line_crosses(a, b, "keyed", b"beside the refusals\n")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not any(
             e.get("repeated") for e in a.log_events()):
@@ -465,12 +461,6 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     # a real broker joins and a pipe crosses
     b.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint]}})
     wait_for_cluster([a, b])
-    r = reader(b, "after-flood")
-    wait_attached(a, "after-flood", "reader")
-    w = writer(a, "after-flood")
-    w.stdin.write(b"still works\n")
-    w.stdin.close()
-    assert r.communicate(timeout=30)[0] == b"still works\n"
-    assert w.wait(30) == 0
+    line_crosses(a, b, "after-flood", b"still works\n")
     flood.stdin.close()
     flood.wait(10)

@@ -84,6 +84,7 @@ from zpipes.client import (
     WriterProtocol,
     check_broker_name,
     check_broker_running,
+    cut_channel,
     endpoint,
 )
 from zpipes.errors import BrokerUnavailable, ProtocolError, ZpipesError
@@ -456,15 +457,7 @@ class _AsyncPipeEnd(EndBase):
         if self._done:
             return
         self._done = True
-        channel, proto = self._channel, self._proto
-        if channel is None:
-            return
-        writer = isinstance(proto, WriterProtocol)
-        try:
-            if not writer and proto.needs_close:
-                channel.send_last(proto.close_command())
-        finally:
-            channel.close(at_once=writer)
+        cut_channel(self._channel, self._proto)
 
     def _close_now(self) -> None:
         """Close without waiting (an end dropped unclosed, or still open when its event loop

@@ -1025,15 +1025,7 @@ class _PipeEnd(EndBase, io.BufferedIOBase):
             return
         self._done = True
         _open_ends.discard(self)
-        channel, proto = self._channel, self._proto
-        if channel is None:
-            return
-        writer = isinstance(proto, WriterProtocol)
-        try:
-            if not writer and proto.needs_close:
-                channel.send_last(proto.close_command())
-        finally:
-            channel.close(at_once=writer)
+        cut_channel(self._channel, self._proto)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Leaving a ``with`` block: :meth:`close` normally, :meth:`abort` when an exception
@@ -1438,6 +1430,20 @@ class PipeWriter(WriterCounters, _PipeEnd):
                 raise self._proto.close_error
         finally:
             super().close()
+
+
+def cut_channel(channel: Any, proto: ReaderProtocol | WriterProtocol) -> None:
+    """Drop an end's channel at once (the sync and the asyncio one alike): a writer sends no
+    CLOSE and closes its socket with no linger, so the broker fails its readers; a reader
+    sends CLOSE if there is room."""
+    if channel is None:
+        return
+    writer = isinstance(proto, WriterProtocol)
+    try:
+        if not writer and proto.needs_close:
+            channel.send_last(proto.close_command())
+    finally:
+        channel.close(at_once=writer)
 
 
 def _readv_retry(fd: int, buf: memoryview) -> int:
