@@ -236,7 +236,9 @@ def test_slow_remote_reader_keeps_both_brokers_flat(testbed):
     assert max(growth) < 64, f"RSS growth of the brokers in MiB: {growth}"
 
 
-def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path):
+def keyed_pair_and_a_third(testbed, tmp_path, third_key):
+    """Brokers a and b share a cluster key; c, with no key (``third_key`` None) or a key of its
+    own, names a and b as static peers."""
     from zbroker.cluster.security import generate_key_file
 
     key = tmp_path / "cluster.key"
@@ -247,7 +249,16 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
                          "peers": [a.endpoint, b.endpoint]}}
     a.start_broker(keyed)
     b.start_broker(keyed)
-    c.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint, b.endpoint]}})
+    third = {"discovery": False, "peers": [a.endpoint, b.endpoint]}
+    if third_key is not None:
+        generate_key_file(tmp_path / third_key)
+        third["key_file"] = str(tmp_path / third_key)
+    c.start_broker({"cluster": third})
+    return a, b, c
+
+
+def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path):
+    a, b, c = keyed_pair_and_a_third(testbed, tmp_path, third_key=None)
     wait_for_cluster([a, b])
     a.wait_for_log("cluster connection refused", timeout=10)
     time.sleep(1)
@@ -264,19 +275,7 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
 def test_a_broker_with_another_key_is_refused_in_a_few_log_lines(testbed, tmp_path):
     """A broker with another cluster's key reconnects again and again (about ten times a
     second); each refusal used to be a warning line. Now: the first, then a count."""
-    from zbroker.cluster.security import generate_key_file
-
-    key, other = tmp_path / "cluster.key", tmp_path / "other.key"
-    generate_key_file(key)
-    generate_key_file(other)
-    bed = testbed(3, start=False)
-    a, b, c = bed.hosts
-    keyed = {"cluster": {"key_file": str(key), "discovery": False,
-                         "peers": [a.endpoint, b.endpoint]}}
-    a.start_broker(keyed)
-    b.start_broker(keyed)
-    c.start_broker({"cluster": {"key_file": str(other), "discovery": False,
-                                "peers": [a.endpoint]}})
+    a, b, c = keyed_pair_and_a_third(testbed, tmp_path, third_key="other.key")
     wait_for_cluster([a, b])
     a.wait_for_log("cluster connection refused", timeout=10)
     line_crosses(a, b, "keyed", b"beside the refusals\n")
