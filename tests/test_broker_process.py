@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from helpers import endpoint_accepts, run_zbroker, wait_for, write_config
+from helpers import endpoint_accepts, run_zbroker, spawn_broker, wait_for, write_config
 
 
 def _log_events(path: Path) -> list[dict]:
@@ -44,8 +44,9 @@ def test_started_line_names_broker_services_and_endpoint(broker):
     assert f"pid={broker.pid}" in started
 
 
-def test_second_broker_with_the_same_name_fails_clearly(broker, start_broker):
-    second = start_broker(name=broker.name, wait=False)
+def test_second_broker_with_the_same_name_fails_clearly(broker, tmp_path):
+    # its own directory: sharing the first one's stderr file would mix their lines
+    second = spawn_broker(tmp_path / "second", name=broker.name)
     assert second.wait() == 1
     err = second.stderr().strip()
     assert err.startswith("zbroker: "), err

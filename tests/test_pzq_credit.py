@@ -82,16 +82,17 @@ def test_legacy_and_credit_consumers_share_a_queue(start_pzq):
         wait_counter(q, "credit_consumers", lambda n: n == 1)
         wait_counter(q, "consumers", lambda n: n == 1)
         produce(q, 400)
-        got = {"legacy": 0, "modern": 0}
+        got: dict[str, set[bytes]] = {"legacy": set(), "modern": set()}
         deadline = time.monotonic() + 20
-        while sum(got.values()) < 400 and time.monotonic() < deadline:
+        while len(got["legacy"] | got["modern"]) < 400 and time.monotonic() < deadline:
             for name, c in (("legacy", legacy), ("modern", modern)):
                 m = c.recv(0.05)
                 if m is not None:
-                    got[name] += 1
+                    got[name].add(m.body)
                     c.ack(m)
-    assert sum(got.values()) == 400
-    assert got["legacy"] > 0 and got["modern"] > 0
+    # at least once: a message held past the ACK timeout on a loaded machine may come twice
+    assert got["legacy"] | got["modern"] == {b"m%d" % i for i in range(400)}
+    assert got["legacy"] and got["modern"]
 
 
 def test_malformed_ready_is_counted_and_changes_nothing(start_pzq, ctx):
