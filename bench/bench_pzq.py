@@ -142,6 +142,12 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
     return proc, receive, send, mon
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def monitor(endpoint: str) -> dict[str, int]:
     from zbroker.pzq.wire import parse_monitor_text
 
@@ -164,6 +170,7 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
     ctx = mp.get_context("fork")
     (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
     start = time.time() + 0.5
+    cpu0 = cpu_seconds(proc.pid)
     cons = ctx.Process(target=consumer, args=(send, n, c_out))
     prod = ctx.Process(target=producer,
                        args=(receive, n, size, window, max_bytes, start, p_out))
@@ -179,6 +186,7 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
         if not c_in.poll(120):
             raise SystemExit("benchmark case timed out")
         last, got = c_in.recv()
+        cpu = cpu_seconds(proc.pid) - cpu0
         counters = monitor(mon)
     finally:
         for p in (prod, cons):
@@ -194,6 +202,7 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
         "size": size, "window": window, "n": n, "failed": failed,
         "produce": n / elapsed, "e2e": e2e, "mbps": e2e * size / 1e6,
         "p50": lat[len(lat) // 2] * 1e3, "p99": lat[int(len(lat) * 0.99)] * 1e3,
+        "cpu_us": cpu / n * 1e6,  # the queue process's CPU per message
         "syncs": counters.get("syncs", -1), "avoided": counters.get("avoided_messages", -1),
         "written": counters.get("bytes_written", -1),
     }
@@ -221,7 +230,7 @@ def main() -> None:
               + (str(args.sync_max_bytes) if args.sync_max_bytes else "default"))
         print(f"{'size':>6} {'in flight':>12} {'':>7} {'msgs':>7} {'produce/s':>10} "
               f"{'e2e msg/s':>10} {'e2e MB/s':>9} {'ack p50 ms':>10} {'ack p99 ms':>10} "
-              f"{'fsyncs':>7} {'msgs/fsync':>10} {'avoided':>8}")
+              f"{'fsyncs':>7} {'msgs/fsync':>10} {'avoided':>8} {'cpu µs/msg':>10}")
         for case in args.cases:
             parts = case.split(":")
             size, window = int(parts[0]), int(parts[1])
@@ -237,8 +246,8 @@ def main() -> None:
             print(f"{size:>6} {flight:>12} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
                   f"{r['e2e']:>10,.0f} "
                   f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} {r['syncs']:>7} "
-                  f"{per:>10.1f} {r['avoided']:>8}" + (f"  FAILED {r['failed']}"
-                                                        if r["failed"] else ""))
+                  f"{per:>10.1f} {r['avoided']:>8} {r['cpu_us']:>10.1f}"
+                  + (f"  FAILED {r['failed']}" if r["failed"] else ""))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
