@@ -200,3 +200,65 @@ class FakeStore:
         r = BatchResult((self.batch,), 0, **kw)
         self.batch += 1
         return r
+
+
+class RawProducer:
+    """A producer that speaks ZMTP over a plain TCP socket, byte by byte as the test says:
+    ``version=3`` as libzmq 4 does, ``version=2`` as libzmq 3.2 (the oldest the original pzq
+    works with) does. It can send part of a message and stop there."""
+
+    def __init__(self, endpoint: str, version: int = 3, identity: bytes = b""):
+        import socket
+        import struct
+
+        from zbroker.pzq import zmtp
+        self._zmtp, self._struct = zmtp, struct
+        host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self._in = b""
+        if version == 3:
+            props = b""
+            for name, value in ((b"Socket-Type", b"DEALER"), (b"Identity", identity)):
+                props += bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
+            self.sock.sendall(zmtp.SIGNATURE + bytes([3, 1]) + b"NULL".ljust(20, b"\0")
+                              + b"\0" * 32 + zmtp.command(b"READY", props))
+            self._read_exactly(64)
+            self.read_frame()  # its READY
+        else:
+            self.sock.sendall(zmtp.SIGNATURE + b"\x01\x05"  # revision 1 (ZMTP 2.0), DEALER
+                              + bytes([0, len(identity)]) + identity)
+            assert self._read_exactly(12)[10:] == b"\x03\x06"  # major version 3, ROUTER
+
+    def send(self, frames: list[bytes]) -> None:
+        self.sock.sendall(self._zmtp.encode_message(frames))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self) -> list[bytes]:
+        frames = []
+        while True:
+            flags, body = self.read_frame()
+            frames.append(body)
+            if not flags & self._zmtp.MORE:
+                return frames
+
+    def read_frame(self) -> tuple[int, bytes]:
+        flags = self._read_exactly(1)[0]
+        if flags & self._zmtp.LONG:
+            (n,) = self._struct.unpack(">Q", self._read_exactly(8))
+        else:
+            n = self._read_exactly(1)[0]
+        return flags, self._read_exactly(n)
+
+    def _read_exactly(self, n: int) -> bytes:
+        while len(self._in) < n:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("the queue hung up")
+            self._in += data
+        out, self._in = self._in[:n], self._in[n:]
+        return out
+
+    def close(self) -> None:
+        self.sock.close()

@@ -13,6 +13,7 @@ import pytest
 import zmq
 from helpers import broker_env, endpoint_accepts, wait_for
 from pzq_helpers import (
+    RawProducer,
     cpu_seconds,
     dealer,
     free_port,
@@ -591,3 +592,31 @@ def test_broker_queue_with_a_credit_endpoint(start_broker, tmp_path):
         assert m is not None and c.recv(0.5) is None  # credit 1: the second waits
         c.ack(m)
         assert c.recv(5) is not None
+
+
+def test_a_producer_of_libzmq_3_2_speaking_zmtp2_is_answered(start_pzq):
+    """The original pzq needs libzmq 3.2 or newer: its producers may speak ZMTP 2.0."""
+    q = start_pzq(*FAST)
+    p = RawProducer(q.receive, version=2, identity=b"old-producer")
+    p.send([b"m1", b"", b"from", b"2013"])
+    assert p.recv() == [b"m1", b"1", b""]
+    p.send([b"m2", b"x"])
+    assert p.recv() == [b"m2", b"0", b"", wire.MALFORMED.encode()]
+    with Consumer(q.send) as c:
+        m = c.recv(5)
+        assert list(m.frames) == [b"from", b"2013"]
+        c.ack(m)
+
+
+def test_two_producers_asking_for_one_identity_each_get_their_own_answers(start_pzq, ctx):
+    """As a libzmq ROUTER does: the second connection with a taken identity gets another."""
+    q = start_pzq(*FAST)
+    a = RawProducer(q.receive, identity=b"same")
+    b = ctx.socket(zmq.DEALER)
+    b.setsockopt(zmq.LINGER, 0)
+    b.setsockopt(zmq.ROUTING_ID, b"same")
+    b.connect(q.receive)
+    a.send([b"from-a", b"", b"x"])
+    b.send_multipart([b"from-b", b"", b"y"])
+    assert a.recv() == [b"from-a", b"1", b""]
+    assert recv(b) == [b"from-b", b"1", b""]

@@ -1,6 +1,7 @@
 """One pzq queue on its sockets: the I/O around QueueCore, on an asyncio loop.
 
-    receive  ROUTER, bound: producers (DEALER) send messages, get ACKs
+    receive  ROUTER, bound: producers (DEALER) send messages, get ACKs; read by receiver.py,
+             which can refuse a message before all of it has arrived (libzmq cannot)
     send     DEALER, bound: consumers (DEALER or ROUTER) get messages pushed, send ACKs
     monitor  ROUTER, bound: MONITOR requests (REQ)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT requests (stream.py)
@@ -36,6 +37,7 @@ from zbroker.config import PzqQueueConfig
 from . import wire
 from .placement import Placement
 from .queue import CONSUMERS, Budget, Limits, QueueCore
+from .receiver import FULL, EndpointError, Receiver
 from .replication import (
     CCOPY,
     CDELETE,
@@ -71,9 +73,11 @@ _recv = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 ZERO_COPY_MIN = 1 << 16
-MAXMSG_SLACK = 1 << 20  # frames up to max_message_size + this get a "0" ACK; larger: dropped
+#: frames up to max_message_size + this get an answer on the sockets libzmq reads; larger
+#: ones are dropped with their connection
+MAXMSG_SLACK = 1 << 20
 STOP_TIMEOUT = 5.0
-REPLY_HWM = 100_000  # producer ACKs queued per producer connection
+REPLY_HWM = 100_000  # messages queued to a static peer queue
 MAX_HELD_REPLIES = 100_000  # ACKs held back for producers whose connection is full
 #: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on
 #: top of the frames' own FRAME_COST: past max_message_size + this, the rest is discarded
@@ -101,39 +105,6 @@ def recv_frames(sock: zmq.Socket) -> list[bytes]:
         # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
         frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
     return frames
-
-
-def recv_bounded(sock: zmq.Socket, max_frames: int, max_bytes: int
-                 ) -> tuple[list[Any], str | None]:
-    """Receive a producer's multipart message frame by frame, without blocking (zmq.Again if
-    there is none): ``(frames, None)``; or, as soon as it has more than ``max_frames`` frames
-    (after the routing id) or its frames with FRAME_COST each pass ``max_bytes``, ``([routing
-    id, message id], reason)``: the rest of it is received and let go at once, never kept. A
-    message id longer than MAX_ID is kept cut to MAX_ID + 1 bytes (enough to refuse it)."""
-    frame = _recv(sock, _NOBLOCK, False)
-    frames: list[Any] = [frame.bytes]
-    n = size = 0
-    while frame.more:
-        frame = _recv(sock, 0, False)
-        n += 1
-        size += len(frame) + wire.FRAME_COST
-        if n > max_frames or size > max_bytes:
-            if n == 1:  # the id itself is too large
-                frames.append(bytes(frame.buffer[:wire.MAX_ID]))
-            while frame.more:
-                frame = _recv(sock, 0, False)
-                size += len(frame)  # a libzmq frame is freed when the next replaces it
-            reason = (wire.too_many_frames(max_frames) if n > max_frames
-                      else f"Message too large: more than {max_bytes} bytes with its id and "
-                           f"headers")
-            return frames[:2], reason
-        if n == 1:
-            frames.append(frame.bytes if len(frame) <= wire.MAX_ID
-                          else bytes(frame.buffer[:wire.MAX_ID + 1]))
-        else:
-            # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
-            frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
-    return frames, None
 
 
 def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
@@ -237,7 +208,7 @@ class QueueServer:
         self._next_housekeeping = float("inf")
         self.consumers = 0
         self._socks: list[zmq.Socket] = []
-        self._recv: zmq.Socket | None = None
+        self._receiver: Receiver | None = None
         self._send: zmq.Socket | None = None
         self._mon: zmq.Socket | None = None
         self._stream_sock: zmq.Socket | None = None
@@ -251,6 +222,7 @@ class QueueServer:
         self._credit_blocked: set[bytes] = set()
         self._running = False
         self._scheduled = False
+        self._producers_scheduled = False
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
         self._retry_replies: asyncio.TimerHandle | None = None
         self.dropped_replies = 0
@@ -295,9 +267,7 @@ class QueueServer:
         await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time(),
                                         self._accepts_origin)
         try:
-            self._recv = self._bind(zmq.ROUTER, s.receive_endpoint, "receive")
-            self._recv.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            self._recv.setsockopt(zmq.SNDHWM, REPLY_HWM)
+            await self._listen()
             self._send = self._bind(zmq.DEALER, s.send_endpoint, "send",
                                     hwm=s.inflight_window)
             self._events = self._send.get_monitor_socket(
@@ -379,6 +349,7 @@ class QueueServer:
             "syncs": store.syncs,
             "expired_messages": core.dispatcher.expired,
             "consumers": self.consumers,
+            **(self._receiver.counters() if self._receiver is not None else {}),
             "credit_consumers": core.credit_consumers,
             **({"dropped_confirmations": self.dropped_confirmations}
                if self._credit is not None else {}),
@@ -417,7 +388,27 @@ class QueueServer:
         self._socks.append(sock)
         return sock
 
+    async def _listen(self) -> None:
+        s = self.settings
+        self._receiver = Receiver(
+            self.loop, self._producers_waiting, max_frames=s.max_frames,
+            max_bytes=s.max_message_size + ENVELOPE_ALLOWANCE + wire.FRAME_COST * s.max_frames,
+            frame_cost=wire.FRAME_COST, keep_first=wire.MAX_ID + 1,
+            max_held=max(s.max_backlog, 2 * s.max_message_size), log=self.log, name=s.name)
+        if s.receive_endpoint.startswith("ipc://") and not s.receive_endpoint.startswith("ipc://@"):
+            Path(s.receive_endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._receiver.start(s.receive_endpoint)
+        except (OSError, EndpointError) as exc:
+            self._receiver = None
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise QueueError(f"queue {s.name!r}: cannot bind its receive socket to "
+                             f"{s.receive_endpoint}: {why}") from None
+
     def _close_sockets(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
         if self._send is not None and self._events is not None:
             try:
                 self._send.disable_monitor()
@@ -426,7 +417,7 @@ class QueueServer:
         for sock in reversed(self._socks):
             sock.close()
         self._socks.clear()
-        self._recv = self._send = self._mon = self._events = self._stream_sock = None
+        self._send = self._mon = self._events = self._stream_sock = None
         self._credit = None
         self._peers.clear()
 
@@ -460,14 +451,36 @@ class QueueServer:
         if again or self._pollin():
             self._schedule_wake()
 
+    def _producers_waiting(self) -> None:
+        """The receiver has messages: serve them without looking at every socket (a wake-up
+        for each read of the producers' connections costs more than the messages)."""
+        if not self._scheduled and not self._producers_scheduled:
+            self._producers_scheduled = True
+            self.loop.call_soon(self._serve_producers)
+
+    def _serve_producers(self) -> None:
+        self._producers_scheduled = False
+        if not self._running or self._scheduled:
+            return  # a whole wake-up comes anyway
+        more = self._drain_producers()
+        self._flush_replies()
+        self._flush_replica_out()
+        self._dispatch()
+        self._schedule_timer()
+        if self._pollin():  # sending may have taken the edge of a ZeroMQ socket's FD
+            self._schedule_wake()
+        elif more:
+            self._producers_waiting()
+
     def _schedule_wake(self) -> None:
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_soon(self._wake)
 
     def _pollin(self) -> bool:
-        for sock in (self._recv, self._send, self._events, self._mon, self._stream_sock,
-                     self._credit,
+        if self._receiver is not None and self._receiver.inbox:
+            return True
+        for sock in (self._send, self._events, self._mon, self._stream_sock, self._credit,
                      *self._peers):
             if sock is not None and sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return True
@@ -475,47 +488,39 @@ class QueueServer:
                     and self._send.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
     def _drain_producers(self) -> bool:
-        core, sock = self.core, self._recv
+        core, receiver = self.core, self._receiver
+        if receiver is None or not receiver.inbox:
+            return False
         now_us = time.time_ns() // 1000
         now = self.loop.time()
-        max_frames = self.settings.max_frames
-        max_bytes = (self.settings.max_message_size + ENVELOPE_ALLOWANCE
-                     + wire.FRAME_COST * max_frames)
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames, refused = recv_bounded(sock, max_frames, max_bytes)
-            except zmq.Again:
-                return False
-            if len(frames) < 2:
-                continue
+        for peer, frames, refused in receiver.take(DRAIN_BUDGET):
             if refused is not None:
-                core.refuse(frames[0], frames[1][:wire.MAX_ID], refused)
-                continue
-            if len(frames) > 3 and frames[2][:7] == b"REPLICA":
-                self._replication_traffic(frames)
-                continue
-            core.produce(frames[0], frames[1:], now_us, now)
-        return True
+                core.refuse(peer, frames[0][:wire.MAX_ID], refused)
+            elif len(frames) > 2 and frames[1][:7] == b"REPLICA":
+                self._replication_traffic(peer, frames)
+            else:
+                core.produce(peer, frames, now_us, now)
+        return bool(receiver.inbox)
 
-    def _replication_traffic(self, frames: list[bytes]) -> None:
-        c = classify(frames[1:])
+    def _replication_traffic(self, peer: bytes, rest: list[bytes]) -> None:
+        """``rest``: [key][header...][""][body...]"""
+        c = classify(rest)
         if c is None:  # a REPLICA header we do not know: an ordinary message then
-            self.core.produce(frames[0], frames[1:], time.time_ns() // 1000, self.loop.time())
+            self.core.produce(peer, rest, time.time_ns() // 1000, self.loop.time())
             return
         kind, node = c
-        rest = frames[1:]  # [key][header...][""][body...]
         if b"" not in rest[1:]:  # no delimiter: malformed, answered "0" as any producer's
-            self.core.produce(frames[0], rest, time.time_ns() // 1000, self.loop.time())
+            self.core.produce(peer, rest, time.time_ns() // 1000, self.loop.time())
             return
         if node == self.node:
             return  # our own copy came back (a peer list that names us)
         reason = (None if node in self._sources else
                   NOT_CONFIGURED if not self._sources else not_accepted(node))
         if reason is not None:  # creates nothing; only a copy is answered (as a producer)
-            self._refuse_replica(kind, frames[0], rest[0], reason)
+            self._refuse_replica(kind, peer, rest[0], reason)
             return
         body = rest[rest.index(b"", 1) + 1:] if kind == COPY else ()
-        self._hold(kind, node, frames[0], rest[0], body)
+        self._hold(kind, node, peer, rest[0], body)
 
     def _accepts_origin(self, node: str) -> bool:
         """Copies from ``node`` may be held here: it is a replica source, or this queue is in
@@ -856,8 +861,8 @@ class QueueServer:
     def _flush_replies(self) -> None:
         """Send the producer ACKs. A producer that does not read them makes its connection
         fill up (EAGAIN): its ACKs wait (up to MAX_HELD_REPLIES) and are tried again soon."""
-        core, sock = self.core, self._recv
-        if sock is None:
+        core, receiver = self.core, self._receiver
+        if receiver is None:
             return
         if core.replies:
             self._held.extend(core.replies)
@@ -865,14 +870,11 @@ class QueueServer:
         held = self._held
         while held:
             peer, frames = held[0]
-            try:
-                _send(sock, peer, _MORE_NOBLOCK, True)
-                send_frames(sock, frames)
-            except zmq.Again:
+            if receiver.send(peer, frames) == FULL:
                 break
-            except zmq.ZMQError:
-                pass  # EHOSTUNREACH: the producer has gone; it will retry when back
+            # GONE: the producer has gone; it will send again when back
             held.popleft()
+        receiver.flush()
         if held:
             while len(held) > MAX_HELD_REPLIES:
                 held.popleft()

@@ -1,0 +1,173 @@
+"""The ZMTP codec of pzq's receive endpoint (zbroker/pzq/zmtp.py), without sockets: the
+handshakes of libzmq 4 (ZMTP 3.x) and libzmq 3.2 (ZMTP 2.0) peers, framing, and refusing a
+message past the limits before the rest of it arrives. That libzmq itself talks to it is
+shown by every pzq test with a real producer."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from zbroker.pzq import zmtp
+from zbroker.pzq.zmtp import Closed, Message, Ready, Refused
+
+V3_GREETING = zmtp.SIGNATURE + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+
+
+def ready(socket_type: bytes = b"DEALER", identity: bytes = b"") -> bytes:
+    props = b""
+    for name, value in ((b"Socket-Type", socket_type), (b"Identity", identity)):
+        props += bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
+    return zmtp.command(b"READY", props)
+
+
+def v3_peer(conn: zmtp.Connection, socket_type: bytes = b"DEALER", identity: bytes = b"",
+            step: int = 0) -> list:
+    data = V3_GREETING + ready(socket_type, identity)
+    return feed(conn, data, step)
+
+
+def feed(conn: zmtp.Connection, data: bytes, step: int = 0) -> list:
+    if step:
+        for i in range(0, len(data), step):
+            conn.receive_data(data[i:i + step])
+    else:
+        conn.receive_data(data)
+    return conn.next_events()
+
+
+def connection(max_frames: int = 100, max_bytes: int = 1000, frame_cost: int = 0
+               ) -> zmtp.Connection:
+    return zmtp.Connection(max_frames, max_bytes, frame_cost, keep_first=8)
+
+
+@pytest.mark.parametrize("step", [0, 1, 7])
+def test_a_zmtp3_dealer_is_greeted_as_libzmq_greets_it(step):
+    conn = connection()
+    assert conn.data_to_send() == zmtp.SIGNATURE  # at once: the peer waits for it
+    assert v3_peer(conn, identity=b"me", step=step) == [Ready(b"DEALER", b"me")]
+    out = conn.data_to_send()
+    assert out[:1] == b"\x03"  # the major version, then the rest of the greeting
+    assert out[1:2] == b"\x01" and out[2:22] == b"NULL".ljust(20, b"\0")
+    assert out[22:54] == b"\0" * 32
+    assert out[54:] == zmtp.ready_command()
+    assert b"Socket-Type" in out and b"ROUTER" in out
+
+
+@pytest.mark.parametrize("step", [0, 1, 5])
+def test_a_zmtp2_peer_of_libzmq_3_2_gets_our_socket_type_and_sends_its_identity(step):
+    conn = connection()
+    conn.data_to_send()
+    events = feed(conn, zmtp.SIGNATURE + b"\x01\x05" + b"\x00\x03abc"
+                  + zmtp.encode_message([b"id", b"", b"body"]), step)
+    assert events == [Ready(b"DEALER", b"abc"), Message([b"id", b"", b"body"])]
+    assert conn.data_to_send() == b"\x03\x06"  # major version, then ROUTER (6)
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x05\x00hello", "not a ZMTP 2.0 or 3.x peer"),  # ZMTP 1.0 (libzmq 2.x)
+    (zmtp.SIGNATURE + b"\x00", "revision 0"),
+    (zmtp.SIGNATURE + b"\x01\x01", "PUB socket cannot talk to a ROUTER"),
+    (zmtp.SIGNATURE + bytes([3, 0]) + b"CURVE".ljust(20, b"\0") + b"\0" * 32,
+     "mechanism 'CURVE'"),
+    (V3_GREETING + zmtp.encode_message([b"x"]), "before the handshake"),
+    (V3_GREETING + b"\x06" + struct.pack(">Q", 1 << 40), "a command of"),
+])
+def test_what_cannot_talk_to_a_router_is_closed_with_a_reason(data, why):
+    conn = connection()
+    events = feed(conn, data)
+    assert len(events) == 1 and isinstance(events[0], Closed), events
+    assert why in events[0].reason
+    assert conn.closed and conn.buffered == 0
+    assert feed(conn, b"more") == []
+
+
+def test_a_pub_socket_in_zmtp3_is_told_error_and_closed():
+    conn = connection()
+    conn.data_to_send()
+    events = v3_peer(conn, socket_type=b"PUB")
+    assert isinstance(events[0], Closed) and "PUB" in events[0].reason
+    assert b"\x05ERROR" in conn.data_to_send()
+
+
+def test_messages_short_and_long_frames_and_a_ping():
+    conn = connection(max_bytes=10_000)
+    v3_peer(conn)
+    conn.data_to_send()
+    big = bytes(range(256)) * 10
+    ping = zmtp.command(b"PING", b"\x00\x0actx")
+    data = zmtp.encode_message([b"a", b"", big]) + ping + zmtp.encode_message([b"b"])
+    assert feed(conn, data, step=3) == [Message([b"a", b"", big]), Message([b"b"])]
+    assert conn.data_to_send() == zmtp.command(b"PONG", b"ctx")
+    assert conn.buffered == 0
+
+
+def test_encode_uses_long_sizes_past_255_bytes():
+    out = zmtp.encode_message([b"k", b"x" * 300])
+    assert out[:3] == b"\x01\x01k" and out[3] == zmtp.LONG and out[4:12] == struct.pack(">Q", 300)
+
+
+def test_a_message_past_max_bytes_is_refused_at_the_header_of_the_frame_that_passes():
+    conn = connection(max_bytes=1000, frame_cost=16)
+    v3_peer(conn)
+    # the header says 1 GiB: refused before any of it came, and none of it is kept
+    head = bytes([zmtp.MORE | zmtp.LONG]) + struct.pack(">Q", 1 << 30)
+    events = feed(conn, zmtp.encode_message([b"msg-id-long-id", b""])[:-2] + b"\x01\x00" + head)
+    assert events == [Refused(b"msg-id-l", "Message too large: more than 1000 bytes with its "
+                                           "id and headers")]
+    chunk = b"z" * (1 << 20)
+    for _ in range(64):
+        assert feed(conn, chunk) == []
+        assert conn.buffered == 0
+    # the rest of the big frame and the message's last frame are let go; the next one counts
+    feed(conn, b"z" * ((1 << 30) - (64 << 20)))
+    assert feed(conn, zmtp.encode_message([b"tail"]) + zmtp.encode_message([b"next", b"", b"ok"])
+                ) == [Message([b"next", b"", b"ok"])]
+
+
+def test_many_small_frames_are_let_go_as_they_come():
+    conn = connection(max_frames=10_000, max_bytes=1000, frame_cost=16)
+    v3_peer(conn)
+    frames = [b"id"] + [b"f" * 100] * 5000
+    events = feed(conn, zmtp.encode_message(frames), step=4096)
+    assert [type(e) for e in events] == [Refused]
+    assert events[0].first == b"id" and conn.buffered == 0
+
+
+def test_too_many_frames_is_refused_at_the_first_frame_past_the_limit():
+    conn = connection(max_frames=3, max_bytes=10_000)
+    v3_peer(conn)
+    events = feed(conn, zmtp.encode_message([b"id", b"", b"a", b"b"]) +
+                  zmtp.encode_message([b"ok", b"", b"a"]))
+    assert events == [Refused(b"id", "more than 3 frames in a message"),
+                      Message([b"ok", b"", b"a"])]
+
+
+def test_refuse_current_lets_go_of_a_message_under_way_and_of_its_frame_in_flight():
+    conn = connection(max_bytes=1 << 20)
+    v3_peer(conn)
+    data = zmtp.encode_message([b"big-id", b"", b"x" * 500_000])
+    assert feed(conn, data[:200_000]) == []
+    assert conn.buffered > 190_000
+    assert conn.refuse_current("busy")
+    assert conn.next_events() == [Refused(b"big-id", "busy")] and conn.buffered == 0
+    assert feed(conn, data[200_000:] + zmtp.encode_message([b"next"])) == [Message([b"next"])]
+    assert not conn.refuse_current("busy")  # nothing under way
+
+
+def test_refuse_current_of_a_first_frame_in_flight_keeps_its_start_as_the_id():
+    conn = connection(max_bytes=1 << 20)
+    v3_peer(conn)
+    data = zmtp.encode_message([b"i" * 1000, b"", b"x"])
+    feed(conn, data[:500])
+    assert conn.refuse_current("busy")
+    assert conn.next_events() == [Refused(b"iiiiiiii", "busy")]
+    assert feed(conn, data[500:] + zmtp.encode_message([b"n"])) == [Message([b"n"])]
+
+
+def test_an_error_command_from_the_peer_closes():
+    conn = connection()
+    v3_peer(conn)
+    events = feed(conn, zmtp.command(b"ERROR", b"\x04oops"))
+    assert events == [Closed("the peer said ERROR: oops")]

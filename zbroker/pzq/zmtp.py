@@ -1,0 +1,439 @@
+"""ZMTP, ZeroMQ's wire protocol, on the server side of one connection: bytes in, events out.
+
+pzq reads its producers with this instead of a libzmq ROUTER for one reason: libzmq hands a
+multipart message over only once all of it has arrived, so a producer could make the queue hold
+any number of bytes before it could refuse them. Here each frame is seen as it arrives; a
+message past the limits is refused at once and the rest of it is skipped as it comes, never
+kept.
+
+It speaks ZMTP 3.0 and 3.1 (libzmq 4) and ZMTP 2.0 (libzmq 3.2, the oldest the original pzq
+works with), with the NULL mechanism, as a ROUTER: its peers are DEALER, REQ or ROUTER
+sockets. The handshake follows libzmq's, which keeps older peers talking: the 10-byte
+signature first, the major version once the peer's signature is in, the rest once its
+revision is known (ZMTP 2.0: our socket type; 3.x: minor version, mechanism, filler).
+
+No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_events` and
+:meth:`Connection.data_to_send`; :func:`encode_message` makes the bytes of a message to send.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
+MAJOR = 3
+MINOR = 1
+V2_REVISION = 1
+MECHANISM = b"NULL"
+MORE, LONG, COMMAND = 0x01, 0x02, 0x04
+#: socket type numbers of ZMTP 2.0 and names of ZMTP 3
+V2_TYPES = {0: b"PAIR", 1: b"PUB", 2: b"SUB", 3: b"REQ", 4: b"REP", 5: b"DEALER", 6: b"ROUTER",
+            7: b"PULL", 8: b"PUSH"}
+ROUTER = b"ROUTER"
+V2_ROUTER = 6
+PEERS_OF_ROUTER = frozenset((b"DEALER", b"REQ", b"ROUTER"))
+MAX_COMMAND = 1 << 16  # a READY with metadata is far smaller; a larger command is an attack
+MAX_ROUTING_ID = 255
+
+_LONG_SIZE = struct.Struct(">Q")
+_PROPERTY_SIZE = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The handshake is done: the peer's socket type and the routing id it asked for."""
+
+    socket_type: bytes
+    routing_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    frames: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A message past the limits: its first frame (cut to ``keep_first`` bytes) and why. The
+    rest of it is skipped as it arrives."""
+
+    first: bytes
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The peer broke the protocol (or said ERROR): send what is pending, then hang up."""
+
+    reason: str
+
+
+Event = Ready | Message | Refused | Closed
+
+
+def command(name: bytes, body: bytes = b"") -> bytes:
+    data = bytes([len(name)]) + name + body
+    if len(data) > 255:
+        return bytes([COMMAND | LONG]) + _LONG_SIZE.pack(len(data)) + data
+    return bytes([COMMAND, len(data)]) + data
+
+
+def ready_command(socket_type: bytes = ROUTER) -> bytes:
+    name = b"Socket-Type"
+    return command(b"READY", bytes([len(name)]) + name + _PROPERTY_SIZE.pack(len(socket_type))
+                   + socket_type)
+
+
+def parse_properties(data: bytes) -> dict[bytes, bytes] | None:
+    """The metadata of a READY command (names lowercased), or None if it is malformed."""
+    props: dict[bytes, bytes] = {}
+    pos, end = 0, len(data)
+    while pos < end:
+        n = data[pos]
+        name = data[pos + 1:pos + 1 + n]
+        pos += 1 + n
+        if pos + 4 > end:
+            return None
+        (size,) = _PROPERTY_SIZE.unpack_from(data, pos)
+        pos += 4
+        if pos + size > end:
+            return None
+        props[name.lower()] = data[pos:pos + size]
+        pos += size
+    return props
+
+
+def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
+    """One message in ZMTP 2.0/3.x framing (the same bytes in both)."""
+    out = bytearray()
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        more = MORE if i < last else 0
+        n = len(f)
+        if n > 255:
+            out.append(more | LONG)
+            out += _LONG_SIZE.pack(n)
+        else:
+            out.append(more)
+            out.append(n)
+        out += f
+    return bytes(out)
+
+
+class Connection:
+    """The server side of one ZMTP connection.
+
+    ``max_frames``/``max_bytes``: a message with more frames, or whose frames with
+    ``frame_cost`` each come to more bytes, is refused (:class:`Refused`) as soon as it passes
+    the limit. ``buffered`` is what the connection holds of unfinished input."""
+
+    def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
+                 keep_first: int = 256):
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self.frame_cost = frame_cost
+        self.keep_first = keep_first
+        self.version: int | None = None  # 2 or 3 once the peer's revision is known
+        self.ready = False
+        self.closed = False
+        self._in = bytearray()
+        self._out = bytearray(SIGNATURE)
+        self._events: list[Event] = []
+        self._stage = self._signature  # the handshake step waiting for the peer's bytes
+        self._frames: list[bytes] = []  # the message being received
+        self._size = 0  # its bytes with frame_cost each
+        self._skipping = False  # the rest of a refused message is being let go
+        self._skip = 0  # bytes still to let go of the frame being skipped
+        self._skip_more = False  # ... and whether more frames of its message follow
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held of unfinished input: frames of the message being received, and what
+        has arrived of the next frame."""
+        return len(self._in) + self._size
+
+    def data_to_send(self) -> bytes:
+        out, self._out = bytes(self._out), bytearray()
+        return out
+
+    def next_events(self) -> list[Event]:
+        events, self._events = self._events, []
+        return events
+
+    def receive_data(self, data: bytes | memoryview) -> None:
+        if self.closed:
+            return
+        if self._skip:
+            n = min(self._skip, len(data))
+            self._skip -= n
+            data = data[n:]
+            if not self._skip and not self._skip_more:
+                self._skipping = False
+        if not self.ready:
+            self._in += data
+            while not self.ready and not self.closed and self._stage():
+                pass
+            if self.closed:
+                self._in.clear()
+            if not self.ready:
+                return
+            data = b""  # what came after the handshake is in the input already
+        if self._in:  # the start of a frame came before: the rest goes after it
+            self._in += data
+            self._read_input()
+        elif data:  # read where it lies; only a frame cut at its end is kept for later
+            used = self._read_frames(data)
+            if used < len(data) and not self.closed:
+                self._in += data[used:]
+
+    def _read_input(self) -> None:
+        with memoryview(self._in) as mv:
+            used = self._read_frames(mv)
+        if self.closed:
+            self._in.clear()
+        else:
+            del self._in[:used]
+
+    def refuse_current(self, reason: str) -> bool:
+        """Refuse the message being received: what has come of it is let go at once and the
+        rest as it arrives. False if no message is under way."""
+        if not self.ready or self.closed or self._skipping:
+            return False
+        head = self._frame_head(0)
+        if head is not None and head[0] & COMMAND and self.version == 3:
+            head = None  # a command is no part of a message
+        if not self._frames and head is None:
+            return False
+        first = self._frames[0] if self._frames else b""
+        if head is not None:
+            flags, n, size = head
+            have = len(self._in) - size
+            if not self._frames:
+                first = bytes(self._in[size:size + min(n, self.keep_first)])
+            if have < n:  # the frame under way is let go too
+                self._skip, self._skip_more = n - have, bool(flags & MORE)
+                self._in.clear()
+        self._refuse(first[:self.keep_first], reason)
+        if not self._skip:
+            self._read_input()  # whole frames of this message that are here already
+        return True
+
+    # --- the handshake: each step returns True once done -----------------------------------
+
+    def _signature(self) -> bool:
+        buf = self._in
+        if buf and buf[0] != 0xFF or len(buf) >= 10 and not buf[9] & 0x01:
+            self._close("not a ZMTP 2.0 or 3.x peer (libzmq 3.2 or newer is needed)")
+            return False
+        if len(buf) < 10:
+            return False
+        self._out.append(MAJOR)
+        self._stage = self._revision
+        return True
+
+    def _revision(self) -> bool:
+        buf = self._in
+        if len(buf) < 11:
+            return False
+        revision = buf[10]
+        if revision == V2_REVISION:
+            self.version = 2
+            self._out.append(V2_ROUTER)
+            self._stage = self._v2_socket_type
+        elif revision >= 3:
+            self.version = 3
+            self._out += bytes([MINOR]) + MECHANISM.ljust(20, b"\x00") + b"\x00" * 32
+            self._stage = self._v3_greeting
+        else:
+            self._close(f"ZMTP revision {revision} is not supported")
+            return False
+        return True
+
+    def _v2_socket_type(self) -> bool:
+        buf = self._in
+        if len(buf) < 12:
+            return False
+        self._peer_type = V2_TYPES.get(buf[11], b"")
+        if self._peer_type not in PEERS_OF_ROUTER:
+            self._close(f"a {_name(self._peer_type, buf[11])} socket cannot talk to a ROUTER")
+            return False
+        del buf[:12]
+        self._stage = self._v2_identity
+        return True
+
+    def _v2_identity(self) -> bool:
+        head = self._frame_head(0)
+        if head is None:
+            return False
+        flags, n, size = head
+        if flags & (MORE | COMMAND) or n > MAX_ROUTING_ID:
+            self._close("malformed ZMTP 2.0 identity")
+            return False
+        if len(self._in) < size + n:
+            return False
+        identity = bytes(self._in[size:size + n])
+        del self._in[:size + n]
+        self._become_ready(self._peer_type, identity)
+        return True
+
+    def _v3_greeting(self) -> bool:
+        buf = self._in
+        if len(buf) < 64:
+            return False
+        mechanism = bytes(buf[12:32]).rstrip(b"\x00")
+        if mechanism != MECHANISM:
+            self._close(f"security mechanism {mechanism.decode(errors='replace')!r} is not "
+                        f"offered here (NULL only)")
+            return False
+        del buf[:64]
+        self._out += ready_command()
+        self._stage = self._v3_ready
+        return True
+
+    def _v3_ready(self) -> bool:
+        head = self._frame_head(0)
+        if head is None:
+            return False
+        flags, n, size = head
+        if not flags & COMMAND:
+            self._close("a message before the handshake was done")
+            return False
+        if n > MAX_COMMAND:
+            self._close(f"a command of {n} bytes")
+            return False
+        if len(self._in) < size + n:
+            return False
+        name, data = _split_command(bytes(self._in[size:size + n]))
+        del self._in[:size + n]
+        if name == b"ERROR":
+            self._close(f"the peer said ERROR: {_error_reason(data)}")
+            return False
+        if name != b"READY":
+            self._close(f"{name.decode(errors='replace')!r} before READY")
+            return False
+        props = parse_properties(data)
+        if props is None:
+            self._close("malformed READY metadata")
+            return False
+        peer = props.get(b"socket-type", b"")
+        if peer not in PEERS_OF_ROUTER:
+            self._out += command(b"ERROR", _error_body("Invalid socket type"))
+            self._close(f"a {_name(peer, None)} socket cannot talk to a ROUTER")
+            return False
+        self._become_ready(peer, props.get(b"identity", b""))
+        return True
+
+    def _become_ready(self, socket_type: bytes, routing_id: bytes) -> None:
+        self.ready = True
+        self._events.append(Ready(socket_type, routing_id))
+
+    # --- frames ---------------------------------------------------------------------------
+
+    def _frame_head(self, pos: int) -> tuple[int, int, int] | None:
+        """(flags, body size, header size) of the frame at ``pos`` of the input, if its
+        header is all there."""
+        buf = self._in
+        if len(buf) - pos < 2:
+            return None
+        flags = buf[pos]
+        if flags & LONG:
+            if len(buf) - pos < 9:
+                return None
+            return flags, _LONG_SIZE.unpack_from(buf, pos + 1)[0], 9
+        return flags, buf[pos + 1], 2
+
+    def _read_frames(self, buf: bytes | memoryview) -> int:
+        """Take the frames that are whole in ``buf``; returns how many bytes of it were
+        used."""
+        pos, end = 0, len(buf)
+        v3 = self.version == 3
+        while not self.closed:
+            if end - pos < 2:
+                break
+            flags = buf[pos]
+            if flags & LONG:
+                if end - pos < 9:
+                    break
+                (n,) = _LONG_SIZE.unpack_from(buf, pos + 1)
+                head = pos + 9
+            else:
+                n, head = buf[pos + 1], pos + 2
+            if v3 and flags & COMMAND:
+                if n > MAX_COMMAND:
+                    self._close(f"a command of {n} bytes")
+                    break
+                if end - head < n:
+                    break
+                self._command(bytes(buf[head:head + n]))
+                pos = head + n
+                continue
+            if not self._skipping:
+                count = len(self._frames) + 1
+                size = self._size + n + self.frame_cost
+                if count > self.max_frames or size > self.max_bytes:
+                    first = (self._frames[0] if self._frames
+                             else bytes(buf[head:min(end, head + self.keep_first, head + n)]))
+                    self._refuse(first[:self.keep_first], (
+                        f"more than {self.max_frames} frames in a message"
+                        if count > self.max_frames else
+                        f"Message too large: more than {self.max_bytes} bytes with its "
+                        f"id and headers"))
+            if self._skipping:  # let the frame go, as much of it as is here
+                have = min(n, end - head)
+                pos = head + have
+                if have < n:
+                    self._skip, self._skip_more = n - have, bool(flags & MORE)
+                    break
+                if not flags & MORE:
+                    self._skipping = False
+                continue
+            if end - head < n:
+                break
+            self._frames.append(bytes(buf[head:head + n]))
+            self._size += n + self.frame_cost
+            pos = head + n
+            if not flags & MORE:
+                self._events.append(Message(self._frames))
+                self._frames, self._size = [], 0
+        return pos
+
+    def _refuse(self, first: bytes, reason: str) -> None:
+        self._events.append(Refused(first, reason))
+        self._frames, self._size = [], 0
+        self._skipping = True
+
+    def _command(self, body: bytes) -> None:
+        name, data = _split_command(body)
+        if name == b"PING":  # ZMTP 3.1 heartbeat: [TTL, 2 bytes][context]
+            self._out += command(b"PONG", data[2:18])
+        elif name == b"ERROR":
+            self._close(f"the peer said ERROR: {_error_reason(data)}")
+        # PONG, SUBSCRIBE, CANCEL and commands of later versions: nothing to do for a ROUTER
+
+    def _close(self, reason: str) -> None:
+        self.closed = True
+        self._frames, self._size = [], 0
+        self._events.append(Closed(reason))
+
+
+def _split_command(body: bytes) -> tuple[bytes, bytes]:
+    if not body:
+        return b"", b""
+    n = body[0]
+    return body[1:1 + n], body[1 + n:]
+
+
+def _error_body(reason: str) -> bytes:
+    data = reason.encode()[:255]
+    return bytes([len(data)]) + data
+
+
+def _error_reason(data: bytes) -> str:
+    return data[1:1 + data[0]].decode(errors="replace") if data else ""
+
+
+def _name(peer: bytes | None, number: int | None) -> str:
+    if peer:
+        return peer.decode(errors="replace")
+    return f"type {number}" if number is not None else "unnamed"
