@@ -19,6 +19,7 @@ CORE_MODULES = [
     "zpipes.server",
     "zpipes.peering",
     "zpipes.errors",
+    "zpipes.client_protocol",
 ]
 
 
@@ -62,3 +63,11 @@ def test_public_names_still_resolve():
     assert zpipes.client is client  # the submodule, as before, even if nothing imported it
     with pytest.raises(AttributeError):
         zpipes.no_such_name  # noqa: B018
+
+
+def test_both_clients_share_one_protocol_module():
+    from zpipes import aio, client, client_protocol
+
+    for name in ("ReaderProtocol", "WriterProtocol", "Phase", "EOF", "check_pipe_name"):
+        assert getattr(client, name) is getattr(client_protocol, name)  # the old path works
+    assert aio.ReaderProtocol is client_protocol.ReaderProtocol
