@@ -332,8 +332,3 @@ class WriterCounters:
     @property
     def bytes_sent(self) -> int:
         return self._proto.bytes_sent
-
-    @property
-    def bytes_acknowledged(self) -> int:
-        """Bytes the broker has accepted into the pipe."""
-        return self._proto.bytes_acked

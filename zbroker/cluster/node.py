@@ -172,10 +172,6 @@ class ClusterNode:
             self._apply(self.membership.add_contact(endpoint, self._loop.time(), pinned=True))
             self._schedule(0.0)
 
-    def drop_contact(self, endpoint: str) -> None:
-        if endpoint not in self._static:
-            self._apply(self.membership.forget_contact(endpoint))
-
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
         return len(self.membership.unanswered()) if self.membership else 0

@@ -447,10 +447,6 @@ class Store:
     def disk_bytes(self) -> int:
         return sum(self._seg_bytes.values())
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
-
     def counters(self) -> dict[str, int]:
         return {
             "syncs": self.syncs,
