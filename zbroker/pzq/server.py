@@ -161,27 +161,30 @@ class QueueSettings:
     send_endpoint: str
     monitor_endpoint: str | None
     data_dir: Path
-    sync: str = "batch"
-    sync_window: float = 0.002
-    sync_max_bytes: int = 1 << 20  # a batch closes there: one fdatasync covers at most this
-    segment_size: int = 64 << 20
-    ack_timeout: float = 5.0
-    reaper_frequency: float = 2.5
-    inflight_window: int = 32
-    inflight_size: int = 30 << 20
-    max_message_size: int = 16 << 20
-    max_backlog: int = 256 << 20
-    idempotence_window: int = 100_000
+    sync: str = PzqQueueConfig.sync
+    sync_window: float = PzqQueueConfig.sync_window
+    sync_max_bytes: int = PzqQueueConfig.sync_max_bytes  # one fdatasync covers at most this
+    segment_size: int = PzqQueueConfig.segment_size
+    ack_timeout: float = PzqQueueConfig.ack_timeout
+    reaper_frequency: float = PzqQueueConfig.reaper_frequency
+    inflight_window: int = PzqQueueConfig.inflight_window
+    inflight_size: int = PzqQueueConfig.inflight_size
+    max_message_size: int = PzqQueueConfig.max_message_size
+    max_backlog: int = PzqQueueConfig.max_backlog
+    idempotence_window: int = PzqQueueConfig.idempotence_window
     idempotence_bytes: int = PzqQueueConfig.idempotence_bytes
     max_frames: int = PzqQueueConfig.max_frames
-    replicas: int = 0
-    replication_timeout: float = 0.1
-    peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
+    replicas: int = PzqQueueConfig.replicas
+    replication_timeout: float = PzqQueueConfig.replication_timeout
+    #: receive endpoints of the peer queues copies go to
+    peers: tuple[str, ...] = PzqQueueConfig.peers
     # (none, with replicas and a cluster: copies go to peers of the cluster, see placement.py)
-    node_timeout: float = 10.0  # silence after which a peer's copies are taken over
-    mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
-    stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
-    credit_endpoint: str | None = None  # consumers that say READY with a window (ROUTER)
+    #: silence after which a peer's copies are taken over
+    node_timeout: float = PzqQueueConfig.node_timeout
+    mode: str = PzqQueueConfig.mode  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
+    stream_endpoint: str = PzqQueueConfig.stream_endpoint  # stream requests (stream mode only)
+    #: consumers that say READY with a window (ROUTER)
+    credit_endpoint: str | None = PzqQueueConfig.credit_endpoint
     #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
     replica_sources: tuple[str, ...] = PzqQueueConfig.replica_sources
     max_replica_origins: int = PzqQueueConfig.max_replica_origins
