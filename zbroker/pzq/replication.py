@@ -51,17 +51,21 @@ from typing import Any
 
 from .queue import QUEUE_FULL, Budget, Limits, QueueCore
 from .store import BatchResult, Store
+from .wire import REPLICA_HEADER
 
-# frames of the cluster's service channel (service "pzq")
-QUEUES, CCOPY, CONFIRM, CDELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
+# the kinds of message on the cluster's service channel (service "pzq"); CLUSTER_COPY and
+# CLUSTER_DELETE are the cluster's counterparts of REPLICA_HEADER and REPLICA_ACK_HEADER
+QUEUES, CLUSTER_COPY, CONFIRM, CLUSTER_DELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
 TAKEN, RELEASE = b"TAKEN", b"RELEASE"
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)
 CLUSTER_PEER = b"\x00peer:"
 
-COPY = b"REPLICA:"
-DELETE = b"REPLICA-ACK:"
-PING = b"REPLICA-PING:"
+# the header (second frame) of replication traffic on a queue's receive endpoint, before the
+# origin's node id: a copy to hold (wire.REPLICA_HEADER, "REPLICA:"), its original's ACK (drop
+# the copy), the origin is alive
+REPLICA_ACK_HEADER = b"REPLICA-ACK:"
+REPLICA_PING_HEADER = b"REPLICA-PING:"
 _NODE_RE = re.compile(r"[0-9a-f]{32}")
 
 NOT_CONFIGURED = "replication is not configured on this queue"
@@ -95,15 +99,15 @@ def node_id(data_dir: Path) -> str:
 
 
 def copy_frames(key: bytes, node: str, body: tuple[bytes, ...]) -> list[bytes]:
-    return [key, COPY + node.encode(), b"", *body]
+    return [key, REPLICA_HEADER + node.encode(), b"", *body]
 
 
 def delete_frames(key: bytes, node: str) -> list[bytes]:
-    return [key, DELETE + node.encode(), b"", b"-"]
+    return [key, REPLICA_ACK_HEADER + node.encode(), b"", b"-"]
 
 
 def ping_frames(node: str) -> list[bytes]:
-    return [b"-", PING + node.encode(), b"", b"-"]
+    return [b"-", REPLICA_PING_HEADER + node.encode(), b"", b"-"]
 
 
 BATCH_MESSAGES = 256  # messages (or keys) in one message of the cluster channel, at most
@@ -113,7 +117,7 @@ BATCH_BYTES = 1 << 20  # body bytes in one COPY, at most (a bigger message goes 
 def copy_batches(queue: bytes, node: bytes,
                  items: Iterable[tuple[bytes, Sequence[bytes]]]) -> Iterator[list[bytes]]:
     """COPY messages for (key, body frames) pairs."""
-    head = [CCOPY, queue, node]
+    head = [CLUSTER_COPY, queue, node]
     frames, n, size = list(head), 0, 0
     for key, body in items:
         frames += [key, b"%d" % len(body), *body]
@@ -157,7 +161,7 @@ def classify(frames: list[bytes]) -> tuple[bytes, str] | None:
     if len(frames) < 3:
         return None
     header = frames[1]
-    for kind in (COPY, DELETE, PING):
+    for kind in (REPLICA_HEADER, REPLICA_ACK_HEADER, REPLICA_PING_HEADER):
         if header.startswith(kind):
             node = header[len(kind):].decode(errors="replace")
             return (kind, node) if _NODE_RE.fullmatch(node) else None
@@ -235,7 +239,8 @@ class ReplicaHolder:
     def refusal(self, kind: bytes, node: str) -> str | None:
         """Why a COPY from ``node`` cannot be held (a new origin past ``max_origins``);
         None if it can."""
-        if kind == COPY and node not in self.origins and len(self.origins) >= self.max_origins:
+        if (kind == REPLICA_HEADER and node not in self.origins
+                and len(self.origins) >= self.max_origins):
             return too_many_origins(self.max_origins)
         return None
 
@@ -245,7 +250,7 @@ class ReplicaHolder:
         that came from ``peer``; returns the core that may have replies."""
         origin = self.origins.get(node)
         if origin is None:
-            if kind != COPY:
+            if kind != REPLICA_HEADER:
                 return None
             origin = self._open(node, now)
         origin.last_seen = now
@@ -254,9 +259,9 @@ class ReplicaHolder:
         if origin.taken_over:
             origin.taken_over = False  # it is back: a new life for its copies
             self.log.info("pzq replica origin is back", node=node)
-        if kind == COPY:
+        if kind == REPLICA_HEADER:
             origin.core.produce(peer, [key, b"", *body], now_us)
-        elif kind == DELETE:
+        elif kind == REPLICA_ACK_HEADER:
             origin.core.remove_by_id(key)
         return origin.core
 

@@ -37,14 +37,14 @@ from . import wire
 from .placement import Placement
 from .queue import CONSUMERS, Budget, Limits, QueueCore
 from .replication import (
-    CCOPY,
-    CDELETE,
+    CLUSTER_COPY,
+    CLUSTER_DELETE,
     CLUSTER_PEER,
     CONFIRM,
-    COPY,
-    DELETE,
     NOT_CONFIGURED,
     RELEASE,
+    REPLICA_ACK_HEADER,
+    REPLICA_HEADER,
     TAKEN,
     ReplicaHolder,
     classify,
@@ -517,7 +517,7 @@ class QueueServer:
         if reason is not None:  # creates nothing; only a copy is answered (as a producer)
             self._refuse_replica(kind, frames[0], rest[0], reason)
             return
-        body = rest[rest.index(b"", 1) + 1:] if kind == COPY else ()
+        body = rest[rest.index(b"", 1) + 1:] if kind == REPLICA_HEADER else ()
         self._hold(kind, node, frames[0], rest[0], body)
 
     def _accepts_origin(self, node: str) -> bool:
@@ -527,7 +527,7 @@ class QueueServer:
 
     def _refuse_replica(self, kind: bytes, peer: bytes, key: bytes, reason: str) -> None:
         self.holder.refused += 1
-        if kind == COPY:
+        if kind == REPLICA_HEADER:
             self._answer_holders([(peer, wire.producer_ack(key[:wire.MAX_ID], False, reason))])
         now = self.loop.time()
         if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
@@ -657,21 +657,21 @@ class QueueServer:
         if not self._running:
             return True
         peer = CLUSTER_PEER + life.encode()
-        if kind in (CCOPY, CDELETE):
+        if kind in (CLUSTER_COPY, CLUSTER_DELETE):
             if len(frames) < 2:
                 return False
             node = bytes(frames[0]).decode(errors="replace")
             if not is_node(node):
                 return False
-            if kind == CCOPY:
+            if kind == CLUSTER_COPY:
                 copies = parse_copies(frames[1:])
                 if copies is None:
                     return False
                 for key, body in copies:
-                    self._hold(COPY, node, peer, key, body)
+                    self._hold(REPLICA_HEADER, node, peer, key, body)
             else:
                 for key in frames[1:]:
-                    self._hold(DELETE, node, peer, key, ())
+                    self._hold(REPLICA_ACK_HEADER, node, peer, key, ())
         elif kind == CONFIRM:
             if len(frames) < 2:
                 return False
@@ -730,7 +730,7 @@ class QueueServer:
         deleted = [key for kind, key, _ in out if kind != "copy"]
         # copies first: a key copied and ACKed within one turn is then deleted after its copy
         batches = [*copy_batches(self._qname, node, copies),
-                   *key_batches([CDELETE, self._qname, node], deleted)]
+                   *key_batches([CLUSTER_DELETE, self._qname, node], deleted)]
         for key in deleted:
             placement.forget(key)
         for life in placement.holders:

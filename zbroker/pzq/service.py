@@ -15,7 +15,7 @@ import zmq
 
 from zbroker.service import Peer, Service, ServiceContext, ServiceError
 
-from .replication import CCOPY, QUEUES
+from .replication import CLUSTER_COPY, QUEUES
 from .server import ZERO_COPY_MIN, QueueError, QueueServer, QueueSettings, default_data_dir
 
 
@@ -113,7 +113,7 @@ class PzqService(Service):
 
     def peer_message(self, peer: Peer, frames: list[Any]) -> None:
         kind = bytes(frames[0]) if frames else b""
-        if kind == CCOPY:  # big bodies stay in the frame they came in (parse_copies checks)
+        if kind == CLUSTER_COPY:  # big bodies stay in the frame they came in (parse_copies checks)
             frames = [bytes(f) if i < 2 or len(f) < ZERO_COPY_MIN else f
                       for i, f in enumerate(frames)]
         else:
