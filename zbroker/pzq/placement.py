@@ -1,7 +1,7 @@
 """Which peer brokers hold the copies of one queue's messages (replication over the cluster).
 
 Pure bookkeeping, no I/O. A queue with ``replicas: N`` keeps N *holders*: peers of the
-cluster (one life each, see ``zbroker.service.Peer``) that host a queue of the same name.
+cluster (one life each, see ``zbroker.service.PeerBroker``) that host a queue of the same name.
 Holders are kept while they live; when one leaves, the next candidate replaces it, and the
 new holder must receive a copy of every message not yet ACKed (a *re-copy*). Candidates are
 ordered by rendezvous hashing of (this queue's node id, the candidate's node id), so that
