@@ -53,7 +53,7 @@ from .replication import (
     delete_frames,
     is_node,
     key_batches,
-    node_id,
+    load_node_id,
     not_accepted,
     parse_copies,
     ping_frames,
@@ -291,7 +291,7 @@ class QueueServer:
             if committed is None:
                 committed = messages[0].seq if messages else self.core.next_seq
             self.stream = StreamCore(self.core, committed)
-        self.node = node_id(s.data_dir)
+        self.node = load_node_id(s.data_dir)
         if s.replicas and not s.peers:
             self.placement = Placement(self.node, s.replicas)
             self.core.replica_targets = 0  # until peers of the cluster host this queue
@@ -610,7 +610,7 @@ class QueueServer:
         for origin in self.holder.lost(now, self.settings.node_timeout):
             n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
             self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node, messages=n)
+                             queue=self.settings.name, node=origin.node_id, messages=n)
 
     # --- replication over the cluster -------------------------------------------------------
 
@@ -648,7 +648,7 @@ class QueueServer:
         for origin in self.holder.left(life):
             n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
             self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node, messages=n)
+                             queue=self.settings.name, node=origin.node_id, messages=n)
         self._schedule_wake()
 
     def cluster_message(self, life: str, kind: bytes, frames: list[bytes]) -> bool:
