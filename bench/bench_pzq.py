@@ -39,6 +39,7 @@ import zmq
 from pzq_load import free_port, produce_windowed
 
 from zbroker.config import parse_size
+from zbroker.pzq.store import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "65536:1", "65536:64",
@@ -211,7 +212,7 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), metavar="SIZE:WINDOW")
-    ap.add_argument("--sync", default="batch", choices=("batch", "always", "none"))
+    ap.add_argument("--sync", default=DEFAULT_SYNC, choices=SYNC_MODES)
     ap.add_argument("--sync-window", type=int, default=2000, metavar="US")
     ap.add_argument("--sync-max-bytes", type=parse_size, default=None, metavar="BYTES",
                     help="the queue's sync_max_bytes (default: the queue's default)")

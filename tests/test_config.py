@@ -369,3 +369,37 @@ def test_zpipes_allow_takes_names_and_numbers_and_refuses_unknown_ones():
         parse_config({"services": {"zpipes": {"allow": {"groups": ["*"]}}}})
     with pytest.raises(ConfigError, match="services.zpipes.allow.users"):
         parse_config({"services": {"zpipes": {"allow": {"users": "alice"}}}})
+
+
+def test_pzq_queue_defaults_agree_everywhere():
+    """The broker's config, a queue's QueueSettings, its Limits, its Store and the standalone
+    pzq command start from the same defaults."""
+    import inspect
+
+    from zbroker.pzq import cli as pzq_cli
+    from zbroker.pzq.queue import Limits
+    from zbroker.pzq.server import QueueSettings
+    from zbroker.pzq.store import Store
+
+    config = default_config().services.pzq.defaults
+    settings = {f.name: f.default for f in dataclasses.fields(QueueSettings)
+                if f.default is not dataclasses.MISSING}
+    for name, value in settings.items():
+        assert getattr(config, name) == value, name
+    for field in dataclasses.fields(Limits):
+        if hasattr(config, field.name):
+            assert getattr(config, field.name) == field.default, field.name
+    store = inspect.signature(Store).parameters
+    assert (store["sync"].default, store["sync_window"].default, store["segment_size"].default,
+            store["max_batch_bytes"].default) == (config.sync, config.sync_window,
+                                                  config.segment_size, config.sync_max_bytes)
+    args = pzq_cli.parser().parse_args([])
+    s = pzq_cli.settings_from_args(args)
+    for name in ("sync", "sync_window", "sync_max_bytes", "segment_size", "ack_timeout",
+                 "reaper_frequency", "inflight_window", "inflight_size", "max_message_size",
+                 "max_backlog", "idempotence_bytes", "max_frames", "replicas",
+                 "replication_timeout", "node_timeout", "mode", "receive_endpoint",
+                 "send_endpoint", "stream_endpoint", "credit_endpoint", "replica_sources",
+                 "max_replica_origins"):
+        assert getattr(s, name) == getattr(config, name), name
+    assert args.log_level == default_config().log.level

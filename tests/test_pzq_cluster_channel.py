@@ -17,7 +17,7 @@ from helpers import free_port
 from zbroker.config import parse_config
 from zbroker.pzq.replication import BATCH_BYTES, copy_batches, parse_copies
 from zbroker.pzq.service import PzqService
-from zbroker.service import ClusterPort, Peer, ServiceContext
+from zbroker.service import ClusterPort, PeerBroker, ServiceContext
 
 NODE = "0" * 32
 
@@ -28,7 +28,7 @@ class LinkedPort(ClusterPort):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__("pzq")
         self.loop = loop
-        self.me: Peer | None = None
+        self.me: PeerBroker | None = None
         self.other: Any = None  # (the peer as the other side knows it, its service)
         self.up = True
         self.sent: list[list[bytes]] = []
@@ -88,7 +88,7 @@ async def pair(tmp_path):
     pa, pb = LinkedPort(loop), LinkedPort(loop)
     a = await start(tmp_path, "a", pa, replicas=1)
     b = await start(tmp_path, "b", pb)
-    peer_a, peer_b = Peer("a-life", "a", "tcp://a"), Peer("b-life", "b", "tcp://b")
+    peer_a, peer_b = PeerBroker("a-life", "a", "tcp://a"), PeerBroker("b-life", "b", "tcp://b")
     pa.me, pb.me = peer_a, peer_b
     pa.other, pb.other = (peer_a, b), (peer_b, a)
     a.peer_joined(peer_b)

@@ -18,7 +18,7 @@ from helpers import broker_env, rss_bytes, run_zbroker, wait_for, write_config
 from pipe_stream import lockstep
 
 from zbroker.limits import FD_RESERVE, clients_problem
-from zbroker.local_access import Peer, Policy, default_policy
+from zbroker.local_access import PeerCredentials, Policy, default_policy
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
@@ -29,12 +29,12 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
 
 def test_policy_admits_root_its_users_and_members_of_its_groups():
     policy = Policy(uids=frozenset({1000}), gids=frozenset({50}))
-    assert policy.allows(Peer(pid=1, uid=0, gid=0))  # root, always
-    assert policy.allows(Peer(pid=1, uid=1000, gid=1000))
-    assert policy.allows(Peer(pid=1, uid=2000, gid=50))  # by its primary group
-    assert policy.allows(Peer(pid=1, uid=2000, gid=2000, groups=frozenset({7, 50})))
-    assert not policy.allows(Peer(pid=1, uid=2000, gid=2000, groups=frozenset({7})))
-    assert Policy(frozenset(), frozenset(), anyone=True).allows(Peer(1, 2000, 2000))
+    assert policy.allows(PeerCredentials(pid=1, uid=0, gid=0))  # root, always
+    assert policy.allows(PeerCredentials(pid=1, uid=1000, gid=1000))
+    assert policy.allows(PeerCredentials(pid=1, uid=2000, gid=50))  # by its primary group
+    assert policy.allows(PeerCredentials(pid=1, uid=2000, gid=2000, groups=frozenset({7, 50})))
+    assert not policy.allows(PeerCredentials(pid=1, uid=2000, gid=2000, groups=frozenset({7})))
+    assert Policy(frozenset(), frozenset(), anyone=True).allows(PeerCredentials(1, 2000, 2000))
 
 
 def test_default_policy_is_the_brokers_user_and_group():

@@ -33,7 +33,7 @@ from . import logs
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
 from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
-from .service import ClusterPort, Peer, Service, ServiceContext, ServiceError
+from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
@@ -182,7 +182,7 @@ class Broker:
 
         by_name = {service.name: service for service in self.services}
 
-        def on_message(peer: Peer, service: str, frames: list[Any]) -> None:
+        def on_message(peer: PeerBroker, service: str, frames: list[Any]) -> None:
             target = by_name.get(service)
             if target is not None:
                 target.peer_message(peer, frames)

@@ -36,12 +36,21 @@ from typing import Any
 
 import yaml
 
+from .pzq.queue import Limits
+from .pzq.store import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_SEGMENT_SIZE,
+    DEFAULT_SYNC,
+    DEFAULT_SYNC_WINDOW,
+)
+from .pzq.store import SYNC_MODES as PZQ_SYNC_MODES
+from .syslog import FORMATS as SYSLOG_FORMATS
+
 #: Where the broker looks for its config when not given one, in order.
 CONFIG_SEARCH_PATH: tuple[str, ...] = ("./zbroker.cfg", "/etc/zbroker/zbroker.cfg")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("console", "json")
-SYSLOG_FORMATS = ("auto", "rfc5424", "rfc3164")
 SYSLOG_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp",
                      "cron", "authpriv", "ftp", *(f"local{i}" for i in range(8)))
 ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
@@ -360,7 +369,6 @@ class ClusterConfig:
     key_file: str | None = setting(None, optional_path)  # CURVE key pair shared by the cluster
 
 
-PZQ_SYNC_MODES = ("batch", "always", "none")
 _NODE_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
@@ -381,7 +389,9 @@ def node_id_list(value: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PzqQueueConfig:
-    """The settings of one pzq queue (durations in seconds, sizes in bytes)."""
+    """The settings of one pzq queue (durations in seconds, sizes in bytes). The defaults of
+    the queue's limits and of its store are the pzq core's own (Limits, Store); the pzq
+    command and QueueSettings take theirs from here."""
 
     mode: str = setting("push", choice("push", "stream"))  # stream: read by offset (docs/pzq.md)
     stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
@@ -393,22 +403,24 @@ class PzqQueueConfig:
     monitor_endpoint: str | None = setting(None, optional_endpoint)
     #: null: $XDG_DATA_HOME/zbroker/<name>/pzq/<queue> (~/.local/share/... without it)
     data_dir: str | None = setting(None, optional_path)
-    sync: str = setting("batch", choice(*PZQ_SYNC_MODES))
-    sync_window: float = setting(0.002, seconds)
-    sync_max_bytes: int = setting(1 << 20, size(minimum=4096))  # most bytes one fdatasync covers
-    segment_size: int = setting(64 << 20, size(minimum=4096))
-    ack_timeout: float = setting(5.0, duration())
+    sync: str = setting(DEFAULT_SYNC, choice(*PZQ_SYNC_MODES))
+    sync_window: float = setting(DEFAULT_SYNC_WINDOW, seconds)
+    #: most bytes one fdatasync covers
+    sync_max_bytes: int = setting(DEFAULT_MAX_BATCH_BYTES, size(minimum=4096))
+    segment_size: int = setting(DEFAULT_SEGMENT_SIZE, size(minimum=4096))
+    ack_timeout: float = setting(Limits.ack_timeout, duration())
     reaper_frequency: float = setting(2.5, duration())
-    inflight_window: int = setting(32, integer(minimum=1, maximum=100_000))
-    inflight_size: int = setting(30 << 20, size(minimum=1))
-    max_message_size: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
-    max_backlog: int = setting(256 << 20, size(minimum=1))
-    idempotence_window: int = setting(100_000, integer(minimum=0))
+    inflight_window: int = setting(Limits.inflight_window, integer(minimum=1, maximum=100_000))
+    inflight_size: int = setting(Limits.inflight_size, size(minimum=1))
+    max_message_size: int = setting(Limits.max_message_size,
+                                    size(minimum=1, maximum=MAX_CHUNK_LIMIT))
+    max_backlog: int = setting(Limits.max_backlog, size(minimum=1))
+    idempotence_window: int = setting(Limits.idempotence_window, integer(minimum=0))
     #: the idempotence window also keeps at most this many bytes of ids (the oldest go first)
-    idempotence_bytes: int = setting(16 << 20, size(minimum=0))
-    max_frames: int = setting(1024, integer(minimum=2, maximum=1 << 20))  # frames per message
-    replicas: int = setting(0, integer(minimum=0))  # copies on peers before the ACK
-    replication_timeout: float = setting(0.1, duration())
+    idempotence_bytes: int = setting(Limits.idempotence_bytes, size(minimum=0))
+    max_frames: int = setting(Limits.max_frames, integer(minimum=2, maximum=1 << 20))  # per message
+    replicas: int = setting(Limits.replicas, integer(minimum=0))  # copies on peers before the ACK
+    replication_timeout: float = setting(Limits.replication_timeout, duration())
     peers: tuple[str, ...] = setting((), endpoint_list)  # peer queues' receive endpoints
     node_timeout: float = setting(10.0, duration())  # a silent peer's copies are taken over
     #: node ids of the queues whose copies this queue holds over static peers (REPLICA:<node>

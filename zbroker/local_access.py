@@ -24,7 +24,7 @@ _MAX_GROUPS = 256
 
 
 @dataclass(frozen=True)
-class Peer:
+class PeerCredentials:
     """The process at the other end of a local socket, as the kernel saw it at connect time."""
 
     pid: int
@@ -45,7 +45,7 @@ class Policy:
     gids: frozenset[int]
     anyone: bool = False
 
-    def allows(self, peer: Peer) -> bool:
+    def allows(self, peer: PeerCredentials) -> bool:
         return (self.anyone or peer.uid == 0 or peer.uid in self.uids
                 or peer.gid in self.gids or not self.gids.isdisjoint(peer.groups))
 
@@ -67,7 +67,7 @@ def default_policy(users: tuple[int | str, ...] = (),
     return Policy(frozenset(uids), frozenset(gids), anyone)
 
 
-def peer_of(fd: int) -> Peer | None:
+def peer_of(fd: int) -> PeerCredentials | None:
     """The credentials of the peer of Unix socket ``fd`` (not closed or taken over), or None
     when ``fd`` is not a connected Unix socket."""
     try:
@@ -84,7 +84,7 @@ def peer_of(fd: int) -> Peer | None:
             groups = frozenset(struct.unpack(f"{len(raw) // 4}I", raw))
         except OSError:
             groups = frozenset()
-        return Peer(pid, uid, gid, groups)
+        return PeerCredentials(pid, uid, gid, groups)
     except OSError:
         return None
     finally:

@@ -41,11 +41,10 @@ from typing import IO, Any, Protocol
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
+from .config import LOG_FORMATS, LOG_LEVELS
 from .syslog import SyslogSink
 
-LEVELS = ("debug", "info", "warning", "error")
-FORMATS = ("console", "json")
-_LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 #: the fields that say where an event came from, for collapsing repeats: a network address
 #: (what a flood cannot choose freely), the broker's own handles of a client, a peer (its id,
 #: its life), a pipe, a queue. Fields a sender chooses itself (a claimed name or endpoint) are
@@ -297,7 +296,7 @@ _REPEATS = RepeatFilter(emit=_emit_summary)
 
 def _set_level(level: str) -> None:
     global _configured_level
-    filtering = structlog.make_filtering_bound_logger(_LEVEL_NUMBERS[level])
+    filtering = structlog.make_filtering_bound_logger(LEVEL_NUMBERS[level])
     for attr, value in vars(filtering).items():
         if not attr.startswith("__"):
             setattr(BoundLogger, attr, value)
@@ -306,7 +305,7 @@ def _set_level(level: str) -> None:
 
 def configure(level: str = "info", format: str = "console", file: str | Path | None = None,
               *, stream: IO[str] | None = None, syslog: Any = None) -> None:
-    """Set up (or re-set up) logging: ``level`` one of LEVELS, ``format`` one of FORMATS,
+    """Set up (or re-set up) logging: ``level`` one of LOG_LEVELS, ``format`` one of LOG_FORMATS,
     to ``file`` (appended, line-buffered; reopened on every call, for log rotation), else to
     ``stream``, else to standard error.
 
@@ -317,10 +316,10 @@ def configure(level: str = "info", format: str = "console", file: str | Path | N
     Raises OSError if the file cannot be opened, ValueError on a bad setting; nothing has
     changed then.
     """
-    if level not in LEVELS:
-        raise ValueError(f"log level {level!r}: expected one of {', '.join(LEVELS)}")
-    if format not in FORMATS:
-        raise ValueError(f"log format {format!r}: expected one of {', '.join(FORMATS)}")
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level {level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    if format not in LOG_FORMATS:
+        raise ValueError(f"log format {format!r}: expected one of {', '.join(LOG_FORMATS)}")
     syslog_sink = _OUTPUT.syslog
     target = getattr(syslog, "target", None)
     wanted = None if target is None else (str(target), syslog.facility, syslog.format,

@@ -43,6 +43,7 @@ import structlog
 import zmq
 
 from . import logs
+from .logs import LEVEL_NUMBERS
 
 CONTROL_SOCKET = "ctl"
 RECENT = 1000  # events kept for `zbroker logs`
@@ -53,7 +54,6 @@ REQUEST_TIMEOUT = 5.0  # seconds a command waits for the broker's answer
 MAX_REQUEST = 1 << 20  # bytes of one request
 DRAIN_BUDGET = 100  # requests handled per readiness event
 IPC_PATH_MAX = 107  # bytes of a unix socket path (sun_path less its NUL)
-LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
 class NotRunning(Exception):

@@ -29,7 +29,7 @@ class ClusterPort:
         self.node: Any = None  # the broker's cluster node, once it runs
 
     def send(self, peer: str, frames: list[Any]) -> bool:
-        """Send frames to this service on one peer (a ``Peer.id``); False if it is gone."""
+        """Send frames to this service on one peer (a ``PeerBroker.id``); False if it is gone."""
         return self.node is not None and self.node.send(peer, self.service, frames)
 
     def peers(self) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ class ServiceContext:
 
 
 @dataclass(frozen=True)
-class Peer:
+class PeerBroker:
     """Another broker of the cluster, in one life: ``id`` is new each time it is admitted, so
     state kept for an earlier life can never be mistaken for the current one."""
 
@@ -74,13 +74,13 @@ class Service(ABC):
         """Apply a changed config (whole configs, new and old). Raise ServiceError to refuse
         it."""
 
-    def peer_joined(self, peer: Peer) -> None:
+    def peer_joined(self, peer: PeerBroker) -> None:
         """A peer broker joined the cluster."""
 
-    def peer_left(self, peer: Peer) -> None:
+    def peer_left(self, peer: PeerBroker) -> None:
         """A peer broker left the cluster or was lost."""
 
-    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+    def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         """A message from this service on a peer broker (frames as memoryviews)."""
 
     def status(self) -> dict[str, Any]:

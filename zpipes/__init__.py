@@ -7,21 +7,17 @@
 
     with zpipes.open("results", "r") as pipe:
         data = pipe.read()
+
+The client (and with it pyzmq) is imported on first use of one of its names, so that the core
+modules (``zpipes.protocol``, ``zpipes.machine``, ``zpipes.pipes``, ``zpipes.server``,
+``zpipes.peering``) import without pyzmq.
 """
 
-from zpipes.client import (
-    DEFAULT_BROKER,
-    DEFAULT_BROKER_TIMEOUT,
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_PING_INTERVAL,
-    DEFAULT_READ_AHEAD,
-    DEFAULT_READ_SIZE,
-    DEFAULT_WINDOW,
-    PipeReader,
-    PipeWriter,
-    endpoint,
-    open,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from zpipes.errors import (
     BrokenPipe,
     BrokerUnavailable,
@@ -30,6 +26,21 @@ from zpipes.errors import (
     ProtocolError,
     ZpipesError,
 )
+
+if TYPE_CHECKING:
+    from zpipes.client import (
+        DEFAULT_BROKER,
+        DEFAULT_BROKER_TIMEOUT,
+        DEFAULT_CHUNK_SIZE,
+        DEFAULT_PING_INTERVAL,
+        DEFAULT_READ_AHEAD,
+        DEFAULT_READ_SIZE,
+        DEFAULT_WINDOW,
+        PipeReader,
+        PipeWriter,
+        endpoint,
+        open,
+    )
 
 __all__ = [
     "DEFAULT_BROKER",
@@ -50,3 +61,35 @@ __all__ = [
     "endpoint",
     "open",
 ]
+
+#: the names above that ``zpipes.client`` defines
+_CLIENT_NAMES = frozenset({
+    "DEFAULT_BROKER",
+    "DEFAULT_BROKER_TIMEOUT",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PING_INTERVAL",
+    "DEFAULT_READ_AHEAD",
+    "DEFAULT_READ_SIZE",
+    "DEFAULT_WINDOW",
+    "PipeReader",
+    "PipeWriter",
+    "endpoint",
+    "open",
+})
+#: submodules that need pyzmq, reachable as attributes as when the package imported the client
+_SUBMODULES = frozenset({"aio", "cli", "client"})
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: called only for names not found
+    if name in _CLIENT_NAMES:
+        value = getattr(importlib.import_module("zpipes.client"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"zpipes.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

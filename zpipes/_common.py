@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from zpipes import protocol as p
+from zpipes.client_protocol import EOF, fresh
 from zpipes.errors import BrokerUnavailable, PipeTimeout, ZpipesError
 
 CLOSE_LINGER_MS = 200  # how long a closed socket may still try to deliver its last message
@@ -32,11 +33,6 @@ PING = p.encode(p.Ping())
 READER_OPTS = frozenset({"read_size", "read_ahead", "buffer_limit"})
 WRITER_OPTS = frozenset({"chunk_size", "window"})
 COMMON_OPTS = frozenset({"ping_interval", "broker_timeout", "endpoint"})
-
-
-def fresh(error: BaseException) -> BaseException:
-    """A stored error, ready to be raised again without piling up tracebacks."""
-    return error.with_traceback(None)
 
 
 def join_parts(parts: list[memoryview]) -> bytes:
@@ -61,21 +57,6 @@ def check_options(mode: str, opts: dict[str, Any], extra: frozenset[str] = froze
     unknown = set(opts) - own - COMMON_OPTS - extra
     if unknown:
         raise TypeError(f"unexpected option(s) for mode {mode!r}: {', '.join(sorted(unknown))}")
-
-
-# --- the end-of-stream marker -------------------------------------------------------------
-
-
-class _Eof:
-    """End-of-stream marker in a reader's stream."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "EOF"
-
-
-EOF = _Eof()
 
 
 # --- liveness --------------------------------------------------------------------------------
@@ -351,8 +332,3 @@ class WriterCounters:
     @property
     def bytes_sent(self) -> int:
         return self._proto.bytes_sent
-
-    @property
-    def bytes_acknowledged(self) -> int:
-        """Bytes the broker has accepted into the pipe."""
-        return self._proto.bytes_acked

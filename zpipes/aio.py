@@ -12,7 +12,8 @@ The same pipes, semantics and errors as :mod:`zpipes.client` (see there): ``awai
 returns exactly ``n`` bytes unless the stream ended, end of stream is ``b""``, a timeout raises
 :class:`~zpipes.errors.PipeTimeout` (a ``TimeoutError``) and loses nothing, a failure raises a
 :class:`~zpipes.errors.ZpipesError` with the broker's reason. The protocol logic is the sync
-client's own: :class:`~zpipes.client.ReaderProtocol` and :class:`~zpipes.client.WriterProtocol`.
+client's own: :class:`~zpipes.client_protocol.ReaderProtocol` and
+:class:`~zpipes.client_protocol.WriterProtocol`.
 
 Layout:
 
@@ -63,7 +64,6 @@ from zpipes._common import (
     check_options,
     close_socket,
     connection_lost,
-    fresh,
     not_taking,
     open_socket,
     saw_disconnect,
@@ -73,19 +73,22 @@ from zpipes.client import (
     CLOSE_SEND_BOUND,
     DEFAULT_BROKER,
     DEFAULT_BROKER_TIMEOUT,
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_PING_INTERVAL,
-    DEFAULT_READ_AHEAD,
-    DEFAULT_READ_SIZE,
-    DEFAULT_WINDOW,
     ZERO_COPY_MIN,
-    Phase,
-    ReaderProtocol,
-    WriterProtocol,
     check_broker_name,
     check_broker_running,
     cut_channel,
     endpoint,
+)
+from zpipes.client_protocol import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_READ_AHEAD,
+    DEFAULT_READ_SIZE,
+    DEFAULT_WINDOW,
+    Phase,
+    ReaderProtocol,
+    WriterProtocol,
+    fresh,
 )
 from zpipes.errors import BrokerUnavailable, ProtocolError, ZpipesError
 

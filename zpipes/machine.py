@@ -174,8 +174,3 @@ def rule_for(state: State, event: Event) -> Rule:
     if event in COMMANDS:
         return UNEXPECTED[state]
     return Rule((), state)  # an internal event that no longer applies (e.g. a stale timer)
-
-
-ACTIONS = frozenset(a for rules in TABLE.values() for r in rules.values() for a in r.actions) | {
-    a for r in UNEXPECTED.values() for a in r.actions
-}

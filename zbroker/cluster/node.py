@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from zbroker.service import Peer as ServicePeer
+from zbroker.service import PeerBroker
 
 from .membership import Change, Hello, Membership
 
@@ -55,9 +55,9 @@ class ClusterError(Exception):
 class ClusterNode:
     def __init__(self, config: Any, broker_name: str, zmq_context: zmq.Context,
                  loop: asyncio.AbstractEventLoop, log: Any,
-                 on_join: Callable[[ServicePeer], None],
-                 on_leave: Callable[[ServicePeer, str], None],
-                 on_message: Callable[[ServicePeer, str, list[Any]], None]) -> None:
+                 on_join: Callable[[PeerBroker], None],
+                 on_leave: Callable[[PeerBroker, str], None],
+                 on_message: Callable[[PeerBroker, str, list[Any]], None]) -> None:
         self.config = config
         self.id = uuid.uuid4().hex
         self.broker_name = broker_name
@@ -69,7 +69,7 @@ class ClusterNode:
         self._monitors: dict[str, zmq.Socket] = {}  # endpoint -> its DEALER's events (peers')
         self._monitor_ids = itertools.count()
         self._static: set[str] = set(config.peers)
-        self._lives: dict[str, ServicePeer] = {}  # peer id -> the life services know
+        self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
         self._timer: asyncio.TimerHandle | None = None
         self.discovery: Any = None
         self.endpoint = ""
@@ -171,10 +171,6 @@ class ClusterNode:
         if endpoint != self.endpoint and endpoint not in self.membership.contacts:
             self._apply(self.membership.add_contact(endpoint, self._loop.time(), pinned=True))
             self._schedule(0.0)
-
-    def drop_contact(self, endpoint: str) -> None:
-        if endpoint not in self._static:
-            self._apply(self.membership.forget_contact(endpoint))
 
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
@@ -377,7 +373,7 @@ class ClusterNode:
             if life is not None:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
-            life = ServicePeer(peer.life, peer.name, peer.endpoint)
+            life = PeerBroker(peer.life, peer.name, peer.endpoint)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,

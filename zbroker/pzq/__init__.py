@@ -6,8 +6,11 @@
     dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
     queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
     stream.py      stream mode: reads by offset (HEAD, RANGE), COMMIT, the committed offset
+    replication.py copies on peer queues (static peers or the cluster), and the copies held
+    placement.py   which cluster peers hold a queue's copies
     server.py      one queue on its sockets and the asyncio loop
     service.py     the broker service hosting the configured queues
     client.py      Python producer, consumer and stream consumer
+    shell.py       ``zbroker queue put|get``
     cli.py         the standalone ``pzq`` command
 """

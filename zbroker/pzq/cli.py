@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,7 +18,14 @@ from pathlib import Path
 import structlog
 import zmq
 
-from zbroker.config import PZQ_SYNC_MODES, PzqQueueConfig, node_id_list, parse_size
+from zbroker.config import (
+    LOG_LEVELS,
+    PZQ_SYNC_MODES,
+    LogConfig,
+    PzqQueueConfig,
+    node_id_list,
+    parse_size,
+)
 
 from .server import QueueError, QueueServer, QueueSettings
 
@@ -48,35 +56,40 @@ def _node_ids(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _us(seconds: float) -> int:
+    """A duration of the config (seconds) as the original's options give it: microseconds."""
+    return round(seconds * 1_000_000)
+
+
 def parser() -> argparse.ArgumentParser:
     d = PzqQueueConfig  # the defaults of the settings the broker config has too
     p = argparse.ArgumentParser(prog="pzq", description=DESCRIPTION)
     a = p.add_argument
     a("--database", default="/tmp/pzq-db", help="directory of the queue's log (%(default)s)")
-    a("--ack-timeout", type=_positive_int, default=5_000_000, metavar="US",
+    a("--ack-timeout", type=_positive_int, default=_us(d.ack_timeout), metavar="US",
       help="how long to wait for a consumer ACK before resending, µs (%(default)s)")
-    a("--reaper-frequency", type=_positive_int, default=2_500_000, metavar="US",
+    a("--reaper-frequency", type=_positive_int, default=_us(d.reaper_frequency), metavar="US",
       help="how often to look for timed-out messages, µs (%(default)s)")
     a("--hard-sync", action="store_true",
       help="fdatasync each message alone before its ACK (sync: always)")
     a("--sync", choices=PZQ_SYNC_MODES, default=None,
       help="batch (default: group commit, ACK after fdatasync), always, none (no fdatasync)")
-    a("--sync-window", type=int, default=2000, metavar="US",
+    a("--sync-window", type=int, default=_us(d.sync_window), metavar="US",
       help="how long a batch gathers messages before its fdatasync, µs (%(default)s)")
-    a("--sync-max-bytes", type=_size, default=1 << 20, metavar="BYTES",
+    a("--sync-max-bytes", type=_size, default=d.sync_max_bytes, metavar="BYTES",
       help="most bytes one fdatasync covers: a batch closes there and is written at once "
            "(%(default)s)")
-    a("--inflight-size", type=_size, default=31457280, metavar="BYTES",
+    a("--inflight-size", type=_size, default=d.inflight_size, metavar="BYTES",
       help="most bytes in flight to consumers (%(default)s)")
-    a("--inflight-window", type=_positive_int, default=32, metavar="N",
+    a("--inflight-window", type=_positive_int, default=d.inflight_window, metavar="N",
       help="most unACKed messages per consumer (%(default)s)")
-    a("--max-message-size", type=_size, default=16 << 20, metavar="BYTES",
+    a("--max-message-size", type=_size, default=d.max_message_size, metavar="BYTES",
       help="largest message body; a larger message is refused as soon as its frames pass "
            "this (plus 64 KiB for its id and headers) and the rest is not kept (%(default)s)")
     a("--max-frames", type=_positive_int, default=d.max_frames, metavar="N",
       help="most frames in a message (id, headers, delimiter and body); more: refused "
            "(%(default)s)")
-    a("--max-backlog", type=_size, default=256 << 20, metavar="BYTES",
+    a("--max-backlog", type=_size, default=d.max_backlog, metavar="BYTES",
       help="what unACKed messages may cost together: ids and bodies, 16 bytes a frame, and "
            "the copies held for other nodes; beyond, producers get 'Queue full' (%(default)s)")
     a("--idempotence-bytes", type=_size, default=d.idempotence_bytes, metavar="BYTES",
@@ -84,10 +97,10 @@ def parser() -> argparse.ArgumentParser:
            "twice; the oldest are forgotten first (%(default)s)")
     a("--segment-size", type=_size, default=d.segment_size, metavar="BYTES",
       help="a new log segment starts past this size (%(default)s)")
-    a("--receive-dsn", default="tcp://127.0.0.1:11131", help="producers' endpoint (%(default)s)")
-    a("--send-dsn", default="tcp://127.0.0.1:11132", help="consumers' endpoint (%(default)s)")
+    a("--receive-dsn", default=d.receive_endpoint, help="producers' endpoint (%(default)s)")
+    a("--send-dsn", default=d.send_endpoint, help="consumers' endpoint (%(default)s)")
     a("--monitor-dsn", default="ipc:///tmp/pzq-monitor", help="MONITOR endpoint (%(default)s)")
-    a("--replicas", type=int, default=0,
+    a("--replicas", type=int, default=d.replicas,
       help="copies on other nodes (the first N of --nodes) before the ACK (%(default)s)")
     a("--nodes", default="", metavar="DSN,DSN",
       help="receive endpoints of the other nodes' queues, separated by ','")
@@ -97,12 +110,12 @@ def parser() -> argparse.ArgumentParser:
     a("--max-replica-origins", type=_positive_int, default=d.max_replica_origins, metavar="N",
       help="most nodes whose copies are held at once; copies of more are refused "
            "(%(default)s)")
-    a("--timeout-nodes", type=_positive_int, default=10_000_000, metavar="US",
+    a("--timeout-nodes", type=_positive_int, default=_us(d.node_timeout), metavar="US",
       help="silence after which a node's copies are delivered here, µs (%(default)s)")
-    a("--mode", choices=("push", "stream"), default="push",
+    a("--mode", choices=("push", "stream"), default=d.mode,
       help="push: messages go to consumers, ACKed one by one (default); stream: read by "
            "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
-    a("--stream-dsn", default="tcp://127.0.0.1:11133",
+    a("--stream-dsn", default=d.stream_endpoint,
       help="stream requests' endpoint, with --mode stream (%(default)s)")
     a("--credit-dsn", default=None,
       help="an extra consumers' endpoint (ROUTER) where each consumer says READY with its "
@@ -111,14 +124,14 @@ def parser() -> argparse.ArgumentParser:
     a("--broadcast-dsn", default=None,
       help="accepted for compatibility, not used: nodes talk on their receive endpoints")
     a("--timeout-replication", "--timeout_replication", dest="timeout_replication",
-      type=_positive_int, default=100_000, metavar="US",
+      type=_positive_int, default=_us(d.replication_timeout), metavar="US",
       help="wait this long for the copies, then ACK with REPLICATION_FAILED, µs (%(default)s)")
-    a("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    a("--log-level", default=LogConfig.level, choices=LOG_LEVELS)
     return p
 
 
 def settings_from_args(args: argparse.Namespace) -> QueueSettings:
-    sync = args.sync or ("always" if args.hard_sync else "batch")
+    sync = args.sync or ("always" if args.hard_sync else PzqQueueConfig.sync)
     return QueueSettings(
         name="pzq", receive_endpoint=args.receive_dsn, send_endpoint=args.send_dsn,
         monitor_endpoint=args.monitor_dsn or None,
@@ -165,7 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pzq: --replicas {settings.replicas} needs at least as many --nodes "
               f"(given {len(settings.peers)})", file=sys.stderr)
         return 2
-    level = {"debug": 10, "info": 20, "warning": 30, "error": 40}[args.log_level]
+    # the standard levels' numbers (what zbroker.logs uses too); not zbroker.logs itself, which
+    # configures structlog for the broker when imported
+    level = logging.getLevelNamesMapping()[args.log_level.upper()]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger(service="pzq")

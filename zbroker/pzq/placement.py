@@ -1,7 +1,7 @@
 """Which peer brokers hold the copies of one queue's messages (replication over the cluster).
 
 Pure bookkeeping, no I/O. A queue with ``replicas: N`` keeps N *holders*: peers of the
-cluster (one life each, see ``zbroker.service.Peer``) that host a queue of the same name.
+cluster (one life each, see ``zbroker.service.PeerBroker``) that host a queue of the same name.
 Holders are kept while they live; when one leaves, the next candidate replaces it, and the
 new holder must receive a copy of every message not yet ACKed (a *re-copy*). Candidates are
 ordered by rendezvous hashing of (this queue's node id, the candidate's node id), so that
@@ -53,19 +53,19 @@ class Recopy:
 
 
 class Placement:
-    def __init__(self, node: str, replicas: int):
-        self.node = node
+    def __init__(self, node_id: str, replicas: int):
+        self.node_id = node_id
         self.replicas = replicas
         self.candidates: dict[str, str] = {}  # peer life -> its queue's node id
         self.holders: list[str] = []  # peer lives, at most ``replicas``
         self.recopies: dict[str, Recopy] = {}  # holder -> its pending re-copy
 
-    def available(self, life: str, node: str, backlog: Iterable[bytes]) -> list[str]:
-        """A peer life hosts this queue (its queue's node id ``node``). Returns the lives
+    def available(self, life: str, node_id: str, backlog: Iterable[bytes]) -> list[str]:
+        """A peer life hosts this queue (its queue's node id ``node_id``). Returns the lives
         that became holders (each gets ``backlog`` re-copied)."""
-        if node == self.node:
+        if node_id == self.node_id:
             return []  # ourselves, through a peer list that names us
-        self.candidates[life] = node
+        self.candidates[life] = node_id
         return self._fill(backlog)
 
     def gone(self, life: str, backlog: Iterable[bytes]) -> list[str]:
@@ -79,7 +79,7 @@ class Placement:
 
     def _fill(self, backlog: Iterable[bytes]) -> list[str]:
         free = [life for life in self.candidates if life not in self.holders]
-        free.sort(key=lambda life: rank(self.node, self.candidates[life]))
+        free.sort(key=lambda life: rank(self.node_id, self.candidates[life]))
         added = free[:max(0, self.replicas - len(self.holders))]
         if added:
             keys = list(backlog)

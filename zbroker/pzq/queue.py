@@ -46,6 +46,9 @@ class StoreLike(Protocol):
 
 @dataclass(frozen=True)
 class Limits:
+    """A queue's limits. The defaults here are the queue's defaults: the broker's config
+    (zbroker.config.PzqQueueConfig) refers to them."""
+
     ack_timeout: float = 5.0
     max_message_size: int = 16 << 20
     max_backlog: int = 256 << 20  # what unACKed messages cost (wire.cost), copies included

@@ -28,8 +28,6 @@ HEADER = struct.Struct("<II")
 _MSG_HEAD = struct.Struct("<BQHHI")
 _U32 = struct.Struct("<I")
 _ACK_HEAD = struct.Struct("<BI")
-MAX_PAYLOAD = 0xFFFFFFFF
-MAX_KEY = MAX_ID = 0xFFFF
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,25 +51,29 @@ from typing import Any
 
 from .queue import QUEUE_FULL, Budget, Limits, QueueCore
 from .store import BatchResult, Store
+from .wire import REPLICA_HEADER
 
-# frames of the cluster's service channel (service "pzq")
-QUEUES, CCOPY, CONFIRM, CDELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
+# the kinds of message on the cluster's service channel (service "pzq"); CLUSTER_COPY and
+# CLUSTER_DELETE are the cluster's counterparts of REPLICA_HEADER and REPLICA_ACK_HEADER
+QUEUES, CLUSTER_COPY, CONFIRM, CLUSTER_DELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
 TAKEN, RELEASE = b"TAKEN", b"RELEASE"
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)
 CLUSTER_PEER = b"\x00peer:"
 
-COPY = b"REPLICA:"
-DELETE = b"REPLICA-ACK:"
-PING = b"REPLICA-PING:"
+# the header (second frame) of replication traffic on a queue's receive endpoint, before the
+# origin's node id: a copy to hold (wire.REPLICA_HEADER, "REPLICA:"), its original's ACK (drop
+# the copy), the origin is alive
+REPLICA_ACK_HEADER = b"REPLICA-ACK:"
+REPLICA_PING_HEADER = b"REPLICA-PING:"
 _NODE_RE = re.compile(r"[0-9a-f]{32}")
 
 NOT_CONFIGURED = "replication is not configured on this queue"
 COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
 
 
-def not_accepted(node: str) -> str:
-    return f"replica node {node} is not accepted by this queue (replica_sources)"
+def not_accepted(node_id: str) -> str:
+    return f"replica node {node_id} is not accepted by this queue (replica_sources)"
 
 
 def too_many_origins(limit: int) -> str:
@@ -77,7 +81,7 @@ def too_many_origins(limit: int) -> str:
            f"(max_replica_origins)"
 
 
-def node_id(data_dir: Path) -> str:
+def load_node_id(data_dir: Path) -> str:
     """This queue's node id: made once, kept in ``<data_dir>/node-id``."""
     path = data_dir / "node-id"
     try:
@@ -94,26 +98,26 @@ def node_id(data_dir: Path) -> str:
     return text
 
 
-def copy_frames(key: bytes, node: str, body: tuple[bytes, ...]) -> list[bytes]:
-    return [key, COPY + node.encode(), b"", *body]
+def copy_frames(key: bytes, node_id: str, body: tuple[bytes, ...]) -> list[bytes]:
+    return [key, REPLICA_HEADER + node_id.encode(), b"", *body]
 
 
-def delete_frames(key: bytes, node: str) -> list[bytes]:
-    return [key, DELETE + node.encode(), b"", b"-"]
+def delete_frames(key: bytes, node_id: str) -> list[bytes]:
+    return [key, REPLICA_ACK_HEADER + node_id.encode(), b"", b"-"]
 
 
-def ping_frames(node: str) -> list[bytes]:
-    return [b"-", PING + node.encode(), b"", b"-"]
+def ping_frames(node_id: str) -> list[bytes]:
+    return [b"-", REPLICA_PING_HEADER + node_id.encode(), b"", b"-"]
 
 
 BATCH_MESSAGES = 256  # messages (or keys) in one message of the cluster channel, at most
 BATCH_BYTES = 1 << 20  # body bytes in one COPY, at most (a bigger message goes alone)
 
 
-def copy_batches(queue: bytes, node: bytes,
+def copy_batches(queue: bytes, node_id: bytes,
                  items: Iterable[tuple[bytes, Sequence[bytes]]]) -> Iterator[list[bytes]]:
     """COPY messages for (key, body frames) pairs."""
-    head = [CCOPY, queue, node]
+    head = [CLUSTER_COPY, queue, node_id]
     frames, n, size = list(head), 0, 0
     for key, body in items:
         frames += [key, b"%d" % len(body), *body]
@@ -157,16 +161,16 @@ def classify(frames: list[bytes]) -> tuple[bytes, str] | None:
     if len(frames) < 3:
         return None
     header = frames[1]
-    for kind in (COPY, DELETE, PING):
+    for kind in (REPLICA_HEADER, REPLICA_ACK_HEADER, REPLICA_PING_HEADER):
         if header.startswith(kind):
-            node = header[len(kind):].decode(errors="replace")
-            return (kind, node) if _NODE_RE.fullmatch(node) else None
+            node_id = header[len(kind):].decode(errors="replace")
+            return (kind, node_id) if _NODE_RE.fullmatch(node_id) else None
     return None
 
 
 @dataclass
 class Origin:
-    node: str
+    node_id: str
     core: QueueCore
     store: Store
     last_seen: float
@@ -222,56 +226,57 @@ class ReplicaHolder:
                              "max_replica_origins", limit=self.max_origins,
                              skipped=len(skipped), first=skipped[0])
 
-    def _open(self, node: str, now: float) -> Origin:
-        store = Store(self.base / node, log=self.log, **self.store_options)
+    def _open(self, node_id: str, now: float) -> Origin:
+        store = Store(self.base / node_id, log=self.log, **self.store_options)
         recovered = store.open()
         core = QueueCore(store, self.limits, budget=self.budget, full_reason=COPIES_FULL)
         core.recover(recovered.messages, recovered.next_seq)
-        origin = Origin(node, core, store, now)
+        origin = Origin(node_id, core, store, now)
         store.start(lambda result: self.notify(origin, result))
-        self.origins[node] = origin
+        self.origins[node_id] = origin
         return origin
 
-    def refusal(self, kind: bytes, node: str) -> str | None:
-        """Why a COPY from ``node`` cannot be held (a new origin past ``max_origins``);
+    def refusal(self, kind: bytes, node_id: str) -> str | None:
+        """Why a COPY from ``node_id`` cannot be held (a new origin past ``max_origins``);
         None if it can."""
-        if kind == COPY and node not in self.origins and len(self.origins) >= self.max_origins:
+        if (kind == REPLICA_HEADER and node_id not in self.origins
+                and len(self.origins) >= self.max_origins):
             return too_many_origins(self.max_origins)
         return None
 
-    def handle(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any],
+    def handle(self, kind: bytes, node_id: str, peer: bytes, key: bytes, body: Sequence[Any],
                now: float, now_us: int) -> QueueCore | None:
-        """Replication traffic from ``node`` (COPY with the message's body, DELETE, PING)
+        """Replication traffic from ``node_id`` (COPY with the message's body, DELETE, PING)
         that came from ``peer``; returns the core that may have replies."""
-        origin = self.origins.get(node)
+        origin = self.origins.get(node_id)
         if origin is None:
-            if kind != COPY:
+            if kind != REPLICA_HEADER:
                 return None
-            origin = self._open(node, now)
+            origin = self._open(node_id, now)
         origin.last_seen = now
         if peer.startswith(CLUSTER_PEER):
             origin.life = peer[len(CLUSTER_PEER):].decode()
         if origin.taken_over:
             origin.taken_over = False  # it is back: a new life for its copies
-            self.log.info("pzq replica origin is back", node=node)
-        if kind == COPY:
+            self.log.info("pzq replica origin is back", node=node_id)
+        if kind == REPLICA_HEADER:
             origin.core.produce(peer, [key, b"", *body], now_us)
-        elif kind == DELETE:
+        elif kind == REPLICA_ACK_HEADER:
             origin.core.remove_by_id(key)
         return origin.core
 
-    def announced(self, life: str, node: str, now: float) -> None:
-        """A cluster peer life hosts the queue of origin ``node``: from now on its liveness
+    def announced(self, life: str, node_id: str, now: float) -> None:
+        """A cluster peer life hosts the queue of origin ``node_id``: from now on its liveness
         is that life's (copies found on disk at start are watched by silence until then)."""
-        origin = self.origins.get(node)
+        origin = self.origins.get(node_id)
         if origin is not None:
             origin.life = life
             origin.last_seen = now
             origin.taken_over = False
 
-    def release(self, node: str) -> int:
-        """Drop every copy held for ``node`` (its queue no longer counts on them)."""
-        origin = self.origins.get(node)
+    def release(self, node_id: str) -> int:
+        """Drop every copy held for ``node_id`` (its queue no longer counts on them)."""
+        origin = self.origins.get(node_id)
         if origin is None:
             return 0
         ids = [m.msg_id for m in origin.core.messages.values()]
@@ -297,7 +302,7 @@ class ReplicaHolder:
         origin.taken_over = True
         moved = 0
         if origin.life is not None:
-            self._remember_taken(origin.node, [m.msg_id for m in origin.core.messages.values()])
+            self._remember_taken(origin.node_id, [m.msg_id for m in origin.core.messages.values()])
         for m in list(origin.core.messages.values()):
             msg_id = m.msg_id
 
@@ -310,27 +315,27 @@ class ReplicaHolder:
         self.taken_over += moved
         return moved
 
-    def _taken_path(self, node: str) -> Path:
-        return self.base / f"{node}.taken"
+    def _taken_path(self, node_id: str) -> Path:
+        return self.base / f"{node_id}.taken"
 
-    def _remember_taken(self, node: str, keys: list[bytes]) -> None:
-        """Append the keys taken over from ``node`` (one per line; keys hold no newline)."""
+    def _remember_taken(self, node_id: str, keys: list[bytes]) -> None:
+        """Append the keys taken over from ``node_id`` (one per line; keys hold no newline)."""
         try:
             self.base.mkdir(parents=True, exist_ok=True)
-            with open(self._taken_path(node), "ab") as f:
+            with open(self._taken_path(node_id), "ab") as f:
                 f.write(b"".join(k + b"\n" for k in keys if b"\n" not in k))
         except OSError as exc:  # only costs duplicates if the origin comes back
-            self.log.warning("pzq cannot record taken-over keys", node=node, error=str(exc))
+            self.log.warning("pzq cannot record taken-over keys", node=node_id, error=str(exc))
 
-    def taken(self, node: str) -> list[bytes]:
-        """The keys of ``node``'s messages this queue delivered in its absence."""
+    def taken(self, node_id: str) -> list[bytes]:
+        """The keys of ``node_id``'s messages this queue delivered in its absence."""
         try:
-            return [k for k in self._taken_path(node).read_bytes().split(b"\n") if k]
+            return [k for k in self._taken_path(node_id).read_bytes().split(b"\n") if k]
         except OSError:
             return []
 
-    def forget_taken(self, node: str) -> None:
-        self._taken_path(node).unlink(missing_ok=True)
+    def forget_taken(self, node_id: str) -> None:
+        self._taken_path(node_id).unlink(missing_ok=True)
 
     def close(self) -> None:
         for o in self.origins.values():

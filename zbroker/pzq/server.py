@@ -39,14 +39,14 @@ from .placement import Placement
 from .queue import CONSUMERS, Budget, Limits, QueueCore
 from .receiver import FULL, EndpointError, Receiver
 from .replication import (
-    CCOPY,
-    CDELETE,
+    CLUSTER_COPY,
+    CLUSTER_DELETE,
     CLUSTER_PEER,
     CONFIRM,
-    COPY,
-    DELETE,
     NOT_CONFIGURED,
     RELEASE,
+    REPLICA_ACK_HEADER,
+    REPLICA_HEADER,
     TAKEN,
     ReplicaHolder,
     classify,
@@ -55,7 +55,7 @@ from .replication import (
     delete_frames,
     is_node,
     key_batches,
-    node_id,
+    load_node_id,
     not_accepted,
     parse_copies,
     ping_frames,
@@ -132,27 +132,30 @@ class QueueSettings:
     send_endpoint: str
     monitor_endpoint: str | None
     data_dir: Path
-    sync: str = "batch"
-    sync_window: float = 0.002
-    sync_max_bytes: int = 1 << 20  # a batch closes there: one fdatasync covers at most this
-    segment_size: int = 64 << 20
-    ack_timeout: float = 5.0
-    reaper_frequency: float = 2.5
-    inflight_window: int = 32
-    inflight_size: int = 30 << 20
-    max_message_size: int = 16 << 20
-    max_backlog: int = 256 << 20
-    idempotence_window: int = 100_000
+    sync: str = PzqQueueConfig.sync
+    sync_window: float = PzqQueueConfig.sync_window
+    sync_max_bytes: int = PzqQueueConfig.sync_max_bytes  # one fdatasync covers at most this
+    segment_size: int = PzqQueueConfig.segment_size
+    ack_timeout: float = PzqQueueConfig.ack_timeout
+    reaper_frequency: float = PzqQueueConfig.reaper_frequency
+    inflight_window: int = PzqQueueConfig.inflight_window
+    inflight_size: int = PzqQueueConfig.inflight_size
+    max_message_size: int = PzqQueueConfig.max_message_size
+    max_backlog: int = PzqQueueConfig.max_backlog
+    idempotence_window: int = PzqQueueConfig.idempotence_window
     idempotence_bytes: int = PzqQueueConfig.idempotence_bytes
     max_frames: int = PzqQueueConfig.max_frames
-    replicas: int = 0
-    replication_timeout: float = 0.1
-    peers: tuple[str, ...] = ()  # receive endpoints of the peer queues copies go to
+    replicas: int = PzqQueueConfig.replicas
+    replication_timeout: float = PzqQueueConfig.replication_timeout
+    #: receive endpoints of the peer queues copies go to
+    peers: tuple[str, ...] = PzqQueueConfig.peers
     # (none, with replicas and a cluster: copies go to peers of the cluster, see placement.py)
-    node_timeout: float = 10.0  # silence after which a peer's copies are taken over
-    mode: str = "push"  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
-    stream_endpoint: str = "tcp://127.0.0.1:11133"  # stream requests (stream mode only)
-    credit_endpoint: str | None = None  # consumers that say READY with a window (ROUTER)
+    #: silence after which a peer's copies are taken over
+    node_timeout: float = PzqQueueConfig.node_timeout
+    mode: str = PzqQueueConfig.mode  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
+    stream_endpoint: str = PzqQueueConfig.stream_endpoint  # stream requests (stream mode only)
+    #: consumers that say READY with a window (ROUTER)
+    credit_endpoint: str | None = PzqQueueConfig.credit_endpoint
     #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
     replica_sources: tuple[str, ...] = PzqQueueConfig.replica_sources
     max_replica_origins: int = PzqQueueConfig.max_replica_origins
@@ -260,7 +263,7 @@ class QueueServer:
             if committed is None:
                 committed = messages[0].seq if messages else self.core.next_seq
             self.stream = StreamCore(self.core, committed)
-        self.node = node_id(s.data_dir)
+        self.node = load_node_id(s.data_dir)
         if s.replicas and not s.peers:
             self.placement = Placement(self.node, s.replicas)
             self.core.replica_targets = 0  # until peers of the cluster host this queue
@@ -519,7 +522,7 @@ class QueueServer:
         if reason is not None:  # creates nothing; only a copy is answered (as a producer)
             self._refuse_replica(kind, peer, rest[0], reason)
             return
-        body = rest[rest.index(b"", 1) + 1:] if kind == COPY else ()
+        body = rest[rest.index(b"", 1) + 1:] if kind == REPLICA_HEADER else ()
         self._hold(kind, node, peer, rest[0], body)
 
     def _accepts_origin(self, node: str) -> bool:
@@ -529,7 +532,7 @@ class QueueServer:
 
     def _refuse_replica(self, kind: bytes, peer: bytes, key: bytes, reason: str) -> None:
         self.holder.refused += 1
-        if kind == COPY:
+        if kind == REPLICA_HEADER:
             self._answer_holders([(peer, wire.producer_ack(key[:wire.MAX_ID], False, reason))])
         now = self.loop.time()
         if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
@@ -612,7 +615,7 @@ class QueueServer:
         for origin in self.holder.lost(now, self.settings.node_timeout):
             n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
             self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node, messages=n)
+                             queue=self.settings.name, node=origin.node_id, messages=n)
 
     # --- replication over the cluster -------------------------------------------------------
 
@@ -650,7 +653,7 @@ class QueueServer:
         for origin in self.holder.left(life):
             n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
             self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node, messages=n)
+                             queue=self.settings.name, node=origin.node_id, messages=n)
         self._schedule_wake()
 
     def cluster_message(self, life: str, kind: bytes, frames: list[bytes]) -> bool:
@@ -659,21 +662,21 @@ class QueueServer:
         if not self._running:
             return True
         peer = CLUSTER_PEER + life.encode()
-        if kind in (CCOPY, CDELETE):
+        if kind in (CLUSTER_COPY, CLUSTER_DELETE):
             if len(frames) < 2:
                 return False
             node = bytes(frames[0]).decode(errors="replace")
             if not is_node(node):
                 return False
-            if kind == CCOPY:
+            if kind == CLUSTER_COPY:
                 copies = parse_copies(frames[1:])
                 if copies is None:
                     return False
                 for key, body in copies:
-                    self._hold(COPY, node, peer, key, body)
+                    self._hold(REPLICA_HEADER, node, peer, key, body)
             else:
                 for key in frames[1:]:
-                    self._hold(DELETE, node, peer, key, ())
+                    self._hold(REPLICA_ACK_HEADER, node, peer, key, ())
         elif kind == CONFIRM:
             if len(frames) < 2:
                 return False
@@ -732,7 +735,7 @@ class QueueServer:
         deleted = [key for kind, key, _ in out if kind != "copy"]
         # copies first: a key copied and ACKed within one turn is then deleted after its copy
         batches = [*copy_batches(self._qname, node, copies),
-                   *key_batches([CDELETE, self._qname, node], deleted)]
+                   *key_batches([CLUSTER_DELETE, self._qname, node], deleted)]
         for key in deleted:
             placement.forget(key)
         for life in placement.holders:

@@ -13,9 +13,9 @@ from typing import Any
 
 import zmq
 
-from zbroker.service import Peer, Service, ServiceContext, ServiceError
+from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
-from .replication import CCOPY, QUEUES
+from .replication import CLUSTER_COPY, QUEUES
 from .server import ZERO_COPY_MIN, QueueError, QueueServer, QueueSettings, default_data_dir
 
 
@@ -102,18 +102,18 @@ class PzqService(Service):
 
     # --- the cluster -------------------------------------------------------------------------
 
-    def peer_joined(self, peer: Peer) -> None:
+    def peer_joined(self, peer: PeerBroker) -> None:
         if self._cluster is not None and self.queues:
             hosted = {name: q.node for name, q in self.queues.items()}
             self._cluster.send(peer.id, [QUEUES, json.dumps(hosted).encode()])
 
-    def peer_left(self, peer: Peer) -> None:
+    def peer_left(self, peer: PeerBroker) -> None:
         for q in self.queues.values():
             q.peer_gone(peer.id)
 
-    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+    def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         kind = bytes(frames[0]) if frames else b""
-        if kind == CCOPY:  # big bodies stay in the frame they came in (parse_copies checks)
+        if kind == CLUSTER_COPY:  # big bodies stay in the frame they came in (parse_copies checks)
             frames = [bytes(f) if i < 2 or len(f) < ZERO_COPY_MIN else f
                       for i, f in enumerate(frames)]
         else:

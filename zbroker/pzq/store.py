@@ -57,6 +57,11 @@ from typing import Any
 from . import records
 
 SYNC_MODES = ("batch", "always", "none")
+#: a Store's defaults, and so a queue's (zbroker.config.PzqQueueConfig refers to them)
+DEFAULT_SYNC = "batch"
+DEFAULT_SYNC_WINDOW = 0.002  # seconds a batch gathers messages before its fdatasync
+DEFAULT_SEGMENT_SIZE = 64 << 20
+DEFAULT_MAX_BATCH_BYTES = 1 << 20  # a batch closes there: one fdatasync covers at most this
 SUFFIX = ".seg"
 GATHER_MIN = 4096  # parts this large are written from where they are, not copied
 IOV_MAX = 1024
@@ -161,9 +166,10 @@ def list_segments(directory: Path) -> list[int]:
 
 
 class Store:
-    def __init__(self, directory: str | os.PathLike[str], *, sync: str = "batch",
-                 sync_window: float = 0.002, segment_size: int = 64 << 20,
-                 max_batch_bytes: int = 1 << 20, log: Any = None):
+    def __init__(self, directory: str | os.PathLike[str], *, sync: str = DEFAULT_SYNC,
+                 sync_window: float = DEFAULT_SYNC_WINDOW,
+                 segment_size: int = DEFAULT_SEGMENT_SIZE,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, log: Any = None):
         if sync not in SYNC_MODES:
             raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
         if max_batch_bytes <= 0:
@@ -446,10 +452,6 @@ class Store:
     @property
     def disk_bytes(self) -> int:
         return sum(self._seg_bytes.values())
-
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
 
     def counters(self) -> dict[str, int]:
         return {

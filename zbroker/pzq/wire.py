@@ -183,11 +183,6 @@ def parse_monitor_text(text: bytes | str) -> dict[str, int]:
     return out
 
 
-def make_key(time_us: int, uuid_text: str) -> bytes:
-    """``<µs since epoch>|<uuid>``, the key consumers see."""
-    return f"{time_us}|{uuid_text}".encode()
-
-
 # --- stream requests ---------------------------------------------------------------------
 
 HEAD = b"HEAD"

@@ -30,9 +30,15 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.limits import clients_problem
-from zbroker.local_access import Peer as LocalPeer
-from zbroker.local_access import Policy, default_policy, hang_up, local_address, peer_of
-from zbroker.service import Peer, Service, ServiceContext, ServiceError
+from zbroker.local_access import (
+    PeerCredentials,
+    Policy,
+    default_policy,
+    hang_up,
+    local_address,
+    peer_of,
+)
+from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zpipes.server import ServerConfig, ZpipesServer
 
 DRAIN_BUDGET = 1000  # messages taken per readiness event before giving timers a turn
@@ -199,17 +205,17 @@ class ZpipesService(Service):
             self._log.info("zpipes access changed; it applies to connections made from now on",
                            allowed=policy.describe())
 
-    def peer_joined(self, peer: Peer) -> None:
+    def peer_joined(self, peer: PeerBroker) -> None:
         if self.server is not None:
             self.server.peer_up(peer.id, self._loop.time())
             self._flush_outside()
 
-    def peer_left(self, peer: Peer) -> None:
+    def peer_left(self, peer: PeerBroker) -> None:
         if self.server is not None:
             self.server.peer_down(peer.id, self._loop.time())
             self._flush_outside()
 
-    def peer_message(self, peer: Peer, frames: list[Any]) -> None:
+    def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         if self.server is not None:
             self.server.peer_receive(peer.id, frames, self._loop.time())
             self._flush_outside()
@@ -304,7 +310,7 @@ class ZpipesService(Service):
         """Whether to take the connection just accepted on ``fd``; if not, hang it up. Its
         messages are never taken: only connections in ``_open_fds`` are heard."""
         expected = _ipc_address(endpoint)
-        peer: LocalPeer | None = None
+        peer: PeerCredentials | None = None
         if expected is not None:
             if local_address(fd) != expected:
                 return False  # the descriptor is not that connection's any more
@@ -323,7 +329,7 @@ class ZpipesService(Service):
                            refused=self._refused["too many clients"])
         return True
 
-    def _refuse(self, fd: int, why: str, peer: LocalPeer | None) -> None:
+    def _refuse(self, fd: int, why: str, peer: PeerCredentials | None) -> None:
         hang_up(fd)
         self._refused[why] += 1
         if peer is not None and why == "not allowed":

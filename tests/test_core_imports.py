@@ -1,0 +1,73 @@
+"""The ZPIPES core (codec, state machine, pipe table, server core, peering, the client's protocol
+logic) does no I/O and must import without pyzmq: other runtimes and tools build on it. The
+package's public names stay where they were, imported on first use."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import zpipes
+
+CORE_MODULES = [
+    "zpipes.protocol",
+    "zpipes.machine",
+    "zpipes.pipes",
+    "zpipes.server",
+    "zpipes.peering",
+    "zpipes.errors",
+    "zpipes.client_protocol",
+]
+
+
+def run_without_zmq(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter where ``import zmq`` fails."""
+    guard = "import sys\nsys.modules['zmq'] = None  # any import of zmq raises ImportError\n"
+    return subprocess.run([sys.executable, "-c", guard + textwrap.dedent(code)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", CORE_MODULES)
+def test_core_module_imports_without_pyzmq(module):
+    done = run_without_zmq(f"""
+        import importlib
+        importlib.import_module({module!r})
+        assert sys.modules.get('zmq') is None, 'zmq was imported'
+        print('ok')
+    """)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_package_errors_need_no_pyzmq_and_the_client_names_load_on_use():
+    done = run_without_zmq("""
+        import zpipes
+        assert issubclass(zpipes.PipeFailed, zpipes.ZpipesError)
+        try:
+            zpipes.open
+        except ImportError:
+            print('client needs zmq')
+    """)
+    assert done.returncode == 0 and done.stdout == "client needs zmq\n", done.stderr
+
+
+def test_public_names_still_resolve():
+    from zpipes import client, errors
+
+    for name in zpipes.__all__:
+        value = getattr(zpipes, name)
+        assert value is getattr(client, name, None) or value is getattr(errors, name, None)
+    assert set(zpipes.__all__) <= set(dir(zpipes))
+    assert zpipes.client is client  # the submodule, as before, even if nothing imported it
+    with pytest.raises(AttributeError):
+        zpipes.no_such_name  # noqa: B018
+
+
+def test_both_clients_share_one_protocol_module():
+    from zpipes import aio, client, client_protocol
+
+    for name in ("ReaderProtocol", "WriterProtocol", "Phase", "EOF", "check_pipe_name"):
+        assert getattr(client, name) is getattr(client_protocol, name)  # the old path works
+    assert aio.ReaderProtocol is client_protocol.ReaderProtocol
