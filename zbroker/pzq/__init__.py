@@ -1,6 +1,8 @@
 """pzq: a persistent store-and-forward queue, wire-compatible with the original pzq.
 
     wire.py        the frames producers, consumers and monitors exchange (pure)
+    zmtp.py        ZeroMQ's wire protocol on the server side of a producer's connection (pure)
+    receiver.py    the receive endpoint: a ROUTER for producers on asyncio over zmtp.py
     records.py     the records of the log on disk (pure)
     store.py       the append-only segmented log, group commit in a writer thread
     dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
