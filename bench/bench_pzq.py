@@ -6,6 +6,11 @@ process, beside a raw write+fdatasync baseline measured in the same run on the s
     python bench/bench_pzq.py --dir /var/tmp        # where the data goes (default: a temp dir)
     python bench/bench_pzq.py --cases 65536:64 65536:64:1MiB 100:64
 
+Beside each plain case (SIZE:WINDOW) it runs two baselines on the same case, from
+pzq_baselines.py: a bare Python relay of the same wire, and Redis Streams with appendfsync
+always when redis-server and the redis package are there (``pip install -e .[bench]``); it
+prints pzq's ratios against both, end to end and in server CPU per message.
+
 A case is SIZE:WINDOW[:backlog][:BYTES] (message bytes : producer messages outstanding, and
 with BYTES at most that many bytes of bodies outstanding: a byte window, as the client's
 ``Producer(max_inflight_bytes=...)``). The producer and the consumer are separate processes (the
@@ -36,6 +41,7 @@ import time
 from pathlib import Path
 
 import zmq
+from pzq_baselines import cpu_seconds, redis_case, redis_missing, relay_case
 from pzq_load import free_port, produce_windowed
 
 from zbroker.config import parse_size
@@ -143,12 +149,6 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
     return proc, receive, send, mon
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def monitor(endpoint: str) -> dict[str, int]:
     from zbroker.pzq.wire import parse_monitor_text
 
@@ -209,6 +209,22 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
     }
 
 
+def baselines(size: int, window: int, n: int, ours: dict) -> None:
+    """The bare relay and Redis Streams on the same case, and pzq's ratios against them."""
+    rows = [("relay", relay_case(size, window, n, producer, consumer))]
+    why = redis_missing()
+    if why is None:
+        rows.append(("redis", redis_case(size, window, n)))
+    for name, b in rows:
+        print(f"{'':>6} {name:>12} {'':>7} {n:>7} {b['produce']:>10,.0f} {b['e2e']:>10,.0f} "
+              f"{b['e2e'] * size / 1e6:>9,.1f} {b['p50']:>10.2f} {b['p99']:>10.2f} {'':>7} "
+              f"{'':>10} {'':>8} {b['cpu_us']:>10.1f}")
+    print("       pzq/" + ", pzq/".join(
+        f"{name}: e2e {ours['e2e'] / b['e2e']:.2f}x, server CPU a message "
+        f"{ours['cpu_us'] / b['cpu_us']:.2f}x" for name, b in rows)
+        + ("" if why is None else f"  (Redis Streams skipped: {why})"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), metavar="SIZE:WINDOW")
@@ -218,6 +234,8 @@ def main() -> None:
                     help="the queue's sync_max_bytes (default: the queue's default)")
     ap.add_argument("--dir", default=None, help="where the queue's data goes")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="skip the bare relay and Redis Streams runs beside each plain case")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-pzq-", dir=args.dir))
     try:
@@ -249,6 +267,8 @@ def main() -> None:
                   f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} {r['syncs']:>7} "
                   f"{per:>10.1f} {r['avoided']:>8} {r['cpu_us']:>10.1f}"
                   + (f"  FAILED {r['failed']}" if r["failed"] else ""))
+            if not args.no_baselines and not backlog and not byte_window and window > 1:
+                baselines(size, window, n, r)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
