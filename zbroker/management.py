@@ -44,6 +44,7 @@ import zmq
 
 from . import logs
 from .logs import LEVEL_NUMBERS
+from .zmq_reader import SocketReader
 
 CONTROL_SOCKET = "ctl"
 RECENT = 1000  # events kept for `zbroker logs`
@@ -151,6 +152,7 @@ class ControlServer:
         self.followers: dict[bytes, Follower] = {}
         self.dropped = 0  # events followers were too slow to take, in total
         self._sock: zmq.Socket | None = None
+        self._reader: SocketReader | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._thread = threading.get_ident()
 
@@ -179,8 +181,8 @@ class ControlServer:
             raise CommandError(f"cannot bind the control socket {self.path}: {exc}") from None
         self.where, self._sock = where, sock
         self._thread = threading.get_ident()
-        self.loop.add_reader(sock.getsockopt(zmq.FD), self._on_readable)
-        self.loop.call_soon(self._on_readable)
+        self._reader = SocketReader(self.loop, sock, self._on_request, budget=DRAIN_BUDGET)
+        self._reader.start()
         self._timer = self.loop.call_later(PING_INTERVAL, self._expire)
         logs.add_tap(self)
 
@@ -194,7 +196,7 @@ class ControlServer:
         for f in list(self.followers.values()):
             self._send(sock, f.ident, {"bye": reason})
         self.followers.clear()
-        self.loop.remove_reader(sock.getsockopt(zmq.FD))
+        self._reader.stop()
         if self._timer is not None:
             self._timer.cancel()
         sock.close(linger=200)  # the replies and byes already queued may still go out
@@ -247,25 +249,14 @@ class ControlServer:
             if not self._send(sock, f.ident, frame):
                 f.dropped += 1
                 self.dropped += 1
+        if frame is not None and self._reader is not None:
+            self._reader.recheck()  # sending may have taken the edge of a request
 
     # --- requests ------------------------------------------------------------------------
 
-    def _on_readable(self) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        for _ in range(DRAIN_BUDGET):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            except zmq.ZMQError:
-                break
-            self._handle(sock, frames)
-            if self._sock is None:  # stopped by the request
-                return
-        if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self.loop.call_soon(self._on_readable)
+    def _on_request(self, frames: list[bytes]) -> None:
+        if self._sock is not None:
+            self._handle(self._sock, frames)
 
     def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         ident = frames[0]

@@ -23,6 +23,7 @@ bounded number of sockets.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import uuid
@@ -34,6 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.service import PeerBroker
 
+from ..zmq_reader import SocketReader
 from .membership import Change, Hello, Membership
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
@@ -43,7 +45,6 @@ ZERO_COPY_MIN = 1 << 16
 # pyzmq's backend socket methods with int flags: several times cheaper per frame than the
 # convenience layer, which converts flag enums and checks arguments on every call
 _send = zmq.backend.Socket.send
-_recv = zmq.backend.Socket.recv
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
@@ -65,8 +66,9 @@ class ClusterNode:
         self._on_join, self._on_leave, self._on_message = on_join, on_leave, on_message
         self.membership: Membership | None = None
         self._router: zmq.Socket | None = None
+        self._reader: SocketReader | None = None
         self._dealers: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
-        self._monitors: dict[str, zmq.Socket] = {}  # endpoint -> its DEALER's events (peers')
+        self._monitors: dict[str, SocketReader] = {}  # endpoint -> its DEALER's events
         self._monitor_ids = itertools.count()
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
@@ -109,7 +111,8 @@ class ClusterNode:
         self.advertised = advertised
         me = Hello(self.id, self.broker_name, cfg.name, advertised)
         self.membership = Membership(me, cfg.peer_timeout)
-        self._loop.add_reader(router.getsockopt(zmq.FD), self._on_readable)
+        self._reader = SocketReader(self._loop, router, self._on_message_frames,
+                                    after=self._schedule_next, copy=False)
         for endpoint in self._static:
             self.add_contact(endpoint)
         if cfg.discovery:
@@ -121,7 +124,7 @@ class ClusterNode:
                        advertised=advertised, discovery=cfg.discovery, curve=bool(self._keys),
                        static_peers=len(self._static), peer_timeout=cfg.peer_timeout)
         self._schedule(0.0)
-        self._loop.call_soon(self._on_readable)
+        self._reader.start()
 
     async def stop(self) -> None:
         if self._timer is not None:
@@ -132,7 +135,7 @@ class ClusterNode:
             for peer in list(self.membership.peers.values()):
                 self._send_raw(peer.endpoint, [KIND_BYE])
         if self._router is not None:
-            self._loop.remove_reader(self._router.getsockopt(zmq.FD))
+            self._reader.stop()
             self._router.close(linger=0)
             self._router = None
         for endpoint in list(self._dealers):
@@ -213,47 +216,39 @@ class ClusterNode:
         monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED,
                                             addr=f"inproc://zbroker.cluster.link."
                                                  f"{self.id}.{next(self._monitor_ids)}")
-        self._monitors[endpoint] = monitor
-        self._loop.add_reader(monitor.getsockopt(zmq.FD), self._on_link_event, endpoint)
-        self._loop.call_soon(self._on_link_event, endpoint)  # arms the edge-triggered FD
+        reader = SocketReader(self._loop, monitor,
+                              functools.partial(self._on_link_event, endpoint),
+                              after=self._schedule_next)
+        self._monitors[endpoint] = reader
+        reader.start()
 
     def _close_link(self, endpoint: str, linger: int = 0) -> None:
         """Close everything our link to ``endpoint`` opened: its DEALER, its monitor and the
         monitor's reader."""
-        monitor = self._monitors.pop(endpoint, None)
+        reader = self._monitors.pop(endpoint, None)
         dealer = self._dealers.pop(endpoint, None)
-        if monitor is not None:
-            self._loop.remove_reader(monitor.getsockopt(zmq.FD))
+        if reader is not None:
+            reader.stop()
             if dealer is not None:
                 try:
                     dealer.disable_monitor()
                 except zmq.ZMQError:
                     pass
-            monitor.close(linger=0)
+            reader.sock.close(linger=0)
         if dealer is not None:
             dealer.close(linger=linger)
 
-    def _on_link_event(self, endpoint: str) -> None:
-        """Our link to ``endpoint`` connected or closed (the monitor's FD is edge-triggered:
-        drain it all)."""
-        monitor = self._monitors.get(endpoint)
-        if monitor is None or self.membership is None:
+    def _on_link_event(self, endpoint: str, frames: list[bytes]) -> None:
+        """Our link to ``endpoint`` connected or closed."""
+        if self.membership is None:
             return
-        now = self._loop.time()
-        while True:
-            try:
-                event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
-            except zmq.Again:
-                break
-            self._log.debug("cluster link", endpoint=endpoint,
-                            link="closed" if event == zmq.EVENT_DISCONNECTED else "connected")
-            if event == zmq.EVENT_DISCONNECTED:
-                self.membership.disconnected(endpoint, now)
-            elif event == zmq.EVENT_CONNECTED:
-                self.membership.connected(endpoint)
-        self._schedule_next()
-        if monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # came while draining
-            self._loop.call_soon(self._on_link_event, endpoint)
+        event = parse_monitor_message(frames)["event"]
+        self._log.debug("cluster link", endpoint=endpoint,
+                        link="closed" if event == zmq.EVENT_DISCONNECTED else "connected")
+        if event == zmq.EVENT_DISCONNECTED:
+            self.membership.disconnected(endpoint, self._loop.time())
+        elif event == zmq.EVENT_CONNECTED:
+            self.membership.connected(endpoint)
 
     def _send_raw(self, endpoint: str, frames: list[Any]) -> bool:
         dealer = self._dealer(endpoint)
@@ -280,24 +275,9 @@ class ClusterNode:
             if contact is not None:
                 contact.last_said = self._loop.time()
 
-    def _on_readable(self) -> None:
-        router = self._router
-        if router is None:
-            return
-        now = self._loop.time()
-        for _ in range(1000):
-            try:
-                frame = _recv(router, _NOBLOCK, False)
-            except zmq.Again:
-                break
-            frames = [frame]
-            while frame.more:
-                frame = _recv(router, 0, False)
-                frames.append(frame)
-            self._handle(frames, now)
-        self._schedule_next()
-        if self._router is not None and self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._loop.call_soon(self._on_readable)
+    def _on_message_frames(self, frames: list[zmq.Frame]) -> None:
+        if self._router is not None:
+            self._handle(frames, self._loop.time())
 
     def _handle(self, frames: list[zmq.Frame], now: float) -> None:
         if len(frames) < 2:

@@ -17,6 +17,8 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
+from ..zmq_reader import SocketReader
+
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
@@ -72,7 +74,8 @@ class Guard:
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
         self._monitor: zmq.Socket | None = None
-        loop.add_reader(self._zap.getsockopt(zmq.FD), self._on_zap)
+        self._readers = [SocketReader(loop, self._zap, self._on_zap)]
+        self._readers[0].start()
         self.refused = 0
 
     def watch(self, sock: zmq.Socket) -> None:
@@ -80,46 +83,36 @@ class Guard:
         for event in _HANDSHAKE_FAILURES:
             events |= event
         self._monitor = sock.get_monitor_socket(events)
-        self._loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_monitor)
-        self._loop.call_soon(self._on_monitor)
+        reader = SocketReader(self._loop, self._monitor, self._on_monitor)
+        self._readers.append(reader)
+        reader.start()
 
     def close(self) -> None:
-        for sock in (self._zap, self._monitor):
-            if sock is not None:
-                self._loop.remove_reader(sock.getsockopt(zmq.FD))
-                sock.close(linger=0)
+        for reader in self._readers:
+            reader.stop()
+            reader.sock.close(linger=0)
+        self._readers.clear()
         self._monitor = None
 
-    def _on_zap(self) -> None:
-        while True:
-            try:
-                frames = self._zap.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            # [routing id, "", version, request id, domain, address, identity, mechanism, creds]
-            if len(frames) < 8:
-                continue
-            rid, _, version, request_id, _domain, address, _identity, mechanism = frames[:8]
-            client_key = frames[8] if len(frames) > 8 else b""
-            ok = mechanism == b"CURVE" and z85.encode(client_key) == self.public
-            if not ok:
-                self.refused += 1
-                self._log.warning("cluster connection refused", address=address.decode(),
-                                  mechanism=mechanism.decode(), reason="not the cluster key")
-            self._zap.send_multipart([rid, b"", version, request_id,
-                                      b"200" if ok else b"400",
-                                      b"OK" if ok else b"not the cluster key", b"", b""])
+    def _on_zap(self, frames: list[bytes]) -> None:
+        # [routing id, "", version, request id, domain, address, identity, mechanism, creds]
+        if len(frames) < 8:
+            return
+        rid, _, version, request_id, _domain, address, _identity, mechanism = frames[:8]
+        client_key = frames[8] if len(frames) > 8 else b""
+        ok = mechanism == b"CURVE" and z85.encode(client_key) == self.public
+        if not ok:
+            self.refused += 1
+            self._log.warning("cluster connection refused", address=address.decode(),
+                              mechanism=mechanism.decode(), reason="not the cluster key")
+        self._zap.send_multipart([rid, b"", version, request_id,
+                                  b"200" if ok else b"400",
+                                  b"OK" if ok else b"not the cluster key", b"", b""])
 
-    def _on_monitor(self) -> None:
-        monitor = self._monitor
-        while monitor is not None:
-            try:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = parse_monitor_message(frames)
-            reason = _HANDSHAKE_FAILURES.get(event["event"])
-            if reason:
-                self.refused += 1
-                self._log.warning("cluster connection refused", reason=reason,
-                                  endpoint=event["endpoint"].decode(errors="replace"))
+    def _on_monitor(self, frames: list[bytes]) -> None:
+        event = parse_monitor_message(frames)
+        reason = _HANDSHAKE_FAILURES.get(event["event"])
+        if reason:
+            self.refused += 1
+            self._log.warning("cluster connection refused", reason=reason,
+                              endpoint=event["endpoint"].decode(errors="replace"))
