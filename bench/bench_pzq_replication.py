@@ -194,7 +194,8 @@ class Cluster:
                 mon = f"ipc://@/bench-pzq-replication/{uuid.uuid4().hex}/{QUEUE}.monitor"
             config = {
                 "log": {"level": "warning"},
-                "cluster": {"enabled": True, "discovery": False, "peer_timeout": peer_timeout,
+                "cluster": {"enabled": True, "discovery": False, "insecure": True,
+                            "peer_timeout": peer_timeout,
                             "bind": f"tcp://127.0.0.1:{ports[i]}",
                             "peers": [f"tcp://127.0.0.1:{p}" for j, p in enumerate(ports)
                                       if j != i]},

@@ -115,6 +115,7 @@ def broker_env(tmp_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["XDG_RUNTIME_DIR"] = str(tmp_dir)
+    env["XDG_CONFIG_HOME"] = str(tmp_dir / "config")  # a cluster key made there, not in ~
     env.pop("NO_COLOR", None)
     return env
 

@@ -67,7 +67,7 @@ class Host:
         return ["ip", "netns", "exec", self.ns, *args]
 
     def popen(self, args: Sequence[str], **kw: Any) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", XDG_CONFIG_HOME=str(self.dir / "config"))
         proc = subprocess.Popen(self.command(args), env=env, **kw)
         self.bed.procs.append(proc)
         return proc
@@ -82,7 +82,10 @@ class Host:
         cfg = {
             "log": {"format": "json", "file": str(self.log_path), "level": "info"},
             "broker": {"run_dir": str(self.dir / "run")},
-            "cluster": {"enabled": True, "bind": f"tcp://*:{PEER_PORT}", "peer_timeout": 2},
+            # no key by default: the tests that are about keys say so (and the cluster's
+            # own traffic stays as cheap as can be for the others)
+            "cluster": {"enabled": True, "bind": f"tcp://*:{PEER_PORT}", "peer_timeout": 2,
+                        "insecure": True},
         }
         for section, values in (config or {}).items():
             cfg.setdefault(section, {}).update(values)
@@ -92,6 +95,13 @@ class Host:
                                  stderr=open(self.dir / "broker.stderr", "ab"))
         if wait:
             self.wait_for_log("broker started", timeout=15)
+
+    def zbroker(self, *args: str) -> str:
+        """Run a management command on this host's broker; its standard output."""
+        proc = self.popen([sys.executable, "-m", "zbroker", *args, "--run-dir",
+                           str(self.dir / "run")], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+        return proc.communicate(timeout=30)[0].decode(errors="replace")
 
     def kill_broker(self, sig: int = signal.SIGKILL) -> None:
         if self.broker is not None and self.broker.poll() is None:

@@ -463,3 +463,52 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     line_crosses(a, b, "after-flood", b"still works\n")
     flood.stdin.close()
     flood.wait(10)
+
+
+# --- closed to strangers: a cluster has a key unless told to have none ----------------------
+
+
+def test_a_cluster_without_a_key_file_makes_one_and_only_its_holders_pair(testbed):
+    """With no cluster.key_file, a broker makes a key of its own on first start and says
+    where; a broker with another key is refused until it has the same file."""
+    bed = testbed(2, start=False)
+    a, b = bed.hosts
+    default = {"cluster": {"insecure": False, "discovery": False,
+                           "peers": [a.endpoint, b.endpoint]}}
+    a.start_broker(default)
+    b.start_broker(default)
+    key_a = a.dir / "config" / "zbroker" / "cluster-default.key"
+    key_b = b.dir / "config" / "zbroker" / "cluster-default.key"
+    a.wait_for_log("cluster key made: copy this file to every broker of the cluster (or name "
+                   "one in cluster.key_file)", timeout=10, key_file=str(key_a))
+    assert key_a.stat().st_mode & 0o777 == 0o600
+    assert key_a.read_bytes() != key_b.read_bytes()
+    a.wait_for_log("cluster connection refused", timeout=10)
+    time.sleep(1)
+    assert a.peers() == set() and b.peers() == set()
+    b.kill_broker()
+    key_b.write_bytes(key_a.read_bytes())  # what the operator is told to do
+    b.start_broker(default)
+    wait_for_cluster([a, b])
+    line_crosses(a, b, "keyed", b"made on first start\n")
+    status = a.zbroker("status")
+    assert f"key {key_a}" in status and "INSECURE" not in status
+
+
+def test_clustering_without_a_key_only_when_asked_for(testbed):
+    bed = testbed(2, start=False)
+    a, b = bed.hosts
+    peers = {"discovery": False, "peers": [a.endpoint, b.endpoint]}
+    a.start_broker({"cluster": {**peers, "insecure": True}})
+    a.wait_for_log("cluster without a key (cluster.insecure): any host that says the "
+                   "cluster's name can join and reach every pipe and queue", timeout=10)
+    b.start_broker({"cluster": {**peers, "insecure": False}})  # the default: keyed
+    time.sleep(3)
+    assert a.peers() == set() and b.peers() == set()
+    b.kill_broker()
+    b.start_broker({"cluster": {**peers, "insecure": True}})
+    wait_for_cluster([a, b])
+    joined = [e for e in a.log_events() if e.get("event") == "peer joined"]
+    assert joined and all(e.get("level") == "warning" and "no cluster key" in e["insecure"]
+                          for e in joined)
+    assert "INSECURE: no key" in a.zbroker("status")

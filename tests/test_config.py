@@ -340,6 +340,7 @@ def test_schema_keys():
         "clients.max_pipelined_bytes", "clients.max_buffered",
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
+        "cluster.insecure",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk", "services.zpipes.allow.users",
         "services.zpipes.allow.groups",

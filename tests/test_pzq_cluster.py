@@ -64,7 +64,8 @@ def cluster(tmp_path):
             queue = extra.pop("queue", QUEUE)
             name = unique_name(f"c{i}")
             config = {
-                "cluster": {"enabled": True, "discovery": False, "peer_timeout": peer_timeout,
+                "cluster": {"enabled": True, "discovery": False, "insecure": True,
+                            "peer_timeout": peer_timeout,
                             "bind": f"tcp://127.0.0.1:{ports[i]}",
                             "peers": [f"tcp://127.0.0.1:{p}" for j, p in enumerate(ports)
                                       if j != i]},

@@ -67,7 +67,7 @@ def test_parse_copies_refuses_what_does_not_add_up():
 
 async def start(tmp_path, name: str, port: LinkedPort, **queue: Any) -> PzqService:
     config = parse_config({
-        "cluster": {"enabled": True, "discovery": False},
+        "cluster": {"enabled": True, "discovery": False, "insecure": True},
         "services": {"pzq": {"enabled": True, "queues": {"jobs": {
             "receive_endpoint": f"tcp://127.0.0.1:{free_port()}",
             "send_endpoint": f"tcp://127.0.0.1:{free_port()}",

@@ -493,7 +493,8 @@ def test_broker_refuses_replicas_without_peers_and_clashing_queues(start_broker,
     assert b.wait() != 0 and "needs a cluster (cluster.enabled: true) or static peers" \
         in b.stderr()
     cfg = pzq_config(tmp_path, a={"replicas": 2, "peers": ["tcp://127.0.0.1:1"]})
-    cfg["cluster"] = {"enabled": True, "discovery": False, "bind": "tcp://127.0.0.1:*"}
+    cfg["cluster"] = {"enabled": True, "discovery": False, "bind": "tcp://127.0.0.1:*",
+                      "insecure": True}
     b = start_broker(config=cfg, wait=False)
     assert b.wait() != 0 and "needs at least as many peers (has 1)" in b.stderr()
     cfg = pzq_config(tmp_path, a={}, b={})

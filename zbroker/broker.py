@@ -365,7 +365,8 @@ class Broker:
         return {"endpoint": getattr(node, "endpoint", None),
                 "peers": node.peers() if hasattr(node, "peers") else [],
                 "pending_contacts": (node.pending_contacts()
-                                     if hasattr(node, "pending_contacts") else 0)}
+                                     if hasattr(node, "pending_contacts") else 0),
+                **(node.security() if hasattr(node, "security") else {})}
 
     def get_settings(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all

@@ -135,8 +135,13 @@ def format_status(status: dict[str, Any]) -> str:
     if cluster:
         peers = cluster.get("peers") or []
         pending = cluster.get("pending_contacts")
+        security = ("" if "insecure" not in cluster else
+                    ", INSECURE: no key" if cluster["insecure"] else
+                    f", key {cluster.get('key_file')}")
+        refused = cluster.get("refused")
         lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers"
-                     + (f", {pending} contacts not answering" if pending else ""))
+                     + (f", {pending} contacts not answering" if pending else "") + security
+                     + (f", {refused} handshakes refused" if refused else ""))
         for peer in peers:
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago")

@@ -366,7 +366,11 @@ class ClusterConfig:
     discovery: bool = setting(True, boolean)  # zeroconf announce and browse
     peers: tuple[str, ...] = setting((), endpoint_list)  # static peer endpoints
     peer_timeout: float = setting(3.0, duration())  # silence before a peer is lost
-    key_file: str | None = setting(None, optional_path)  # CURVE key pair shared by the cluster
+    #: the CURVE key pair shared by the cluster; none: the key file of the cluster's name in
+    #: the user's config directory (~/.config/zbroker/cluster-NAME.key), made on first start
+    key_file: str | None = setting(None, optional_path)
+    #: no key at all: any host that says the cluster's name joins (trusted networks only)
+    insecure: bool = setting(False, boolean)
 
 
 _NODE_ID_RE = re.compile(r"[0-9a-f]{32}")

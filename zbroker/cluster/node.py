@@ -28,6 +28,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -40,6 +41,16 @@ from .membership import Change, Hello, Membership
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
 CONTACT_RETRY = 0.25  # seconds between HELLOs to a contact that has not answered
+#: seconds a link to a contact may stay unconnected before it is made anew: libzmq gives up
+#: on a link after some handshake failures (e.g. the other side had a key and we have none),
+#: and would never try again once the other side is fixed
+LINK_RETRY = 2.0
+_HANDSHAKE_FAILED = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed: another security mechanism "
+                                         "(a key on one side only?)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: our key was refused",
+}
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 ZERO_COPY_MIN = 1 << 16
 # pyzmq's backend socket methods with int flags: several times cheaper per frame than the
@@ -70,6 +81,7 @@ class ClusterNode:
         self._dealers: dict[str, zmq.Socket] = {}  # endpoint -> DEALER
         self._monitors: dict[str, SocketReader] = {}  # endpoint -> its DEALER's events
         self._monitor_ids = itertools.count()
+        self._link_made: dict[str, float] = {}  # endpoint -> when our link there was made
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
         self._timer: asyncio.TimerHandle | None = None
@@ -77,20 +89,40 @@ class ClusterNode:
         self.endpoint = ""
         self.advertised = ""
         self._keys: tuple[bytes, bytes] | None = None  # CURVE (public, secret)
+        self.key_file: str | None = None
         self._guard: Any = None
 
     # --- life cycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         cfg = self.config
-        if cfg.key_file:
-            from .security import Guard, KeyFileError, load_key_file
+        if cfg.key_file or not cfg.insecure:
+            from .security import (
+                Guard,
+                KeyFileError,
+                default_key_path,
+                load_key_file,
+                load_or_create_key_file,
+            )
 
+            path = Path(cfg.key_file) if cfg.key_file else default_key_path(cfg.name)
             try:
-                self._keys = load_key_file(cfg.key_file)
+                if cfg.key_file:
+                    self._keys, made = load_key_file(path), False
+                else:
+                    self._keys, made = load_or_create_key_file(path)
             except KeyFileError as exc:
                 raise ClusterError(str(exc)) from None
+            self.key_file = str(path)
+            if made:
+                self._log.warning("cluster key made: copy this file to every broker of the "
+                                  "cluster (or name one in cluster.key_file)",
+                                  key_file=self.key_file, cluster=cfg.name)
             self._guard = Guard(self._ctx, self._loop, self._log, self._keys[0])
+        else:
+            self._log.warning("cluster without a key (cluster.insecure): any host that says "
+                              "the cluster's name can join and reach every pipe and queue",
+                              cluster=cfg.name)
         router = self._ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.LINGER, 0)
@@ -175,6 +207,11 @@ class ClusterNode:
             self._apply(self.membership.add_contact(endpoint, self._loop.time(), pinned=True))
             self._schedule(0.0)
 
+    def security(self) -> dict[str, Any]:
+        """For the status: the key file (none: insecure) and the handshakes refused."""
+        return {"key_file": self.key_file, "insecure": self._keys is None,
+                "refused": self._guard.refused if self._guard is not None else 0}
+
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
         return len(self.membership.unanswered()) if self.membership else 0
@@ -206,14 +243,19 @@ class ClusterNode:
                 self._apply(self.membership.forget_contact(endpoint))
                 return None
             self._dealers[endpoint] = dealer
+            self._link_made[endpoint] = self._loop.time()
         return dealer
 
     def _watch(self, endpoint: str) -> None:
-        """Follow our link to a peer: its connection closing makes the peer suspect."""
+        """Follow our link to a peer: its connection closing makes the peer suspect; a failed
+        handshake closes it, to be made anew when next used."""
         dealer = self._dealers.get(endpoint)
         if dealer is None or endpoint in self._monitors:
             return
-        monitor = dealer.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED,
+        events = zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
+        for event in _HANDSHAKE_FAILED:
+            events |= event
+        monitor = dealer.get_monitor_socket(events,
                                             addr=f"inproc://zbroker.cluster.link."
                                                  f"{self.id}.{next(self._monitor_ids)}")
         reader = SocketReader(self._loop, monitor,
@@ -227,6 +269,7 @@ class ClusterNode:
         monitor's reader."""
         reader = self._monitors.pop(endpoint, None)
         dealer = self._dealers.pop(endpoint, None)
+        self._link_made.pop(endpoint, None)
         if reader is not None:
             reader.stop()
             if dealer is not None:
@@ -243,6 +286,11 @@ class ClusterNode:
         if self.membership is None:
             return
         event = parse_monitor_message(frames)["event"]
+        failed = _HANDSHAKE_FAILED.get(event)
+        if failed is not None:
+            self._log.warning("cluster link refused", endpoint=endpoint, reason=failed)
+            self._loop.call_soon(self._close_link, endpoint)
+            return
         self._log.debug("cluster link", endpoint=endpoint,
                         link="closed" if event == zmq.EVENT_DISCONNECTED else "connected")
         if event == zmq.EVENT_DISCONNECTED:
@@ -356,8 +404,14 @@ class ClusterNode:
             life = PeerBroker(peer.life, peer.name, peer.endpoint)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
-            self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
-                           endpoint=peer.endpoint)
+            if self._keys is None:  # said on every join: nothing proved who it is
+                self._log.warning("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                                  endpoint=peer.endpoint,
+                                  insecure="no cluster key: anyone who says the cluster's "
+                                           "name joins")
+            else:
+                self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                               endpoint=peer.endpoint)
             self._on_join(life)
 
     # --- timers ----------------------------------------------------------------------------------
@@ -390,8 +444,12 @@ class ClusterNode:
             if self._send_raw(peer.endpoint, [KIND_PING]):
                 self.membership.sent(peer.id, now)
         for contact in self.membership.unanswered():
-            if now - contact.last_said >= CONTACT_RETRY and self._writable(contact.endpoint):
+            if now - contact.last_said < CONTACT_RETRY:
+                continue
+            if self._writable(contact.endpoint):
                 self._say_hello(contact.endpoint, reply=False)
+            elif now - self._link_made.get(contact.endpoint, now) > LINK_RETRY:
+                self._close_link(contact.endpoint)  # made anew at the next turn
         self._schedule_next()
 
     # --- security ----------------------------------------------------------------------------

@@ -43,6 +43,37 @@ def generate_key_file(path: str | os.PathLike[str]) -> str:
     return public.decode()
 
 
+def default_key_path(cluster: str) -> Path:
+    """Where a broker keeps the key of cluster ``cluster`` when cluster.key_file is not set:
+    in the user's config directory, so that every broker of this user on this host shares it."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "zbroker" / f"cluster-{cluster}.key"
+
+
+def load_or_create_key_file(path: Path) -> tuple[tuple[bytes, bytes], bool]:
+    """The key pair in ``path``, made there first if there is none: ((public, secret),
+    whether it was made now). The file appears whole or not at all (written aside, then
+    linked), so brokers starting together all end up with the same key."""
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            aside = path.with_name(f".{path.name}.{os.getpid()}")
+            aside.unlink(missing_ok=True)
+            generate_key_file(aside)
+            try:
+                os.link(aside, path)
+                return load_key_file(path), True
+            except FileExistsError:
+                pass  # another broker made it first: that one is the key
+            finally:
+                aside.unlink(missing_ok=True)
+        except OSError as exc:
+            raise KeyFileError(f"cannot make the cluster key file {path}: "
+                               f"{exc.strerror or exc} (set cluster.key_file, see 'zbroker "
+                               f"keygen')") from None
+    return load_key_file(path), False
+
+
 def load_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
     """(public, secret) Z85 keys from a key file; KeyFileError with a clear reason otherwise."""
     try:
