@@ -116,6 +116,8 @@ def broker_env(tmp_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["XDG_RUNTIME_DIR"] = str(tmp_dir)
     env.pop("NO_COLOR", None)
+    env.pop("ZPIPES_BROKER", None)  # the tests name their brokers
+    env.pop("ZPIPES_PROGRESS", None)
     return env
 
 
