@@ -117,6 +117,8 @@ def broker_env(tmp_dir: Path) -> dict[str, str]:
     env["XDG_RUNTIME_DIR"] = str(tmp_dir)
     env["XDG_CONFIG_HOME"] = str(tmp_dir / "config")  # a cluster key made there, not in ~
     env.pop("NO_COLOR", None)
+    env.pop("ZPIPES_BROKER", None)  # the tests name their brokers
+    env.pop("ZPIPES_PROGRESS", None)
     return env
 
 

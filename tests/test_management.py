@@ -99,7 +99,10 @@ def test_get_set_and_reload_back_to_the_file(start_broker):
     r = zb(b, "get", "clients", b.name)
     assert "clients.timeout: 30.0\n" in r.stdout and "clients.max_clients: 10000" in r.stdout
     r = zb(b, "set", "log.level", "debug", b.name)
-    assert (r.returncode, r.stdout) == (0, "log.level: info -> debug\n"), r.stderr
+    assert r.returncode == 0, r.stderr
+    # it says that a reload undoes it
+    assert r.stdout == ("log.level: info -> debug (until the next reload, which reverts it to "
+                        "the config file: put it in the file to keep it)\n")
     r = zb(b, "set", "clients.timeout", "2.5", b.name, "--json")
     assert json.loads(r.stdout) == {"key": "clients.timeout", "old": 30.0, "new": 2.5}
     got = json.loads(zb(b, "get", "log", b.name, "--json").stdout)
@@ -186,9 +189,38 @@ def test_stop_command(broker):
     r = zb(broker, "stop", broker.name)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"broker {broker.name} (pid {broker.pid}) stopped\n"
+    # "stopped" means the process has exited (it waits only for its parent to collect it)
+    assert broker.proc.poll() is not None
     assert broker.wait() == 0
     assert not (broker.run_dir / "ctl").exists()
     assert "stopping" in broker.stderr() and "zbroker stop" in broker.stderr()
+
+
+def test_stop_says_so_when_the_process_does_not_exit(tmp_path, ctx):
+    """A control socket that answers "stop" for a process that goes on running (a sleep):
+    stop waits --wait seconds, then says so on one line and exits 1."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    rep = ctx.socket(zmq.REP)
+    rep.bind(f"ipc://{run_dir}/ctl")
+    try:
+        cmd = subprocess.Popen([sys.executable, "-m", "zbroker", "stop", "stuck", "--run-dir",
+                                str(run_dir), "--wait", "0.5"], cwd=tmp_path,
+                               env=broker_env(tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        assert rep.poll(30_000), "no stop request came"
+        assert json.loads(rep.recv()) == {"command": "stop"}
+        rep.send(json.dumps({"ok": True, "result": {"pid": sleeper.pid}}).encode())
+        out, err = cmd.communicate(timeout=30)
+        assert cmd.returncode == 1 and out == "", err
+        assert err.startswith(f"zbroker: broker stuck (pid {sleeper.pid}) was asked to stop "
+                              "but is still running after 0.5 s") and err.count("\n") == 1
+        assert sleeper.poll() is None
+    finally:
+        rep.close(linger=0)
+        sleeper.kill()
+        sleeper.wait()
 
 
 # --- logs --------------------------------------------------------------------------------------

@@ -175,6 +175,9 @@ def keygen(argv: Sequence[str]) -> int:
 
     try:
         public = generate_key_file(args.file)
+    except FileExistsError:
+        _error(f"cannot write {args.file}: it exists (keygen never overwrites a file)")
+        return 1
     except OSError as exc:
         _error(f"cannot write {args.file}: {exc.strerror}")
         return 1

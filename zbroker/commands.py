@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -230,7 +231,9 @@ def set_command(argv: Sequence[str]) -> int:
         if args.json:
             _print_json(result)
         else:
-            print(f"{result['key']}: {_show(result['old'])} -> {_show(result['new'])}")
+            print(f"{result['key']}: {_show(result['old'])} -> {_show(result['new'])} "
+                  "(until the next reload, which reverts it to the config file: put it in the "
+                  "file to keep it)")
     return rc
 
 
@@ -253,26 +256,60 @@ def reload_command(argv: Sequence[str]) -> int:
 
 def stop_command(argv: Sequence[str]) -> int:
     parser = _parser("stop", "[NAME] [--json] [--wait SECONDS]",
-                     "Stop a running broker, as SIGTERM does, and wait until it has gone.")
+                     "Stop a running broker, as SIGTERM does, and return once its process has "
+                     "exited. Exit status 1 if it is still running after --wait seconds.")
     _common(parser)
-    parser.add_argument("--wait", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--wait", type=_wait_seconds, default=10.0, metavar="SECONDS",
                         help="how long to wait for the broker to exit (default 10)")
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "stop"})
     if rc != 0:
         return rc
-    name, run_dir = _locate(args)
+    name, _ = _locate(args)
+    pid = int(result["pid"])
     deadline = time.monotonic() + args.wait
-    while (run_dir / "ctl").exists() and time.monotonic() < deadline:
+    while not process_gone(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    gone = not (run_dir / "ctl").exists()
+    gone = process_gone(pid)
     if args.json:
         _print_json({**result, "stopped": gone})
     elif gone:
-        print(f"broker {name} (pid {result['pid']}) stopped")
-    else:
-        print(f"broker {name} (pid {result['pid']}) is stopping")
+        print(f"broker {name} (pid {pid}) stopped")
+    if not gone:
+        _error(f"broker {name} (pid {pid}) was asked to stop but is still running after "
+               f"{args.wait:g} s; see `zbroker logs {name}`, or kill it: kill -KILL {pid}")
+        return 1
     return 0
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
+    return value
+
+
+def process_gone(pid: int) -> bool:
+    """True once process ``pid`` has exited: no such process, or a zombie (it has exited and
+    waits for its parent to collect its status)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 # --- logs ----------------------------------------------------------------------------------

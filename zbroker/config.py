@@ -661,7 +661,13 @@ def _show(value: Any) -> str:
         return "a list"
     if value is None:
         return "null"
-    return repr(value)
+    text = repr(value)
+    if len(text) > SHOW_MAX:  # a whole file that is not YAML mappings, say: its start
+        return f"{text[:SHOW_MAX - 20]}... ({len(str(value))} characters)"
+    return text
+
+
+SHOW_MAX = 80  # characters of a bad value quoted in an error
 
 
 def _resolve(cfg: Config) -> Config:

@@ -332,3 +332,11 @@ class WriterCounters:
     @property
     def bytes_sent(self) -> int:
         return self._proto.bytes_sent
+
+    def _timed_out(self, what: str, written: int = 0) -> PipeTimeout:
+        """A write waits only while no reader is attached or a reader's buffer is full: if
+        the broker never took a byte, no reader attached in time, which is what to say."""
+        if self._proto.bytes_acked == 0 and (written or self._proto.bytes_sent):
+            return PipeTimeout(f"no reader attached to pipe {self._proto.label!r} within "
+                               f"{self._timeout:g} s", written)  # type: ignore[attr-defined]
+        return super()._timed_out(what, written)  # type: ignore[misc]

@@ -133,8 +133,8 @@ class _AsyncChannel:
         self._live = Liveness(ping_interval, broker_timeout)
         loop = asyncio.get_running_loop()
         self.broker = check_broker_name(broker)
+        check_broker_running(broker, address)  # names the endpoint if one was given
         address = address or endpoint(broker)
-        check_broker_running(broker, address)
         # The monitor tells when the connection drops; the channel is then dead.
         sock, monitor = open_socket(_context(), address)
         self._address = address

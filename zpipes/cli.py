@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from zpipes import client
+from zpipes import client, progress
 from zpipes.errors import ZpipesError
 
 STDIN, STDOUT = 0, 1
@@ -53,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker",
         metavar="NAME",
         default=argparse.SUPPRESS,
-        help=f"the broker to use (default: {client.DEFAULT_BROKER!r}; it listens on "
-        f"{client.endpoint('NAME')})",
+        help=f"the broker to use (default: ${client.BROKER_ENV}, else 'local'; now "
+        f"{client.DEFAULT_BROKER!r}; it listens on {client.endpoint('NAME')})",
     )
     common.add_argument(
         "--timeout",
@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="the broker's ZPIPES endpoint, if it is not the default for its name (e.g. "
         "tcp://host:5670)",
+    )
+    common.add_argument(
+        "--progress",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show bytes moved, rate and elapsed time on standard error (with a regular "
+        f"file as input: percent and time left), like pv; also {progress.ENV}=1. Redrawn "
+        "in place on a terminal, else one summary line at the end",
     )
     parser = argparse.ArgumentParser(
         prog="zpipes",
@@ -95,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "fails (\"writer lost\") after the data passed on before.",
     )
     write.add_argument("name", metavar="NAME", help="the pipe's name (1 to 255 bytes of UTF-8)")
+    write.set_defaults(command_parser=write)
     read = commands.add_parser(
         "read",
         parents=[common],
@@ -107,12 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
         "exit status 130, SIGTERM: 143.",
     )
     read.add_argument("name", metavar="NAME", help="the pipe's name (1 to 255 bytes of UTF-8)")
+    read.set_defaults(command_parser=read)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # a usage error after the command is told with the usage of that command
+    command_parser = args.command_parser
+    if extra:
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     broker = getattr(args, "broker", client.DEFAULT_BROKER)
     timeout = getattr(args, "timeout", None)
     address = getattr(args, "endpoint", None)
@@ -120,20 +134,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = client.check_pipe_name(os.fsencode(args.name))
         client.check_broker_name(broker)
     except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
+        command_parser.error(str(exc))
+    meter = progress.Progress(label=f"zpipes {args.command}:") if progress.wanted(
+        getattr(args, "progress", False)) else None
     old_term = _raise_on_sigterm()
     try:
         if args.command == "write":
-            return _write(name, broker, timeout, address)
-        return _read(name, broker, timeout, address)
+            return _write(name, broker, timeout, address, meter)
+        return _read(name, broker, timeout, address, meter)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Terminated:
         return EXIT_TERMINATED
     except ZpipesError as exc:
+        if meter is not None:
+            meter.finish()  # what moved, then why it stopped
         _complain(str(exc))
         return EXIT_FAILED
     finally:
+        if meter is not None:
+            meter.finish()
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
@@ -159,15 +179,22 @@ def _raise_on_sigterm() -> Any:
         return None
 
 
-def _write(name: bytes, broker: str, timeout: float | None, address: str | None) -> int:
+def _write(name: bytes, broker: str, timeout: float | None, address: str | None,
+           meter: progress.Progress | None = None) -> int:
     """Copy standard input into the pipe; close it at the end of the input, abort it (the
     readers fail) on anything else."""
     _grow_os_pipe(STDIN)
+    if meter is not None:
+        meter.total = _input_size(STDIN)
     pipe = client.PipeWriter(name, broker, timeout, endpoint=address)
     try:
         try:
-            while pipe.write_from(STDIN):
-                pass
+            while True:
+                sent = pipe.write_from(STDIN)
+                if not sent:
+                    break
+                if meter is not None:
+                    meter.add(sent)
         except OSError as exc:
             if isinstance(exc, ZpipesError):
                 raise
@@ -181,7 +208,8 @@ def _write(name: bytes, broker: str, timeout: float | None, address: str | None)
         raise
 
 
-def _read(name: bytes, broker: str, timeout: float | None, address: str | None) -> int:
+def _read(name: bytes, broker: str, timeout: float | None, address: str | None,
+          meter: progress.Progress | None = None) -> int:
     _grow_os_pipe(STDOUT)
     pipe = client.PipeReader(name, broker, timeout, endpoint=address)
     try:
@@ -198,6 +226,8 @@ def _read(name: bytes, broker: str, timeout: float | None, address: str | None) 
                     return EXIT_OK
                 _complain(f"cannot write standard output: {exc.strerror or exc}")
                 return EXIT_FAILED
+            if meter is not None:
+                meter.add(len(view))
         pipe.close()
         return EXIT_OK
     except BaseException:
@@ -235,6 +265,17 @@ def _write_all(fd: int, data: memoryview) -> None:
         except InterruptedError:
             continue
         data = data[written:]
+
+
+def _input_size(fd: int) -> int | None:
+    """Bytes left to read on ``fd`` if it is a regular file (else None: unknown)."""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        return max(0, info.st_size - os.lseek(fd, 0, os.SEEK_CUR))
+    except OSError:
+        return None
 
 
 def _grow_os_pipe(fd: int) -> None:

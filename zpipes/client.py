@@ -100,7 +100,8 @@ from zpipes.errors import (
     ZpipesError,
 )
 
-DEFAULT_BROKER = "local"
+BROKER_ENV = "ZPIPES_BROKER"  # names the default broker, if set (read once, at import)
+DEFAULT_BROKER = os.environ.get(BROKER_ENV) or "local"
 DEFAULT_PING_INTERVAL = 1.0  # seconds: ping the broker when we sent nothing for this long
 DEFAULT_BROKER_TIMEOUT = 5.0  # seconds: a broker silent for this long while we wait is gone
 CLOSE_SEND_BOUND = 0.5  # seconds: the longest a CLOSE may wait for room in the queue to the broker
@@ -146,7 +147,9 @@ def _probe_address(address: str) -> tuple[int, Any] | None:
 def check_broker_running(broker: str, address: str | None = None) -> None:
     """Fail fast when nothing listens on the broker's endpoint (by default the Linux abstract
     socket of ``ipc://@/zpipes/<broker>``), with a plain connect; and, on a local socket, when
-    the process listening there is run by a user we do not trust (see zpipes/trust.py)."""
+    the process listening there is run by a user we do not trust (see zpipes/trust.py). The
+    message names what was given: the endpoint if one was, else the broker."""
+    given = address is not None
     address = address or endpoint(broker)
     probe = _probe_address(address)
     if probe is None:
@@ -158,7 +161,8 @@ def check_broker_running(broker: str, address: str | None = None) -> None:
         uid = trust.peer_uid(sock) if probe[0] == socket.AF_UNIX else None
     except (ConnectionRefusedError, FileNotFoundError):
         raise BrokerUnavailable(
-            f"broker {broker!r} is not running (nothing listens on {address})"
+            f"no broker is running at {address} (nothing listens there)" if given
+            else f"broker {broker!r} is not running (nothing listens on {address})"
         ) from None
     except OSError:
         uid = None  # cannot tell (e.g. no route, a timeout): let ZeroMQ try
@@ -192,8 +196,8 @@ class _Channel:
     ) -> None:
         self._live = Liveness(ping_interval, broker_timeout)
         self.broker = check_broker_name(broker)
+        check_broker_running(broker, address)  # names the endpoint if one was given
         address = address or endpoint(broker)
-        check_broker_running(broker, address)
         # A disconnect makes the channel take what arrived before it, then dead (see _lose).
         sock, monitor = open_socket(context or _context(), address)
         self._address = address

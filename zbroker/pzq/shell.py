@@ -34,6 +34,7 @@ import zmq
 
 from zbroker.config import ConfigError, load_config
 from zbroker.management import CommandError, NotRunning, request
+from zpipes import progress
 
 from . import wire
 from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
@@ -119,13 +120,18 @@ def _seconds(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zbroker queue",
-                                description="Put messages into, or get them from, a pzq queue.")
-    sub = p.add_subparsers(dest="action", required=True)
+                                usage="%(prog)s put|get NAME [options]",
+                                description="Put messages into, or get them from, a pzq queue. "
+                                            "`zbroker queue put --help` and `zbroker queue get "
+                                            "--help` say more.")
+    sub = p.add_subparsers(dest="action", required=True, metavar="put|get",
+                           title="actions")
     for name, what, epilog in (
             ("put", "send messages (one per line of standard input, or per file)", PUT_EPILOG),
             ("get", "print messages, one per line, then ACK (push) or COMMIT (stream) them",
              GET_EPILOG)):
-        s = sub.add_parser(name, help=what, description=what, epilog=epilog,
+        s = sub.add_parser(name, prog=f"zbroker queue {name}", help=what, description=what,
+                           epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("queue", metavar="NAME", help="the queue's name (services.pzq.queues)")
         s.add_argument("--config", "-c", metavar="FILE", help="the broker's config file")
@@ -141,6 +147,10 @@ def parser() -> argparse.ArgumentParser:
                            help="send this file as one message (repeatable)")
             s.add_argument("--whole", action="store_true",
                            help="send all of standard input as one message")
+            s.add_argument("--progress", action="store_true",
+                           help="show messages and bytes sent, rate, elapsed time, percent "
+                                "and time left on standard error, like pv (also "
+                                f"{progress.ENV}=1)")
         else:
             s.add_argument("--count", "-n", type=_count, default=1, metavar="N",
                            help="messages to get (default 1; 0: until none comes within "
@@ -221,6 +231,16 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         return _error(str(exc))
     try:
+        return _run(args, info)
+    except zmq.ZMQError as exc:  # an endpoint ZeroMQ refuses (bogus, unknown transport)
+        endpoint = args.receive if args.action == "put" else (args.send or args.stream)
+        where = f"endpoint {endpoint!r}" if endpoint else f"queue {args.queue!r}"
+        return _error(f"cannot connect to {where}: {zmq.strerror(exc.errno)} (an endpoint "
+                      "is e.g. tcp://host:port or ipc:///path)")
+
+
+def _run(args: argparse.Namespace, info: QueueInfo) -> int:
+    try:
         if args.action == "put":
             assert info.receive is not None
             return _put(args, info.receive)
@@ -251,17 +271,29 @@ def _put(args: argparse.Namespace, endpoint: str) -> int:
         bodies = [sys.stdin.buffer.read()]
     else:
         bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    meter = progress.Progress(label="zbroker queue put:", total=len(bodies),
+                              unit="messages") if progress.wanted(args.progress) else None
     with Producer(endpoint, window=64, retry_timeout=max(1.0, args.timeout / 3)) as p:
         try:
             for body in bodies:
                 p.send(body, timeout=args.timeout)
+                if meter is not None:
+                    meter.add(len(body), 1)
             p.flush(args.timeout)
         except TimeoutError:
+            _finish(meter)
             return _error(f"no ACK from {endpoint} within {args.timeout:g}s "
                           f"({len(p.outstanding)} message(s) unconfirmed)")
         except ProducerError as exc:
+            _finish(meter)
             return _error(str(exc))
+    _finish(meter)
     return 0
+
+
+def _finish(meter: progress.Progress | None) -> None:
+    if meter is not None:
+        meter.finish()
 
 
 def _output_failed(exc: OSError) -> str:

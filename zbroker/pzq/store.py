@@ -70,6 +70,27 @@ BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling wh
 BACKOFF_MAX = 1.0
 
 
+def _open_lock_file(directory: Path) -> int:
+    """Create ``directory`` if need be and open its lock file. An OSError says which path
+    failed and why, in its strerror (which callers print): "/etc/passwd is not a
+    directory", "cannot create /proc/lock: No such file or directory"."""
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{directory} exists and is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot create the directory {directory}: "
+                                   f"{exc.strerror}") from None
+    lock = directory / "lock"
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        why = exc.strerror
+        if exc.errno == errno.ENOENT:  # the directory is there: a file system like /proc
+            why = "the directory's file system does not let files be created there"
+        raise type(exc)(exc.errno, f"cannot create {lock}: {why}") from None
+
+
 class StoreInUse(OSError):
     """Another process has the store open."""
 
@@ -232,9 +253,7 @@ class Store:
     def open(self) -> Recovered:
         """Read the log: every unACKed message, in seq order. Truncates a torn or corrupt
         tail of any segment. Blocking: run it before start (or in an executor)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                                0o600)
+        self._lock_fd = _open_lock_file(self.directory)
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
