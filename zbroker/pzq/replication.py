@@ -229,7 +229,7 @@ class ReplicaHolder:
     def _open(self, node_id: str, now: float) -> Origin:
         store = Store(self.base / node_id, log=self.log, **self.store_options)
         recovered = store.open()
-        core = QueueCore(store, self.limits, budget=self.budget, full_reason=COPIES_FULL)
+        core = QueueCore(self.limits, budget=self.budget, full_reason=COPIES_FULL, log=node_id)
         core.recover(recovered.messages, recovered.next_seq)
         origin = Origin(node_id, core, store, now)
         store.start(lambda result: self.notify(origin, result))
@@ -304,16 +304,17 @@ class ReplicaHolder:
         if origin.life is not None:
             self._remember_taken(origin.node_id, [m.msg_id for m in origin.core.messages.values()])
         for m in list(origin.core.messages.values()):
-            msg_id = m.msg_id
-
-            def stored(ok: bool, origin: Origin = origin, msg_id: bytes = msg_id) -> None:
-                if ok:
-                    origin.core.remove_by_id(msg_id)
-
-            into.adopt(b"replica:" + msg_id, m.frames, now_us, stored)
+            # once ``into`` has written it: Adopted((node id, msg id), ok), see adopted()
+            into.adopt(b"replica:" + m.msg_id, m.frames, now_us, (origin.node_id, m.msg_id))
             moved += 1
         self.taken_over += moved
         return moved
+
+    def adopted(self, token: tuple[str, bytes], ok: bool) -> None:
+        """A copy taken over is written in the queue that took it: drop it here."""
+        origin = self.origins.get(token[0])
+        if ok and origin is not None:
+            origin.core.remove_by_id(token[1])
 
     def _taken_path(self, node_id: str) -> Path:
         return self.base / f"{node_id}.taken"

@@ -35,6 +35,7 @@ from zmq.utils.monitor import parse_monitor_message
 from zbroker.config import PzqQueueConfig
 
 from . import wire
+from .actions import Ack, Adopted, Append, BatchResult, Confirm, Move, Replicate, Reply, Unreplicate
 from .placement import Placement
 from .queue import CONSUMERS, Budget, Limits, QueueCore
 from .receiver import FULL, EndpointError, Receiver
@@ -60,7 +61,7 @@ from .replication import (
     parse_copies,
     ping_frames,
 )
-from .store import BatchResult, Store
+from .store import Store
 from .stream import StreamCore, load_committed, save_committed
 
 DRAIN_BUDGET = 1000
@@ -187,7 +188,7 @@ class QueueServer:
             raise QueueError(f"queue {settings.name!r}: mode must be one of {MODES}, got "
                              f"{settings.mode!r}")
         self.budget = Budget()  # this queue's messages and the copies it holds, together
-        self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream",
+        self.core = QueueCore(settings.limits(), stream=settings.mode == "stream",
                               budget=self.budget)
         self.stream: StreamCore | None = None
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
@@ -227,6 +228,8 @@ class QueueServer:
         self._scheduled = False
         self._producers_scheduled = False
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
+        self._confirmations: list[Confirm] = []
+        self._replica_out: list[Replicate | Unreplicate] = []
         self._retry_replies: asyncio.TimerHandle | None = None
         self.dropped_replies = 0
         self.dropped_confirmations = 0
@@ -559,16 +562,13 @@ class QueueServer:
     def _holder_replies(self, core: QueueCore) -> None:
         """A replica core's answers: to a static peer on the receive socket, to a cluster
         peer as CONFIRM."""
-        if not core.replies:
-            return
-        replies, core.replies = core.replies, []
-        self._answer_holders(replies)
+        self._pump()
 
     def _answer_holders(self, replies: list[tuple[bytes, list[bytes]]]) -> None:
         confirms: dict[tuple[bytes, bytes], list[bytes]] = {}
         for peer, frames in replies:
             if not peer.startswith(CLUSTER_PEER):
-                self.core.replies.append((peer, frames))
+                self._held.append((peer, frames))
             else:
                 confirms.setdefault((peer, frames[1]), []).append(frames[0])
         if self.port is None:
@@ -589,15 +589,16 @@ class QueueServer:
         return any_more
 
     def _flush_replica_out(self) -> None:
-        out = self.core.replica_out
+        self._pump()
+        out = self._replica_out
         if not out:
             return
-        self.core.replica_out = []
+        self._replica_out = []
         if self.placement is not None:
             return self._send_to_holders(out)
-        for kind, key, body in out:
-            frames = (copy_frames(key, self.node, body) if kind == "copy"
-                      else delete_frames(key, self.node))
+        for a in out:
+            frames = (copy_frames(a.key, self.node, a.body) if type(a) is Replicate
+                      else delete_frames(a.key, self.node))
             for sock in self._peers:
                 try:
                     send_frames(sock, frames)
@@ -729,10 +730,10 @@ class QueueServer:
         if added:
             self._pump_recopies()
 
-    def _send_to_holders(self, out: list[tuple[str, bytes, tuple[bytes, ...]]]) -> None:
+    def _send_to_holders(self, out: list[Replicate | Unreplicate]) -> None:
         placement, port, node = self.placement, self.port, self.node.encode()
-        copies = [(key, body) for kind, key, body in out if kind == "copy"]
-        deleted = [key for kind, key, _ in out if kind != "copy"]
+        copies = [(a.key, a.body) for a in out if type(a) is Replicate]
+        deleted = [a.key for a in out if type(a) is Unreplicate]
         # copies first: a key copied and ACKed within one turn is then deleted after its copy
         batches = [*copy_batches(self._qname, node, copies),
                    *key_batches([CLUSTER_DELETE, self._qname, node], deleted)]
@@ -775,7 +776,10 @@ class QueueServer:
             pass
 
     def _on_replica_batch(self, origin: Any, result: BatchResult) -> None:
+        origin.store.complete(result)
         origin.core.batch_done(result)
+        if result.error is None:
+            origin.core.compact(origin.store.to_compact(origin.core.backlog_bytes))
         self._holder_replies(origin.core)
         self._flush_replies()
 
@@ -861,15 +865,47 @@ class QueueServer:
         self._flush_replies()
         self._flush_replica_out()
 
+    def _pump(self) -> None:
+        """Carry out what the cores asked for."""
+        holder = self.holder
+        for a in self.core.take_replication():
+            if type(a) is Adopted:
+                holder.adopted(a.token, a.ok)
+            else:
+                self._replica_out.append(a)
+        for origin in holder.origins.values():
+            out = origin.core.take_output()
+            if out:
+                self._run(out, origin.store, holder=True)
+        self._run(self.core.take_output(), self.store)
+
+    def _run(self, actions: list[Any], store: Store, holder: bool = False) -> None:
+        answers = []
+        for a in actions:
+            t = type(a)
+            if t is Append:
+                store.append(a.seq, a.key, a.msg_id, a.frames)
+            elif t is Reply:
+                if holder:
+                    answers.append((a.peer, a.frames))
+                else:
+                    self._held.append((a.peer, a.frames))
+            elif t is Ack:
+                store.ack(a.seq)
+            elif t is Move:
+                store.move(a.seq, a.key, a.msg_id, a.frames)
+            elif t is Confirm:
+                self._confirmations.append(a)
+        if answers:
+            self._answer_holders(answers)
+
     def _flush_replies(self) -> None:
         """Send the producer ACKs. A producer that does not read them makes its connection
         fill up (EAGAIN): its ACKs wait (up to MAX_HELD_REPLIES) and are tried again soon."""
-        core, receiver = self.core, self._receiver
+        self._pump()
+        receiver = self._receiver
         if receiver is None:
             return
-        if core.replies:
-            self._held.extend(core.replies)
-            core.replies = []
         held = self._held
         while held:
             peer, frames = held[0]
@@ -933,11 +969,11 @@ class QueueServer:
     def _send_confirmations(self) -> None:
         """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it
         learns nothing and may ACK again, which is answered UNKNOWN)."""
-        core, sock = self.core, self._credit
-        if not core.confirmations or sock is None:
+        sock = self._credit
+        if not self._confirmations or sock is None:
             return
-        confirmations, core.confirmations = core.confirmations, []
-        for cid, key, status in confirmations:
+        confirmations, self._confirmations = self._confirmations, []
+        for cid, key, status in ((c.consumer, c.key, c.status) for c in confirmations):
             try:
                 _send(sock, cid, _MORE_NOBLOCK, True)
                 _send(sock, key, _MORE_NOBLOCK, True)
@@ -972,7 +1008,10 @@ class QueueServer:
         if result.error is not None:  # the store logs when writes start and stop failing
             self.log.debug("pzq store write failed", queue=self.settings.name,
                            error=result.error, messages=len(result.failed))
+        self.store.complete(result)
         self.core.batch_done(result)
+        if result.error is None:
+            self.core.compact(self.store.to_compact(self.core.backlog_bytes))
         self._flush_replies()
         self._send_confirmations()
         if self._running:
