@@ -20,6 +20,7 @@ import zmq
 
 from zbroker.config import (
     LOG_LEVELS,
+    PZQ_MODES,
     PZQ_SYNC_MODES,
     LogConfig,
     PzqQueueConfig,
@@ -112,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
            "(%(default)s)")
     a("--timeout-nodes", type=_positive_int, default=_us(d.node_timeout), metavar="US",
       help="silence after which a node's copies are delivered here, µs (%(default)s)")
-    a("--mode", choices=("push", "stream"), default=d.mode,
+    a("--mode", choices=PZQ_MODES, default=d.mode,
       help="push: messages go to consumers, ACKed one by one (default); stream: read by "
            "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
     a("--stream-dsn", default=d.stream_endpoint,

@@ -36,6 +36,9 @@ from .records import MessageRecord
 QUEUE_FULL = "Queue full"
 ID_TOO_LONG = wire.ID_TOO_LONG
 MAX_ID = wire.MAX_ID
+#: how a queue's consumers get its messages: push (sent to them, ACKed one by one) or stream
+#: (read by offset, committed; stream.py)
+MODES = ("push", "stream")
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
 

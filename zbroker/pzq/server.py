@@ -54,7 +54,7 @@ from .actions import (
     SendCluster,
     SendStatic,
 )
-from .queue import CONSUMERS, Budget, Limits, QueueCore
+from .queue import CONSUMERS, MODES, Budget, Limits, QueueCore
 from .receiver import FULL, EndpointError, Receiver
 from .replica_files import forget_taken, load_node_id, load_taken, open_logs, remember_taken
 from .replication import ReplicationCore, ReplicationSettings
@@ -63,7 +63,6 @@ from .stream import StreamCore, load_committed, save_committed
 
 DRAIN_BUDGET = 1000
 STREAM_BUDGET = 100  # stream requests served per wake-up (a RANGE answer can be large)
-MODES = ("push", "stream")
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).
 _send = zmq.backend.Socket.send
