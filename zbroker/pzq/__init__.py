@@ -13,6 +13,8 @@
     placement.py   which cluster peers hold a queue's copies (pure)
     replica_files.py  the files of replication: node id, replica logs, taken-over keys
     server.py      one queue on its sockets, logs and the asyncio loop
+    settings.py    what one queue runs with (resolved settings)
+    sockets.py     non-blocking sends and receives on ZeroMQ sockets
     service.py     the broker service hosting the configured queues
     client.py      Python producer, consumer and stream consumer
     shell.py       ``zbroker queue put|get``

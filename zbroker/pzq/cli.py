@@ -28,7 +28,8 @@ from zbroker.config import (
     parse_size,
 )
 
-from .server import QueueError, QueueServer, QueueSettings
+from .server import QueueServer
+from .settings import QueueError, QueueSettings
 
 DESCRIPTION = "Persistent store and forward device for ZeroMQ (a zbroker pzq queue)."
 

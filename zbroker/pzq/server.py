@@ -27,17 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
-
-from zbroker.config import PzqQueueConfig
 
 from . import peering, wire
 from .actions import (
@@ -54,22 +50,16 @@ from .actions import (
     SendCluster,
     SendStatic,
 )
-from .queue import CONSUMERS, MODES, Budget, Limits, QueueCore
+from .queue import CONSUMERS, MODES, Budget, QueueCore
 from .receiver import FULL, EndpointError, Receiver
 from .replica_files import forget_taken, load_node_id, load_taken, open_logs, remember_taken
 from .replication import ReplicationCore, ReplicationSettings
+from .settings import QueueError, QueueSettings
+from .sockets import DRAIN_BUDGET, MORE_NOBLOCK, NOBLOCK, receive_some, send, send_frames
 from .store import Store
 from .stream import StreamCore, load_committed, save_committed
 
-DRAIN_BUDGET = 1000
 STREAM_BUDGET = 100  # stream requests served per wake-up (a RANGE answer can be large)
-# The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
-# the convenience layer's (which converts flag enums and checks arguments on every call).
-_send = zmq.backend.Socket.send
-_recv = zmq.backend.Socket.recv
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-ZERO_COPY_MIN = 1 << 16
 #: frames up to max_message_size + this get an answer on the sockets libzmq reads; larger
 #: ones are dropped with their connection
 MAXMSG_SLACK = 1 << 20
@@ -79,89 +69,6 @@ MAX_HELD_REPLIES = 100_000  # ACKs held back for producers whose connection is f
 #: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on
 #: top of the frames' own FRAME_COST: past max_message_size + this, the rest is discarded
 ENVELOPE_ALLOWANCE = 64 << 10
-
-
-def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
-    """Send a multipart message without blocking (zmq.Again if it cannot go now)."""
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        if i < last:
-            _send(sock, f, _MORE_NOBLOCK, True)
-        else:
-            _send(sock, f, _NOBLOCK, len(f) < ZERO_COPY_MIN)
-
-
-def recv_frames(sock: zmq.Socket) -> list[bytes]:
-    """Receive a multipart message without blocking (zmq.Again if there is none). A Frame's
-    ``more`` is cheaper than asking the socket for RCVMORE after each part."""
-    frame = _recv(sock, _NOBLOCK, False)
-    frames = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, 0, False)
-        # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
-        frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
-    return frames
-
-
-def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
-    """Up to ``budget`` waiting messages, without blocking, and whether more may wait (the
-    budget was used up: look again soon, the socket's FD will not say so)."""
-    messages = []
-    for _ in range(budget):
-        try:
-            messages.append(recv_frames(sock))
-        except zmq.Again:
-            return messages, False
-    return messages, True
-
-
-class QueueError(Exception):
-    """The queue cannot start; the message is for the operator."""
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    """What one queue runs with (resolved: paths and endpoints are final)."""
-
-    name: str
-    receive_endpoint: str
-    send_endpoint: str
-    monitor_endpoint: str | None
-    data_dir: Path
-    sync: str = PzqQueueConfig.sync
-    sync_window: float = PzqQueueConfig.sync_window
-    sync_max_bytes: int = PzqQueueConfig.sync_max_bytes  # one fdatasync covers at most this
-    segment_size: int = PzqQueueConfig.segment_size
-    ack_timeout: float = PzqQueueConfig.ack_timeout
-    reaper_frequency: float = PzqQueueConfig.reaper_frequency
-    inflight_window: int = PzqQueueConfig.inflight_window
-    inflight_size: int = PzqQueueConfig.inflight_size
-    max_message_size: int = PzqQueueConfig.max_message_size
-    max_backlog: int = PzqQueueConfig.max_backlog
-    idempotence_window: int = PzqQueueConfig.idempotence_window
-    idempotence_bytes: int = PzqQueueConfig.idempotence_bytes
-    max_frames: int = PzqQueueConfig.max_frames
-    replicas: int = PzqQueueConfig.replicas
-    replication_timeout: float = PzqQueueConfig.replication_timeout
-    #: receive endpoints of the peer queues copies go to
-    peers: tuple[str, ...] = PzqQueueConfig.peers
-    # (none, with replicas and a cluster: copies go to peers of the cluster, see placement.py)
-    #: silence after which a peer's copies are taken over
-    node_timeout: float = PzqQueueConfig.node_timeout
-    mode: str = PzqQueueConfig.mode  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
-    stream_endpoint: str = PzqQueueConfig.stream_endpoint  # stream requests (stream mode only)
-    #: consumers that say READY with a window (ROUTER)
-    credit_endpoint: str | None = PzqQueueConfig.credit_endpoint
-    #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
-    replica_sources: tuple[str, ...] = PzqQueueConfig.replica_sources
-    max_replica_origins: int = PzqQueueConfig.max_replica_origins
-
-    def limits(self) -> Limits:
-        return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
-                      max_backlog=self.max_backlog, idempotence_window=self.idempotence_window,
-                      idempotence_bytes=self.idempotence_bytes, max_frames=self.max_frames,
-                      inflight_window=self.inflight_window, inflight_size=self.inflight_size,
-                      replicas=self.replicas, replication_timeout=self.replication_timeout)
 
 
 class QueueServer:
@@ -664,9 +571,9 @@ class QueueServer:
         confirmations, self._confirmations = self._confirmations, []
         for c in confirmations:
             try:
-                _send(sock, c.consumer, _MORE_NOBLOCK, True)
-                _send(sock, c.key, _MORE_NOBLOCK, True)
-                _send(sock, c.status, _NOBLOCK, True)
+                send(sock, c.consumer, MORE_NOBLOCK, True)
+                send(sock, c.key, MORE_NOBLOCK, True)
+                send(sock, c.status, NOBLOCK, True)
             except zmq.ZMQError:
                 self.dropped_confirmations += 1
 
@@ -699,7 +606,7 @@ class QueueServer:
                     self._send_blocked = True
                 continue
             try:
-                _send(credit, d.consumer, _MORE_NOBLOCK, True)
+                send(credit, d.consumer, MORE_NOBLOCK, True)
                 send_frames(credit, frames)
             except zmq.Again:  # its connection is full: tried again at the next wake-up
                 core.unsent(d)
@@ -784,7 +691,3 @@ class QueueServer:
         self._schedule_wake()
         return ok
 
-
-def default_data_dir(broker: str, queue: str) -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "zbroker" / broker / "pzq" / queue

@@ -15,7 +15,9 @@ import zmq
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
 from . import peering
-from .server import ZERO_COPY_MIN, QueueError, QueueServer, QueueSettings, default_data_dir
+from .server import QueueServer
+from .settings import QueueError, QueueSettings, default_data_dir
+from .sockets import ZERO_COPY_MIN
 
 
 def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
