@@ -173,30 +173,60 @@ def wait_counter(q: Any, name: str, predicate: Callable[[int], bool], timeout: f
 
 
 class FakeStore:
-    """A store for the queue core without a disk: batches complete when the test says."""
+    """The log of a queue core, without a disk: it carries out the core's actions (appends,
+    ACKs, producer replies, credit confirmations) when the test looks at them; writes
+    complete when the test says (``done``)."""
 
     def __init__(self):
+        self.core = None
         self.batch = 0
-        self.appended: list[int] = []
-        self.acked: list[int] = []
+        self._appended: list[int] = []
+        self._acked: list[int] = []
+        self._replies: list[tuple[bytes, list[bytes]]] = []
+        self._confirmations: list[tuple[Any, bytes, bytes]] = []
 
-    def append(self, seq, key, msg_id, frames):
-        self.appended.append(seq)
-        return self.batch
+    def attach(self, core):
+        self.core = core
+        return core
 
-    def ack(self, seq):
-        self.acked.append(seq)
+    def pump(self) -> None:
+        from zbroker.pzq.actions import Ack, Append, Confirm, Move, Reply
+        if self.core is None:
+            return
+        for a in self.core.take_output():
+            if type(a) is Append:
+                self._appended.append(a.seq)
+            elif type(a) is Ack:
+                self._acked.append(a.seq)
+            elif type(a) is Reply:
+                self._replies.append((a.peer, a.frames))
+            elif type(a) is Confirm:
+                self._confirmations.append((a.consumer, a.key, a.status))
+            elif type(a) is Move:
+                raise AssertionError("nothing to compact here")
 
-    def complete(self, result):
-        pass
+    @property
+    def appended(self) -> list[int]:
+        self.pump()
+        return self._appended
 
-    def to_compact(self, backlog_bytes):
-        return []
+    @property
+    def acked(self) -> list[int]:
+        self.pump()
+        return self._acked
 
-    def move(self, seq, key, msg_id, frames):
-        raise AssertionError("nothing to compact here")
+    @property
+    def replies(self) -> list[tuple[bytes, list[bytes]]]:
+        self.pump()
+        return self._replies
+
+    @property
+    def confirmations(self) -> list[tuple[Any, bytes, bytes]]:
+        self.pump()
+        return self._confirmations
 
     def done(self, **kw) -> BatchResult:
+        self.pump()
         r = BatchResult((self.batch,), 0, **kw)
         self.batch += 1
         return r

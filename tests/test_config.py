@@ -379,7 +379,7 @@ def test_pzq_queue_defaults_agree_everywhere():
 
     from zbroker.pzq import cli as pzq_cli
     from zbroker.pzq.queue import Limits
-    from zbroker.pzq.server import QueueSettings
+    from zbroker.pzq.settings import QueueSettings
     from zbroker.pzq.store import Store
 
     config = default_config().services.pzq.defaults

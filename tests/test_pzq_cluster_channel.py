@@ -15,7 +15,7 @@ import zmq.asyncio
 from helpers import free_port
 
 from zbroker.config import parse_config
-from zbroker.pzq.replication import BATCH_BYTES, copy_batches, parse_copies
+from zbroker.pzq.peering import BATCH_BYTES, copies, encode, parse_copies
 from zbroker.pzq.service import PzqService
 from zbroker.service import ClusterPort, PeerBroker, ServiceContext
 
@@ -45,7 +45,7 @@ class LinkedPort(ClusterPort):
 
 def test_copy_batches_round_trip_and_split():
     items = [(b"k%d" % i, [b"a" * i, b"b"]) for i in range(1, 600)]
-    batches = list(copy_batches(b"jobs", NODE.encode(), items))
+    batches = [encode(m) for m in copies(b"jobs", NODE, items)]
     assert len(batches) == 3  # 256 messages at most in one
     got = []
     for frames in batches:
@@ -53,8 +53,8 @@ def test_copy_batches_round_trip_and_split():
         got += parse_copies(frames[3:])
     assert got == items
     big = [(b"k", [b"x" * (BATCH_BYTES + 1)]), (b"k2", [b"y"])]
-    assert len(list(copy_batches(b"q", b"n", big))) == 2  # a big one goes alone
-    assert list(copy_batches(b"q", b"n", [])) == []
+    assert len(list(copies(b"q", NODE, big))) == 2  # a big one goes alone
+    assert list(copies(b"q", NODE, [])) == []
 
 
 def test_parse_copies_refuses_what_does_not_add_up():
@@ -120,7 +120,7 @@ async def produce(service: PzqService, n: int, prefix: bytes = b"id") -> list[li
 async def test_copies_are_confirmed_and_the_ack_waits_for_them(pair):
     a, b, pa, pb, peer_a, peer_b = pair
     qa, qb = a.queues["jobs"], b.queues["jobs"]
-    assert qa.placement.holders == ["b-life"]
+    assert qa.replication.placement.holders == ["b-life"]
     acks = await produce(a, 5)
     assert all(ack == [ack[0], b"1", b""] for ack in acks), acks  # no REPLICATION_FAILED
     assert qb.counters()["replicas_held"] == 5
@@ -164,7 +164,7 @@ async def test_hostile_frames_from_a_peer_change_nothing(pair, capsys):
         b.peer_message(peer_a, [memoryview(f) for f in frames])
         a.peer_message(peer_b, [memoryview(f) for f in frames])
     await settle(5)
-    assert a.queues["jobs"].placement.holders == ["b-life"]
+    assert a.queues["jobs"].replication.placement.holders == ["b-life"]
     acks = await produce(a, 2, b"later")  # the channel still works
     assert all(ack == [ack[0], b"1", b""] for ack in acks), acks
     assert qb.counters()["replicas_held"] == 5
@@ -190,6 +190,6 @@ async def test_a_lost_holder_makes_new_messages_fail_replication_at_once(pair):
     a, b, pa, pb, peer_a, peer_b = pair
     qa = a.queues["jobs"]
     a.peer_left(peer_b)
-    assert qa.placement.holders == [] and qa.core.replica_targets == 0
+    assert qa.replication.placement.holders == [] and qa.core.replica_targets == 0
     acks = await produce(a, 2)
     assert all(ack[1:] == [b"1", b"", b"REPLICATION_FAILED"] for ack in acks), acks

@@ -107,26 +107,26 @@ def test_a_backlog_drains_without_duplicates_when_acks_come_in_time():
 
 def core(**limits) -> tuple[QueueCore, FakeStore]:
     store = FakeStore()
-    return QueueCore(store, Limits(**limits)), store
+    return store.attach(QueueCore(Limits(**limits))), store
 
 
 def test_producer_ack_only_after_the_batch_is_stored():
     q, store = core()
     q.produce(b"P", [b"m1", b"", b"hello"], 1)
-    assert q.replies == []
+    assert store.replies == []
     q.batch_done(store.done(placed=(0,)))
-    assert q.replies == [(b"P", [b"m1", b"1", b""])]
+    assert store.replies == [(b"P", [b"m1", b"1", b""])]
 
 
 def test_malformed_input_gets_a_failure_ack_with_a_reason():
-    q, _ = core(max_message_size=4)
+    q, store = core(max_message_size=4)
     q.produce(b"P", [b"m1"], 1)
     q.produce(b"P", [b"m2", b""], 1)
     q.produce(b"P", [b"m3", b"", b"too big"], 1)
-    assert [r[1][:2] for r in q.replies] == [[b"m1", b"0"], [b"m2", b"0"], [b"m3", b"0"]]
-    assert q.replies[0][1][3] == wire.MALFORMED.encode()
-    assert q.replies[1][1][3] == wire.EMPTY.encode()
-    assert b"too large" in q.replies[2][1][3]
+    assert [r[1][:2] for r in store.replies] == [[b"m1", b"0"], [b"m2", b"0"], [b"m3", b"0"]]
+    assert store.replies[0][1][3] == wire.MALFORMED.encode()
+    assert store.replies[1][1][3] == wire.EMPTY.encode()
+    assert b"too large" in store.replies[2][1][3]
 
 
 def test_a_retried_id_is_stored_once_and_answered_each_time():
@@ -135,10 +135,10 @@ def test_a_retried_id_is_stored_once_and_answered_each_time():
     q.produce(b"Q", [b"m1", b"", b"x"], 1)  # retried before the first ACK (another link)
     assert store.appended == [0]
     q.batch_done(store.done(placed=(0,)))
-    assert sorted(q.replies) == [(b"P", [b"m1", b"1", b""]), (b"Q", [b"m1", b"1", b""])]
-    q.replies.clear()
+    assert sorted(store.replies) == [(b"P", [b"m1", b"1", b""]), (b"Q", [b"m1", b"1", b""])]
+    store.replies.clear()
     q.produce(b"P", [b"m1", b"", b"x"], 1)  # and after it
-    assert q.replies == [(b"P", [b"m1", b"1", b""])] and store.appended == [0]
+    assert store.replies == [(b"P", [b"m1", b"1", b""])] and store.appended == [0]
     assert q.counters["duplicates"] == 2 and len(q.messages) == 1
 
 
@@ -147,7 +147,7 @@ def test_a_failed_write_answers_0_and_forgets_the_message():
     q.consumers_changed(1)
     q.produce(b"P", [b"m1", b"", b"x"], 1)
     q.batch_done(store.done(failed=(0,), error="store failed: No space left on device"))
-    assert q.replies == [(b"P", [b"m1", b"0", b"", b"store failed: No space left on device"])]
+    assert store.replies == [(b"P", [b"m1", b"0", b"", b"store failed: No space left on device"])]
     assert not q.messages and q.next_delivery(0, 0) is None
     q.produce(b"P", [b"m1", b"", b"x"], 1)  # the retry is stored, not deduplicated
     assert store.appended == [0, 1]
@@ -157,7 +157,7 @@ def test_queue_full_is_refused():
     q, store = core(max_backlog=50)  # each costs 1 + 8 bytes and 16 for each of 2 frames
     q.produce(b"P", [b"a", b"", b"x" * 8], 1)
     q.produce(b"P", [b"b", b"", b"x" * 8], 1)
-    assert q.replies == [(b"P", wire.producer_ack(b"b", False, QUEUE_FULL))]
+    assert store.replies == [(b"P", wire.producer_ack(b"b", False, QUEUE_FULL))]
 
 
 def test_delivery_frames_and_consumer_acks():
@@ -206,7 +206,7 @@ def test_a_paused_consumer_is_skipped_and_keeps_its_credit():
 def test_credit_consumers_are_counted_and_bounded():
     from zbroker.pzq import queue as queue_module
 
-    core = QueueCore(FakeStore())
+    core = QueueCore()
     assert core.credit_consumer(b"c1", 4) and core.credit_consumer(b"c1", 8)
     assert core.credit_consumers == 1 and core.dispatcher.consumers[b"c1"].credit == 8
     saved = queue_module.MAX_CREDIT_CONSUMERS

@@ -69,7 +69,7 @@ def put(q, n, start=0):
 
 def test_head_passes_only_durable_messages_and_failed_writes_leave_gaps():
     store = FakeStore()
-    q = QueueCore(store, stream=True)
+    q = store.attach(QueueCore(stream=True))
     q.consumers_changed(1)
     put(q, 3)
     assert q.head == 0 and q.range(0, 10, 0, 1 << 20, 100) == (0, [])  # not durable yet
@@ -92,7 +92,7 @@ def test_head_passes_only_durable_messages_and_failed_writes_leave_gaps():
 
 def test_a_commit_is_answered_once_written_and_an_error_leaves_all_as_it_was():
     store = FakeStore()
-    q = QueueCore(store, stream=True)
+    q = store.attach(QueueCore(stream=True))
     put(q, 5)
     q.batch_done(store.done(placed=tuple(range(5))))
     st = StreamCore(q, 0)

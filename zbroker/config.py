@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from .pzq.queue import MODES as PZQ_MODES
 from .pzq.queue import Limits
 from .pzq.store import (
     DEFAULT_MAX_BATCH_BYTES,
@@ -397,7 +398,7 @@ class PzqQueueConfig:
     the queue's limits and of its store are the pzq core's own (Limits, Store); the pzq
     command and QueueSettings take theirs from here."""
 
-    mode: str = setting("push", choice("push", "stream"))  # stream: read by offset (docs/pzq.md)
+    mode: str = setting(PZQ_MODES[0], choice(*PZQ_MODES))  # stream: read by offset (docs/pzq.md)
     stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
     receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
     send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers

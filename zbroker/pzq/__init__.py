@@ -6,11 +6,17 @@
     records.py     the records of the log on disk (pure)
     store.py       the append-only segmented log, group commit in a writer thread
     dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
+    actions.py     what the cores ask of the I/O, and what the log reports back (pure)
     queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
     stream.py      stream mode: reads by offset (HEAD, RANGE), COMMIT, the committed offset
+    peering.py     the replication messages between queues, encode/decode (pure)
     replication.py copies on peer queues (static peers or the cluster), and the copies held
-    placement.py   which cluster peers hold a queue's copies
-    server.py      one queue on its sockets and the asyncio loop
+                   (no I/O)
+    placement.py   which cluster peers hold a queue's copies (pure)
+    replica_files.py  the files of replication: node id, replica logs, taken-over keys
+    server.py      one queue on its sockets, logs and the asyncio loop
+    settings.py    what one queue runs with (resolved settings)
+    sockets.py     non-blocking sends and receives on ZeroMQ sockets
     service.py     the broker service hosting the configured queues
     client.py      Python producer, consumer and stream consumer
     shell.py       ``zbroker queue put|get``

@@ -20,6 +20,7 @@ import zmq
 
 from zbroker.config import (
     LOG_LEVELS,
+    PZQ_MODES,
     PZQ_SYNC_MODES,
     LogConfig,
     PzqQueueConfig,
@@ -27,7 +28,8 @@ from zbroker.config import (
     parse_size,
 )
 
-from .server import QueueError, QueueServer, QueueSettings
+from .server import QueueServer
+from .settings import QueueError, QueueSettings
 
 DESCRIPTION = "Persistent store and forward device for ZeroMQ (a zbroker pzq queue)."
 
@@ -112,7 +114,7 @@ def parser() -> argparse.ArgumentParser:
            "(%(default)s)")
     a("--timeout-nodes", type=_positive_int, default=_us(d.node_timeout), metavar="US",
       help="silence after which a node's copies are delivered here, µs (%(default)s)")
-    a("--mode", choices=("push", "stream"), default=d.mode,
+    a("--mode", choices=PZQ_MODES, default=d.mode,
       help="push: messages go to consumers, ACKed one by one (default); stream: read by "
            "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
     a("--stream-dsn", default=d.stream_endpoint,

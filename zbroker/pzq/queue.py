@@ -1,15 +1,19 @@
 """One pzq queue without its sockets: producers' messages in, deliveries and replies out.
 
-The core decides; the server (server.py) moves frames and runs the clock. The core is given
-a store (store.py, or a fake in tests) and a dispatcher (dispatcher.py) and keeps:
+The core decides; the server (server.py) moves frames, runs the clock and the log. The core
+never calls the log: what to write, ACK or move there, and what to answer, it records as
+typed actions (actions.py) that the caller takes with :meth:`QueueCore.take_output` and
+carries out in order; what the log did comes back as a :class:`BatchResult` (``batch_done``:
+the seqs it placed or failed). The core has a dispatcher (dispatcher.py) and keeps:
 
 - the unACKed messages (``messages``, by seq) and their keys (what consumers ACK with),
 - the idempotence window: the last ``idempotence_window`` producer message ids (and at most
   ``idempotence_bytes`` of them), so that a retried id is answered, not stored twice,
-- the producers waiting for the batch that holds their message (the producer ACK goes out
-  when the store reports that batch written and synced; refused input is answered at once).
+- the producers waiting for their message to be written (the producer ACK goes out when
+  the log reports its seq written and synced; refused input is answered at once).
 
-Replies to producers accumulate in ``replies`` as (routing id, frames) for the server to send.
+With ``replicas``, each new message is also handed to the replication core (replication.py)
+through :meth:`QueueCore.take_replication`, and its ACK waits for the copies' confirmations.
 
 A stream queue (``stream=True``) pushes nothing to consumers: its messages are read by offset
 (their seq) with :meth:`QueueCore.range` and dropped in order with :meth:`QueueCore.commit_below`
@@ -20,28 +24,23 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from . import wire
+from .actions import Ack, Adopted, Append, BatchResult, Confirm, Move, Replicate, Reply, Unreplicate
 from .dispatcher import Delivery, Dispatcher
 from .records import MessageRecord
-from .store import BatchResult
 
 QUEUE_FULL = "Queue full"
 ID_TOO_LONG = wire.ID_TOO_LONG
 MAX_ID = wire.MAX_ID
+#: how a queue's consumers get its messages: push (sent to them, ACKed one by one) or stream
+#: (read by offset, committed; stream.py)
+MODES = ("push", "stream")
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
-
-
-class StoreLike(Protocol):
-    def append(self, seq: int, key: bytes, msg_id: bytes, frames: Any) -> int: ...
-    def ack(self, seq: int) -> None: ...
-    def complete(self, result: BatchResult) -> None: ...
-    def to_compact(self, backlog_bytes: int) -> list[int]: ...
-    def move(self, seq: int, key: bytes, msg_id: bytes, frames: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -75,16 +74,15 @@ class Budget:
 
 
 class Message:
-    __slots__ = ("seq", "key", "msg_id", "frames", "size", "batch", "durable")
+    __slots__ = ("seq", "key", "msg_id", "frames", "size", "durable")
 
     def __init__(self, seq: int, key: bytes, msg_id: bytes, frames: tuple[bytes, ...],
-                 size: int, batch: int, durable: bool):
+                 size: int, durable: bool):
         self.seq = seq
         self.key = key
         self.msg_id = msg_id
         self.frames = frames
         self.size = size
-        self.batch = batch
         self.durable = durable
 
 
@@ -103,9 +101,11 @@ class Replicating:
 
 
 class QueueCore:
-    def __init__(self, store: StoreLike, limits: Limits = Limits(), stream: bool = False,
-                 budget: Budget | None = None, full_reason: str = QUEUE_FULL):
-        self.store = store
+    def __init__(self, limits: Limits = Limits(), stream: bool = False,
+                 budget: Budget | None = None, full_reason: str = QUEUE_FULL,
+                 log: str | None = None):
+        """``log``: the name its log actions carry (None: the queue's own log)."""
+        self.log_name = log
         self.limits = limits
         self.stream = stream
         self.budget = budget if budget is not None else Budget()
@@ -115,11 +115,12 @@ class QueueCore:
         self.keys: dict[bytes, int] = {}
         self.ids: OrderedDict[bytes, int] = OrderedDict()
         self.ids_bytes = 0
-        self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}  # (peer, msg id, key)
-        self.after: dict[int, list[Callable[[bool], None]]] = {}  # batch -> callbacks
-        self.replies: list[tuple[bytes, list[bytes]]] = []
-        #: replication: what to send to peers, ("copy", key, body) or ("delete", key, ())
-        self.replica_out: list[tuple[str, bytes, tuple[bytes, ...]]] = []
+        #: seq -> the producers waiting for it to be written: (peer, msg id, key)
+        self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}
+        self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
+        self.out: list[Any] = []  # actions for the I/O (take_output)
+        #: for the replication core: Replicate, Unreplicate, Adopted (take_replication)
+        self.replication_out: list[Any] = []
         self.replicating: dict[bytes, Replicating] = {}
         #: how many peers copies go to now; below ``replicas`` a new message's ACK says
         #: REPLICATION_FAILED as soon as it is written here, without waiting for the timeout
@@ -128,8 +129,6 @@ class QueueCore:
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
         self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
         self.ack_waiters: dict[int, tuple[Hashable, bytes]] = {}  # seq -> (consumer, key)
-        #: (consumer id, key, ACKED | UNKNOWN) for the server to send on the credit endpoint
-        self.confirmations: list[tuple[Hashable, bytes, bytes]] = []
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
@@ -140,6 +139,16 @@ class QueueCore:
             "recovered", "replicated", "replication_failed", "committed_messages",
             "taken_back"), 0)
 
+    def take_output(self) -> list[Any]:
+        """The actions recorded since the last call, in order (actions.py)."""
+        out, self.out = self.out, []
+        return out
+
+    def take_replication(self) -> list[Any]:
+        """Replicate / Unreplicate / Adopted, for the replication core, in order."""
+        out, self.replication_out = self.replication_out, []
+        return out
+
     # --- start ------------------------------------------------------------------------------
 
     def recover(self, messages: list[MessageRecord], next_seq: int, hold: bool = False) -> None:
@@ -148,7 +157,7 @@ class QueueCore:
         that they delivered some of them: :meth:`taken_back`)."""
         for r in messages:
             size = wire.cost(r.msg_id, r.frames)
-            self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, -1, True)
+            self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, True)
             self.keys[r.key] = r.seq
             self._remember(r.msg_id, r.seq)
             self._count(size, 1)
@@ -191,7 +200,7 @@ class QueueCore:
             m = self.messages.get(prior)
             st = self.replicating.get(m.key) if m is not None else None
             if m is not None and not m.durable:
-                self.waiting.setdefault(m.batch, []).append((peer, msg_id, m.key))
+                self.waiting.setdefault(prior, []).append((peer, msg_id, m.key))
             elif st is not None:
                 st.waiters.append((peer, msg_id))
             else:
@@ -204,32 +213,27 @@ class QueueCore:
         seq = self.next_seq
         self.next_seq += 1
         key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
-        batch = self._add(seq, key, msg_id, p.body, size)
-        waiting = self.waiting.get(batch)
-        if waiting is None:
-            self.waiting[batch] = [(peer, msg_id, key)]
-        else:
-            waiting.append((peer, msg_id, key))
+        self._add(seq, key, msg_id, p.body, size)
+        self.waiting[seq] = [(peer, msg_id, key)]
         if self.limits.replicas:
             st = self.replicating[key] = Replicating(self.limits.replicas)
             st.failed = self.replica_targets < self.limits.replicas
             self._replica_deadlines.append((now + self.limits.replication_timeout, key))
-            self.replica_out.append(("copy", key, p.body))
+            self.replication_out.append(Replicate(key, p.body))
 
-    def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int,
-              when_stored: Callable[[bool], None]) -> None:
+    def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int, token: Any) -> None:
         """Take a message over with no producer waiting (a replica whose owner is lost);
-        ``when_stored(ok)`` is called once its batch is written."""
+        ``Adopted(token, ok)`` goes to the replication core once the log has written it."""
         prior = self.ids.get(msg_id)
         if prior is not None:
-            when_stored(True)  # taken over before
+            self.replication_out.append(Adopted(token, True))  # taken over before
             return
         seq = self.next_seq
         self.next_seq += 1
         key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
         # not checked against max_backlog: a copy held here was counted there already
-        batch = self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
-        self.after.setdefault(batch, []).append(when_stored)
+        self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
+        self.adopting[seq] = token
 
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
@@ -264,25 +268,25 @@ class QueueCore:
         return True
 
     def _add(self, seq: int, key: bytes, msg_id: bytes, body: tuple[bytes, ...],
-             size: int) -> int:
-        batch = self.store.append(seq, key, msg_id, body)
-        self.messages[seq] = Message(seq, key, msg_id, body, size, batch, False)
+             size: int) -> None:
+        self.out.append(Append(seq, key, msg_id, body, self.log_name))
+        self.messages[seq] = Message(seq, key, msg_id, body, size, False)
         self.keys[key] = seq
         self._remember(msg_id, seq)
         self._count(size, 1)
         if not self.stream:
             self.dispatcher.add(seq, size)
-        return batch
 
     def batch_done(self, result: BatchResult) -> None:
-        """The store wrote (or failed to write) a batch: answer its producers, and the
-        credit consumers whose ACKs it made durable."""
-        self.store.complete(result)
+        """The log wrote (or failed to write) some messages and ACKs: answer the producers of
+        the messages, and the credit consumers whose ACKs it made durable. Every message seq
+        appended is in one result, in ``placed``, ``failed`` or (ACKed before it was written,
+        so never written) ``acked``."""
         if self.ack_waiters:
             for seq in result.acked:
                 w = self.ack_waiters.pop(seq, None)
                 if w is not None:
-                    self.confirmations.append((w[0], w[1], wire.ACKED))
+                    self.out.append(Confirm(w[0], w[1], wire.ACKED))
         if result.error is not None:
             for seq in result.failed:
                 m = self.messages.pop(seq, None)
@@ -301,27 +305,38 @@ class QueueCore:
                 # one writer, in seq order: every message below is written, or failed
                 self.head = max(self.head, max(result.placed) + 1)
         ok = result.error is None
-        for batch in result.batches:
-            for peer, msg_id, key in self.waiting.pop(batch, ()):
-                st = self.replicating.get(key)
-                if not ok:
-                    self._refuse(peer, msg_id, result.error or "store failed")
-                    if st is not None:
-                        del self.replicating[key]
-                elif st is None:
-                    self._reply(peer, wire.producer_ack(msg_id))
-                else:
-                    st.local = True
-                    st.waiters.append((peer, msg_id))
-                    self._replicated(key, st)
-            for callback in self.after.pop(batch, ()):
-                callback(ok)
+        waiting, adopting = self.waiting, self.adopting
+        for seqs in (result.placed, result.failed, result.acked):
+            for seq in seqs:
+                if adopting:
+                    token = adopting.pop(seq, None)
+                    if token is not None:
+                        self.replication_out.append(Adopted(token, ok))
+                w = waiting.pop(seq, None)
+                if w is None:
+                    continue
+                for peer, msg_id, key in w:
+                    st = self.replicating.get(key)
+                    if not ok:
+                        self._refuse(peer, msg_id, result.error or "store failed")
+                        if st is not None:
+                            del self.replicating[key]
+                    elif st is None:
+                        self._reply(peer, wire.producer_ack(msg_id))
+                    else:
+                        st.local = True
+                        st.waiters.append((peer, msg_id))
+                        self._replicated(key, st)
         if ok:
             self.counters["stored"] += len(result.placed)
-            for seq in self.store.to_compact(self.backlog_bytes):
-                m = self.messages.get(seq)
-                if m is not None:
-                    self.store.move(seq, m.key, m.msg_id, m.frames)
+
+    def compact(self, seqs: Iterable[int]) -> None:
+        """The log wants these messages written again at its head (compaction): Move those
+        still here."""
+        for seq in seqs:
+            m = self.messages.get(seq)
+            if m is not None:
+                self.out.append(Move(seq, m.key, m.msg_id, m.frames, self.log_name))
 
     # --- consumers --------------------------------------------------------------------------
 
@@ -375,7 +390,7 @@ class QueueCore:
         if seq is None or self.stream:  # a stream queue is ACKed by COMMIT only
             self.counters["unknown_acks"] += 1  # already ACKed (a duplicate), or not ours
             if confirm_to is not None and a.ok:
-                self.confirmations.append((confirm_to, a.key, wire.UNKNOWN))
+                self.out.append(Confirm(confirm_to, a.key, wire.UNKNOWN))
             return
         if not a.ok:
             self.counters["consumer_nacks"] += 1
@@ -391,9 +406,9 @@ class QueueCore:
         m = self.messages.pop(seq)
         del self.keys[m.key]
         self._count(-m.size, -1)
-        self.store.ack(seq)
+        self.out.append(Ack(seq, self.log_name))
         if self.limits.replicas:
-            self.replica_out.append(("delete", m.key, ()))
+            self.replication_out.append(Unreplicate(m.key))
 
     # --- stream reads -----------------------------------------------------------------------
 
@@ -504,7 +519,7 @@ class QueueCore:
 
     def _reply(self, peer: bytes, frames: list[bytes]) -> None:
         self.counters["producer_acks"] += 1
-        self.replies.append((peer, frames))
+        self.out.append(Reply(peer, frames))
 
     def refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
         """Answer "0" with ``reason`` to input refused before it reached :meth:`produce` (the
@@ -514,4 +529,4 @@ class QueueCore:
 
     def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
         self.counters["producer_failures"] += 1
-        self.replies.append((peer, wire.producer_ack(msg_id, False, reason)))
+        self.out.append(Reply(peer, wire.producer_ack(msg_id, False, reason)))

@@ -1,75 +1,63 @@
-"""Replication between pzq queues over statically configured peers.
+"""Replication between pzq queues: the copies a queue makes and the copies it holds. No I/O.
 
-A queue with ``replicas: N`` copies each message to the first N of its ``peers`` (their
-receive endpoints) before the producer ACK, with the original's ``REPLICA:`` header; if the
+A queue with ``replicas: N`` copies each message to N peers before the producer ACK; if the
 copies are not confirmed within ``replication_timeout`` the ACK is "1" with the text
-``REPLICATION_FAILED``. Frames, on the peer's receive socket::
+``REPLICATION_FAILED`` (queue.py keeps that count). The peers are either the first N of its
+static ``peers`` (their receive endpoints, with the original's ``REPLICA:`` header), or, in a
+cluster (``replicas: N`` and no static ``peers``), N peers of the cluster that host a queue of
+the same name (placement.py chooses them and replaces a lost one). peering.py has the messages.
 
-    [key]["REPLICA:<node>"][""][body...]         hold a copy; answered [key]["1"|"0"][""]...
-    [key]["REPLICA-ACK:<node>"][""]["-"]         its original was ACKed: drop the copy
-    ["-"]["REPLICA-PING:<node>"][""]["-"]        <node> is alive (every node_timeout / 4)
+A queue holds copies only from the node ids listed in its ``replica_sources`` (static peers;
+anything else with a ``REPLICA:<node>`` header is answered "0" and creates nothing) or from
+the peers of its cluster, and from at most ``max_replica_origins`` origins; the copies count in
+its ``max_backlog`` with its own messages (one :class:`Budget`). A holder keeps the copies of
+each origin node in a log of their own (a replica core: a QueueCore whose log actions name the
+origin's node id). When a static origin has been silent for ``node_timeout`` (it sends a PING
+every node_timeout / 4), or the cluster peer that sent a cluster origin's copies leaves, the
+holder takes its copies over: they enter its own queue, and each is dropped from the replica
+log once the queue has written it (at-least-once: if the origin was not really gone, both may
+deliver). The keys taken over from a cluster origin are remembered (RememberTaken) and sent in
+TAKEN when that origin's queue is announced again, so that it drops them instead of
+delivering them twice. A queue that replicates over the cluster holds the messages it recovers
+at start for ``rejoin_grace`` seconds, long enough for those TAKEN lists to arrive.
 
-``<node>`` is the sending queue's node id (kept in its data directory). A queue holds copies
-only from the node ids listed in its ``replica_sources`` (anything else on its receive
-endpoint with a ``REPLICA:<node>`` header is answered "0" and creates nothing), and from at
-most ``max_replica_origins`` origins; the copies count in its ``max_backlog`` with its own
-messages (one :class:`Budget`). A holder keeps the
-copies of each origin node in its own log (``<data_dir>/replicas/<node>``); when an origin
-has been silent for ``node_timeout``, the holder takes its copies over: they enter its own
-queue and its consumers get them (at-least-once: if the origin was not really gone, both may
-deliver). When the origin is heard again, it is treated as a new origin.
-
-In a cluster (``replicas: N`` and no static ``peers``), the copies travel on the cluster's
-service channel instead, addressed by queue name, to N peers that host a queue of the same
-name (placement.py chooses them and replaces a lost one)::
-
-    [QUEUES][json {queue: node}]         the queues a broker hosts (sent to every peer that joins)
-    [COPY][queue][node]{[key][n][n body frames]}...   hold copies; answered with CONFIRM
-    [CONFIRM][queue]["1"|"0"][key...]     the copies are durable ("1") or were refused
-    [DELETE][queue][node][key...]         their originals were ACKed: drop the copies
-    [TAKEN][queue][node][key...]          the holder delivered these in the origin's absence
-    [RELEASE][queue][node]                drop every copy held for <node> (sent before any
-                                          copy to a peer that joins: what it still holds from
-                                          an earlier life of either side is stale)
-
-Liveness comes from the cluster's heartbeats: when the peer that sent an origin's copies
-leaves, the holder takes them over at once. It remembers the keys it took over
-(``<data_dir>/replicas/<node>.taken``) and sends them in TAKEN when that origin's queue is
-announced again, so that a restarted origin drops them instead of delivering them twice.
+:class:`ReplicationCore` takes events (messages from peers, cluster changes, the clock, what
+the logs wrote) and records actions (actions.py); its ``take_output`` also returns the output
+of the queue core and of the replica cores, in an order that can be carried out as it is.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-import shutil
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from . import peering, wire
+from .actions import (
+    Adopted,
+    BatchResult,
+    ForgetTaken,
+    Log,
+    OpenLog,
+    RememberTaken,
+    Replicate,
+    Reply,
+    SendCluster,
+    SendStatic,
+    Unreplicate,
+)
+from .peering import is_node
+from .placement import Placement
 from .queue import QUEUE_FULL, Budget, Limits, QueueCore
-from .store import BatchResult, Store
-from .wire import REPLICA_HEADER
 
-# the kinds of message on the cluster's service channel (service "pzq"); CLUSTER_COPY and
-# CLUSTER_DELETE are the cluster's counterparts of REPLICA_HEADER and REPLICA_ACK_HEADER
-QUEUES, CLUSTER_COPY, CONFIRM, CLUSTER_DELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
-TAKEN, RELEASE = b"TAKEN", b"RELEASE"
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)
 CLUSTER_PEER = b"\x00peer:"
-
-# the header (second frame) of replication traffic on a queue's receive endpoint, before the
-# origin's node id: a copy to hold (wire.REPLICA_HEADER, "REPLICA:"), its original's ACK (drop
-# the copy), the origin is alive
-REPLICA_ACK_HEADER = b"REPLICA-ACK:"
-REPLICA_PING_HEADER = b"REPLICA-PING:"
-_NODE_RE = re.compile(r"[0-9a-f]{32}")
-
 NOT_CONFIGURED = "replication is not configured on this queue"
 COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
+REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
+_NEVER = float("inf")
 
 
 def not_accepted(node_id: str) -> str:
@@ -81,200 +69,356 @@ def too_many_origins(limit: int) -> str:
            f"(max_replica_origins)"
 
 
-def load_node_id(data_dir: Path) -> str:
-    """This queue's node id: made once, kept in ``<data_dir>/node-id``."""
-    path = data_dir / "node-id"
-    try:
-        text = path.read_text().strip()
-        if _NODE_RE.fullmatch(text):
-            return text
-    except FileNotFoundError:
-        pass
-    text = uuid.uuid4().hex
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
-    return text
-
-
-def copy_frames(key: bytes, node_id: str, body: tuple[bytes, ...]) -> list[bytes]:
-    return [key, REPLICA_HEADER + node_id.encode(), b"", *body]
-
-
-def delete_frames(key: bytes, node_id: str) -> list[bytes]:
-    return [key, REPLICA_ACK_HEADER + node_id.encode(), b"", b"-"]
-
-
-def ping_frames(node_id: str) -> list[bytes]:
-    return [b"-", REPLICA_PING_HEADER + node_id.encode(), b"", b"-"]
-
-
-BATCH_MESSAGES = 256  # messages (or keys) in one message of the cluster channel, at most
-BATCH_BYTES = 1 << 20  # body bytes in one COPY, at most (a bigger message goes alone)
-
-
-def copy_batches(queue: bytes, node_id: bytes,
-                 items: Iterable[tuple[bytes, Sequence[bytes]]]) -> Iterator[list[bytes]]:
-    """COPY messages for (key, body frames) pairs."""
-    head = [CLUSTER_COPY, queue, node_id]
-    frames, n, size = list(head), 0, 0
-    for key, body in items:
-        frames += [key, b"%d" % len(body), *body]
-        n += 1
-        size += sum(len(f) for f in body)
-        if n >= BATCH_MESSAGES or size >= BATCH_BYTES:
-            yield frames
-            frames, n, size = list(head), 0, 0
-    if n:
-        yield frames
-
-
-def key_batches(head: list[bytes], keys: Sequence[bytes]) -> Iterator[list[bytes]]:
-    """``head`` + up to BATCH_MESSAGES keys, as many messages as it takes."""
-    for i in range(0, len(keys), BATCH_MESSAGES):
-        yield [*head, *keys[i:i + BATCH_MESSAGES]]
-
-
-def parse_copies(frames: Sequence[Any]) -> list[tuple[bytes, list[Any]]] | None:
-    """The (key, body frames) pairs of a COPY (``frames`` after its node); None if it is
-    malformed."""
-    out = []
-    i, end = 0, len(frames)
-    while i < end:
-        if i + 2 >= end or not 0 < len(frames[i + 1]) <= 6 or not bytes(frames[i + 1]).isdigit():
-            return None
-        n = int(frames[i + 1])
-        if n < 1 or i + 2 + n > end:
-            return None
-        out.append((bytes(frames[i]), list(frames[i + 2:i + 2 + n])))
-        i += 2 + n
-    return out
-
-
-def is_node(text: str) -> bool:
-    return _NODE_RE.fullmatch(text) is not None
-
-
-def classify(frames: list[bytes]) -> tuple[bytes, str] | None:
-    """(kind, origin node) if ``frames`` (after the routing id) is replication traffic."""
-    if len(frames) < 3:
-        return None
-    header = frames[1]
-    for kind in (REPLICA_HEADER, REPLICA_ACK_HEADER, REPLICA_PING_HEADER):
-        if header.startswith(kind):
-            node_id = header[len(kind):].decode(errors="replace")
-            return (kind, node_id) if _NODE_RE.fullmatch(node_id) else None
-    return None
-
-
 @dataclass
 class Origin:
     node_id: str
     core: QueueCore
-    store: Store
     last_seen: float
     taken_over: bool = False
     life: str | None = None  # the cluster peer life its copies came from (None: static peer)
 
 
-class ReplicaHolder:
-    """The copies this queue holds for other nodes, one log per origin node."""
+@dataclass(frozen=True)
+class ReplicationSettings:
+    name: str  # the queue's
+    node_id: str  # the queue's node id
+    replicas: int = 0
+    static_peers: int = 0  # static peers copies go to (the first ``replicas`` of ``peers``)
+    cluster: bool = False  # the queue is in a cluster (its peers may hold copies here)
+    sources: frozenset[str] = frozenset()  # node ids whose copies are held (static peers)
+    node_timeout: float = 5.0
+    max_origins: int = 16
+    rejoin_grace: float = 0.0
 
-    def __init__(self, base: Path, limits: Limits, store_options: dict[str, Any],
-                 notify: Callable[[Origin, BatchResult], None], log: Any,
-                 budget: Budget | None = None, max_origins: int = 16):
-        self.base = base
+
+class ReplicationCore:
+    def __init__(self, queue: QueueCore, settings: ReplicationSettings,
+                 taken: dict[str, list[bytes]] | None = None):
+        """``queue``: the queue's core (its budget is shared with the replica cores);
+        ``taken``: the keys taken over from each origin, as kept from before a restart."""
+        s = self.settings = settings
+        self.queue = queue
+        self.node_id = s.node_id
+        self._qname = s.name.encode()
+        self.placement = (Placement(s.node_id, s.replicas)
+                          if s.replicas and not s.static_peers else None)
+        if self.placement is not None:
+            queue.replica_targets = 0  # until peers of the cluster host this queue
+        limits = queue.limits
         # the ids of a replica core are the keys of the copies it holds (dropped with them):
         # bounded by the backlog, never evicted while the copy is here
-        self.limits = dataclasses.replace(limits, replicas=0,
-                                          idempotence_window=limits.max_messages,
-                                          idempotence_bytes=1 << 62)
-        self.store_options = store_options
-        self.notify = notify
-        self.log = log
-        self.budget = budget if budget is not None else Budget()
-        self.max_origins = max_origins
+        self.replica_limits: Limits = dataclasses.replace(
+            limits, replicas=0, idempotence_window=limits.max_messages,
+            idempotence_bytes=1 << 62)
         self.origins: dict[str, Origin] = {}
+        self.taken: dict[str, list[bytes]] = dict(taken or {})
+        self.out: list[Any] = []
         self.taken_over = 0
         self.refused = 0  # replica messages refused (not accepted, too many origins)
+        self._refusal_logged = -REFUSAL_LOG_INTERVAL
+        self._next_housekeeping = _NEVER
+        self._release_at = _NEVER
 
-    def open_existing(self, now: float, accepted: Callable[[str], bool]) -> None:
-        """Open the logs of the origins found on disk (blocking: before serving), at most
-        ``max_origins``. An empty log of a node that is not ``accepted`` is removed; one that
-        holds copies is kept and opened (its copies are delivered if the node stays silent)."""
-        if not self.base.is_dir():
+    @property
+    def budget(self) -> Budget:
+        return self.queue.budget
+
+    # --- start ------------------------------------------------------------------------------
+
+    def restore(self, node_id: str, messages: list[Any], next_seq: int, now: float) -> bool:
+        """The log of ``node_id``'s copies, found at start. False: it is empty and that node
+        is not accepted any more (the caller removes it); its copies are held otherwise."""
+        core = self._replica_core(node_id)
+        core.recover(messages, next_seq)
+        if not messages and not self.accepts(node_id):
+            return False
+        self.origins[node_id] = Origin(node_id, core, now)
+        return True
+
+    def started(self, now: float) -> None:
+        """The queue serves from ``now`` (after ``restore`` of every replica log)."""
+        if self.settings.static_peers or self.origins:
+            self._next_housekeeping = now
+        if self.queue.held:
+            self._release_at = now + self.settings.rejoin_grace
+
+    def accepts(self, node_id: str) -> bool:
+        """Copies from ``node_id`` may be held here: it is a replica source, or this queue is
+        in a cluster (whose peers are the cluster's to admit)."""
+        return node_id in self.settings.sources or self.settings.cluster
+
+    def log_core(self, log: str | None) -> QueueCore | None:
+        """The core whose log is ``log`` (None: the queue's)."""
+        if log is None:
+            return self.queue
+        origin = self.origins.get(log)
+        return origin.core if origin is not None else None
+
+    # --- output -----------------------------------------------------------------------------
+
+    def take_output(self) -> list[Any]:
+        """Every action recorded since the last call: this core's, then the replica cores',
+        then the queue core's (a replica log is opened before it is written to)."""
+        queue = self.queue
+        if queue.replication_out:
+            self._from_queue()
+        if not self.out and not self.origins:
+            return queue.take_output()
+        out, self.out = self.out, []
+        for origin in self.origins.values():
+            if origin.core.out:
+                self._holder_output(origin.core.take_output(), out)
+        out += queue.take_output()
+        return out
+
+    def _from_queue(self) -> None:
+        """What the queue core asked of replication: copies and deletes for the peers, and
+        the copies it has taken over and written."""
+        sends: list[Replicate | Unreplicate] = []
+        for a in self.queue.take_replication():
+            if type(a) is Adopted:
+                origin = self.origins.get(a.token[0])
+                if a.ok and origin is not None:
+                    origin.core.remove_by_id(a.token[1])
+            else:
+                sends.append(a)
+        if not sends:
             return
-        removed, skipped = 0, []
-        for d in sorted(self.base.iterdir()):
-            if not (d.is_dir() and _NODE_RE.fullmatch(d.name)):
-                continue
-            if len(self.origins) >= self.max_origins:
-                skipped.append(d.name)
-                continue
-            origin = self._open(d.name, now)
-            if not origin.core.messages and not accepted(d.name):
-                del self.origins[d.name]
-                origin.store.close()
-                shutil.rmtree(d, ignore_errors=True)
-                removed += 1
-        if removed:
-            self.log.info("pzq empty replica logs of nodes not accepted removed",
-                          removed=removed)
-        if skipped:
-            self.log.warning("pzq replica logs not opened: more origins than "
-                             "max_replica_origins", limit=self.max_origins,
-                             skipped=len(skipped), first=skipped[0])
+        if self.placement is not None:
+            self._send_to_holders(sends)
+        elif self.settings.static_peers:
+            node_id = self.node_id
+            for a in sends:
+                self.out.append(SendStatic(
+                    peering.ReplicaCopy(node_id, a.key, a.body) if type(a) is Replicate
+                    else peering.ReplicaDelete(node_id, a.key)))
 
-    def _open(self, node_id: str, now: float) -> Origin:
-        store = Store(self.base / node_id, log=self.log, **self.store_options)
-        recovered = store.open()
-        core = QueueCore(store, self.limits, budget=self.budget, full_reason=COPIES_FULL)
-        core.recover(recovered.messages, recovered.next_seq)
-        origin = Origin(node_id, core, store, now)
-        store.start(lambda result: self.notify(origin, result))
-        self.origins[node_id] = origin
-        return origin
+    def _holder_output(self, actions: list[Any], out: list[Any]) -> None:
+        """A replica core's output: its log actions as they are; its answers to a static
+        peer on the receive endpoint, to a cluster peer as CONFIRM."""
+        confirms: dict[tuple[bytes, bytes], list[bytes]] = {}
+        for a in actions:
+            if type(a) is not Reply:
+                out.append(a)
+            elif not a.peer.startswith(CLUSTER_PEER):
+                out.append(a)
+            else:
+                confirms.setdefault((a.peer, a.frames[1]), []).append(a.frames[0])
+        for (peer, status), keys in confirms.items():
+            life = peer[len(CLUSTER_PEER):].decode()
+            for chunk in peering.key_chunks(keys):
+                out.append(SendCluster(life, peering.Confirm(self._qname, status == wire.OK,
+                                                             chunk)))
 
-    def refusal(self, kind: bytes, node_id: str) -> str | None:
-        """Why a COPY from ``node_id`` cannot be held (a new origin past ``max_origins``);
-        None if it can."""
-        if (kind == REPLICA_HEADER and node_id not in self.origins
-                and len(self.origins) >= self.max_origins):
-            return too_many_origins(self.max_origins)
-        return None
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self.out.append(Log(level, event, {"queue": self.settings.name, **fields}))
 
-    def handle(self, kind: bytes, node_id: str, peer: bytes, key: bytes, body: Sequence[Any],
-               now: float, now_us: int) -> QueueCore | None:
-        """Replication traffic from ``node_id`` (COPY with the message's body, DELETE, PING)
-        that came from ``peer``; returns the core that may have replies."""
+    # --- the origin side ----------------------------------------------------------------------
+
+    def answer(self, frames: Sequence[Any]) -> None:
+        """A static peer's answer to a copy."""
+        a = peering.decode_answer(frames)
+        if a is not None:
+            self.queue.replica_confirmed(a.key, a.ok)
+
+    def _send_to_holders(self, sends: list[Replicate | Unreplicate]) -> None:
+        placement = self.placement
+        copies = [(a.key, a.body) for a in sends if type(a) is Replicate]
+        deleted = [a.key for a in sends if type(a) is Unreplicate]
+        # copies first: a key copied and ACKed within one turn is then deleted after its copy
+        messages: list[Any] = [*peering.copies(self._qname, self.node_id, copies)]
+        messages += [peering.Delete(self._qname, self.node_id, chunk)
+                     for chunk in peering.key_chunks(deleted)]
+        for key in deleted:
+            placement.forget(key)
+        for life in placement.holders:
+            for msg in messages:
+                self.out.append(SendCluster(life, msg))
+        if placement.recopies:
+            self._pump_recopies()
+
+    def _pump_recopies(self) -> None:
+        """Send the next part of each new holder's re-copy (a window at a time)."""
+        placement, queue = self.placement, self.queue
+        for life, r in list(placement.recopies.items()):
+            while True:
+                keys = r.next_keys()
+                if not keys:
+                    break
+                items = []
+                for key in keys:
+                    seq = queue.keys.get(key)
+                    m = queue.messages.get(seq) if seq is not None else None
+                    if m is None:  # ACKed meanwhile
+                        r.confirmed(key)
+                    else:
+                        items.append((key, m.frames))
+                for msg in peering.copies(self._qname, self.node_id, items):
+                    self.out.append(SendCluster(life, msg, recopy=True))
+            if r.done:
+                placement.recopies.pop(life, None)
+
+    def peer_unreachable(self, life: str) -> None:
+        """A message of a re-copy could not be sent to ``life``: it is lost (peer_gone
+        replaces it); nothing more goes to it."""
+        if self.placement is not None:
+            self.placement.recopies.pop(life, None)
+
+    def _holders_added(self, added: list[str]) -> None:
+        placement = self.placement
+        self.queue.replica_targets = len(placement)
+        for life in added:
+            r = placement.recopies.get(life)
+            self._log("info", "pzq replica holder chosen", peer=life, holders=len(placement),
+                      recopy=len(r.todo) if r else 0)
+        if added:
+            self._pump_recopies()
+
+    def _backlog_keys(self) -> list[bytes]:
+        return [m.key for m in self.queue.messages.values()]
+
+    # --- the cluster --------------------------------------------------------------------------
+
+    def peer_hosts(self, life: str, node_id: str, now: float) -> None:
+        """A peer of the cluster (one life) hosts a queue of this name, whose node id is
+        ``node_id``: a candidate holder of our copies, maybe an origin of copies we hold."""
+        if not is_node(node_id) or node_id == self.node_id:
+            return
+        origin = self.origins.get(node_id)
+        if origin is not None:  # from now on its liveness is that life's
+            origin.life, origin.last_seen, origin.taken_over = life, now, False
+        taken = self.taken.get(node_id)
+        if taken and self.settings.cluster:
+            del self.taken[node_id]
+            for chunk in peering.key_chunks(taken, peering.TAKEN_BATCH):
+                self.out.append(SendCluster(life, peering.Taken(self._qname, node_id, chunk)))
+            self.out.append(ForgetTaken(node_id))
+            self._log("info", "pzq told a returning queue what was delivered in its absence",
+                      node=node_id, messages=len(taken))
+        if self.settings.cluster:  # first: copies it holds from before are stale
+            self.out.append(SendCluster(life, peering.Release(self._qname, self.node_id)))
+        if self.placement is not None:
+            self._from_queue()  # what is pending goes to the holders of before
+            self._holders_added(self.placement.available(life, node_id, self._backlog_keys()))
+
+    def peer_gone(self, life: str, now_us: int) -> None:
+        """A peer of the cluster left (or was lost): replace it as a holder of our copies;
+        deliver the copies we hold for it."""
+        placement = self.placement
+        if placement is not None:
+            was = life in placement.holders
+            self._from_queue()
+            self._holders_added(placement.gone(life, self._backlog_keys()))
+            if was:
+                self._log("warning", "pzq replica holder lost", peer=life,
+                          holders=len(placement))
+        for origin in [o for o in self.origins.values()
+                       if o.life == life and not o.taken_over and o.core.messages]:
+            self._take_over(origin, now_us)
+
+    def cluster_message(self, life: str, frames: Sequence[Any], now: float,
+                        now_us: int) -> bool:
+        """A message of the cluster channel for this queue (its kind and queue name first).
+        False if it is malformed, or not meant for this queue."""
+        msg = peering.decode(frames)
+        peer = CLUSTER_PEER + life.encode()
+        t = type(msg)
+        if t is peering.Copy:
+            for key, body in msg.items:
+                self._hold(msg, msg.node_id, peer, key, body, now, now_us)
+        elif t is peering.Delete:
+            for key in msg.keys:
+                self._hold(msg, msg.node_id, peer, key, (), now, now_us)
+        elif t is peering.Confirm:
+            placement = self.placement
+            for key in msg.keys:
+                self.queue.replica_confirmed(key, msg.ok)
+                if placement is not None:
+                    placement.confirmed(life, key)
+            if placement is not None and placement.recopies:
+                self._pump_recopies()
+        elif t is peering.Release:
+            dropped = self._release(msg.node_id)
+            if dropped:
+                self._log("info", "pzq stale copies dropped", node=msg.node_id, copies=dropped)
+        elif t is peering.Taken:
+            if msg.node_id != self.node_id:
+                return False
+            dropped = sum(self.queue.taken_back(key) for key in msg.keys)
+            self._log("info", "pzq messages delivered by a peer in our absence dropped",
+                      peer=life, dropped=dropped, listed=len(msg.keys))
+        else:
+            return False
+        return True
+
+    # --- the holder side ----------------------------------------------------------------------
+
+    def receive(self, peer: bytes, frames: list[Any], now: float, now_us: int) -> None:
+        """A message on the receive endpoint whose header starts with REPLICA (``frames``
+        after the routing id): a static peer's, or else an ordinary producer's."""
+        msg = peering.decode_replica(frames)
+        if msg is None:  # a REPLICA header we do not know, or no delimiter: a producer's
+            self.queue.produce(peer, frames, now_us, now)
+            return
+        node_id = msg.node_id
+        if node_id == self.node_id:
+            return  # our own copy came back (a peer list that names us)
+        sources = self.settings.sources
+        if node_id not in sources:  # creates nothing; only a copy is answered (as a producer)
+            self._refuse(msg, peer, frames[0],
+                         NOT_CONFIGURED if not sources else not_accepted(node_id), now)
+            return
+        body = msg.body if type(msg) is peering.ReplicaCopy else ()
+        self._hold(msg, node_id, peer, bytes(frames[0]), body, now, now_us)
+
+    def _hold(self, msg: Any, node_id: str, peer: bytes, key: bytes, body: Sequence[Any],
+              now: float, now_us: int) -> None:
+        """A copy of another queue's message (or its DELETE, or that queue's PING)."""
+        if node_id == self.node_id:
+            return  # our own copy came back (a peer list that names us)
+        copy = type(msg) in (peering.ReplicaCopy, peering.Copy)
         origin = self.origins.get(node_id)
         if origin is None:
-            if kind != REPLICA_HEADER:
-                return None
-            origin = self._open(node_id, now)
+            if not copy:
+                return
+            if len(self.origins) >= self.settings.max_origins:
+                self._refuse(msg, peer, key, too_many_origins(self.settings.max_origins), now)
+                return
+            origin = self.origins[node_id] = Origin(node_id, self._replica_core(node_id), now)
+            self.out.append(OpenLog(node_id))
+            if self._next_housekeeping == _NEVER:  # watch origins
+                self._next_housekeeping = now + self.settings.node_timeout / 4
         origin.last_seen = now
         if peer.startswith(CLUSTER_PEER):
             origin.life = peer[len(CLUSTER_PEER):].decode()
         if origin.taken_over:
             origin.taken_over = False  # it is back: a new life for its copies
-            self.log.info("pzq replica origin is back", node=node_id)
-        if kind == REPLICA_HEADER:
+            self.out.append(Log("info", "pzq replica origin is back", {"node": node_id}))
+        if copy:
             origin.core.produce(peer, [key, b"", *body], now_us)
-        elif kind == REPLICA_ACK_HEADER:
+        elif type(msg) in (peering.ReplicaDelete, peering.Delete):
             origin.core.remove_by_id(key)
-        return origin.core
 
-    def announced(self, life: str, node_id: str, now: float) -> None:
-        """A cluster peer life hosts the queue of origin ``node_id``: from now on its liveness
-        is that life's (copies found on disk at start are watched by silence until then)."""
+    def _refuse(self, msg: Any, peer: bytes, key: bytes, reason: str, now: float) -> None:
+        self.refused += 1
+        if type(msg) in (peering.ReplicaCopy, peering.Copy):
+            answer = wire.producer_ack(bytes(key[:wire.MAX_ID]), False, reason)
+            self._holder_output([Reply(peer, answer)], self.out)
+        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
+            self._refusal_logged = now
+            self._log("warning", "pzq replica traffic refused", reason=reason,
+                      refused=self.refused)
+
+    def _replica_core(self, node_id: str) -> QueueCore:
+        return QueueCore(self.replica_limits, budget=self.queue.budget,
+                         full_reason=COPIES_FULL, log=node_id)
+
+    def replica_batch_done(self, node_id: str, result: BatchResult) -> None:
         origin = self.origins.get(node_id)
         if origin is not None:
-            origin.life = life
-            origin.last_seen = now
-            origin.taken_over = False
+            origin.core.batch_done(result)
 
-    def release(self, node_id: str) -> int:
+    def _release(self, node_id: str) -> int:
         """Drop every copy held for ``node_id`` (its queue no longer counts on them)."""
         origin = self.origins.get(node_id)
         if origin is None:
@@ -284,65 +428,60 @@ class ReplicaHolder:
             origin.core.remove_by_id(msg_id)
         return len(ids)
 
-    def lost(self, now: float, timeout: float) -> list[Origin]:
-        """Origins on static peers silent for ``timeout`` whose copies have not been taken
-        over yet (the liveness of cluster origins is the cluster's: see ``left``)."""
-        return [o for o in self.origins.values()
-                if o.life is None and not o.taken_over and o.core.messages
-                and now - o.last_seen > timeout]
-
-    def left(self, life: str) -> list[Origin]:
-        """Origins whose copies came from the cluster peer life that just left."""
-        return [o for o in self.origins.values()
-                if o.life == life and not o.taken_over and o.core.messages]
-
-    def take_over(self, origin: Origin, into: QueueCore, now_us: int) -> int:
-        """Move the copies of a lost origin into queue ``into``; each copy is dropped from
-        the replica log once ``into`` has written it."""
+    def _take_over(self, origin: Origin, now_us: int) -> None:
+        """Move the copies of a lost origin into the queue; each copy is dropped from the
+        replica log once the queue has written it (Adopted)."""
         origin.taken_over = True
-        moved = 0
+        messages = list(origin.core.messages.values())
         if origin.life is not None:
-            self._remember_taken(origin.node_id, [m.msg_id for m in origin.core.messages.values()])
-        for m in list(origin.core.messages.values()):
-            msg_id = m.msg_id
+            keys = [m.msg_id for m in messages if b"\n" not in m.msg_id]
+            self.taken.setdefault(origin.node_id, []).extend(keys)
+            self.out.append(RememberTaken(origin.node_id, keys))
+        for m in messages:
+            self.queue.adopt(b"replica:" + m.msg_id, m.frames, now_us,
+                             (origin.node_id, m.msg_id))
+        self.taken_over += len(messages)
+        self._log("warning", "pzq replica origin lost: its messages taken over",
+                  node=origin.node_id, messages=len(messages))
 
-            def stored(ok: bool, origin: Origin = origin, msg_id: bytes = msg_id) -> None:
-                if ok:
-                    origin.core.remove_by_id(msg_id)
+    # --- the clock --------------------------------------------------------------------------
 
-            into.adopt(b"replica:" + msg_id, m.frames, now_us, stored)
-            moved += 1
-        self.taken_over += moved
-        return moved
+    def next_deadline(self) -> float | None:
+        at = min(self._next_housekeeping, self._release_at)
+        replication = self.queue.next_replication_deadline()
+        if replication is not None:
+            at = min(at, replication)
+        return None if at == _NEVER else at
 
-    def _taken_path(self, node_id: str) -> Path:
-        return self.base / f"{node_id}.taken"
-
-    def _remember_taken(self, node_id: str, keys: list[bytes]) -> None:
-        """Append the keys taken over from ``node_id`` (one per line; keys hold no newline)."""
-        try:
-            self.base.mkdir(parents=True, exist_ok=True)
-            with open(self._taken_path(node_id), "ab") as f:
-                f.write(b"".join(k + b"\n" for k in keys if b"\n" not in k))
-        except OSError as exc:  # only costs duplicates if the origin comes back
-            self.log.warning("pzq cannot record taken-over keys", node=node_id, error=str(exc))
-
-    def taken(self, node_id: str) -> list[bytes]:
-        """The keys of ``node_id``'s messages this queue delivered in its absence."""
-        try:
-            return [k for k in self._taken_path(node_id).read_bytes().split(b"\n") if k]
-        except OSError:
-            return []
-
-    def forget_taken(self, node_id: str) -> None:
-        self._taken_path(node_id).unlink(missing_ok=True)
-
-    def close(self) -> None:
-        for o in self.origins.values():
-            o.store.close()
+    def tick(self, now: float, now_us: int) -> None:
+        """Every node_timeout / 4: tell static peers we are alive, take over the copies of
+        static origins silent for node_timeout. Release the recovered messages held at start
+        when the rejoin grace is over."""
+        if now >= self._release_at:
+            self._release_at = _NEVER
+            n = self.queue.release_held()
+            self._log("info", "pzq recovered messages released to consumers", messages=n,
+                      taken_back=self.queue.counters["taken_back"])
+        if now < self._next_housekeeping:
+            return
+        s = self.settings
+        self._next_housekeeping = now + s.node_timeout / 4
+        if s.static_peers:
+            self.out.append(SendStatic(peering.ReplicaPing(self.node_id)))
+        for origin in [o for o in self.origins.values()
+                       if o.life is None and not o.taken_over and o.core.messages
+                       and now - o.last_seen > s.node_timeout]:
+            self._take_over(origin, now_us)
 
     def counters(self) -> dict[str, int]:
-        return {"replica_origins": len(self.origins),
-                "replicas_held": sum(len(o.core.messages) for o in self.origins.values()),
-                "replicas_taken_over": self.taken_over,
-                "replicas_refused": self.refused}
+        out = {"replica_origins": len(self.origins),
+               "replicas_held": sum(len(o.core.messages) for o in self.origins.values()),
+               "replicas_taken_over": self.taken_over,
+               "replicas_refused": self.refused}
+        placement = self.placement
+        if placement is not None:
+            out.update(replica_holders=len(placement), held_recovered=len(self.queue.held),
+                       # ^ recovered messages not delivered yet: peers may still say they did
+                       recopy_backlog=sum(len(r.todo) + len(r.sent)
+                                          for r in placement.recopies.values()))
+        return out

@@ -1,10 +1,17 @@
-"""One pzq queue on its sockets: the I/O around QueueCore, on an asyncio loop.
+"""One pzq queue on its sockets and logs: the I/O around the pzq cores, on an asyncio loop.
 
     receive  ROUTER, bound: producers (DEALER) send messages, get ACKs; read by receiver.py,
              which can refuse a message before all of it has arrived (libzmq cannot)
     send     DEALER, bound: consumers (DEALER or ROUTER) get messages pushed, send ACKs
     monitor  ROUTER, bound: MONITOR requests (REQ)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT requests (stream.py)
+    credit   ROUTER, bound, optional: consumers that say READY with a window
+    peers    DEALER, connected: the static peers our copies go to (replication.py)
+
+The decisions are the cores' (queue.py, stream.py, replication.py): the server feeds them what
+arrives, the clock and what the logs wrote, and carries out the actions they return
+(actions.py). The logs are the store's writer threads' (one for the queue, one for the copies
+of each origin it holds); their reports come back through call_soon_threadsafe.
 
 The send socket is a DEALER as in the original, so consumers need not say anything first.
 libzmq spreads messages over the connected consumers and skips one whose connection is full;
@@ -12,67 +19,47 @@ each connection holds at most ``inflight_window`` unsent messages (SNDHWM), and 
 at most ``inflight_window`` x connected consumers unACKed (counted from the socket's connect and
 disconnect events) and ``inflight_size`` bytes in flight.
 
-Each readiness event drains a socket with non-blocking receives (up to a budget); the sockets'
-FDs are edge-triggered, so every handler looks again at the socket's events before it returns.
-The disk is the store's writer thread's; its reports come back through call_soon_threadsafe.
+Each readiness event drains every socket with non-blocking receives (up to a budget); the
+sockets' FDs are edge-triggered, so every handler looks again at their events before it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from zbroker.config import PzqQueueConfig
-
-from . import wire
-from .placement import Placement
-from .queue import CONSUMERS, Budget, Limits, QueueCore
-from .receiver import FULL, EndpointError, Receiver
-from .replication import (
-    CLUSTER_COPY,
-    CLUSTER_DELETE,
-    CLUSTER_PEER,
-    CONFIRM,
-    NOT_CONFIGURED,
-    RELEASE,
-    REPLICA_ACK_HEADER,
-    REPLICA_HEADER,
-    TAKEN,
-    ReplicaHolder,
-    classify,
-    copy_batches,
-    copy_frames,
-    delete_frames,
-    is_node,
-    key_batches,
-    load_node_id,
-    not_accepted,
-    parse_copies,
-    ping_frames,
+from . import peering, wire
+from .actions import (
+    Ack,
+    Append,
+    BatchResult,
+    Confirm,
+    ForgetTaken,
+    Log,
+    Move,
+    OpenLog,
+    RememberTaken,
+    Reply,
+    SendCluster,
+    SendStatic,
 )
-from .store import BatchResult, Store
+from .queue import CONSUMERS, MODES, Budget, QueueCore
+from .receiver import FULL, EndpointError, Receiver
+from .replica_files import forget_taken, load_node_id, load_taken, open_logs, remember_taken
+from .replication import ReplicationCore, ReplicationSettings
+from .settings import QueueError, QueueSettings
+from .sockets import DRAIN_BUDGET, MORE_NOBLOCK, NOBLOCK, receive_some, send, send_frames
+from .store import Store
 from .stream import StreamCore, load_committed, save_committed
 
-DRAIN_BUDGET = 1000
 STREAM_BUDGET = 100  # stream requests served per wake-up (a RANGE answer can be large)
-MODES = ("push", "stream")
-# The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
-# the convenience layer's (which converts flag enums and checks arguments on every call).
-_send = zmq.backend.Socket.send
-_recv = zmq.backend.Socket.recv
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
-ZERO_COPY_MIN = 1 << 16
 #: frames up to max_message_size + this get an answer on the sockets libzmq reads; larger
 #: ones are dropped with their connection
 MAXMSG_SLACK = 1 << 20
@@ -82,90 +69,6 @@ MAX_HELD_REPLIES = 100_000  # ACKs held back for producers whose connection is f
 #: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on
 #: top of the frames' own FRAME_COST: past max_message_size + this, the rest is discarded
 ENVELOPE_ALLOWANCE = 64 << 10
-REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
-
-
-def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
-    """Send a multipart message without blocking (zmq.Again if it cannot go now)."""
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        if i < last:
-            _send(sock, f, _MORE_NOBLOCK, True)
-        else:
-            _send(sock, f, _NOBLOCK, len(f) < ZERO_COPY_MIN)
-
-
-def recv_frames(sock: zmq.Socket) -> list[bytes]:
-    """Receive a multipart message without blocking (zmq.Again if there is none). A Frame's
-    ``more`` is cheaper than asking the socket for RCVMORE after each part."""
-    frame = _recv(sock, _NOBLOCK, False)
-    frames = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, 0, False)
-        # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
-        frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
-    return frames
-
-
-def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
-    """Up to ``budget`` waiting messages, without blocking, and whether more may wait (the
-    budget was used up: look again soon, the socket's FD will not say so)."""
-    messages = []
-    for _ in range(budget):
-        try:
-            messages.append(recv_frames(sock))
-        except zmq.Again:
-            return messages, False
-    return messages, True
-
-
-class QueueError(Exception):
-    """The queue cannot start; the message is for the operator."""
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    """What one queue runs with (resolved: paths and endpoints are final)."""
-
-    name: str
-    receive_endpoint: str
-    send_endpoint: str
-    monitor_endpoint: str | None
-    data_dir: Path
-    sync: str = PzqQueueConfig.sync
-    sync_window: float = PzqQueueConfig.sync_window
-    sync_max_bytes: int = PzqQueueConfig.sync_max_bytes  # one fdatasync covers at most this
-    segment_size: int = PzqQueueConfig.segment_size
-    ack_timeout: float = PzqQueueConfig.ack_timeout
-    reaper_frequency: float = PzqQueueConfig.reaper_frequency
-    inflight_window: int = PzqQueueConfig.inflight_window
-    inflight_size: int = PzqQueueConfig.inflight_size
-    max_message_size: int = PzqQueueConfig.max_message_size
-    max_backlog: int = PzqQueueConfig.max_backlog
-    idempotence_window: int = PzqQueueConfig.idempotence_window
-    idempotence_bytes: int = PzqQueueConfig.idempotence_bytes
-    max_frames: int = PzqQueueConfig.max_frames
-    replicas: int = PzqQueueConfig.replicas
-    replication_timeout: float = PzqQueueConfig.replication_timeout
-    #: receive endpoints of the peer queues copies go to
-    peers: tuple[str, ...] = PzqQueueConfig.peers
-    # (none, with replicas and a cluster: copies go to peers of the cluster, see placement.py)
-    #: silence after which a peer's copies are taken over
-    node_timeout: float = PzqQueueConfig.node_timeout
-    mode: str = PzqQueueConfig.mode  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
-    stream_endpoint: str = PzqQueueConfig.stream_endpoint  # stream requests (stream mode only)
-    #: consumers that say READY with a window (ROUTER)
-    credit_endpoint: str | None = PzqQueueConfig.credit_endpoint
-    #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
-    replica_sources: tuple[str, ...] = PzqQueueConfig.replica_sources
-    max_replica_origins: int = PzqQueueConfig.max_replica_origins
-
-    def limits(self) -> Limits:
-        return Limits(ack_timeout=self.ack_timeout, max_message_size=self.max_message_size,
-                      max_backlog=self.max_backlog, idempotence_window=self.idempotence_window,
-                      idempotence_bytes=self.idempotence_bytes, max_frames=self.max_frames,
-                      inflight_window=self.inflight_window, inflight_size=self.inflight_size,
-                      replicas=self.replicas, replication_timeout=self.replication_timeout)
 
 
 class QueueServer:
@@ -176,61 +79,40 @@ class QueueServer:
         a queue with ``replicas`` and no static ``peers`` then replicates through it, and
         holds the messages it recovers at start for ``rejoin_grace`` seconds: long enough
         for the peers that took them over while it was gone to say so (TAKEN)."""
-        self.settings = settings
-        self.ctx = zmq_context
-        self.loop = loop
-        self.log = log
-        self.store = Store(settings.data_dir, sync=settings.sync,
-                           sync_window=settings.sync_window, segment_size=settings.segment_size,
-                           max_batch_bytes=settings.sync_max_bytes, log=log)
-        if settings.mode not in MODES:
-            raise QueueError(f"queue {settings.name!r}: mode must be one of {MODES}, got "
-                             f"{settings.mode!r}")
-        self.budget = Budget()  # this queue's messages and the copies it holds, together
-        self.core = QueueCore(self.store, settings.limits(), stream=settings.mode == "stream",
-                              budget=self.budget)
+        s = self.settings = settings
+        self.ctx, self.loop, self.log = zmq_context, loop, log
+        if s.mode not in MODES:
+            raise QueueError(f"queue {s.name!r}: mode must be one of {MODES}, got {s.mode!r}")
+        if s.replicas > len(s.peers) and not (s.replicas and not s.peers and cluster):
+            raise QueueError(f"queue {s.name!r}: replicas {s.replicas} needs a "
+                             f"cluster or at least as many peers (has {len(s.peers)})")
+        self.store = Store(s.data_dir, sync=s.sync, sync_window=s.sync_window,
+                           segment_size=s.segment_size, max_batch_bytes=s.sync_max_bytes, log=log)
+        # this queue's messages and the copies it holds share one Budget
+        self.core = QueueCore(s.limits(), stream=s.mode == "stream", budget=Budget())
+        self.replication: ReplicationCore | None = None  # at start (it needs the node id)
         self.stream: StreamCore | None = None
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
-        replicate_in_cluster = bool(settings.replicas and not settings.peers)
-        if settings.replicas > len(settings.peers) and not (replicate_in_cluster and cluster):
-            raise QueueError(f"queue {settings.name!r}: replicas {settings.replicas} needs a "
-                             f"cluster or at least as many peers (has {len(settings.peers)})")
-        self.placement: Placement | None = None  # the cluster peers that hold our copies
         self.rejoin_grace = rejoin_grace
-        self._release: asyncio.TimerHandle | None = None
-        self._qname = settings.name.encode()
         self.node = ""
-        self.holder = ReplicaHolder(settings.data_dir / "replicas", settings.limits(),
-                                    {"sync": settings.sync, "sync_window": settings.sync_window,
-                                     "segment_size": settings.segment_size},
-                                    self._replica_batch_threadsafe, log, budget=self.budget,
-                                    max_origins=settings.max_replica_origins)
-        self._sources = frozenset(settings.replica_sources)
-        self._refusal_logged = -REFUSAL_LOG_INTERVAL
-        self._peers: list[zmq.Socket] = []
-        self._next_housekeeping = float("inf")
+        self._replicas_dir = s.data_dir / "replicas"
+        self._logs: dict[str | None, Store] = {None: self.store}  # by the name actions use
         self.consumers = 0
         self._socks: list[zmq.Socket] = []
+        self._peers: list[zmq.Socket] = []
         self._receiver: Receiver | None = None
-        self._send: zmq.Socket | None = None
-        self._mon: zmq.Socket | None = None
-        self._stream_sock: zmq.Socket | None = None
-        self._credit: zmq.Socket | None = None
-        self._events: zmq.Socket | None = None
+        self._send = self._mon = self._stream_sock = self._credit = self._events = None
         self._fds: list[int] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._last_reap = 0.0
         self._send_blocked = False
         self._credit_blocked: set[bytes] = set()
-        self._running = False
-        self._scheduled = False
-        self._producers_scheduled = False
+        self._running = self._scheduled = self._producers_scheduled = False
         self._held: deque[tuple[bytes, list[bytes]]] = deque()
+        self._confirmations: list[Confirm] = []
         self._retry_replies: asyncio.TimerHandle | None = None
-        self.dropped_replies = 0
-        self.dropped_confirmations = 0
-        self.dropped_stream_replies = 0
+        self.dropped_replies = self.dropped_confirmations = self.dropped_stream_replies = 0
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -244,7 +126,8 @@ class QueueServer:
         try:
             await self._start(recovered)
         except BaseException:
-            self.store.close()
+            for store in self._logs.values():
+                store.close()
             raise
 
     async def _start(self, recovered: Any) -> None:
@@ -264,15 +147,20 @@ class QueueServer:
                 committed = messages[0].seq if messages else self.core.next_seq
             self.stream = StreamCore(self.core, committed)
         self.node = load_node_id(s.data_dir)
-        if s.replicas and not s.peers:
-            self.placement = Placement(self.node, s.replicas)
-            self.core.replica_targets = 0  # until peers of the cluster host this queue
-        await self.loop.run_in_executor(None, self.holder.open_existing, self.loop.time(),
-                                        self._accepts_origin)
+        rep = self.replication = ReplicationCore(self.core, ReplicationSettings(
+            name=s.name, node_id=self.node, replicas=s.replicas,
+            static_peers=len(s.peers[:s.replicas]), cluster=self.port is not None,
+            sources=frozenset(s.replica_sources), node_timeout=s.node_timeout,
+            max_origins=s.max_replica_origins, rejoin_grace=self.rejoin_grace),
+            taken=load_taken(self._replicas_dir))
+        now = self.loop.time()
+        self._logs.update(await self.loop.run_in_executor(
+            None, open_logs, self._replicas_dir, s.max_replica_origins,
+            lambda node, r: rep.restore(node, r.messages, r.next_seq, now), self._replica_log,
+            self.log))
         try:
             await self._listen()
-            self._send = self._bind(zmq.DEALER, s.send_endpoint, "send",
-                                    hwm=s.inflight_window)
+            self._send = self._bind(zmq.DEALER, s.send_endpoint, "send", hwm=s.inflight_window)
             self._events = self._send.get_monitor_socket(
                 zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             self._socks.append(self._events)
@@ -294,16 +182,13 @@ class QueueServer:
                 self._peers.append(peer)
         except BaseException:
             self._close_sockets()
-            self.holder.close()
             raise
-        if self._peers or self.holder.origins:
-            self._next_housekeeping = self.loop.time()
-        self.store.start(self._batch_threadsafe)
+        for log, store in self._logs.items():
+            store.start(functools.partial(self._batch_threadsafe, log))
         for seq in stale:
             self.store.ack(seq)
         self._running = True
-        if self.core.held:
-            self._release = self.loop.call_later(self.rejoin_grace, self._release_held)
+        rep.started(self.loop.time())
         for sock in self._socks:
             fd = sock.getsockopt(zmq.FD)
             self._fds.append(fd)
@@ -316,6 +201,11 @@ class QueueServer:
                       recovered=len(messages), committed=committed,
                       truncated_bytes=recovered.truncated_bytes)
 
+    def _replica_log(self, node: str) -> Store:
+        s = self.settings
+        return Store(self._replicas_dir / node, sync=s.sync, sync_window=s.sync_window,
+                     segment_size=s.segment_size, log=self.log)
+
     async def stop(self) -> None:
         if not self._running:
             return
@@ -323,20 +213,18 @@ class QueueServer:
         for fd in self._fds:
             self.loop.remove_reader(fd)
         self._fds.clear()
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._retry_replies is not None:
-            self._retry_replies.cancel()
-        if self._release is not None:
-            self._release.cancel()
-        await self.loop.run_in_executor(None, self.holder.close)
+        for handle in (self._timer, self._retry_replies):
+            if handle is not None:
+                handle.cancel()
+        replica_logs = [store for log, store in self._logs.items() if log is not None]
+        for store in replica_logs:
+            await self.loop.run_in_executor(None, store.close)
         stopped = await self.loop.run_in_executor(None, self.store.close, STOP_TIMEOUT)
         if not stopped:
             self.log.warning("pzq store did not stop in time", queue=self.settings.name)
         await asyncio.sleep(0)  # the writer's last reports
         await asyncio.sleep(0)
-        self._flush_replies()
-        self._send_confirmations()
+        self._flush()
         self._close_sockets()
         self.log.info("pzq queue stopped", queue=self.settings.name,
                       messages=len(self.core.messages))
@@ -361,12 +249,7 @@ class QueueServer:
             "dropped_replies": self.dropped_replies,
             **core.counters,
             **store.counters(),
-            **self.holder.counters(),
-            **({"replica_holders": len(self.placement), "held_recovered": len(core.held),
-                # ^ recovered messages not delivered yet: peers may still say they did
-                "recopy_backlog": sum(len(r.todo) + len(r.sent)
-                                      for r in self.placement.recopies.values())}
-               if self.placement is not None else {}),
+            **(self.replication.counters() if self.replication is not None else {}),
             **(self.stream.counters() if self.stream is not None else {}),
             **({"dropped_stream_replies": self.dropped_stream_replies}
                if self.stream is not None else {}),
@@ -420,8 +303,7 @@ class QueueServer:
         for sock in reversed(self._socks):
             sock.close()
         self._socks.clear()
-        self._send = self._mon = self._events = self._stream_sock = None
-        self._credit = None
+        self._send = self._mon = self._events = self._stream_sock = self._credit = None
         self._peers.clear()
 
     # --- the loop --------------------------------------------------------------------------
@@ -432,27 +314,24 @@ class QueueServer:
         if not self._running:
             return
         again = False
-        if self._drain_events():
-            again = True
-        if self._drain_consumer_acks():
-            again = True
-        if self._drain_producers():
-            again = True
-        if self._mon is not None:
-            self._drain_monitor()
-        if self._credit is not None and self._drain_credit():
-            again = True
-        if self._stream_sock is not None and self._drain_stream():
-            again = True
-        if self._peers and self._drain_peers():
-            again = True
+        for drain in (self._drain_events, self._drain_consumer_acks, self._drain_producers,
+                      self._drain_monitor, self._drain_credit, self._drain_stream,
+                      self._drain_peers):
+            again |= drain()
+        self._flush(again)
+
+    def _flush(self, again: bool = False) -> None:
+        """Carry out what the cores asked for, send what waits, deliver; look again soon if
+        ``again`` or a socket has input (sending may take the edge of its FD)."""
+        if self.replication is not None:
+            self._execute(self.replication.take_output())
         self._flush_replies()
         self._send_confirmations()
-        self._flush_replica_out()
-        self._dispatch()
-        self._schedule_timer()
-        if again or self._pollin():
-            self._schedule_wake()
+        if self._running:
+            self._dispatch()
+            self._schedule_timer()
+            if again or self._pollin():
+                self._schedule_wake()
 
     def _producers_waiting(self) -> None:
         """The receiver has messages: serve them without looking at every socket (a wake-up
@@ -466,13 +345,8 @@ class QueueServer:
         if not self._running or self._scheduled:
             return  # a whole wake-up comes anyway
         more = self._drain_producers()
-        self._flush_replies()
-        self._flush_replica_out()
-        self._dispatch()
-        self._schedule_timer()
-        if self._pollin():  # sending may have taken the edge of a ZeroMQ socket's FD
-            self._schedule_wake()
-        elif more:
+        self._flush()
+        if more and not self._scheduled:
             self._producers_waiting()
 
     def _schedule_wake(self) -> None:
@@ -490,8 +364,50 @@ class QueueServer:
         return bool(self._send_blocked and self._send is not None
                     and self._send.getsockopt(zmq.EVENTS) & zmq.POLLOUT)
 
+    def _execute(self, actions: list[Any]) -> None:
+        """Carry out the cores' actions (actions.py), in order."""
+        logs, held = self._logs, self._held
+        for a in actions:
+            t = type(a)
+            if t is Append:
+                logs[a.log].append(a.seq, a.key, a.msg_id, a.frames)
+            elif t is Reply:
+                held.append((a.peer, a.frames))
+            elif t is Ack:
+                logs[a.log].ack(a.seq)
+            elif t is SendCluster:
+                if not self.port.send(a.life, peering.encode(a.message)) and a.recopy:
+                    self.replication.peer_unreachable(a.life)
+            elif t is SendStatic:
+                frames = peering.encode_replica(a.message)
+                for sock in self._peers:
+                    try:
+                        send_frames(sock, frames)
+                    except zmq.ZMQError:
+                        pass  # unreachable: a copy times out (REPLICATION_FAILED)
+            elif t is Confirm:
+                self._confirmations.append(a)
+            elif t is Move:
+                logs[a.log].move(a.seq, a.key, a.msg_id, a.frames)
+            elif t is OpenLog:  # a new origin's: empty (origins are never dropped at run time)
+                store = logs[a.log] = self._replica_log(a.log)
+                store.open()
+                store.start(functools.partial(self._batch_threadsafe, a.log))
+            elif t is Log:
+                getattr(self.log, a.level)(a.event, **a.fields)
+            elif t is RememberTaken:
+                try:
+                    remember_taken(self._replicas_dir, a.node_id, a.keys)
+                except OSError as exc:  # only costs duplicates if the origin comes back
+                    self.log.warning("pzq cannot record taken-over keys", node=a.node_id,
+                                     error=str(exc))
+            elif t is ForgetTaken:
+                forget_taken(self._replicas_dir, a.node_id)
+
+    # --- one drain per kind of socket ------------------------------------------------------
+
     def _drain_producers(self) -> bool:
-        core, receiver = self.core, self._receiver
+        core, receiver, rep = self.core, self._receiver, self.replication
         if receiver is None or not receiver.inbox:
             return False
         now_us = time.time_ns() // 1000
@@ -500,289 +416,44 @@ class QueueServer:
             if refused is not None:
                 core.refuse(peer, frames[0][:wire.MAX_ID], refused)
             elif len(frames) > 2 and frames[1][:7] == b"REPLICA":
-                self._replication_traffic(peer, frames)
+                rep.receive(peer, frames, now, now_us)
             else:
                 core.produce(peer, frames, now_us, now)
         return bool(receiver.inbox)
-
-    def _replication_traffic(self, peer: bytes, rest: list[bytes]) -> None:
-        """``rest``: [key][header...][""][body...]"""
-        c = classify(rest)
-        if c is None:  # a REPLICA header we do not know: an ordinary message then
-            self.core.produce(peer, rest, time.time_ns() // 1000, self.loop.time())
-            return
-        kind, node = c
-        if b"" not in rest[1:]:  # no delimiter: malformed, answered "0" as any producer's
-            self.core.produce(peer, rest, time.time_ns() // 1000, self.loop.time())
-            return
-        if node == self.node:
-            return  # our own copy came back (a peer list that names us)
-        reason = (None if node in self._sources else
-                  NOT_CONFIGURED if not self._sources else not_accepted(node))
-        if reason is not None:  # creates nothing; only a copy is answered (as a producer)
-            self._refuse_replica(kind, peer, rest[0], reason)
-            return
-        body = rest[rest.index(b"", 1) + 1:] if kind == REPLICA_HEADER else ()
-        self._hold(kind, node, peer, rest[0], body)
-
-    def _accepts_origin(self, node: str) -> bool:
-        """Copies from ``node`` may be held here: it is a replica source, or this queue is in
-        a cluster (whose peers are the cluster's to admit)."""
-        return node in self._sources or self.port is not None
-
-    def _refuse_replica(self, kind: bytes, peer: bytes, key: bytes, reason: str) -> None:
-        self.holder.refused += 1
-        if kind == REPLICA_HEADER:
-            self._answer_holders([(peer, wire.producer_ack(key[:wire.MAX_ID], False, reason))])
-        now = self.loop.time()
-        if now - self._refusal_logged >= REFUSAL_LOG_INTERVAL:
-            self._refusal_logged = now
-            self.log.warning("pzq replica traffic refused", queue=self.settings.name,
-                             reason=reason, refused=self.holder.refused)
-
-    def _hold(self, kind: bytes, node: str, peer: bytes, key: bytes, body: Sequence[Any]
-              ) -> None:
-        """A copy of another queue's message (or its DELETE, or that queue's PING)."""
-        if node == self.node:
-            return  # our own copy came back (a peer list that names us)
-        reason = self.holder.refusal(kind, node)
-        if reason is not None:
-            self._refuse_replica(kind, peer, key, reason)
-            return
-        now = self.loop.time()
-        core = self.holder.handle(kind, node, peer, key, body, now, time.time_ns() // 1000)
-        if self._next_housekeeping == float("inf") and self.holder.origins:
-            self._next_housekeeping = now + self.settings.node_timeout / 4  # watch origins
-        if core is not None:
-            self._holder_replies(core)
-
-    def _holder_replies(self, core: QueueCore) -> None:
-        """A replica core's answers: to a static peer on the receive socket, to a cluster
-        peer as CONFIRM."""
-        if not core.replies:
-            return
-        replies, core.replies = core.replies, []
-        self._answer_holders(replies)
-
-    def _answer_holders(self, replies: list[tuple[bytes, list[bytes]]]) -> None:
-        confirms: dict[tuple[bytes, bytes], list[bytes]] = {}
-        for peer, frames in replies:
-            if not peer.startswith(CLUSTER_PEER):
-                self.core.replies.append((peer, frames))
-            else:
-                confirms.setdefault((peer, frames[1]), []).append(frames[0])
-        if self.port is None:
-            return
-        for (peer, status), keys in confirms.items():
-            life = peer[len(CLUSTER_PEER):].decode()
-            for frames in key_batches([CONFIRM, self._qname, status], keys):
-                self.port.send(life, frames)
-
-    def _drain_peers(self) -> bool:
-        any_more = False
-        for sock in self._peers:
-            messages, more = receive_some(sock)
-            for frames in messages:
-                if len(frames) >= 2:
-                    self.core.replica_confirmed(frames[0], frames[1] == wire.OK)
-            any_more |= more
-        return any_more
-
-    def _flush_replica_out(self) -> None:
-        out = self.core.replica_out
-        if not out:
-            return
-        self.core.replica_out = []
-        if self.placement is not None:
-            return self._send_to_holders(out)
-        for kind, key, body in out:
-            frames = (copy_frames(key, self.node, body) if kind == "copy"
-                      else delete_frames(key, self.node))
-            for sock in self._peers:
-                try:
-                    send_frames(sock, frames)
-                except zmq.ZMQError:
-                    pass  # that peer is unreachable: the copy times out (REPLICATION_FAILED)
-
-    def _housekeeping(self, now: float) -> None:
-        """Every node_timeout / 4: tell peers we are alive; take over lost origins' copies."""
-        self._next_housekeeping = now + self.settings.node_timeout / 4
-        for sock in self._peers:
-            try:
-                send_frames(sock, ping_frames(self.node))
-            except zmq.ZMQError:
-                pass
-        for origin in self.holder.lost(now, self.settings.node_timeout):
-            n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
-            self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node_id, messages=n)
-
-    # --- replication over the cluster -------------------------------------------------------
-
-    def peer_hosts(self, life: str, node: str) -> None:
-        """A peer of the cluster (one life) hosts a queue of this name, whose node id is
-        ``node``: a candidate holder of our copies, maybe an origin of copies we hold."""
-        if not self._running or not is_node(node) or node == self.node:
-            return
-        self.holder.announced(life, node, self.loop.time())
-        taken = self.holder.taken(node)
-        if taken and self.port is not None:
-            for i in range(0, len(taken), 1000):
-                self.port.send(life, [TAKEN, self._qname, node.encode(), *taken[i:i + 1000]])
-            self.holder.forget_taken(node)
-            self.log.info("pzq told a returning queue what was delivered in its absence",
-                          queue=self.settings.name, node=node, messages=len(taken))
-        if self.port is not None:  # first: copies it holds from before are stale
-            self.port.send(life, [RELEASE, self._qname, self.node.encode()])
-        if self.placement is not None:
-            self._flush_replica_out()  # what is pending goes to the holders of before
-            self._holders_added(self.placement.available(life, node, self._backlog_keys()))
-
-    def peer_gone(self, life: str) -> None:
-        """A peer of the cluster left (or was lost): replace it as a holder of our copies;
-        deliver the copies we hold for it."""
-        if not self._running:
-            return
-        if self.placement is not None:
-            was = life in self.placement.holders
-            self._flush_replica_out()
-            self._holders_added(self.placement.gone(life, self._backlog_keys()))
-            if was:
-                self.log.warning("pzq replica holder lost", queue=self.settings.name,
-                                 peer=life, holders=len(self.placement))
-        for origin in self.holder.left(life):
-            n = self.holder.take_over(origin, self.core, time.time_ns() // 1000)
-            self.log.warning("pzq replica origin lost: its messages taken over",
-                             queue=self.settings.name, node=origin.node_id, messages=n)
-        self._schedule_wake()
-
-    def cluster_message(self, life: str, kind: bytes, frames: list[bytes]) -> bool:
-        """A message of the cluster channel for this queue (``frames`` after the queue
-        name). False if it is malformed."""
-        if not self._running:
-            return True
-        peer = CLUSTER_PEER + life.encode()
-        if kind in (CLUSTER_COPY, CLUSTER_DELETE):
-            if len(frames) < 2:
-                return False
-            node = bytes(frames[0]).decode(errors="replace")
-            if not is_node(node):
-                return False
-            if kind == CLUSTER_COPY:
-                copies = parse_copies(frames[1:])
-                if copies is None:
-                    return False
-                for key, body in copies:
-                    self._hold(REPLICA_HEADER, node, peer, key, body)
-            else:
-                for key in frames[1:]:
-                    self._hold(REPLICA_ACK_HEADER, node, peer, key, ())
-        elif kind == CONFIRM:
-            if len(frames) < 2:
-                return False
-            ok = frames[0] == wire.OK
-            placement = self.placement
-            for key in frames[1:]:
-                self.core.replica_confirmed(key, ok)
-                if placement is not None:
-                    placement.confirmed(life, key)
-            if placement is not None and placement.recopies:
-                self._pump_recopies()
-        elif kind == RELEASE:
-            if len(frames) != 1 or not is_node(node := frames[0].decode(errors="replace")):
-                return False
-            dropped = self.holder.release(node)
-            if dropped:
-                self.log.info("pzq stale copies dropped", queue=self.settings.name, node=node,
-                              copies=dropped)
-        elif kind == TAKEN:
-            if not frames or frames[0].decode(errors="replace") != self.node:
-                return False
-            dropped = sum(self.core.taken_back(key) for key in frames[1:])
-            self.log.info("pzq messages delivered by a peer in our absence dropped",
-                          queue=self.settings.name, peer=life, dropped=dropped,
-                          listed=len(frames) - 1)
-        else:
-            return False
-        self._schedule_wake()
-        return True
-
-    def _release_held(self) -> None:
-        self._release = None
-        if not self._running:
-            return
-        n = self.core.release_held()
-        self.log.info("pzq recovered messages released to consumers", queue=self.settings.name,
-                      messages=n, taken_back=self.core.counters["taken_back"])
-        self._schedule_wake()
-
-    def _backlog_keys(self) -> list[bytes]:
-        return [m.key for m in self.core.messages.values()]
-
-    def _holders_added(self, added: list[str]) -> None:
-        placement = self.placement
-        self.core.replica_targets = len(placement)
-        for life in added:
-            r = placement.recopies.get(life)
-            self.log.info("pzq replica holder chosen", queue=self.settings.name, peer=life,
-                          holders=len(placement), recopy=len(r.todo) if r else 0)
-        if added:
-            self._pump_recopies()
-
-    def _send_to_holders(self, out: list[tuple[str, bytes, tuple[bytes, ...]]]) -> None:
-        placement, port, node = self.placement, self.port, self.node.encode()
-        copies = [(key, body) for kind, key, body in out if kind == "copy"]
-        deleted = [key for kind, key, _ in out if kind != "copy"]
-        # copies first: a key copied and ACKed within one turn is then deleted after its copy
-        batches = [*copy_batches(self._qname, node, copies),
-                   *key_batches([CLUSTER_DELETE, self._qname, node], deleted)]
-        for key in deleted:
-            placement.forget(key)
-        for life in placement.holders:
-            for frames in batches:
-                port.send(life, frames)  # False: that peer is lost; peer_gone replaces it
-        if placement.recopies:
-            self._pump_recopies()
-
-    def _pump_recopies(self) -> None:
-        """Send the next part of each new holder's re-copy (a window at a time)."""
-        placement, core = self.placement, self.core
-        node = self.node.encode()
-        for life, r in list(placement.recopies.items()):
-            while True:
-                keys = r.next_keys()
-                if not keys:
-                    break
-                items = []
-                for key in keys:
-                    seq = core.keys.get(key)
-                    m = core.messages.get(seq) if seq is not None else None
-                    if m is None:  # ACKed meanwhile
-                        r.confirmed(key)
-                    else:
-                        items.append((key, m.frames))
-                if not all(self.port.send(life, frames)
-                           for frames in copy_batches(self._qname, node, items)):
-                    r.todo.clear()  # that peer is lost: peer_gone replaces it
-                    r.sent.clear()
-            if r.done:
-                placement.recopies.pop(life, None)
-
-    def _replica_batch_threadsafe(self, origin: Any, result: BatchResult) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._on_replica_batch, origin, result)
-        except RuntimeError:
-            pass
-
-    def _on_replica_batch(self, origin: Any, result: BatchResult) -> None:
-        origin.core.batch_done(result)
-        self._holder_replies(origin.core)
-        self._flush_replies()
 
     def _drain_consumer_acks(self) -> bool:
         messages, more = receive_some(self._send)
         for frames in messages:
             self.core.consumer_ack(frames)
+        return more
+
+    def _drain_peers(self) -> bool:
+        """Static peers' answers to our copies."""
+        any_more = False
+        for sock in self._peers:
+            messages, more = receive_some(sock)
+            for frames in messages:
+                self.replication.answer(frames)
+            any_more |= more
+        return any_more
+
+    def _drain_credit(self) -> bool:
+        """The credit endpoint: READY (a consumer's window) and ACKs."""
+        core = self.core
+        if self._credit is None:
+            return False
+        messages, more = receive_some(self._credit)
+        for frames in messages:
+            if len(frames) < 2:
+                continue
+            ready = wire.decode_ready(frames[1:])
+            if ready is None:
+                core.consumer_ack(frames[1:], confirm_to=frames[0])
+            elif isinstance(ready, wire.WireError):
+                core.counters["malformed"] += 1
+            elif not core.credit_consumer(frames[0], ready):
+                self.log.warning("pzq too many credit consumers: READY ignored",
+                                 queue=self.settings.name)
         return more
 
     def _drain_events(self) -> bool:
@@ -807,13 +478,13 @@ class QueueServer:
             self.log.debug("pzq consumers", queue=self.settings.name, connected=self.consumers)
         return more
 
-    def _drain_monitor(self) -> None:
+    def _drain_monitor(self) -> bool:
         sock = self._mon
-        for _ in range(100):
+        for _ in range(100 if sock is not None else 0):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             envelope = wire.split_monitor_request(frames[1:])
             if envelope is None:
                 continue
@@ -822,9 +493,12 @@ class QueueServer:
                                     zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+        return False
 
     def _drain_stream(self) -> bool:
         """Serve HEAD and RANGE at once; a COMMIT waits for its offsets file write."""
+        if self._stream_sock is None:
+            return False
         messages, more = receive_some(self._stream_sock, STREAM_BUDGET)
         for frames in messages:
             reply = self.stream.request(frames)
@@ -832,6 +506,8 @@ class QueueServer:
                 self._stream_reply(reply)
         self._write_committed()
         return more
+
+    # --- stream commits --------------------------------------------------------------------
 
     def _stream_reply(self, frames: list[bytes]) -> None:
         try:
@@ -858,19 +534,16 @@ class QueueServer:
         for reply in self.stream.written(value, error):
             self._stream_reply(reply)
         self._write_committed()
-        self._flush_replies()
-        self._flush_replica_out()
+        self._flush()
+
+    # --- what goes out ---------------------------------------------------------------------
 
     def _flush_replies(self) -> None:
         """Send the producer ACKs. A producer that does not read them makes its connection
         fill up (EAGAIN): its ACKs wait (up to MAX_HELD_REPLIES) and are tried again soon."""
-        core, receiver = self.core, self._receiver
+        receiver, held = self._receiver, self._held
         if receiver is None:
             return
-        if core.replies:
-            self._held.extend(core.replies)
-            core.replies = []
-        held = self._held
         while held:
             peer, frames = held[0]
             if receiver.send(peer, frames) == FULL:
@@ -888,6 +561,21 @@ class QueueServer:
     def _on_retry_replies(self) -> None:
         self._retry_replies = None
         self._flush_replies()
+
+    def _send_confirmations(self) -> None:
+        """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it
+        learns nothing and may ACK again, which is answered UNKNOWN)."""
+        sock = self._credit
+        if not self._confirmations or sock is None:
+            return
+        confirmations, self._confirmations = self._confirmations, []
+        for c in confirmations:
+            try:
+                send(sock, c.consumer, MORE_NOBLOCK, True)
+                send(sock, c.key, MORE_NOBLOCK, True)
+                send(sock, c.status, NOBLOCK, True)
+            except zmq.ZMQError:
+                self.dropped_confirmations += 1
 
     def _dispatch(self) -> None:
         sock, core = self._send, self.core
@@ -918,7 +606,7 @@ class QueueServer:
                     self._send_blocked = True
                 continue
             try:
-                _send(credit, d.consumer, _MORE_NOBLOCK, True)
+                send(credit, d.consumer, MORE_NOBLOCK, True)
                 send_frames(credit, frames)
             except zmq.Again:  # its connection is full: tried again at the next wake-up
                 core.unsent(d)
@@ -930,64 +618,33 @@ class QueueServer:
                 self.log.debug("pzq credit consumer gone", queue=self.settings.name,
                                requeued=n)
 
-    def _send_confirmations(self) -> None:
-        """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it
-        learns nothing and may ACK again, which is answered UNKNOWN)."""
-        core, sock = self.core, self._credit
-        if not core.confirmations or sock is None:
-            return
-        confirmations, core.confirmations = core.confirmations, []
-        for cid, key, status in confirmations:
-            try:
-                _send(sock, cid, _MORE_NOBLOCK, True)
-                _send(sock, key, _MORE_NOBLOCK, True)
-                _send(sock, status, _NOBLOCK, True)
-            except zmq.ZMQError:
-                self.dropped_confirmations += 1
+    # --- the logs and the clock ------------------------------------------------------------
 
-    def _drain_credit(self) -> bool:
-        """The credit endpoint: READY (a consumer's window) and ACKs."""
-        core = self.core
-        messages, more = receive_some(self._credit)
-        for frames in messages:
-            if len(frames) < 2:
-                continue
-            ready = wire.decode_ready(frames[1:])
-            if ready is None:
-                core.consumer_ack(frames[1:], confirm_to=frames[0])
-            elif isinstance(ready, wire.WireError):
-                core.counters["malformed"] += 1
-            elif not core.credit_consumer(frames[0], ready):
-                self.log.warning("pzq too many credit consumers: READY ignored",
-                                 queue=self.settings.name)
-        return more
-
-    def _batch_threadsafe(self, result: BatchResult) -> None:
+    def _batch_threadsafe(self, log: str | None, result: BatchResult) -> None:
         try:
-            self.loop.call_soon_threadsafe(self._on_batch, result)
+            self.loop.call_soon_threadsafe(self._on_batch, log, result)
         except RuntimeError:
             pass  # the loop is closed
 
-    def _on_batch(self, result: BatchResult) -> None:
-        if result.error is not None:  # the store logs when writes start and stop failing
+    def _on_batch(self, log: str | None, result: BatchResult) -> None:
+        if log is None and result.error is not None:  # the store logs when writes fail
             self.log.debug("pzq store write failed", queue=self.settings.name,
                            error=result.error, messages=len(result.failed))
-        self.core.batch_done(result)
-        self._flush_replies()
-        self._send_confirmations()
-        if self._running:
-            self._dispatch()
-            if self._pollin():
-                self._schedule_wake()
+        store, core = self._logs[log], self.replication.log_core(log)
+        store.complete(result)
+        if core is not None:
+            core.batch_done(result)
+            if result.error is None:
+                core.compact(store.to_compact(core.backlog_bytes))
+        self._flush()
 
     def _schedule_timer(self) -> None:
         deadline = self.core.next_deadline()
         at = (float("inf") if deadline is None
               else max(deadline, self._last_reap + self.settings.reaper_frequency))
-        replication = self.core.next_replication_deadline()
+        replication = self.replication.next_deadline()
         if replication is not None:
             at = min(at, replication)
-        at = min(at, self._next_housekeeping)
         if at == float("inf"):
             return
         if at < self._timer_at:
@@ -1001,22 +658,36 @@ class QueueServer:
         if not self._running:
             return
         now = self.loop.time()
-        if now >= self._next_housekeeping:
-            self._housekeeping(now)
         deadline = self.core.next_deadline()
         if deadline is not None and deadline <= now:
             self._last_reap = now
+        self.replication.tick(now, time.time_ns() // 1000)
         due = self.core.tick(now)
-        self._flush_replies()
-        self._flush_replica_out()
         if due:
             self.log.debug("pzq ack timeouts", queue=self.settings.name, messages=len(due))
-        self._dispatch()
-        self._schedule_timer()
-        if self._pollin():
+        self._flush()
+
+    # --- the cluster (service.py) ----------------------------------------------------------
+
+    def peer_hosts(self, life: str, node: str) -> None:
+        """A peer of the cluster (one life) hosts a queue of this name (node id ``node``)."""
+        if self._running:
+            self.replication.peer_hosts(life, node, self.loop.time())
             self._schedule_wake()
 
+    def peer_gone(self, life: str) -> None:
+        """A peer of the cluster left (or was lost)."""
+        if self._running:
+            self.replication.peer_gone(life, time.time_ns() // 1000)
+            self._schedule_wake()
 
-def default_data_dir(broker: str, queue: str) -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "zbroker" / broker / "pzq" / queue
+    def cluster_message(self, life: str, frames: list[Any]) -> bool:
+        """A message of the cluster channel for this queue (kind and queue name first).
+        False if it is malformed."""
+        if not self._running:
+            return True
+        ok = self.replication.cluster_message(life, frames, self.loop.time(),
+                                              time.time_ns() // 1000)
+        self._schedule_wake()
+        return ok
+

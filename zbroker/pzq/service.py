@@ -7,7 +7,6 @@ routes the peers' replication messages to the queue they name (replication.py).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,10 @@ import zmq
 
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
-from .replication import CLUSTER_COPY, QUEUES
-from .server import ZERO_COPY_MIN, QueueError, QueueServer, QueueSettings, default_data_dir
+from . import peering
+from .server import QueueServer
+from .settings import QueueError, QueueSettings, default_data_dir
+from .sockets import ZERO_COPY_MIN
 
 
 def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
@@ -105,7 +106,7 @@ class PzqService(Service):
     def peer_joined(self, peer: PeerBroker) -> None:
         if self._cluster is not None and self.queues:
             hosted = {name: q.node for name, q in self.queues.items()}
-            self._cluster.send(peer.id, [QUEUES, json.dumps(hosted).encode()])
+            self._cluster.send(peer.id, peering.encode(peering.Queues(hosted)))
 
     def peer_left(self, peer: PeerBroker) -> None:
         for q in self.queues.values():
@@ -113,25 +114,22 @@ class PzqService(Service):
 
     def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         kind = bytes(frames[0]) if frames else b""
-        if kind == CLUSTER_COPY:  # big bodies stay in the frame they came in (parse_copies checks)
-            frames = [bytes(f) if i < 2 or len(f) < ZERO_COPY_MIN else f
+        if kind == peering.COPY:  # big bodies stay in the frame they came in (decode checks)
+            frames = [bytes(f) if i < 3 or len(f) < ZERO_COPY_MIN else f
                       for i, f in enumerate(frames)]
         else:
             frames = [bytes(f) for f in frames]
-        if kind == QUEUES and len(frames) == 2:
-            try:
-                hosted = json.loads(frames[1])
-            except (ValueError, RecursionError):
-                hosted = None
-            if isinstance(hosted, dict):
-                for name, node in hosted.items():
+        if kind == peering.QUEUES:
+            msg = peering.decode(frames)
+            if isinstance(msg, peering.Queues):
+                for name, node in msg.hosted.items():
                     q = self.queues.get(name)
-                    if q is not None and isinstance(node, str):
+                    if q is not None:
                         q.peer_hosts(peer.id, node)
                 return
         elif len(frames) >= 2:
             q = self.queues.get(frames[1].decode(errors="replace"))
-            if q is None or q.cluster_message(peer.id, kind, frames[2:]):
+            if q is None or q.cluster_message(peer.id, frames):
                 return  # a queue we do not host: its copies are not for us
         self._log.warning("pzq malformed message from a peer", peer=peer.name,
                           kind=kind[:20].decode(errors="replace"))

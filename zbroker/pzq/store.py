@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from . import records
+from .actions import BatchResult
 
 SYNC_MODES = ("batch", "always", "none")
 #: a Store's defaults, and so a queue's (zbroker.config.PzqQueueConfig refers to them)
@@ -104,25 +105,6 @@ class _Entry:
     at: float
     alive: bool = True
     avoided: bool = False  # ACKed before it was written: never written (not a move)
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    """What one write of the writer did. ``batches``: the batch numbers it completes (their
-    messages' producers can be answered). ``error``: None, or why nothing of it was stored
-    (then ``failed`` lists the message seqs that were not stored)."""
-
-    batches: tuple[int, ...]
-    segment: int
-    placed: tuple[int, ...] = ()
-    failed: tuple[int, ...] = ()
-    failed_acks: tuple[int, ...] = ()
-    error: str | None = None
-    segment_bytes: int = 0
-    #: consumer ACKs that can no longer be undone by a crash: ACK records written (and
-    #: synced), and messages ACKed before they were written (never written at all)
-    acked: tuple[int, ...] = ()
-    good_writes: int = 0  # the writer's count of good writes, this one included
 
 
 @dataclass
