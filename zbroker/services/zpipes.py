@@ -243,13 +243,19 @@ class ZpipesService(Service):
             return
         now = self._loop.time()
         receive, clients, gone = server.receive, server.clients, self._gone
-        # Ask whether a message waits rather than catch zmq.Again after the last one: the
-        # question is cheaper than the exception, and asked after our sends, it is also the
-        # look that the edge-triggered FD needs before we sleep.
+        # The FD said there is something: take it without asking. After that, ask whether
+        # a message waits rather than catch zmq.Again after the last one: the question is
+        # cheaper than the exception, and asked after our sends, it is also the look that
+        # the edge-triggered FD needs before we sleep.
+        ask = False
         for _ in range(DRAIN_BUDGET):
-            if not _get(sock, _EVENTS) & _POLLIN:
+            if ask and not _get(sock, _EVENTS) & _POLLIN:
                 break
-            routing_id = _recv(sock, _NOBLOCK)  # small: as bytes
+            ask = True
+            try:
+                routing_id = _recv(sock, _NOBLOCK)  # small: as bytes
+            except zmq.Again:
+                break
             body = _recv(sock, _NOBLOCK, False)  # the body (a ROUTER always has one)
             if body.more:  # not ZPIPES: the core answers INVALID
                 frames = [body.buffer]
