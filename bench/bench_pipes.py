@@ -11,7 +11,8 @@ its WRITE_OK; the reader sends READ(chunk size, timeout 0) and waits for its REA
 64 KiB and 1 MiB. Baseline: the same two clients against a minimal relay written with pyzmq
 alone (a ROUTER that acks WRITEs and answers READs from a buffer, no state machine, no logs):
 what any Python broker pays for the messages themselves. Printed beside the rates: the CPU
-seconds (user + system) that the broker (and the relay) spent per GiB moved.
+seconds (user + system) that the broker (and the relay) spent per GiB moved, the median with
+the lowest and highest run in brackets.
 
 Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes read p >
 /dev/null``, against ``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo
@@ -102,7 +103,8 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
     fifo.unlink()
     f, z = statistics.median(fifo_s), statistics.median(pipe_s)
     print(f"{name:<28} fifo {nbytes / f / 1e6:8.0f} MB/s   zpipes {nbytes / z / 1e6:8.0f} MB/s"
-          f"   ratio {f / z:5.2f}x   broker CPU {statistics.median(cpu) * GIB / nbytes:5.2f} s/GiB"
+          f"   ratio {f / z:5.2f}x   broker CPU {statistics.median(cpu) * GIB / nbytes:5.2f} s/GiB "
+          f"{_spread(cpu, nbytes)}"
           f"   (median of {runs})")
 
 
@@ -264,8 +266,15 @@ def raw_wire(broker: subprocess.Popen, chunk: int, nbytes: int, runs: int) -> No
     bc, zc = statistics.median(base_cpu) * GIB / nbytes, statistics.median(pipe_cpu) * GIB / nbytes
     size = f"{chunk >> 10} KiB" if chunk < 1 << 20 else f"{chunk >> 20} MiB"
     print(f"{f'raw wire, {size} WRITEs':<28} relay {nbytes / b / 1e6:7.0f} MB/s   zpipes "
-          f"{nbytes / z / 1e6:8.0f} MB/s   ratio {b / z:5.2f}x   CPU s/GiB: relay {bc:5.2f}  "
-          f"broker {zc:5.2f}  ({zc / bc:4.2f}x)   (median of {runs})")
+          f"{nbytes / z / 1e6:8.0f} MB/s   ratio {b / z:5.2f}x   CPU s/GiB: relay {bc:5.2f} "
+          f"{_spread(base_cpu, nbytes)}  broker {zc:5.2f} {_spread(pipe_cpu, nbytes)}  "
+          f"({zc / bc:4.2f}x)   (median of {runs})")
+
+
+def _spread(cpu: list[float], nbytes: int) -> str:
+    """The lowest and highest of the runs' CPU seconds per GiB: on a noisy machine the median
+    alone hides how far apart the runs were."""
+    return f"[{min(cpu) * GIB / nbytes:.2f}-{max(cpu) * GIB / nbytes:.2f}]"
 
 
 def latency(broker: str, samples: int) -> None:

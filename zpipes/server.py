@@ -20,6 +20,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from logging import DEBUG as _DEBUG
 from typing import Any
 
 from . import peering
@@ -337,10 +338,11 @@ class ZpipesServer:
         client.request_serial += 1
         client.deadline = self._now + msg.timeout / 1000 if msg.timeout else None
         client.timer_armed = False
-        size = msg.size if client.event is Event.READ else len(msg.chunk)
-        self.log.debug("request", client=client.id, pipe=_name(client.pipe),
-                       command=str(client.event), size=size, timeout_ms=msg.timeout,
-                       queued=len(client.queue))
+        if _logs_debug(self.log):  # once per request: its fields cost more than the call
+            size = msg.size if client.event is Event.READ else len(msg.chunk)
+            self.log.debug("request", client=client.id, pipe=_name(client.pipe),
+                           command=str(client.event), size=size, timeout_ms=msg.timeout,
+                           queued=len(client.queue))
 
     def _try_read(self, client: Client) -> None:
         size = client.request.size
@@ -610,6 +612,13 @@ def pipe_name_problem(name: bytes) -> str | None:
     return None
 
 
+def _logs_debug(log: Any) -> bool:
+    """Whether ``log`` writes debug lines. Asked at each use: the broker's level can change
+    while it runs. A logger that cannot tell is given every line."""
+    enabled = getattr(log, "is_enabled_for", None)
+    return enabled is None or enabled(_DEBUG)
+
+
 def _name(name: bytes | None) -> str | None:
     return None if name is None else name.decode("utf-8", errors="backslashreplace")
 
@@ -617,5 +626,8 @@ def _name(name: bytes | None) -> str | None:
 class _NullLog:
     def _drop(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+    def is_enabled_for(self, level: int) -> bool:
+        return False
 
     debug = info = warning = error = _drop

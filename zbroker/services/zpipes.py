@@ -75,7 +75,11 @@ def _ipc_address(endpoint: str) -> bytes | str | None:
 # Plain ints: the flags of pyzmq are enum.Flag members, whose ``|`` runs Python code.
 _NOBLOCK = int(zmq.NOBLOCK)
 _SNDMORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
-_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
+_EVENTS, _POLLIN, _SRCFD = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.SRCFD)
+# The socket methods of pyzmq's backend, called with positional arguments: the convenience
+# layer's add a Python call (and keyword handling) to every frame. A received Frame says
+# whether more parts follow (``more``): cheaper than asking the socket for RCVMORE.
+_send, _recv, _get = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backend.Socket.get
 
 
 def server_config(config: Any) -> ServerConfig:
@@ -244,29 +248,36 @@ class ZpipesService(Service):
         if sock is None or server is None:
             return
         now = self._loop.time()
-        recv, getsockopt, receive = sock.recv, sock.getsockopt, server.receive
-        clients, gone = server.clients, self._gone
-        # Ask whether a message waits rather than catch zmq.Again after the last one: the
-        # question is cheaper than the exception, and asked after our sends, it is also the
-        # look that the edge-triggered FD needs before we sleep.
+        receive, clients, gone = server.receive, server.clients, self._gone
+        # The FD said there is something: take it without asking. After that, ask whether
+        # a message waits rather than catch zmq.Again after the last one: the question is
+        # cheaper than the exception, and asked after our sends, it is also the look that
+        # the edge-triggered FD needs before we sleep.
+        ask = False
         for _ in range(DRAIN_BUDGET):
-            if not getsockopt(_EVENTS) & _POLLIN:
+            if ask and not _get(sock, _EVENTS) & _POLLIN:
                 break
-            routing_id = recv(_NOBLOCK)  # small: as bytes
-            frame = recv(_NOBLOCK, copy=False)  # the body (a ROUTER always has one)
-            if getsockopt(_RCVMORE):  # not ZPIPES: the core answers INVALID
-                frames = [frame.buffer]
-                while getsockopt(_RCVMORE):
-                    frames.append(recv(_NOBLOCK, copy=False).buffer)
+            ask = True
+            try:
+                routing_id = _recv(sock, _NOBLOCK)  # small: as bytes
+            except zmq.Again:
+                break
+            body = _recv(sock, _NOBLOCK, False)  # the body (a ROUTER always has one)
+            if body.more:  # not ZPIPES: the core answers INVALID
+                frames = [body.buffer]
+                frame = body
+                while frame.more:
+                    frame = _recv(sock, _NOBLOCK, False)
+                    frames.append(frame.buffer)
             else:
-                frames = (frame.buffer,)
+                frames = (body.buffer,)
             if routing_id in clients:
                 receive(routing_id, frames, now)
             elif routing_id in gone:
                 continue  # sent before its connection closed: nobody to answer
             else:
                 self._take_connection_events()  # up to now, before a descriptor is trusted
-                fd = frame.get(zmq.SRCFD)
+                fd = body.get(_SRCFD)
                 if fd not in self._open_fds:  # closed meanwhile, or refused: nobody to answer
                     self._remember_gone(routing_id)
                     continue
@@ -362,13 +373,12 @@ class ZpipesService(Service):
             outbox, server.peer_outbox = server.peer_outbox, []
             for peer, frames in outbox:
                 self._cluster.send(peer, frames)
-        send = sock.send
         while server.outbox:
             outbox, server.outbox = server.outbox, []
             for routing_id, frame in outbox:
                 try:
-                    send(routing_id, _SNDMORE_NOBLOCK)
-                    send(frame, _NOBLOCK, copy=len(frame) < ZERO_COPY_MIN)
+                    _send(sock, routing_id, _SNDMORE_NOBLOCK)
+                    _send(sock, frame, _NOBLOCK, len(frame) < ZERO_COPY_MIN)
                 except zmq.ZMQError as exc:
                     # EHOSTUNREACH: the client has gone; EAGAIN: it stopped reading replies.
                     self._log.info("reply undeliverable", error=exc.strerror)
