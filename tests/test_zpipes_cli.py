@@ -9,11 +9,12 @@ import hashlib
 import os
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-import tty
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -350,28 +351,31 @@ def test_interrupted_write_cuts_the_stream_and_read_exits_1_after_the_data(
 
 
 def test_write_whose_input_fails_cuts_the_stream_and_exits_1(broker, env):
-    """Reading standard input fails (EIO: a terminal that hung up): the writer aborts and
-    exits 1 with one line; its reader fails after the data that came before."""
+    """Reading standard input fails (here a TCP connection reset by its peer; a terminal that
+    hangs up fails the same way, but may also just read as the end of input): the writer
+    aborts and exits 1 with one line; its reader fails after the data that came before."""
     data = os.urandom(3000)
-    master, slave = os.openpty()
-    tty.setraw(slave)  # bytes pass as they are, no echo
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        source = socket.create_connection(server.getsockname())
+        feed, _ = server.accept()
     try:
-        reader, writer = start_streaming(broker, env, "eio", data, stdin=slave)
+        reader, writer = start_streaming(broker, env, "eio", data, stdin=source.fileno())
     finally:
-        os.close(slave)
+        source.close()  # the writer has its own copy
     try:
-        os.write(master, data)
+        feed.sendall(data)
         assert read_within(reader.stdout.fileno(), len(data), WAIT) == data
-        os.close(master)  # the terminal hangs up: reading it fails with EIO
-        master = -1
+        # the input fails: a reset (linger 0), not an end of input
+        feed.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        feed.close()
         status, err = finish(writer)
-        assert_quiet_failure(status, err, "cannot read standard input", "Input/output error")
+        assert_quiet_failure(status, err, "cannot read standard input",
+                             "Connection reset by peer")
         read_status, rest, err = outcome(reader)
         assert rest == b""
         assert_quiet_failure(read_status, err, "writer lost")
     finally:
-        if master >= 0:
-            os.close(master)
+        feed.close()
         kill_all(writer, reader)
 
 
