@@ -25,10 +25,12 @@ DRAIN_BUDGET = 1000  # messages taken per turn of the loop
 # pyzmq's backend method, called with int flags: several times cheaper per frame than the
 # convenience layer's recv_multipart (which converts flag enums and checks its arguments)
 _recv = zmq.backend.Socket.recv
+_get = zmq.backend.Socket.get
 _NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
-def receive(sock: zmq.Socket, copy: bool = True) -> list[Any]:
+def _receive(sock: zmq.Socket, copy: bool = True) -> list[Any]:
     """One multipart message without blocking (zmq.Again if there is none): bytes, or the
     zmq.Frame objects with ``copy=False``."""
     frame = _recv(sock, _NOBLOCK, False)
@@ -41,17 +43,20 @@ def receive(sock: zmq.Socket, copy: bool = True) -> list[Any]:
 
 class SocketReader:
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: zmq.Socket,
-                 handle: Callable[[list[Any]], None], *,
+                 handle: Callable[[Any], None], *,
                  after: Callable[[], None] | None = None, budget: int = DRAIN_BUDGET,
-                 copy: bool = True):
+                 copy: bool = True, receive: Callable[[zmq.Socket], Any] | None = None):
         """``handle`` gets each multipart message (bytes, or zmq.Frame with ``copy=False``);
-        ``after`` runs once after each drain (to flush what the messages caused)."""
+        ``after`` runs once after each drain (to schedule what the messages caused; if it
+        sends on this socket, it calls :meth:`recheck` after).
+        ``receive(sock)``: one message in a form of the caller's (zmq.Again if none), for a
+        hot path that wants its frames as they are."""
         self.loop = loop
         self.sock = sock
         self.handle = handle
         self.after = after
         self.budget = budget
-        self.copy = copy
+        self.receive = receive or (lambda s: _receive(s, copy))
         self._fd: int | None = None
         self._scheduled = False
 
@@ -71,30 +76,40 @@ class SocketReader:
 
     def recheck(self) -> None:
         """Sending on the socket may have taken the edge of a message that came: look again."""
-        if self._fd is not None and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self._fd is not None and not self._scheduled and _get(self.sock, _EVENTS) & _POLLIN:
             self._schedule()
 
     def drain(self) -> None:
+        """Take what the socket has. The FD fired: the first message is taken without asking;
+        after each one, whether another waits is asked (cheaper than the zmq.Again of a
+        receive that finds none, and asked after handle() has sent, it is also the look again
+        that the edge-triggered FD needs)."""
         self._scheduled = False
         if self._fd is None:
             return
-        sock, handle, copy = self.sock, self.handle, self.copy
-        more = True
+        sock, handle, receive = self.sock, self.handle, self.receive
+        asked = False
         for _ in range(self.budget):
-            try:
-                frames = receive(sock, copy)
-            except zmq.ZMQError:  # Again: drained (or the socket is closing)
-                more = False
+            if asked and not _get(sock, _EVENTS) & _POLLIN:
                 break
-            handle(frames)
+            asked = True
+            try:
+                message = receive(sock)
+            except zmq.ZMQError:  # Again: nothing there (or the socket is closing)
+                asked = False
+                break
+            handle(message)
             if self._fd is None:  # handle() stopped the reader
                 return
+        else:  # the budget is spent: timers get a turn, then on
+            asked = False
+            self._schedule()
         if self.after is not None:
             self.after()
-        if self._fd is None:
-            return
-        if more or sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._schedule()  # the budget is spent, or a message came while draining
+            if self._fd is None:
+                return
+        if not asked:
+            self.recheck()
 
     def _schedule(self) -> None:
         if not self._scheduled:
