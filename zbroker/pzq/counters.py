@@ -11,9 +11,8 @@ from .queue import QueueCore
 @dataclass
 class Dropped:
     """What the server could not send and let go (the other side asks again or learns
-    nothing)."""
+    nothing); the producer ACKs it let go are the receiver's (``dropped_answers``)."""
 
-    replies: int = 0  # producer ACKs past the most held back for full connections
     confirmations: int = 0  # to credit consumers whose connection was full or gone
     stream_replies: int = 0  # to stream readers whose connection was full or gone
 
@@ -38,7 +37,7 @@ def queue_counters(core: QueueCore, store: Any, dropped: Dropped, *, consumers: 
         **({"dropped_confirmations": dropped.confirmations} if credit else {}),
         "redelivered": dispatcher.redelivered,
         "backlog_bytes": core.backlog_bytes,
-        "dropped_replies": dropped.replies,
+        "dropped_replies": receiver.dropped_answers if receiver is not None else 0,
         **core.counters,
         **store.counters(),
         **(replication.counters() if replication is not None else {}),

@@ -1,11 +1,17 @@
-"""ZeroMQ sockets of a queue: made, bound or connected as a queue wants them, and frames
-moved on them without blocking, at the least cost per frame."""
+"""The ZeroMQ sockets of a queue, each with its reader (zbroker.zmq_reader), and frames moved
+on them without blocking, at the least cost per frame."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
+
+from ..zmq_reader import DRAIN_BUDGET, SocketReader
+from .settings import QueueError
 
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).
@@ -25,31 +31,77 @@ def make_ipc_dir(endpoint: str) -> None:
         Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
 
 
-def bind(ctx: zmq.Context, kind: int, endpoint: str, max_message_size: int,
-         hwm: int | None = None) -> zmq.Socket:
-    """A socket of ``kind`` bound to ``endpoint`` (zmq.ZMQError if it cannot: closed)."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 500)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_message_size + MAXMSG_SLACK)
-    if hwm is not None:
-        sock.setsockopt(zmq.SNDHWM, hwm)
-    make_ipc_dir(endpoint)
-    try:
-        sock.bind(endpoint)
-    except zmq.ZMQError:
-        sock.close(linger=0)
-        raise
-    return sock
+class Sockets:
+    """The ZeroMQ sockets of one queue (``name``): made, bound or connected, read, closed."""
 
+    def __init__(self, ctx: zmq.Context, loop: asyncio.AbstractEventLoop, name: str,
+                 max_message_size: int):
+        self.ctx, self.loop, self.name = ctx, loop, name
+        self.max_message_size = max_message_size
+        self.socks: list[zmq.Socket] = []
+        self.readers: list[SocketReader] = []
+        self._monitored: list[zmq.Socket] = []
 
-def connect_peer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    """A DEALER to a static peer queue's receive endpoint (our copies go there)."""
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 500)
-    sock.setsockopt(zmq.SNDHWM, PEER_HWM)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-    sock.connect(endpoint)
-    return sock
+    def bind(self, kind: int, endpoint: str, role: str, hwm: int | None = None) -> zmq.Socket:
+        """A socket of ``kind`` bound to ``endpoint`` (QueueError if it cannot)."""
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size + MAXMSG_SLACK)
+        if hwm is not None:
+            sock.setsockopt(zmq.SNDHWM, hwm)
+        make_ipc_dir(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise QueueError(f"queue {self.name!r}: cannot bind its {role} socket to "
+                             f"{endpoint}: {exc.strerror}") from None
+        self.socks.append(sock)
+        return sock
+
+    def connect_peer(self, endpoint: str) -> zmq.Socket:
+        """A DEALER to a static peer queue's receive endpoint (our copies go there)."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.SNDHWM, PEER_HWM)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(endpoint)
+        self.socks.append(sock)
+        return sock
+
+    def monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
+        """A socket that gets ``sock``'s ``events`` (zmq.utils.monitor)."""
+        self.socks.append(sock.get_monitor_socket(events))
+        self._monitored.append(sock)
+        return self.socks[-1]
+
+    def read(self, sock: zmq.Socket, handle: Callable[[list[Any]], None],
+             after: Callable[[], None] | None, budget: int = DRAIN_BUDGET) -> SocketReader:
+        """A reader of ``sock`` (started by :meth:`start`): ``handle`` each message,
+        ``after`` each drain."""
+        self.readers.append(SocketReader(self.loop, sock, handle, after=after, budget=budget))
+        return self.readers[-1]
+
+    def start(self) -> None:
+        for reader in self.readers:
+            reader.start()
+
+    def stop(self) -> None:
+        for reader in self.readers:
+            reader.stop()
+
+    def close(self) -> None:
+        self.stop()
+        for sock in self._monitored:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for sock in reversed(self.socks):
+            sock.close()
+        self.socks.clear()
+        self.readers.clear()
+        self._monitored.clear()
 
 
 def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
