@@ -9,14 +9,17 @@
     actions.py     what the cores ask of the I/O, and what the log reports back (pure)
     queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
     stream.py      stream mode: reads by offset (HEAD, RANGE), COMMIT, the committed offset
+                   (no I/O but the offsets file's load and save)
     peering.py     the replication messages between queues, encode/decode (pure)
     replication.py copies on peer queues (static peers or the cluster), and the copies held
                    (no I/O)
     placement.py   which cluster peers hold a queue's copies (pure)
     replica_files.py  the files of replication: node id, replica logs, taken-over keys
     server.py      one queue on its sockets, logs and the asyncio loop
-    settings.py    what one queue runs with (resolved settings)
-    sockets.py     non-blocking sends and receives on ZeroMQ sockets
+    consumers.py   the consumers' sockets: send (and its connection events), credit
+    counters.py    the monitor's counters of a queue, gathered from its parts (pure)
+    settings.py    what one queue runs with (resolved settings), and the parts made from them
+    sockets.py     a queue's ZeroMQ sockets with their readers; non-blocking sends
     service.py     the broker service hosting the configured queues
     client.py      Python producer, consumer and stream consumer
     shell.py       ``zbroker queue put|get``

@@ -16,6 +16,9 @@ queue's own, a node id the log of the copies held for that node.
                              peer life of the cluster
     RememberTaken, ForgetTaken   the keys of an origin's messages delivered here while it was
                              gone (kept in a file, told to the origin when it is back)
+    StreamReply              to a reader of the stream endpoint (stream.py)
+    WriteCommitted           write the committed offset to the offsets file (stream.py), then
+                             report it with ``StreamCore.written``
     Log                      a line for the operator
 """
 
@@ -115,6 +118,16 @@ class Log:
     level: str  # "debug", "info", "warning"
     event: str
     fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StreamReply:
+    frames: list[bytes]
+
+
+@dataclass(slots=True)
+class WriteCommitted:
+    offset: int
 
 
 # what the queue core tells the replication core (replication.py), never the I/O

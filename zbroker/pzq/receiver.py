@@ -9,8 +9,8 @@ later), and a connection whose finished messages wait is not read until they are
 
 Received messages wait in :attr:`Receiver.inbox` as ``(routing id, frames, refusal)``:
 ``refusal`` is None, or the reason a message was refused, its frames then just ``[first
-frame]`` (cut to ``keep_first`` bytes). Answers go out with :meth:`Receiver.send` and leave
-together at :meth:`Receiver.flush`.
+frame]`` (cut to ``keep_first`` bytes). Answers go out with :meth:`Receiver.send` (or, in
+order, :meth:`Receiver.answer`) and leave together at :meth:`Receiver.flush`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from . import zmtp
 
 SENT, FULL, GONE = "sent", "full", "gone"
 WRITE_HIGH = 4 << 20  # bytes of answers queued on a connection before send() says FULL
+MAX_HELD_ANSWERS = 100_000  # answers held back for producers whose connection is full
+RETRY_HELD = 0.01  # seconds before held answers are tried again
 #: what one read from a connection may take: large enough that a window of big messages
 #: comes in a few reads (each read is a wake-up); one buffer for all connections
 READ_SIZE = 1 << 20
@@ -71,6 +73,9 @@ class Receiver:
         self.unfinished = 0  # bytes the connections hold of messages not yet whole
         self.refused_busy = 0
         self.hung_up = 0
+        self.held: deque[tuple[bytes, list[bytes]]] = deque()  # answers (answer())
+        self.dropped_answers = 0
+        self._retry: asyncio.TimerHandle | None = None
         self._links: dict[bytes, _Link] = {}
         self._paused: set[_Link] = set()
         self._dirty: set[_Link] = set()
@@ -95,6 +100,9 @@ class Receiver:
                                                               backlog=256)
 
     def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -124,10 +132,31 @@ class Receiver:
         self._dirty.add(link)
         return SENT
 
+    def answer(self, routing_id: bytes, frames: list[bytes]) -> None:
+        """Send ``frames`` at :meth:`flush`, after the answers before it. A producer that does
+        not read its answers makes its connection fill up: the answers wait (at most
+        MAX_HELD_ANSWERS, the oldest are dropped) and are tried again soon."""
+        self.held.append((routing_id, frames))
+
     def flush(self) -> None:
+        held = self.held
+        while held:
+            if self.send(*held[0]) == FULL:
+                break
+            held.popleft()  # sent, or GONE: the producer will send again when back
         dirty, self._dirty = self._dirty, set()
         for link in dirty:
             link.write_pending()
+        if held:
+            while len(held) > MAX_HELD_ANSWERS:
+                held.popleft()
+                self.dropped_answers += 1
+            if self._retry is None and self._server is not None:
+                self._retry = self.loop.call_later(RETRY_HELD, self._retry_held)
+
+    def _retry_held(self) -> None:
+        self._retry = None
+        self.flush()
 
     def routing_id(self, asked: bytes) -> bytes:
         """The id a ROUTER gives a peer: the one it asked for when that is free (and does not

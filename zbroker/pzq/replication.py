@@ -118,6 +118,7 @@ class ReplicationCore:
         self._refusal_logged = -REFUSAL_LOG_INTERVAL
         self._next_housekeeping = _NEVER
         self._release_at = _NEVER
+        self._last_reap = 0.0  # when the queue's ACK timeouts were last looked at
 
     @property
     def budget(self) -> Budget:
@@ -452,6 +453,24 @@ class ReplicationCore:
         if replication is not None:
             at = min(at, replication)
         return None if at == _NEVER else at
+
+    def next_wakeup(self, reaper_frequency: float) -> float | None:
+        """When the clock is next needed (:meth:`wakeup`): the first of this core's deadlines
+        and the queue's ACK timeouts, those looked at every ``reaper_frequency`` at most."""
+        at = self.next_deadline()
+        due = self.queue.next_deadline()
+        if due is not None:
+            due = max(due, self._last_reap + reaper_frequency)
+            at = due if at is None else min(at, due)
+        return at
+
+    def wakeup(self, now: float, now_us: int) -> list[int]:
+        """The clock: :meth:`tick`, and the queue's ACK timeouts; the seqs that timed out."""
+        due = self.queue.next_deadline()
+        if due is not None and due <= now:
+            self._last_reap = now
+        self.tick(now, now_us)
+        return self.queue.tick(now)
 
     def tick(self, now: float, now_us: int) -> None:
         """Every node_timeout / 4: tell static peers we are alive, take over the copies of

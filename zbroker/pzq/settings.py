@@ -1,15 +1,25 @@
 """What one pzq queue runs with: its settings, resolved (the broker's config or the pzq
-command make them), and the error that stops it from starting."""
+command make them), the error that stops it from starting, and what the settings make of the
+parts of a queue: its limits, its logs, its replication settings, its receive endpoint."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from zbroker.config import PzqQueueConfig
 
-from .queue import Limits
+from . import wire
+from .queue import MODES, Limits
+from .receiver import Receiver
+from .replication import ReplicationSettings
+from .store import Store
+
+#: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on
+#: top of the frames' own FRAME_COST: past max_message_size + this, the rest is discarded
+ENVELOPE_ALLOWANCE = 64 << 10
 
 
 class QueueError(Exception):
@@ -59,6 +69,42 @@ class QueueSettings:
                       idempotence_bytes=self.idempotence_bytes, max_frames=self.max_frames,
                       inflight_window=self.inflight_window, inflight_size=self.inflight_size,
                       replicas=self.replicas, replication_timeout=self.replication_timeout)
+
+    def check(self, cluster: bool) -> None:
+        """QueueError if the queue cannot run as set (``cluster``: it is in a cluster)."""
+        if self.mode not in MODES:
+            raise QueueError(f"queue {self.name!r}: mode must be one of {MODES}, "
+                             f"got {self.mode!r}")
+        if self.replicas > len(self.peers) and not (self.replicas and not self.peers
+                                                    and cluster):
+            raise QueueError(f"queue {self.name!r}: replicas {self.replicas} needs a "
+                             f"cluster or at least as many peers (has {len(self.peers)})")
+
+    def store(self, log: Any, replica_of: str | None = None) -> Store:
+        """The queue's log, or the log of the copies it holds for node ``replica_of``."""
+        if replica_of is None:
+            return Store(self.data_dir, sync=self.sync, sync_window=self.sync_window,
+                         segment_size=self.segment_size, max_batch_bytes=self.sync_max_bytes,
+                         log=log)
+        return Store(self.data_dir / "replicas" / replica_of, sync=self.sync,
+                     sync_window=self.sync_window, segment_size=self.segment_size, log=log)
+
+    def replication(self, node_id: str, cluster: bool, rejoin_grace: float
+                    ) -> ReplicationSettings:
+        return ReplicationSettings(
+            name=self.name, node_id=node_id, replicas=self.replicas,
+            static_peers=len(self.peers[:self.replicas]), cluster=cluster,
+            sources=frozenset(self.replica_sources), node_timeout=self.node_timeout,
+            max_origins=self.max_replica_origins, rejoin_grace=rejoin_grace)
+
+    def receiver(self, loop: Any, on_input: Any, log: Any) -> Receiver:
+        """The receive endpoint (not bound yet), with the limits on what producers send."""
+        return Receiver(
+            loop, on_input, max_frames=self.max_frames,
+            max_bytes=(self.max_message_size + ENVELOPE_ALLOWANCE
+                       + wire.FRAME_COST * self.max_frames),
+            frame_cost=wire.FRAME_COST, keep_first=wire.MAX_ID + 1,
+            max_held=max(self.max_backlog, 2 * self.max_message_size), log=log, name=self.name)
 
 
 def default_data_dir(broker: str, queue: str) -> Path:

@@ -1,17 +1,107 @@
-"""Moving frames on ZeroMQ sockets without blocking, at the least cost per frame."""
+"""The ZeroMQ sockets of a queue, each with its reader (zbroker.zmq_reader), and frames moved
+on them without blocking, at the least cost per frame."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import zmq
 
-DRAIN_BUDGET = 1000
+from ..zmq_reader import DRAIN_BUDGET, SocketReader
+from .settings import QueueError
+
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).
 send = zmq.backend.Socket.send
-recv = zmq.backend.Socket.recv
 NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 ZERO_COPY_MIN = 1 << 16  # frames this large are sent and received without a copy
+#: frames up to max_message_size + this get an answer on the sockets libzmq reads; larger
+#: ones are dropped with their connection
+MAXMSG_SLACK = 1 << 20
+PEER_HWM = 100_000  # messages queued to a static peer queue
+
+
+def make_ipc_dir(endpoint: str) -> None:
+    """The directory of an ipc:// endpoint's path (not of an abstract one: ipc://@NAME)."""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+
+
+class Sockets:
+    """The ZeroMQ sockets of one queue (``name``): made, bound or connected, read, closed."""
+
+    def __init__(self, ctx: zmq.Context, loop: asyncio.AbstractEventLoop, name: str,
+                 max_message_size: int):
+        self.ctx, self.loop, self.name = ctx, loop, name
+        self.max_message_size = max_message_size
+        self.socks: list[zmq.Socket] = []
+        self.readers: list[SocketReader] = []
+        self._monitored: list[zmq.Socket] = []
+
+    def bind(self, kind: int, endpoint: str, role: str, hwm: int | None = None) -> zmq.Socket:
+        """A socket of ``kind`` bound to ``endpoint`` (QueueError if it cannot)."""
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size + MAXMSG_SLACK)
+        if hwm is not None:
+            sock.setsockopt(zmq.SNDHWM, hwm)
+        make_ipc_dir(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise QueueError(f"queue {self.name!r}: cannot bind its {role} socket to "
+                             f"{endpoint}: {exc.strerror}") from None
+        self.socks.append(sock)
+        return sock
+
+    def connect_peer(self, endpoint: str) -> zmq.Socket:
+        """A DEALER to a static peer queue's receive endpoint (our copies go there)."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.SNDHWM, PEER_HWM)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(endpoint)
+        self.socks.append(sock)
+        return sock
+
+    def monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
+        """A socket that gets ``sock``'s ``events`` (zmq.utils.monitor)."""
+        self.socks.append(sock.get_monitor_socket(events))
+        self._monitored.append(sock)
+        return self.socks[-1]
+
+    def read(self, sock: zmq.Socket, handle: Callable[[list[Any]], None],
+             after: Callable[[], None] | None, budget: int = DRAIN_BUDGET) -> SocketReader:
+        """A reader of ``sock`` (started by :meth:`start`): ``handle`` each message,
+        ``after`` each drain."""
+        self.readers.append(SocketReader(self.loop, sock, handle, after=after, budget=budget))
+        return self.readers[-1]
+
+    def start(self) -> None:
+        for reader in self.readers:
+            reader.start()
+
+    def stop(self) -> None:
+        for reader in self.readers:
+            reader.stop()
+
+    def close(self) -> None:
+        self.stop()
+        for sock in self._monitored:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for sock in reversed(self.socks):
+            sock.close()
+        self.socks.clear()
+        self.readers.clear()
+        self._monitored.clear()
 
 
 def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
@@ -22,27 +112,3 @@ def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:
             send(sock, f, MORE_NOBLOCK, True)
         else:
             send(sock, f, NOBLOCK, len(f) < ZERO_COPY_MIN)
-
-
-def recv_frames(sock: zmq.Socket) -> list[bytes]:
-    """Receive a multipart message without blocking (zmq.Again if there is none). A Frame's
-    ``more`` is cheaper than asking the socket for RCVMORE after each part."""
-    frame = recv(sock, NOBLOCK, False)
-    frames = [frame.bytes]
-    while frame.more:
-        frame = recv(sock, 0, False)
-        # a big body stays in ZeroMQ's buffer (no copy): held, written, delivered from there
-        frames.append(frame.buffer if len(frame) >= ZERO_COPY_MIN else frame.bytes)
-    return frames
-
-
-def receive_some(sock: zmq.Socket, budget: int = DRAIN_BUDGET) -> tuple[list[list[bytes]], bool]:
-    """Up to ``budget`` waiting messages, without blocking, and whether more may wait (the
-    budget was used up: look again soon, the socket's FD will not say so)."""
-    messages = []
-    for _ in range(budget):
-        try:
-            messages.append(recv_frames(sock))
-        except zmq.Again:
-            return messages, False
-    return messages, True

@@ -16,7 +16,11 @@ ACKs, so their segments go. After a crash, messages below the committed offset f
 log (their ACK records not yet written) are dropped at start. Offsets never go back: the next
 seq is past the committed offset even when every segment holding older seqs is gone.
 
-:class:`StreamCore` decides (no I/O); the server moves the frames and writes the offsets file.
+:class:`StreamCore` decides (no I/O). Called with :meth:`~StreamCore.serve` and
+:meth:`~StreamCore.committed_written` it records its replies and the offsets file writes as
+actions (actions.py: StreamReply, WriteCommitted) that the server takes with ``take_output``
+and carries out; :meth:`~StreamCore.request`, :meth:`~StreamCore.to_write` and
+:meth:`~StreamCore.written` are the same decisions, returned.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from . import wire
+from .actions import StreamReply, WriteCommitted
 from .queue import QueueCore
+from .records import MessageRecord
 
 OFFSETS_FILE = "stream-offsets"
 
@@ -64,6 +71,24 @@ def save_committed(data_dir: Path, committed: int) -> None:
         os.close(dir_fd)
 
 
+def recover(core: QueueCore, messages: list[MessageRecord], next_seq: int,
+            committed: int | None, *, stream: bool, hold: bool = False
+            ) -> tuple[StreamCore | None, list[int]]:
+    """Give ``core`` what the log holds, less what was committed before a crash (the offsets
+    file says ``committed``; its ACKs are not in the log yet). Returns the stream core of a
+    stream queue, and the seqs to ACK in the log now."""
+    stale = []
+    if committed is not None:
+        stale = [m.seq for m in messages if m.seq < committed]
+        messages = [m for m in messages if m.seq >= committed]
+    core.recover(messages, max(next_seq, committed or 0), hold=hold)
+    if not stream:
+        return None, stale
+    if committed is None:
+        committed = messages[0].seq if messages else core.next_seq
+    return StreamCore(core, committed), stale
+
+
 class StreamCore:
     """The stream requests of one queue. ``committed`` is the durable committed offset."""
 
@@ -72,9 +97,30 @@ class StreamCore:
         self.committed = committed
         self._writing: int | None = None  # the offset being written to the offsets file
         self._waiting: list[tuple[list[bytes], int]] = []  # COMMITs: (envelope, end)
+        self.out: list[Any] = []  # StreamReply, WriteCommitted (take_output)
         self.requests = 0
         self.errors = 0
         self.commits = 0  # offsets file writes
+
+    def serve(self, frames: list[bytes]) -> None:
+        """:meth:`request`, its reply recorded (StreamReply)."""
+        reply = self.request(frames)
+        if reply is not None:
+            self.out.append(StreamReply(reply))
+
+    def committed_written(self, value: int, error: str | None) -> None:
+        """:meth:`written`, its replies recorded (StreamReply)."""
+        self.out.extend(StreamReply(reply) for reply in self.written(value, error))
+
+    def take_output(self) -> list[Any]:
+        """The actions recorded since the last call, in order; then the write of the offset
+        the COMMITs that came wait for, if no write is under way (WriteCommitted: report it
+        with :meth:`committed_written`)."""
+        value = self.to_write()
+        if value is not None:
+            self.out.append(WriteCommitted(value))
+        out, self.out = self.out, []
+        return out
 
     def request(self, frames: list[bytes]) -> list[bytes] | None:
         """A request as received (routing id first); the reply to send now, or None when it
