@@ -259,7 +259,7 @@ def stop_command(argv: Sequence[str]) -> int:
                      "Stop a running broker, as SIGTERM does, and return once its process has "
                      "exited. Exit status 1 if it is still running after --wait seconds.")
     _common(parser)
-    parser.add_argument("--wait", type=_wait_seconds, default=10.0, metavar="SECONDS",
+    parser.add_argument("--wait", type=seconds_argument, default=10.0, metavar="SECONDS",
                         help="how long to wait for the broker to exit (default 10)")
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "stop"})
@@ -282,7 +282,8 @@ def stop_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def _wait_seconds(text: str) -> float:
+def seconds_argument(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
     try:
         value = float(text)
     except ValueError:

@@ -62,20 +62,8 @@ __all__ = [
     "open",
 ]
 
-#: the names above that ``zpipes.client`` defines
-_CLIENT_NAMES = frozenset({
-    "DEFAULT_BROKER",
-    "DEFAULT_BROKER_TIMEOUT",
-    "DEFAULT_CHUNK_SIZE",
-    "DEFAULT_PING_INTERVAL",
-    "DEFAULT_READ_AHEAD",
-    "DEFAULT_READ_SIZE",
-    "DEFAULT_WINDOW",
-    "PipeReader",
-    "PipeWriter",
-    "endpoint",
-    "open",
-})
+#: the names above that ``zpipes.client`` defines (all but the errors, imported already)
+_CLIENT_NAMES = frozenset(__all__) - set(globals())
 #: submodules that need pyzmq, reachable as attributes as when the package imported the client
 _SUBMODULES = frozenset({"aio", "cli", "client"})
 

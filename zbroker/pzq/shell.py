@@ -32,6 +32,7 @@ from typing import Any
 
 import zmq
 
+from zbroker.commands import seconds_argument
 from zbroker.config import ConfigError, load_config
 from zbroker.management import CommandError, NotRunning, request
 from zpipes import progress
@@ -108,14 +109,6 @@ def _count(text: str) -> int:
     return n
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e9:
-        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
-    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -139,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
                        help="the broker's name (default: broker.name of the config)")
         s.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
         if name == "put":
-            s.add_argument("--timeout", type=_seconds, default=10.0, metavar="SECONDS",
+            s.add_argument("--timeout", type=seconds_argument, default=10.0, metavar="SECONDS",
                            help="seconds to wait for the queue's ACKs (default %(default)s)")
             s.add_argument("--receive", metavar="ENDPOINT",
                            help="the producers' endpoint (no broker or config lookup)")
@@ -155,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--count", "-n", type=_count, default=1, metavar="N",
                            help="messages to get (default 1; 0: until none comes within "
                                 "--timeout)")
-            s.add_argument("--timeout", "--wait", "-t", type=_seconds, default=10.0,
+            s.add_argument("--timeout", "--wait", "-t", type=seconds_argument, default=10.0,
                            metavar="SECONDS",
                            help="seconds to wait for each message (default %(default)s; a "
                                 "stream queue's messages already there come at once)")
