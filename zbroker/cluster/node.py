@@ -448,7 +448,9 @@ class ClusterNode:
                 continue
             if self._writable(contact.endpoint):
                 self._say_hello(contact.endpoint, reply=False)
-            elif now - self._link_made.get(contact.endpoint, now) > LINK_RETRY:
+            elif contact.pinned and now - self._link_made.get(contact.endpoint, now) > LINK_RETRY:
+                # a configured or discovered peer's link (not one a HELLO named: those are
+                # given up soon, and a flood of them must not churn sockets)
                 self._close_link(contact.endpoint)  # made anew at the next turn
         self._schedule_next()
 
