@@ -52,6 +52,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
         time.sleep(interval)
 
 
+def assert_writer_lost(error: Exception) -> None:
+    """A reader's error says its writer was lost: the stream was cut, not whole."""
+    from zpipes import PipeFailed
+
+    assert isinstance(error, PipeFailed), repr(error)  # not a timeout, not the connection
+    assert error.reason.startswith("writer lost"), repr(error)
+    assert "writer lost" in str(error), repr(error)
+
+
 def cut(data: bytes, sizes: list[int]) -> list[bytes]:
     """``data`` in pieces of the given sizes, cycling; the last piece takes what is left."""
     pieces, pos, i = [], 0, 0

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import cut
+from helpers import assert_writer_lost, cut
 
 import zpipes
 from zpipes import BrokenPipe, BrokerUnavailable, PipeFailed, PipeTimeout, ZpipesError, aio
@@ -194,12 +194,6 @@ async def read_until_failure(reader: Any) -> tuple[bytes, ZpipesError]:
             return bytes(got), exc
         assert piece, f"end of stream after {len(got)} bytes: a cut stream looked whole"
         got += piece
-
-
-def assert_writer_lost(error: ZpipesError) -> None:
-    assert isinstance(error, PipeFailed), repr(error)  # not a timeout, not the connection
-    assert error.reason.startswith("writer lost"), repr(error)
-    assert "writer lost" in str(error), repr(error)
 
 
 async def test_abort_cuts_the_stream_the_reader_fails_after_the_flushed_data(broker):

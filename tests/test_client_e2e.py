@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import broker_env, cut, read_within
+from helpers import assert_writer_lost, broker_env, cut, read_within
 from wire import (
     INPUT_OK,
     INVALID,
@@ -28,7 +28,7 @@ from wire import (
 )
 
 import zpipes
-from zpipes import BrokenPipe, BrokerUnavailable, PipeFailed, PipeTimeout, ZpipesError
+from zpipes import BrokenPipe, BrokerUnavailable, PipeTimeout, ZpipesError
 
 MiB = 1 << 20
 JOIN = 30.0  # seconds: the longest any background call of these tests may take
@@ -356,12 +356,6 @@ def read_until_failure(reader: Any) -> tuple[bytes, ZpipesError]:
             return bytes(got), exc
         assert piece, f"end of stream after {len(got)} bytes: a cut stream looked whole"
         got += piece
-
-
-def assert_writer_lost(error: ZpipesError) -> None:
-    assert isinstance(error, PipeFailed), repr(error)  # not a timeout, not the connection
-    assert error.reason.startswith("writer lost"), repr(error)
-    assert "writer lost" in str(error), repr(error)
 
 
 def test_abort_cuts_the_stream_the_reader_fails_after_the_flushed_data(broker):
