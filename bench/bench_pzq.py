@@ -17,6 +17,10 @@ with BYTES at most that many bytes of bodies outstanding: a byte window, as the 
 consumer ACKs each message); the queue is started fresh for each case, with an empty data
 directory. With ``backlog`` the consumer connects only after the last producer ACK, so every
 message is written and fsynced (no write avoidance); its end-to-end rate includes the drain.
+With ``batch`` the case runs the batch path: the client's Producer packs up to 256 messages a
+batch (at most WINDOW unACKed), the consumer takes batches on the credit endpoint and ACKs each
+batch in one message; Redis Streams runs beside it pipelining 64 (its best here; the bare relay speaks
+only the original wire).
 
 The ACK latency of a producer that keeps its window full is, on average, what it has in flight
 divided by the rate (Little's law): 64 messages of 64 KiB at 400 MB/s is 10.5 ms before any
@@ -48,8 +52,10 @@ from zbroker.config import parse_size
 from zbroker.pzq.store import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "65536:1", "65536:64",
-                 "65536:64:1MiB", "65536:64:backlog", "65536:64:backlog:1MiB")
+DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:1024:batch", "100:64:batch",
+                 "65536:1", "65536:64", "65536:64:1MiB", "65536:64:backlog",
+                 "65536:64:backlog:1MiB")
+BATCH = 256  # messages in a batch of the batch path's producer
 
 
 def fsync_baseline(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
@@ -104,6 +110,53 @@ def producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | Non
     out.send((p.t0, p.t_end - p.t0, p.lat, p.failed))
 
 
+def batch_producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | None,
+                   start: float, out) -> None:
+    """The batch path: the client's Producer gathering up to BATCH messages a batch, at
+    most ``window`` messages unACKed; the ACK latency of each message is timed."""
+    from zbroker.pzq.client import Producer
+
+    sent_at: dict[bytes, float] = {}
+    lat: list[float] = []
+    failed = 0
+
+    def on_ack(msg_id: bytes, ok: bool, _text: str) -> None:
+        nonlocal failed
+        lat.append(time.monotonic() - sent_at.pop(msg_id))
+        failed += not ok
+
+    body = b"x" * size
+    with Producer(endpoint, window=window, batch=min(BATCH, window), on_ack=on_ack,
+                  max_inflight_bytes=max_bytes) as p:
+        while time.time() < start:
+            time.sleep(0.001)
+        t0 = time.monotonic()
+        for i in range(n):
+            mid = b"%d" % i
+            sent_at[mid] = time.monotonic()
+            p.send(body, msg_id=mid)
+        p.flush(60)
+        out.send((t0, time.monotonic() - t0, lat, failed))
+
+
+def batch_consumer(endpoint: str, n: int, window: int, out) -> None:
+    """A batch consumer of the credit endpoint: takes what came, ACKs it in one message."""
+    from zbroker.pzq.client import Consumer
+
+    got = 0
+    last = 0.0
+    with Consumer(endpoint, credit=window, credit_bytes=4 << 20) as c:
+        while got < n:
+            batch = c.recv_many(window, timeout=20)
+            if not batch:
+                raise SystemExit(f"consumer: nothing for 20 s after {got} messages")
+            c.ack_many(batch)
+            got += len(batch)
+            last = time.monotonic()
+        c.confirm(10)
+    out.send((last, got))
+
+
 def consumer(endpoint: str, n: int, out) -> None:
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
@@ -128,14 +181,15 @@ def consumer(endpoint: str, n: int, out) -> None:
 
 
 def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
-              ) -> tuple[subprocess.Popen, str, str, str]:
+              ) -> tuple[subprocess.Popen, str, str, str, str]:
     receive = f"tcp://127.0.0.1:{free_port()}"
     send = f"tcp://127.0.0.1:{free_port()}"
+    credit = f"tcp://127.0.0.1:{free_port()}"
     mon = f"ipc://{data}.monitor"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "zbroker.pzq", "--database", str(data), "--receive-dsn", receive,
-         "--send-dsn", send, "--monitor-dsn", mon, "--sync", sync,
+         "--send-dsn", send, "--credit-dsn", credit, "--monitor-dsn", mon, "--sync", sync,
          "--sync-window", str(window_us), "--inflight-window", "256",
          "--max-backlog", "2GiB", "--log-level", "warning",
          *(["--sync-max-bytes", str(max_sync)] if max_sync else [])],
@@ -146,7 +200,7 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
             if s.connect_ex(("127.0.0.1", int(send.rsplit(":", 1)[1]))) == 0:
                 break
         time.sleep(0.05)
-    return proc, receive, send, mon
+    return proc, receive, send, credit, mon
 
 
 def monitor(endpoint: str) -> dict[str, int]:
@@ -164,16 +218,19 @@ def monitor(endpoint: str) -> dict[str, int]:
 
 def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: int,
              backlog: bool = False, max_bytes: int | None = None,
-             max_sync: int | None = None) -> dict:
+             max_sync: int | None = None, batch: bool = False) -> dict:
     data = base / f"q-{size}-{window}"
     shutil.rmtree(data, ignore_errors=True)
-    proc, receive, send, mon = start_pzq(data, sync, window_us, max_sync)
+    proc, receive, send, credit, mon = start_pzq(data, sync, window_us, max_sync)
     ctx = mp.get_context("fork")
     (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
     start = time.time() + 0.5
     cpu0 = cpu_seconds(proc.pid)
-    cons = ctx.Process(target=consumer, args=(send, n, c_out))
-    prod = ctx.Process(target=producer,
+    if batch:
+        cons = ctx.Process(target=batch_consumer, args=(credit, n, window, c_out))
+    else:
+        cons = ctx.Process(target=consumer, args=(send, n, c_out))
+    prod = ctx.Process(target=batch_producer if batch else producer,
                        args=(receive, n, size, window, max_bytes, start, p_out))
     if not backlog:
         cons.start()
@@ -209,12 +266,13 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
     }
 
 
-def baselines(size: int, window: int, n: int, ours: dict) -> None:
-    """The bare relay and Redis Streams on the same case, and pzq's ratios against them."""
-    rows = [("relay", relay_case(size, window, n, producer, consumer))]
+def baselines(size: int, window: int, n: int, ours: dict, batch: bool = False) -> None:
+    """The bare relay (of the original wire: not for the batch path) and Redis Streams on
+    the same case, and pzq's ratios against them."""
+    rows = [] if batch else [("relay", relay_case(size, window, n, producer, consumer))]
     why = redis_missing()
-    if why is None:
-        rows.append(("redis", redis_case(size, window, n)))
+    if why is None:  # Redis pipelining at most 64 (the faster; more is slower here)
+        rows.append(("redis", redis_case(size, min(window, 64), n)))
     for name, b in rows:
         print(f"{'':>6} {name:>12} {'':>7} {n:>7} {b['produce']:>10,.0f} {b['e2e']:>10,.0f} "
               f"{b['e2e'] * size / 1e6:>9,.1f} {b['p50']:>10.2f} {b['p99']:>10.2f} {'':>7} "
@@ -254,13 +312,15 @@ def main() -> None:
             parts = case.split(":")
             size, window = int(parts[0]), int(parts[1])
             backlog = "backlog" in parts[2:]
-            byte_window = [p for p in parts[2:] if p != "backlog"]
+            batch = "batch" in parts[2:]
+            byte_window = [p for p in parts[2:] if p not in ("backlog", "batch")]
             max_bytes = parse_size(byte_window[0]) if byte_window else None
-            n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000) * args.scale)
+            n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000)
+                    * (4 if batch and size < 4096 else 1) * args.scale)
             r = run_case(base, size, window, n, args.sync, args.sync_window, backlog,
-                         max_bytes, args.sync_max_bytes)
+                         max_bytes, args.sync_max_bytes, batch)
             per = r["n"] / r["syncs"] if r["syncs"] > 0 else float("nan")
-            mode = "backlog" if backlog else ""
+            mode = "backlog" if backlog else "batch" if batch else ""
             flight = f"{window} msgs" + (f"/{byte_window[0]}" if byte_window else "")
             print(f"{size:>6} {flight:>12} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
                   f"{r['e2e']:>10,.0f} "
@@ -268,7 +328,7 @@ def main() -> None:
                   f"{per:>10.1f} {r['avoided']:>8} {r['cpu_us']:>10.1f}"
                   + (f"  FAILED {r['failed']}" if r["failed"] else ""))
             if not args.no_baselines and not backlog and not byte_window and window > 1:
-                baselines(size, window, n, r)
+                baselines(size, window, n, r, batch)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

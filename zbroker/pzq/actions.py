@@ -8,6 +8,7 @@ queue's own, a node id the log of the copies held for that node.
 
     Append, Ack, Move        the log: write a message, ACK one, write a live one again at the
                              head (compaction)
+    AppendBatch              the log: write a producer's batch as one record
     OpenLog                  open (create) the log of the copies of a new origin node
     Reply                    to a producer (or a static peer) on the receive endpoint
     Confirm                  to a consumer of the credit endpoint: its ACK is durable (ACKED)
@@ -54,6 +55,18 @@ class Append:
     key: bytes
     msg_id: bytes
     frames: Sequence[Any]
+    log: str | None = None
+
+
+@dataclass(slots=True)
+class AppendBatch:
+    """Write a producer's batch as one record: ``count`` messages, seqs from ``first_seq``,
+    keys from ``key_base`` (wire.message_key), ``packed`` as wire.pack made it."""
+
+    first_seq: int
+    count: int
+    key_base: bytes
+    packed: bytes
     log: str | None = None
 
 

@@ -36,6 +36,9 @@ import zmq
 
 from . import wire
 
+DEFAULT_BATCH_BYTES = 256 << 10  # a producer's batch goes once its bodies hold this much
+DEFAULT_LINGER = 0.002  # seconds a producer's batch waits for more messages
+
 
 class ProducerError(Exception):
     """Messages were refused by the queue; ``failed`` maps their ids to the reasons."""
@@ -66,15 +69,34 @@ class Producer:
     def __init__(self, endpoint: str, *, window: int = 64, retry_timeout: float = 5.0,
                  context: zmq.Context | None = None,
                  on_ack: Callable[[bytes, bool, str], None] | None = None,
-                 max_inflight_bytes: int | None = None):
+                 max_inflight_bytes: int | None = None, batch: int = 0,
+                 batch_bytes: int = DEFAULT_BATCH_BYTES, linger: float = DEFAULT_LINGER):
         """``window``: most messages unACKed; ``max_inflight_bytes``: most bytes of bodies
         unACKed (None: no bound; a larger message still goes, alone). The ACK latency is
         about what is in flight divided by the rate the queue stores it (Little's law), so
-        for big messages a byte window bounds it where a message window cannot."""
+        for big messages a byte window bounds it where a message window cannot.
+
+        ``batch``: send up to that many messages in one batch (0: one ZeroMQ message per
+        message, the original wire, which any pzq takes; batches need a queue of ours). A
+        batch goes when it holds ``batch`` messages or ``batch_bytes`` of bodies, when the
+        window is full, at :meth:`poll` and :meth:`flush`, or at the first :meth:`send`
+        ``linger`` seconds after its first message (the client has no thread of its own:
+        a last message waits for one of those calls). A message of several body frames
+        goes alone, on the original wire."""
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if max_inflight_bytes is not None and max_inflight_bytes < 1:
             raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
+        if not 0 <= batch <= wire.MAX_BATCH:
+            raise ValueError(f"batch must be 0..{wire.MAX_BATCH}, got {batch}")
+        self.batch = batch
+        self.batch_bytes = batch_bytes
+        self.linger = linger
+        self._batch_ids: list[bytes] = []
+        self._batch_bodies: list[bytes] = []
+        self._batch_size = 0
+        self._batch_at = 0.0
+        self.inflight = 0  # messages sent (or in the batch being made) and not ACKed
         self.window = window
         self.max_inflight_bytes = max_inflight_bytes
         self.inflight_bytes = 0
@@ -85,7 +107,10 @@ class Producer:
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
-        self.outstanding: OrderedDict[bytes, tuple[float, list[bytes], int]] = OrderedDict()
+        #: id (of a message, or of a batch) -> (sent at, frames, bytes of bodies, the ids
+        #: of a batch's messages or None)
+        self.outstanding: OrderedDict[bytes, tuple[float, list[bytes], int,
+                                                   list[bytes] | None]] = OrderedDict()
         self.acked = 0
         self.retried = 0
         self.replication_failed = 0
@@ -108,28 +133,58 @@ class Producer:
         body_frames = _frames(body)
         size = sum(len(f) for f in body_frames)
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.poll(0)
+        if not self._batch_ids:  # (while a batch is being made, ACKs are taken as it goes)
+            self._take_acks(0)
         while self._full(size):
+            self._send_batch()
             wait = 0.1 if deadline is None else deadline - time.monotonic()
             if wait <= 0:
-                raise TimeoutError(f"{len(self.outstanding)} messages still unACKed")
-            self.poll(min(wait, 0.1))
-        frames = [msg_id, b"", *body_frames]
-        self.outstanding[msg_id] = (time.monotonic(), frames, size)
+                raise TimeoutError(f"{self.inflight} messages still unACKed")
+            self._take_acks(min(wait, 0.1))
+        self.inflight += 1
         self.inflight_bytes += size
+        if self.batch and len(body_frames) == 1:
+            if not self._batch_ids:
+                self._batch_at = time.monotonic()
+            self._batch_ids.append(msg_id)
+            self._batch_bodies.append(bytes(body_frames[0]))
+            self._batch_size += size
+            if (len(self._batch_ids) >= self.batch or self._batch_size >= self.batch_bytes
+                    or time.monotonic() - self._batch_at >= self.linger):
+                self._send_batch()
+                self._take_acks(0)
+            return msg_id
+        frames = [msg_id, b"", *body_frames]
+        self.outstanding[msg_id] = (time.monotonic(), frames, size, None)
         self.sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
         return msg_id
 
+    def _send_batch(self) -> None:
+        """Send the batch being made, if any."""
+        ids = self._batch_ids
+        if not ids:
+            return
+        self._n += 1
+        batch_id = f"{self._prefix}-b{self._n}".encode()
+        frames = [batch_id, wire.BATCH_HEADER, b"", wire.pack(ids, self._batch_bodies)]
+        self.outstanding[batch_id] = (time.monotonic(), frames, self._batch_size, ids)
+        self._batch_ids, self._batch_bodies, self._batch_size = [], [], 0
+        self.sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
+
     def _full(self, size: int) -> bool:
-        if len(self.outstanding) >= self.window:
+        if self.inflight >= self.window:
             return True
         limit = self.max_inflight_bytes
-        return (limit is not None and bool(self.outstanding)
+        return (limit is not None and self.inflight > 0
                 and self.inflight_bytes + size > limit)
 
     def poll(self, timeout: float) -> int:
-        """Take the ACKs that came (waiting up to ``timeout`` for the first); resend what
-        timed out. Returns the number of ACKs taken."""
+        """Send the batch being made, take the ACKs that came (waiting up to ``timeout`` for
+        the first); resend what timed out. Returns the number of messages ACKed."""
+        self._send_batch()
+        return self._take_acks(timeout)
+
+    def _take_acks(self, timeout: float) -> int:
         n = 0
         if self.sock.poll(int(timeout * 1000)):
             while True:
@@ -145,10 +200,11 @@ class Producer:
         """Wait until every message sent is ACKed; TimeoutError, or ProducerError if some
         were refused."""
         deadline = time.monotonic() + timeout
+        self._send_batch()
         while self.outstanding:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{len(self.outstanding)} messages still unACKed")
+                raise TimeoutError(f"{self.inflight} messages still unACKed")
             self.poll(min(left, 0.1))
         if self.failed:
             raise ProducerError(dict(self.failed))
@@ -156,36 +212,42 @@ class Producer:
     def _ack(self, frames: list[bytes]) -> int:
         if len(frames) < 2:
             return 0
-        msg_id, status = frames[0], frames[1]
-        entry = self.outstanding.pop(msg_id, None)
+        entry = self.outstanding.pop(frames[0], None)
         if entry is None:
             return 0  # the ACK of a resent message that was ACKed already
         self.inflight_bytes -= entry[2]
+        ids = entry[3] if entry[3] is not None else [frames[0]]
+        self.inflight -= len(ids)
         text = frames[3].decode(errors="replace") if len(frames) > 3 else ""
-        ok = status == wire.OK
+        ok = frames[1] == wire.OK
         if ok:
-            self.acked += 1
+            self.acked += len(ids)
             if text == wire.REPLICATION_FAILED:
-                self.replication_failed += 1
+                self.replication_failed += len(ids)
         else:
-            self.failed[msg_id] = text
+            for msg_id in ids:
+                self.failed[msg_id] = text
         if self.on_ack is not None:
-            self.on_ack(msg_id, ok, text)
-        return 1
+            for msg_id in ids:
+                self.on_ack(msg_id, ok, text)
+        return len(ids)
 
     def _retry(self) -> None:
         if not self.outstanding:
             return
         now = time.monotonic()
-        for msg_id, (sent, frames, size) in list(self.outstanding.items()):
+        for msg_id, (sent, frames, size, ids) in list(self.outstanding.items()):
             if now - sent < self.retry_timeout:
                 break  # in send order: the rest is younger
-            self.outstanding[msg_id] = (now, frames, size)
+            self.outstanding[msg_id] = (now, frames, size, ids)
             self.outstanding.move_to_end(msg_id)
             self.retried += 1
             self.sock.send_multipart(frames)
 
     def close(self) -> None:
+        """Close the socket (a batch being made is sent first; call :meth:`flush` to wait
+        for its ACK)."""
+        self._send_batch()
         self.sock.close()
         if self._own_ctx:
             self._ctx.term()
@@ -209,9 +271,17 @@ class Consumer:
     ``unconfirmed`` holds the keys still waiting, :meth:`confirm` waits for them."""
 
     def __init__(self, endpoint: str, *, context: zmq.Context | None = None,
-                 rcvhwm: int | None = None, credit: int | None = None):
+                 rcvhwm: int | None = None, credit: int | None = None,
+                 credit_bytes: int | None = None):
+        """``credit_bytes`` (with ``credit``): take batches (a queue of ours), holding at most
+        that many bytes of bodies unACKed (one message at least); :meth:`ack_many` ACKs
+        many in one message."""
         if credit is not None and not 1 <= credit <= wire.MAX_WINDOW:
             raise ValueError(f"credit must be 1..{wire.MAX_WINDOW}, not {credit}")
+        if credit_bytes is not None and (credit is None or credit_bytes < 1):
+            raise ValueError("credit_bytes needs credit, and must be >= 1")
+        self.credit_bytes = credit_bytes
+        self._acks = 0
         self._own_ctx = context is None
         self._ctx = context or zmq.Context()
         self.sock = self._ctx.socket(zmq.DEALER)
@@ -229,7 +299,10 @@ class Consumer:
 
     def _say_ready(self) -> None:
         if self.credit is not None:
-            self.sock.send_multipart([wire.READY, b"%d" % self.credit])
+            ready = [wire.READY, b"%d" % self.credit]
+            if self.credit_bytes is not None:
+                ready.append(b"%d" % self.credit_bytes)
+            self.sock.send_multipart(ready)
             self._ready_at = time.monotonic()
 
     def recv(self, timeout: float | None = None) -> Message | None:
@@ -258,10 +331,22 @@ class Consumer:
         if not self.sock.poll(max(0, int(wait * 1000))):
             return None
         self._ready_at = time.monotonic()  # it knows us
-        frames = self.sock.recv_multipart()
+        return self._take(self.sock.recv_multipart())
+
+    def _take(self, frames: list[bytes]) -> Message | None:
+        """A delivery (the first message of a batch; the others wait in ``_early``), or
+        None for a confirmation."""
         if len(frames) == 2 and frames[1] in (wire.ACKED, wire.UNKNOWN):
             self.unconfirmed.discard(frames[0])
             return None
+        if frames[0] == wire.BATCH and len(frames) == 4:
+            got = wire.unpack(frames[3])
+            if isinstance(got, str):
+                raise ValueError(f"not a pzq batch: {got}")
+            sent, timeout = int(frames[1]), int(frames[2])
+            self._early.extend(Message(key, sent, timeout, (body,))
+                               for key, body in zip(*got, strict=True))
+            return self._early.popleft()
         return self._decode(frames)
 
     def confirm(self, timeout: float) -> None:
@@ -286,11 +371,22 @@ class Consumer:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return None
-            if self.credit is not None and len(frames) == 2 \
-                    and frames[1] in (wire.ACKED, wire.UNKNOWN):
-                self.unconfirmed.discard(frames[0])
-                continue
-            return self._decode(frames)
+            if self.credit is None:
+                return self._decode(frames)
+            m = self._take(frames)
+            if m is not None:
+                return m
+
+    def recv_many(self, max_count: int, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_count`` messages: waits (up to ``timeout``) for the first, then
+        takes what has come."""
+        first = self.recv(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while len(out) < max_count and (m := self.recv_nowait()) is not None:
+            out.append(m)
+        return out
 
     @staticmethod
     def _decode(frames: list[bytes]) -> Message:
@@ -303,6 +399,19 @@ class Consumer:
         self.sock.send_multipart([key, wire.OK])
         if self.credit is not None:
             self.unconfirmed.add(key)
+
+    def ack_many(self, messages: Sequence[Message | bytes]) -> None:
+        """ACK many messages in one ZeroMQ message (a batch consumer: ``credit_bytes``);
+        confirmed as one (see :meth:`confirm`)."""
+        if self.credit_bytes is None:
+            raise ValueError("ack_many needs a batch consumer (credit and credit_bytes)")
+        if not messages:
+            return
+        self._acks += 1
+        ack_id = b"acks-%d" % self._acks
+        keys = [m.key if isinstance(m, Message) else m for m in messages]
+        self.sock.send_multipart([wire.ACK, ack_id, wire.pack(keys)])
+        self.unconfirmed.add(ack_id)
 
     def nack(self, message: Message | bytes) -> None:
         key = message.key if isinstance(message, Message) else message

@@ -68,13 +68,24 @@ class Consumers:
         """The credit endpoint: READY (a consumer's window) and ACKs."""
         if len(frames) < 2:
             return
-        core = self.core
-        ready = wire.decode_ready(frames[1:])
+        core, cid, body = self.core, frames[0], frames[1:]
+        if len(body) == 3:
+            acks = wire.decode_ack_batch(body)
+            if acks is not None:
+                if isinstance(acks, wire.WireError):
+                    core.counters["malformed"] += 1
+                else:
+                    core.consumer_acks(acks[1], cid, acks[0])
+                return
+            ready = wire.decode_ready_batch(body)
+        else:
+            ready = wire.decode_ready(body)
         if ready is None:
-            core.consumer_ack(frames[1:], confirm_to=frames[0])
+            core.consumer_ack(body, confirm_to=cid)
         elif isinstance(ready, wire.WireError):
             core.counters["malformed"] += 1
-        elif not core.credit_consumer(frames[0], ready):
+        elif not (core.credit_consumer(cid, ready) if type(ready) is int
+                  else core.credit_consumer(cid, *ready)):
             self.log.warning("pzq too many credit consumers: READY ignored", queue=self.name)
 
     def confirm(self, confirmations: list[Confirm]) -> None:

@@ -33,6 +33,8 @@ class Consumer:
     credit: int
     inflight: set[int] = field(default_factory=set)
     paused: bool = False  # its connection is full for now: skipped, credit kept
+    max_bytes: int = 1 << 62  # its window in bytes: more only while below (one at least)
+    inflight_bytes: int = 0
 
     @property
     def free(self) -> int:
@@ -63,13 +65,14 @@ class Dispatcher:
 
     # --- consumers -------------------------------------------------------------------------
 
-    def set_consumer(self, cid: Hashable, credit: int) -> None:
-        """Add a consumer, or change its credit."""
+    def set_consumer(self, cid: Hashable, credit: int, max_bytes: int = 1 << 62) -> None:
+        """Add a consumer, or change its credit (messages and bytes unACKed)."""
         c = self.consumers.get(cid)
         if c is None:
-            self.consumers[cid] = Consumer(cid, credit)
+            self.consumers[cid] = Consumer(cid, credit, max_bytes=max_bytes)
         else:
             c.credit = credit
+            c.max_bytes = max_bytes
 
     def pause(self, cid: Hashable, paused: bool = True) -> None:
         """Skip (or no longer skip) ``cid`` when choosing whom to send to."""
@@ -116,21 +119,44 @@ class Dispatcher:
             size = self._size[seq]
             if self.inflight and self.inflight_bytes + size > self.max_inflight_bytes:
                 return None
-            consumer = self._least_loaded()
+            consumer = self._least_loaded(size)
             if consumer is None:
                 return None
-            self._ready.popleft()
-            attempt = self._attempts[seq] + 1
-            self._attempts[seq] = attempt
-            if attempt > 1:
-                self.redelivered += 1
-            self._where[seq] = consumer.id
-            consumer.inflight.add(seq)
-            self.inflight += 1
-            self.inflight_bytes += size
-            self._deadlines.append((now + self.ack_timeout, seq, attempt))
-            return Delivery(seq, consumer.id, attempt)
+            return self._send(seq, size, consumer, now)
         return None
+
+    def next_delivery_to(self, cid: Hashable, now: float) -> Delivery | None:
+        """The next message for consumer ``cid`` (more of a batch to it), if its window and
+        the bytes in flight allow; marks it in flight as :meth:`next_delivery` does."""
+        consumer = self.consumers[cid]
+        ready, where = self._ready, self._where
+        while ready:
+            seq = ready[0]
+            if where.get(seq) != READY:
+                ready.popleft()
+                continue
+            size = self._size[seq]
+            if (self.inflight_bytes + size > self.max_inflight_bytes
+                    or len(consumer.inflight) >= consumer.credit
+                    or consumer.inflight_bytes + size > consumer.max_bytes):
+                return None
+            return self._send(seq, size, consumer, now)
+        return None
+
+    def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
+        """``seq``, first in the ready queue, goes to ``consumer``."""
+        self._ready.popleft()
+        attempt = self._attempts[seq] + 1
+        self._attempts[seq] = attempt
+        if attempt > 1:
+            self.redelivered += 1
+        self._where[seq] = consumer.id
+        consumer.inflight.add(seq)
+        consumer.inflight_bytes += size
+        self.inflight += 1
+        self.inflight_bytes += size
+        self._deadlines.append((now + self.ack_timeout, seq, attempt))
+        return Delivery(seq, consumer.id, attempt)
 
     def unsent(self, delivery: Delivery) -> None:
         """``delivery`` could not be sent after all: back to the front, not counted."""
@@ -196,11 +222,14 @@ class Dispatcher:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _least_loaded(self) -> Consumer | None:
+    def _least_loaded(self, size: int) -> Consumer | None:
+        """The consumer with the fewest messages in flight that may take one of ``size``
+        bytes (a consumer with nothing in flight takes any size)."""
         best = None
         for c in self.consumers.values():
-            if c.free > 0 and not c.paused and (best is None
-                                                 or len(c.inflight) < len(best.inflight)):
+            if (c.free > 0 and not c.paused
+                    and (best is None or len(c.inflight) < len(best.inflight))
+                    and (not c.inflight or c.inflight_bytes + size <= c.max_bytes)):
                 best = c
         return best
 
@@ -216,6 +245,7 @@ class Dispatcher:
         c = self.consumers.get(cid)
         if c is not None:
             c.inflight.discard(seq)
+            c.inflight_bytes -= self._size[seq]
         self.inflight -= 1
         self.inflight_bytes -= self._size[seq]
         self._where[seq] = READY

@@ -29,7 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import wire
-from .actions import Ack, Adopted, Append, BatchResult, Confirm, Move, Replicate, Reply, Unreplicate
+from .actions import (
+    Ack,
+    Adopted,
+    Append,
+    AppendBatch,
+    BatchResult,
+    Confirm,
+    Move,
+    Replicate,
+    Reply,
+    Unreplicate,
+)
 from .dispatcher import Delivery, Dispatcher
 from .records import MessageRecord
 
@@ -41,6 +52,7 @@ MAX_ID = wire.MAX_ID
 MODES = ("push", "stream")
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
+MAX_DELIVERY_BATCH = 1024  # messages in one batch to a batch consumer
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,51 @@ class Replicating:
         self.waiters: list[tuple[bytes, bytes]] = []
 
 
+class BatchWaiter:
+    """A producer's batch (wire.ProduceBatch) waiting for its parts: its record in the log,
+    and the messages of other batches it repeats (ids stored before, not yet durable) or,
+    with replicas, the copies of each of its messages. Answered once, when every part is
+    done: "0" with the first failure's reason, else "1" (REPLICATION_FAILED if a part
+    said so)."""
+
+    __slots__ = ("peer", "batch_id", "pending", "error", "replication_failed")
+
+    def __init__(self, peer: bytes, batch_id: bytes):
+        self.peer = peer
+        self.batch_id = batch_id
+        self.pending = 0
+        self.error: str | None = None
+        self.replication_failed = False
+
+    def part_done(self, ok: bool, text: str | None) -> bool:
+        """One part is done; True when it was the last."""
+        self.pending -= 1
+        if not ok and self.error is None:
+            self.error = text or "store failed"
+        elif text == wire.REPLICATION_FAILED:
+            self.replication_failed = True
+        return self.pending == 0
+
+
+class AckGroup:
+    """A batch consumer's ACK of many keys: confirmed (ACKED) once all are durable."""
+
+    __slots__ = ("consumer", "ack_id", "pending")
+
+    def __init__(self, consumer: Hashable, ack_id: bytes):
+        self.consumer = consumer
+        self.ack_id = ack_id
+        self.pending = 0
+
+
+@dataclass(slots=True)
+class Deliveries:
+    """A batch of deliveries to one batch consumer, sent as one message."""
+
+    consumer: Hashable
+    deliveries: list[Delivery]
+
+
 class QueueCore:
     def __init__(self, limits: Limits = Limits(), stream: bool = False,
                  budget: Budget | None = None, full_reason: str = QUEUE_FULL,
@@ -128,16 +185,19 @@ class QueueCore:
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
         self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
-        self.ack_waiters: dict[int, tuple[Hashable, bytes]] = {}  # seq -> (consumer, key)
+        #: seq -> (consumer, key), or the AckGroup of a batch consumer's ACK
+        self.ack_waiters: dict[int, tuple[Hashable, bytes] | AckGroup] = {}
+        #: consumers of the credit endpoint that take batches: id -> most bytes in a batch
+        self.batch_consumers: dict[Hashable, int] = {}
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
-        self._prefix = str(uuid.uuid4())[:24]  # "xxxxxxxx-xxxx-4xxx-yxxx-": + 12 hex = a uuid
+        self._prefix = str(uuid.uuid4())[:24].encode()  # "xxxxxxxx-xxxx-4xxx-yxxx-"
         self.counters = dict.fromkeys((
             "produced", "stored", "producer_acks", "producer_failures", "duplicates",
             "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
             "recovered", "replicated", "replication_failed", "committed_messages",
-            "taken_back"), 0)
+            "taken_back", "batches"), 0)
 
     def take_output(self) -> list[Any]:
         """The actions recorded since the last call, in order (actions.py)."""
@@ -212,7 +272,7 @@ class QueueCore:
             return self._refuse(peer, msg_id, self.full_reason)
         seq = self.next_seq
         self.next_seq += 1
-        key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
+        key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
         self._add(seq, key, msg_id, p.body, size)
         self.waiting[seq] = [(peer, msg_id, key)]
         if self.limits.replicas:
@@ -220,6 +280,108 @@ class QueueCore:
             st.failed = self.replica_targets < self.limits.replicas
             self._replica_deadlines.append((now + self.limits.replication_timeout, key))
             self.replication_out.append(Replicate(key, p.body))
+
+    def produce_batch(self, peer: bytes, frames: list[bytes], now_us: int,
+                      now: float = 0.0) -> None:
+        """A producer's batch (wire.ProduceBatch, frames after its routing id): its new
+        messages go to the log as one record (all of them or none after a crash); one
+        answer when every message of it is durable (or was before: ids are idempotent as
+        one by one), or "0" and why for all of it."""
+        b = wire.decode_produce_batch(frames)
+        if isinstance(b, wire.WireError):
+            self.counters["malformed"] += 1
+            if b.msg_id is not None:
+                self._refuse(peer, b.msg_id[:MAX_ID], b.reason)
+            return
+        limits, counters = self.limits, self.counters
+        ids, bodies, n = b.ids, b.bodies, len(b.ids)
+        counters["produced"] += n
+        counters["batches"] += 1
+        batch_id = b.batch_id[:MAX_ID]
+        if len(b.packed) > limits.max_message_size:
+            return self._refuse(peer, batch_id, f"Batch too large: {len(b.packed)} bytes, "
+                                                f"limit {limits.max_message_size}")
+        if not all(bodies):
+            return self._refuse(peer, batch_id, wire.EMPTY)
+        frame_cost = 2 * wire.FRAME_COST
+        cost = len(b.packed) + (frame_cost - 5) * n - 4  # ids and bodies, FRAME_COST each
+        budget = self.budget
+        if (budget.bytes + cost > limits.max_backlog
+                or budget.messages + n > limits.max_messages):
+            return self._refuse(peer, batch_id, self.full_reason)
+        w = BatchWaiter(peer, batch_id)
+        known = self.ids
+        fresh = [i for i, msg_id in enumerate(ids) if msg_id not in known]
+        if len(fresh) < n or len(set(ids)) < n:
+            return self._produce_batch_repeating(w, ids, bodies, now_us, now)
+        first = self.next_seq
+        self.next_seq = first + n
+        base = wire.key_base(now_us, self._prefix)
+        self.out.append(AppendBatch(first, n, base, b.packed, self.log_name))
+        self._add_batch(w, first, base, ids, bodies, now)
+
+    def _produce_batch_repeating(self, w: BatchWaiter, ids: list[bytes],
+                                 bodies: list[bytes], now_us: int, now: float) -> None:
+        """A batch some of whose ids were stored before (a batch sent again), or that
+        repeats an id: the new messages are written, the others waited for."""
+        new_ids: list[bytes] = []
+        new_bodies: list[bytes] = []
+        first = self.next_seq
+        for msg_id, body in zip(ids, bodies, strict=True):
+            prior = self.ids.get(msg_id)
+            if prior is None and msg_id not in new_ids:
+                new_ids.append(msg_id)
+                new_bodies.append(body)
+                continue
+            self.counters["duplicates"] += 1
+            m = self.messages.get(prior) if prior is not None else None
+            st = self.replicating.get(m.key) if m is not None else None
+            if m is not None and not m.durable:
+                self.waiting.setdefault(prior, []).append((w, msg_id, m.key))
+                w.pending += 1
+            elif st is not None:
+                st.waiters.append((w, msg_id))
+                w.pending += 1
+        if new_ids:
+            n = len(new_ids)
+            self.next_seq = first + n
+            base = wire.key_base(now_us, self._prefix)
+            self.out.append(AppendBatch(first, n, base, wire.pack(new_ids, new_bodies),
+                                        self.log_name))
+            self._add_batch(w, first, base, new_ids, new_bodies, now)
+        elif w.pending == 0:
+            self._answer_batch(w)  # every message of it was stored before
+
+    def _add_batch(self, w: BatchWaiter, first: int, base: bytes, ids: list[bytes],
+                   bodies: list[bytes], now: float) -> None:
+        """Take the messages of a batch record with seqs from ``first`` on."""
+        messages, keys = self.messages, self.keys
+        dispatch = None if self.stream else self.dispatcher.add
+        replicas = self.limits.replicas
+        frame_cost = 2 * wire.FRAME_COST
+        total = 0
+        seq = first
+        for msg_id, body in zip(ids, bodies, strict=True):
+            key = wire.message_key(base, seq)
+            size = len(msg_id) + len(body) + frame_cost
+            messages[seq] = Message(seq, key, msg_id, (body,), size, False)
+            keys[key] = seq
+            self._remember(msg_id, seq)
+            if dispatch is not None:
+                dispatch(seq, size)
+            if replicas:  # each message's copies are a part of the batch's answer
+                self.waiting[seq] = [(w, msg_id, key)]
+                w.pending += 1
+                st = self.replicating[key] = Replicating(replicas)
+                st.failed = self.replica_targets < replicas
+                self._replica_deadlines.append((now + self.limits.replication_timeout, key))
+                self.replication_out.append(Replicate(key, (body,)))
+            total += size
+            seq += 1
+        self._count(total, len(ids))
+        if not replicas:
+            self.waiting[first] = [(w, b"", None)]  # the record: one part
+            w.pending += 1
 
     def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int, token: Any) -> None:
         """Take a message over with no producer waiting (a replica whose owner is lost);
@@ -230,7 +392,7 @@ class QueueCore:
             return
         seq = self.next_seq
         self.next_seq += 1
-        key = b"%d|%s%012x" % (now_us, self._prefix.encode(), seq & 0xFFFFFFFFFFFF)
+        key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
         # not checked against max_backlog: a copy held here was counted there already
         self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
         self.adopting[seq] = token
@@ -285,7 +447,13 @@ class QueueCore:
         if self.ack_waiters:
             for seq in result.acked:
                 w = self.ack_waiters.pop(seq, None)
-                if w is not None:
+                if w is None:
+                    continue
+                if type(w) is AckGroup:
+                    w.pending -= 1
+                    if w.pending == 0:
+                        self.out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
+                else:
                     self.out.append(Confirm(w[0], w[1], wire.ACKED))
         if result.error is not None:
             for seq in result.failed:
@@ -316,13 +484,13 @@ class QueueCore:
                 if w is None:
                     continue
                 for peer, msg_id, key in w:
-                    st = self.replicating.get(key)
+                    st = self.replicating.get(key) if key is not None else None
                     if not ok:
-                        self._refuse(peer, msg_id, result.error or "store failed")
+                        self._answer(peer, msg_id, False, result.error or "store failed")
                         if st is not None:
                             del self.replicating[key]
                     elif st is None:
-                        self._reply(peer, wire.producer_ack(msg_id))
+                        self._answer(peer, msg_id, True, None)
                     else:
                         st.local = True
                         st.waiters.append((peer, msg_id))
@@ -348,14 +516,22 @@ class QueueCore:
             self.dispatcher.remove_consumer(cid)
         self.dispatcher.set_consumer(cid, self.limits.inflight_window * connected)
 
-    def credit_consumer(self, cid: Hashable, window: int) -> bool:
+    def credit_consumer(self, cid: Hashable, window: int, max_bytes: int | None = None
+                        ) -> bool:
         """A consumer of the credit endpoint says READY with its window: it gets at most
-        ``window`` messages unACKed. False if there are too many such consumers already."""
+        ``window`` messages unACKed; with ``max_bytes`` it takes batches, and holds at most
+        that many bytes of bodies unACKed (one message at least). False if there are too
+        many such consumers already."""
         if cid not in self.dispatcher.consumers and self.credit_consumers >= MAX_CREDIT_CONSUMERS:
             return False
         if cid not in self.dispatcher.consumers:
             self.credit_consumers += 1
-        self.dispatcher.set_consumer(cid, window)
+        if max_bytes is None:
+            self.batch_consumers.pop(cid, None)
+            self.dispatcher.set_consumer(cid, window)
+        else:
+            self.batch_consumers[cid] = max_bytes
+            self.dispatcher.set_consumer(cid, window, max_bytes)
         return True
 
     def consumer_gone(self, cid: Hashable) -> int:
@@ -363,18 +539,46 @@ class QueueCore:
         at once. Returns how many messages that was."""
         if cid in self.dispatcher.consumers:
             self.credit_consumers -= 1
+        self.batch_consumers.pop(cid, None)
         return len(self.dispatcher.remove_consumer(cid))
 
-    def next_delivery(self, now: float, now_us: int) -> tuple[Delivery, list[bytes]] | None:
-        """The next delivery to send and its frames, or None."""
-        d = self.dispatcher.next_delivery(now)
+    def next_delivery(self, now: float, now_us: int
+                      ) -> tuple[Delivery | Deliveries, list[bytes]] | None:
+        """The next delivery to send and its frames, or None. To a batch consumer, a batch:
+        as many messages as its window takes (at most MAX_DELIVERY_BATCH) until one of
+        several body frames, which goes alone."""
+        dispatcher = self.dispatcher
+        d = dispatcher.next_delivery(now)
         if d is None:
             return None
-        m = self.messages[d.seq]
-        self.counters["delivered"] += 1
-        return d, wire.delivery(m.key, now_us, int(self.limits.ack_timeout * 1e6), m.frames)
+        messages, counters = self.messages, self.counters
+        m = messages[d.seq]
+        timeout_us = int(self.limits.ack_timeout * 1e6)
+        if d.consumer not in self.batch_consumers or len(m.frames) != 1:
+            counters["delivered"] += 1
+            return d, wire.delivery(m.key, now_us, timeout_us, m.frames)
+        cid = d.consumer
+        batch, keys, bodies = [d], [m.key], [m.frames[0]]
+        more = dispatcher.next_delivery_to
+        while len(batch) < MAX_DELIVERY_BATCH and (d := more(cid, now)) is not None:
+            m = messages[d.seq]
+            if len(m.frames) != 1:
+                dispatcher.unsent(d)
+                break
+            batch.append(d)
+            keys.append(m.key)
+            bodies.append(m.frames[0])
+        counters["delivered"] += len(batch)
+        return (Deliveries(cid, batch),
+                wire.batch_delivery(now_us, timeout_us, keys, bodies))
 
-    def unsent(self, delivery: Delivery) -> None:
+    def unsent(self, delivery: Delivery | Deliveries) -> None:
+        """``delivery`` (or a batch) could not be sent: ready again, as it was."""
+        if type(delivery) is Deliveries:
+            self.counters["delivered"] -= len(delivery.deliveries)
+            for d in reversed(delivery.deliveries):
+                self.dispatcher.unsent(d)
+            return
         self.counters["delivered"] -= 1
         self.dispatcher.unsent(delivery)
 
@@ -401,6 +605,25 @@ class QueueCore:
         self._drop(seq)
         if confirm_to is not None:
             self.ack_waiters[seq] = (confirm_to, a.key)
+
+    def consumer_acks(self, keys: list[bytes], cid: Hashable, ack_id: bytes) -> None:
+        """A batch consumer's ACK of ``keys``: each as :meth:`consumer_ack`; one Confirm
+        (``ack_id``, ACKED) once all those that were in the queue are durable."""
+        group = AckGroup(cid, ack_id)
+        seqs, counters, waiters = self.keys, self.counters, self.ack_waiters
+        ack, drop = self.dispatcher.ack, self._drop
+        for key in keys:
+            seq = seqs.get(key)
+            if seq is None or self.stream:
+                counters["unknown_acks"] += 1
+                continue
+            ack(seq)
+            drop(seq)
+            waiters[seq] = group
+            group.pending += 1
+        counters["consumer_acks"] += group.pending
+        if group.pending == 0:
+            self.out.append(Confirm(cid, ack_id, wire.ACKED))
 
     def _drop(self, seq: int) -> None:
         m = self.messages.pop(seq)
@@ -467,8 +690,7 @@ class QueueCore:
         done = st.got >= st.need
         self.counters["replicated" if done else "replication_failed"] += 1
         for peer, msg_id in st.waiters:
-            self._reply(peer, wire.producer_ack(msg_id, True,
-                                                None if done else wire.REPLICATION_FAILED))
+            self._answer(peer, msg_id, True, None if done else wire.REPLICATION_FAILED)
 
     def next_replication_deadline(self) -> float | None:
         d = self._replica_deadlines
@@ -516,6 +738,25 @@ class QueueCore:
         if seq is not None:
             self.ids_bytes -= len(msg_id)
         return seq
+
+    def _answer(self, peer: bytes | BatchWaiter, msg_id: bytes, ok: bool,
+                text: str | None) -> None:
+        """A producer's message is stored (``ok``; ``text``: REPLICATION_FAILED or None) or
+        failed (``text``: why). ``peer`` is a BatchWaiter for a part of a batch."""
+        if type(peer) is BatchWaiter:
+            if peer.part_done(ok, text):
+                self._answer_batch(peer)
+        elif ok:
+            self._reply(peer, wire.producer_ack(msg_id, True, text))
+        else:
+            self._refuse(peer, msg_id, text or "store failed")
+
+    def _answer_batch(self, w: BatchWaiter) -> None:
+        if w.error is not None:
+            self._refuse(w.peer, w.batch_id, w.error)
+        else:
+            self._reply(w.peer, wire.producer_ack(
+                w.batch_id, True, wire.REPLICATION_FAILED if w.replication_failed else None))
 
     def _reply(self, peer: bytes, frames: list[bytes]) -> None:
         self.counters["producer_acks"] += 1

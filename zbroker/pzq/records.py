@@ -9,6 +9,10 @@ and a payload is a type octet and its fields (integers little-endian)::
     MESSAGE  1  seq u64, key length u16, id length u16, frame count u32,
                 key, producer id, then per frame: length u32, bytes
     ACK      2  count u32, then count x seq u64      (the consumer ACKed these messages)
+    BATCH    3  first seq u64, key base length u16, key base, then a producer's batch as it
+                came (wire.pack: ids and bodies): its messages have the seqs from the first
+                on, one body frame each, keys wire.message_key(key base, seq); one record,
+                one checksum: after a crash all of the batch is there or none of it
 
 A record whose header is cut short, whose length runs past the end, or whose checksum does not
 match ends the readable part of the segment (a torn tail after a crash).
@@ -16,18 +20,23 @@ match ends the readable part of the segment (a torn tail after a crash).
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from . import wire
+
 MESSAGE = 1
 ACK = 2
+BATCH = 3
 
 HEADER = struct.Struct("<II")
 _MSG_HEAD = struct.Struct("<BQHHI")
 _U32 = struct.Struct("<I")
 _ACK_HEAD = struct.Struct("<BI")
+_BATCH_HEAD = struct.Struct("<BQH")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,11 @@ def message_parts(seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) 
     return parts
 
 
+def batch_parts(first_seq: int, key_base: bytes, packed: bytes) -> list[bytes]:
+    """The payload of a BATCH record, as parts to be written one after the other."""
+    return [_BATCH_HEAD.pack(BATCH, first_seq, len(key_base)), key_base, packed]
+
+
 def ack_payload(seqs: Sequence[int]) -> bytes:
     return _ACK_HEAD.pack(ACK, len(seqs)) + struct.pack(f"<{len(seqs)}Q", *seqs)
 
@@ -70,8 +84,9 @@ def encode(parts: Sequence[bytes]) -> bytes:
     return b"".join(frame_record(parts))
 
 
-def decode_payload(payload: memoryview) -> MessageRecord | AckRecord | None:
-    """A record from its (checksummed) payload; None if it does not parse."""
+def decode_payload(payload: memoryview) -> MessageRecord | AckRecord | list | None:
+    """A record from its (checksummed) payload (a BATCH record: a list of MessageRecords);
+    None if it does not parse."""
     try:
         kind = payload[0]
         if kind == MESSAGE:
@@ -97,14 +112,24 @@ def decode_payload(payload: memoryview) -> MessageRecord | AckRecord | None:
             if _ACK_HEAD.size + 8 * count != len(payload):
                 return None
             return AckRecord(struct.unpack_from(f"<{count}Q", payload, _ACK_HEAD.size))
+        if kind == BATCH:
+            _, first, klen = _BATCH_HEAD.unpack_from(payload, 0)
+            pos = _BATCH_HEAD.size
+            key_base = bytes(payload[pos:pos + klen])
+            got = wire.unpack(payload[pos + klen:])
+            if len(key_base) != klen or isinstance(got, str):
+                return None
+            return [MessageRecord(seq, wire.message_key(key_base, seq), msg_id, (body,))
+                    for seq, msg_id, body in zip(itertools.count(first), *got)]
     except (struct.error, IndexError):
         return None
     return None
 
 
 def scan(data: bytes | memoryview) -> Iterator[tuple[int, MessageRecord | AckRecord]]:
-    """(end offset, record) for each good record from the start of ``data``; stops at the
-    first torn or corrupt one. The last end offset is the length of the good part."""
+    """(end offset, record) for each good record from the start of ``data`` (a BATCH
+    record gives its messages, each with the end offset of the batch); stops at the first
+    torn or corrupt one. The last end offset is the length of the good part."""
     view = memoryview(data)
     pos = 0
     end = len(view)
@@ -120,4 +145,8 @@ def scan(data: bytes | memoryview) -> Iterator[tuple[int, MessageRecord | AckRec
         if record is None:
             return
         pos = start + size
-        yield pos, record
+        if type(record) is list:
+            for r in record:
+                yield pos, r
+        else:
+            yield pos, record

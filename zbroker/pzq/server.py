@@ -33,6 +33,7 @@ from . import peering, stream, wire
 from .actions import (
     Ack,
     Append,
+    AppendBatch,
     BatchResult,
     Confirm,
     ForgetTaken,
@@ -231,6 +232,8 @@ class QueueServer:
             for peer, frames, refused in receiver.take(DRAIN_BUDGET):
                 if refused is not None:
                     core.refuse(peer, frames[0][:wire.MAX_ID], refused)
+                elif len(frames) > 1 and frames[1] == wire.BATCH_HEADER:
+                    core.produce_batch(peer, frames, now_us, now)
                 elif len(frames) > 2 and frames[1][:7] == b"REPLICA":
                     rep.receive(peer, frames, now, now_us)
                 else:
@@ -275,6 +278,8 @@ class QueueServer:
             t = type(a)
             if t is Append:
                 logs[a.log].append(a.seq, a.key, a.msg_id, a.frames)
+            elif t is AppendBatch:
+                logs[a.log].append_batch(a.first_seq, a.count, a.key_base, a.packed)
             elif t is Reply:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)

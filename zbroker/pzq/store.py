@@ -98,13 +98,19 @@ class StoreInUse(OSError):
 
 @dataclass(slots=True)
 class _Entry:
-    seq: int
+    seq: int  # the first of ``count`` seqs (a producer's batch: one BATCH record)
     batch: int
     parts: list[bytes]
     size: int
     at: float
     alive: bool = True
     avoided: bool = False  # ACKed before it was written: never written (not a move)
+    count: int = 1
+    #: seqs of a BATCH record ACKed while it waited: ACK records follow it in its write
+    acked: list[int] | None = None
+
+    def seqs(self) -> range:
+        return range(self.seq, self.seq + self.count)
 
 
 @dataclass
@@ -318,7 +324,14 @@ class Store:
 
     def append(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> int:
         """Queue a message record; returns the number of the batch that will hold it."""
-        parts = records.message_parts(seq, key, msg_id, frames)
+        return self._queue(seq, records.message_parts(seq, key, msg_id, frames), 1)
+
+    def append_batch(self, first_seq: int, count: int, key_base: bytes, packed: bytes) -> int:
+        """Queue a producer's batch as one BATCH record (records.py): ``count`` messages
+        with the seqs from ``first_seq`` on, ``packed`` as it came (wire.pack)."""
+        return self._queue(first_seq, records.batch_parts(first_seq, key_base, packed), count)
+
+    def _queue(self, seq: int, parts: list[bytes], count: int) -> int:
         size = sum(len(p) for p in parts) + records.HEADER.size
         now = time.monotonic()
         with self._cond:
@@ -331,13 +344,17 @@ class Store:
                 self._batch_no += 1
             else:
                 self._open_bytes += size
-            entry = _Entry(seq, batch, parts, size, now)
+            entry = _Entry(seq, batch, parts, size, now, count=count)
             self._arrivals += 1
             if not self._pending:
                 self._first_at = now
                 self._cond.notify()
             self._pending.append(entry)
-            self._pending_by_seq[seq] = entry
+            if count == 1:
+                self._pending_by_seq[seq] = entry
+            else:
+                entry.acked = []
+                self._pending_by_seq.update(dict.fromkeys(entry.seqs(), entry))
             self._pending_bytes += size
         return batch
 
@@ -348,6 +365,9 @@ class Store:
         with self._cond:
             self._arrivals += 1
             entry = self._pending_by_seq.pop(seq, None)
+            if entry is not None and entry.count > 1:
+                self._ack_in_batch(entry, seq)
+                return
             if entry is not None:
                 entry.alive = False
                 self._pending_bytes -= entry.size
@@ -367,6 +387,21 @@ class Store:
             self._moving.discard(seq)
         elif segment is None or seq in self._moving:
             self._acked_writing.add(seq)  # being written now: placed by complete()
+
+    def _ack_in_batch(self, entry: _Entry, seq: int) -> None:
+        """(Under the lock.) ``seq`` of a BATCH record not yet taken by the writer is
+        ACKed: an ACK record follows the batch in its write, unless every message of it is
+        ACKed: then none of it is written (write avoidance)."""
+        entry.acked.append(seq)
+        if len(entry.acked) < entry.count:
+            self._acked_writing.add(seq)  # written with its batch: placed by complete()
+            return
+        entry.alive = False
+        entry.avoided = True
+        self._pending_bytes -= entry.size
+        self.avoided_messages += entry.count
+        self.avoided_bytes += entry.size
+        self._acked_writing.difference_update(entry.acked)
 
     def move(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> None:
         """Write live message ``seq`` again at the head of the log (compaction), so that the
@@ -491,7 +526,14 @@ class Store:
                     self._batch_no += 1  # the open batch is taken: later messages go on
                     self._open_bytes = 0
                 for e in taken:
-                    if self._pending_by_seq.get(e.seq) is e:
+                    if e.count > 1:
+                        by_seq = self._pending_by_seq
+                        for seq in e.seqs():
+                            if by_seq.get(seq) is e:
+                                del by_seq[seq]
+                        if e.alive:
+                            self._pending_bytes -= e.size
+                    elif self._pending_by_seq.get(e.seq) is e:
                         del self._pending_by_seq[e.seq]
                         self._pending_bytes -= e.size
                 acks, self._pending_acks = self._pending_acks, []
@@ -577,12 +619,22 @@ class Store:
         parts: list[bytes] = []
         placed = []
         avoided = []
+        batch_acks: list[int] = []
         for e in taken:
-            if e.alive:
+            if e.count > 1:
+                if e.alive:
+                    parts.extend(records.frame_record(e.parts))
+                    placed.extend(e.seqs())
+                    batch_acks.extend(e.acked)  # after the batch they ACK
+                elif e.avoided:
+                    avoided.extend(e.seqs())
+            elif e.alive:
                 parts.extend(records.frame_record(e.parts))
                 placed.append(e.seq)
             elif e.avoided:
                 avoided.append(e.seq)
+        if batch_acks:
+            acks = acks + batch_acks
         if acks:
             parts.extend(records.frame_record([records.ack_payload(acks)]))
         if not parts:

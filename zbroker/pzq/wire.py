@@ -27,6 +27,7 @@ raises: malformed input gives a :class:`WireError` value with the reason the ori
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -273,6 +274,20 @@ def range_entry(offset: int, key: bytes, frames: Sequence[bytes]) -> list[bytes]
     return [b"%d" % offset, key, key_time(key), b"%d" % len(frames), *frames]
 
 
+KEY_SEQ_MASK = 0xFFFFFFFFFFFF  # the key shows the low 48 bits of a message's seq
+
+
+def key_base(now_us: int, prefix: bytes) -> bytes:
+    """What the keys of the messages a queue received at ``now_us`` start with: the time,
+    "|", and the first 24 characters of a uuid (the queue's, made at its start)."""
+    return b"%d|%s" % (now_us, prefix)
+
+
+def message_key(base: bytes, seq: int) -> bytes:
+    """A message's key: its key base and its seq as the uuid's last 12 hex digits."""
+    return b"%s%012x" % (base, seq & KEY_SEQ_MASK)
+
+
 def key_time(key: bytes) -> bytes:
     """The µs since the epoch at which the queue received the message (the key's prefix)."""
     return key.partition(b"|")[0]
@@ -314,3 +329,131 @@ def decode_stream_reply(reply: Sequence[bytes]) -> tuple[list[int], list[RangeEn
     if pos != len(reply):
         raise ValueError("malformed RANGE reply: trailing frames")
     return [head, committed, nxt, count], entries
+
+
+# --- batches -------------------------------------------------------------------------------
+#
+# Our own clients may move many messages in one ZeroMQ message (a frame kind no original
+# client sends; the original wire above is unchanged). Messages of a batch are packed in one
+# frame, the same way in every direction and in the log:
+#
+#     count u32 LE, count x name length u8, count x body length u32 LE, names, bodies
+#
+# (a name is a producer's message id, or a key; ACKs pack keys alone: no body lengths).
+#
+#     producer -> pzq   [batch id]["BATCH:1"][""][packed ids and bodies]
+#     pzq -> producer   [batch id]["1"][""]  every message of it stored (or stored before:
+#                       ids are idempotent as one by one), ([REPLICATION_FAILED] if fewer
+#                       copies than replicas); [batch id]["0"][""][reason]: none of it stored
+#     consumer -> pzq   ["READY"][window messages][window bytes]   (credit endpoint): batches
+#     pzq -> consumer   ["BATCH"][sent µs][ack timeout µs][packed keys and bodies]
+#                       (a message of several body frames comes alone, as on the original wire)
+#     consumer -> pzq   ["ACK"][ack id][packed keys]  done with these: one message for many
+#     pzq -> consumer   [ack id]["ACKED"]  once none of them can come back after a crash
+
+BATCH_HEADER = b"BATCH:1"
+BATCH = b"BATCH"
+ACK = b"ACK"
+MAX_BATCH = 65_536  # messages in one batch
+MAX_ACK_ID = 255
+_COUNT = struct.Struct("<I")
+
+
+def pack(names: Sequence[bytes], bodies: Sequence[bytes] | None = None) -> bytes:
+    """Names (at most 255 bytes each) and bodies, packed in one frame (bodies None: names
+    alone, as an ACK packs its keys)."""
+    n = len(names)
+    parts = [_COUNT.pack(n), bytes(len(x) for x in names)]
+    if bodies is not None:
+        parts.append(struct.pack(f"<{n}I", *map(len, bodies)))
+    parts.extend(names)
+    if bodies is not None:
+        parts.extend(bodies)
+    return b"".join(parts)
+
+
+def unpack(frame: Frame, with_bodies: bool = True, max_count: int = MAX_BATCH
+           ) -> tuple[list[bytes], list[bytes]] | str:
+    """(names, bodies) of a packed frame (bodies empty when ``with_bodies`` is False), or
+    the reason it is malformed. Never raises."""
+    data = bytes(frame)
+    size = len(data)
+    if size < 4:
+        return "malformed batch: shorter than its count"
+    (n,) = _COUNT.unpack_from(data, 0)
+    if n == 0:
+        return "empty batch"
+    if n > max_count:
+        return f"more than {max_count} messages in a batch ({n})"
+    names_at = 4 + n * (5 if with_bodies else 1)
+    if size < names_at:
+        return "malformed batch: cut short in its lengths"
+    name_lens = data[4:4 + n]
+    body_lens = struct.unpack_from(f"<{n}I", data, 4 + n) if with_bodies else ()
+    if names_at + sum(name_lens) + sum(body_lens) != size:
+        return "malformed batch: its lengths do not add up to its size"
+    names = []
+    pos = names_at
+    for k in name_lens:
+        names.append(data[pos:pos + k])
+        pos += k
+    bodies = []
+    for k in body_lens:
+        bodies.append(data[pos:pos + k])
+        pos += k
+    return names, bodies
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBatch:
+    """A batch from a producer: its id (for the answer) and its messages."""
+
+    batch_id: bytes
+    ids: list[bytes]
+    bodies: list[bytes]
+    packed: bytes  # the frame as it came: written to the log as it is
+
+
+def decode_produce_batch(frames: Sequence[Frame]) -> ProduceBatch | WireError:
+    """``[batch id]["BATCH:1"][""][packed]`` (without the routing id). Never raises."""
+    batch_id = bytes(frames[0][:MAX_ID]) if frames else None
+    if len(frames) != 4 or len(frames[2]) != 0:
+        return WireError("malformed batch: expected [batch id][BATCH:1][][messages]",
+                         batch_id)
+    packed = bytes(frames[3])
+    got = unpack(packed)
+    if isinstance(got, str):
+        return WireError(got, batch_id)
+    ids, bodies = got
+    return ProduceBatch(bytes(frames[0]), ids, bodies, packed)
+
+
+def decode_ready_batch(frames: Sequence[Frame]) -> tuple[int, int] | WireError | None:
+    """``["READY"][window][window bytes]``: (window, bytes) of a batch consumer; None if the
+    frames are not that."""
+    if len(frames) != 3 or bytes(frames[0]) != READY:
+        return None
+    window = decode_ready(frames[:2])
+    if isinstance(window, WireError):
+        return window
+    text = bytes(frames[2])
+    if not text.isdigit() or len(text) > 10 or int(text) < 1:
+        return WireError("window bytes must be a decimal number >= 1")
+    return window, int(text)
+
+
+def decode_ack_batch(frames: Sequence[Frame]) -> tuple[bytes, list[bytes]] | WireError | None:
+    """``["ACK"][ack id][packed keys]``: (ack id, keys); None if the frames are not that."""
+    if not frames or bytes(frames[0]) != ACK:
+        return None
+    if len(frames) != 3 or len(frames[1]) > MAX_ACK_ID:
+        return WireError("malformed ACK batch: expected [ACK][ack id][keys]")
+    got = unpack(frames[2], with_bodies=False)
+    if isinstance(got, str):
+        return WireError(got)
+    return bytes(frames[1]), got[0]
+
+
+def batch_delivery(sent_us: int, ack_timeout_us: int, keys: Sequence[bytes],
+                   bodies: Sequence[bytes]) -> list[bytes]:
+    return [BATCH, b"%d" % sent_us, b"%d" % ack_timeout_us, pack(keys, bodies)]
