@@ -19,8 +19,8 @@ directory. With ``backlog`` the consumer connects only after the last producer A
 message is written and fsynced (no write avoidance); its end-to-end rate includes the drain.
 With ``batch`` the case runs the batch path: the client's Producer packs up to 256 messages a
 batch (at most WINDOW unACKed), the consumer takes batches on the credit endpoint and ACKs each
-batch in one message; Redis Streams runs beside it pipelining 64 (its best here; the bare relay speaks
-only the original wire).
+batch in one message; Redis Streams runs beside it pipelining 64 (its best here; the bare
+relay speaks only the original wire).
 
 The ACK latency of a producer that keeps its window full is, on average, what it has in flight
 divided by the rate (Little's law): 64 messages of 64 KiB at 400 MB/s is 10.5 ms before any

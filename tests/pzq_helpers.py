@@ -190,12 +190,14 @@ class FakeStore:
         return core
 
     def pump(self) -> None:
-        from zbroker.pzq.actions import Ack, Append, Confirm, Move, Reply
+        from zbroker.pzq.actions import Ack, Append, AppendBatch, Confirm, Move, Reply
         if self.core is None:
             return
         for a in self.core.take_output():
             if type(a) is Append:
                 self._appended.append(a.seq)
+            elif type(a) is AppendBatch:
+                self._appended.extend(range(a.first_seq, a.first_seq + a.count))
             elif type(a) is Ack:
                 self._acked.append(a.seq)
             elif type(a) is Reply:

@@ -620,7 +620,10 @@ class Store:
         placed = []
         avoided = []
         batch_acks: list[int] = []
+        records_in = 0
         for e in taken:
+            if e.alive:
+                records_in += 1
             if e.count > 1:
                 if e.alive:
                     parts.extend(records.frame_record(e.parts))
@@ -664,7 +667,7 @@ class Store:
                                good_writes=self._good_writes)
         self._segment_size_now += size
         self.bytes_written += size
-        self.records_written += len(placed) + (1 if acks else 0)
+        self.records_written += records_in + (1 if acks else 0)
         self._good_writes += 1
         return BatchResult(batches, self._segment, placed=tuple(placed),
                            segment_bytes=self._segment_size_now,
