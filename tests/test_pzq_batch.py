@@ -6,11 +6,14 @@ live producer and consumer, and original clients beside batch clients."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import zmq
+from helpers import broker_env
 from hypothesis import given
 from hypothesis import strategies as st
 from pzq_helpers import FakeStore, dealer, recv, wait_counter
@@ -389,3 +392,23 @@ def test_malformed_batch_consumer_frames_are_counted_and_change_nothing(start_pz
     s.send_multipart(frames)
     wait_counter(q, "malformed", lambda n: n == 1)
     assert q.alive() and q.counters()["credit_consumers"] == 0
+
+
+def test_queue_put_sends_batches_and_no_batch_the_original_wire(start_pzq, tmp_path):
+    q = start_pzq()
+    lines = b"".join(b"line-%d\n" % i for i in range(1000))
+
+    def put(*extra: str) -> None:
+        r = subprocess.run([sys.executable, "-m", "zbroker", "queue", "put", "q",
+                            "--receive", q.receive, *extra], input=lines,
+                           capture_output=True, timeout=60, env=broker_env(tmp_path))
+        assert r.returncode == 0, r.stderr
+
+    put()
+    counters = q.counters()
+    assert counters["messages"] == 1000 and 4 <= counters["batches"] < 100
+    put("--no-batch")
+    counters = q.counters()
+    assert counters["messages"] == 2000 and counters["batches"] < 100
+    with Consumer(q.send) as c:
+        assert sorted(drain(c)) == sorted(lines.split(b"\n")[:-1] * 2)

@@ -41,6 +41,8 @@ from . import wire
 from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
 
 STREAM_BATCH = 1000  # messages printed, then committed, at a time (what a crash may repeat)
+PUT_WINDOW = 1024  # messages unACKed on the batch path
+PUT_BATCH = 256  # messages in one batch
 STATUS_TIMEOUT = 5.0  # seconds to wait for the broker's status
 
 GET_EPILOG = """\
@@ -74,7 +76,9 @@ examples:
 PUT_EPILOG = """\
 Each message is sent with an id and resent until the queue ACKs it; exit status 0 once every
 message is ACKed (stored, as the queue's sync mode says), 1 if one is refused or not ACKed
-within --timeout. Push and stream queues take messages the same way.
+within --timeout. Push and stream queues take messages the same way. Messages go in batches
+of up to 256 (one record in the queue's log, all or none); --no-batch sends them one at a
+time on the original pzq wire (for the original pzq).
 
 examples:
   printf 'a\\nb\\n' | zbroker queue put jobs      two messages
@@ -140,6 +144,9 @@ def parser() -> argparse.ArgumentParser:
                            help="send this file as one message (repeatable)")
             s.add_argument("--whole", action="store_true",
                            help="send all of standard input as one message")
+            s.add_argument("--no-batch", action="store_true",
+                           help="one message per ZeroMQ message (the original wire, for "
+                                "the original pzq); default: batches of up to 256")
             s.add_argument("--progress", action="store_true",
                            help="show messages and bytes sent, rate, elapsed time, percent "
                                 "and time left on standard error, like pv (also "
@@ -266,7 +273,9 @@ def _put(args: argparse.Namespace, endpoint: str) -> int:
         bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer]
     meter = progress.Progress(label="zbroker queue put:", total=len(bodies),
                               unit="messages") if progress.wanted(args.progress) else None
-    with Producer(endpoint, window=64, retry_timeout=max(1.0, args.timeout / 3)) as p:
+    with Producer(endpoint, window=64 if args.no_batch else PUT_WINDOW,
+                  batch=0 if args.no_batch else PUT_BATCH,
+                  retry_timeout=max(1.0, args.timeout / 3)) as p:
         try:
             for body in bodies:
                 p.send(body, timeout=args.timeout)
@@ -276,7 +285,7 @@ def _put(args: argparse.Namespace, endpoint: str) -> int:
         except TimeoutError:
             _finish(meter)
             return _error(f"no ACK from {endpoint} within {args.timeout:g}s "
-                          f"({len(p.outstanding)} message(s) unconfirmed)")
+                          f"({p.inflight} message(s) unconfirmed)")
         except ProducerError as exc:
             _finish(meter)
             return _error(str(exc))

@@ -17,7 +17,9 @@ Registered by :func:`zbroker.spark.register`. Options (all strings, as Spark pas
     seconds (default 10). Source: the wait for each answer of the queue (a request is sent
     three times before it fails). Sink: the wait for the queue's ACKs of a task's messages.
 ``window``
-    sink: how many messages a task may have sent and not yet ACKed (default 64).
+    sink: how many messages a task may have sent and not yet ACKed (default 1024).
+``batch``
+    sink: messages sent in one batch (default 256; 0: one at a time, the original pzq wire).
 
 Stream source (``spark.readStream``): rows ``offset`` (long), ``key`` (binary), ``body``
 (binary: the message's frames joined), ``sent`` (timestamp: when the queue received it),
@@ -80,7 +82,8 @@ FORMAT = "pzq"
 SCHEMA = "offset long, key binary, body binary, sent timestamp, queue string"
 DEFAULT_MAX_MESSAGES_PER_BATCH = 10_000
 DEFAULT_TIMEOUT = 10.0
-DEFAULT_WINDOW = 64
+DEFAULT_WINDOW = 1024
+DEFAULT_BATCH = 256  # messages in one batch (the batch path); 0: the original wire
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -96,6 +99,7 @@ class PzqOptions:
     partitions: int = 1
     timeout: float = DEFAULT_TIMEOUT
     window: int = DEFAULT_WINDOW
+    batch: int = DEFAULT_BATCH
 
     @classmethod
     def parse(cls, options: Any) -> PzqOptions:
@@ -115,6 +119,7 @@ class PzqOptions:
             partitions=_number(get("partitions"), "partitions", int, 1, minimum=1),
             timeout=_number(get("timeout"), "timeout", float, DEFAULT_TIMEOUT, minimum=0.001),
             window=_number(get("window"), "window", int, DEFAULT_WINDOW, minimum=1),
+            batch=_number(get("batch"), "batch", int, DEFAULT_BATCH, minimum=0),
         )
 
     def source_endpoint(self) -> str:
@@ -319,7 +324,8 @@ def write_partition(options: PzqOptions, rows: Iterator[Any], column: int) -> Pz
             body = value.encode("utf-8") if isinstance(value, str) else bytes(value)
             if producer is None:
                 producer = Producer(options.sink_endpoint(), window=options.window,
-                                    retry_timeout=options.timeout / 2)
+                                    retry_timeout=options.timeout / 2,
+                                    batch=min(options.batch, options.window))
             producer.send(body, timeout=options.timeout)
             sent += 1
         if producer is not None:
