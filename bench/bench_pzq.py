@@ -52,7 +52,7 @@ from zbroker.config import parse_size
 from zbroker.pzq.store import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:1024:batch", "100:64:batch",
+DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:256:batch", "100:64:batch",
                  "65536:1", "65536:64", "65536:64:1MiB", "65536:64:backlog",
                  "65536:64:backlog:1MiB")
 BATCH = 256  # messages in a batch of the batch path's producer
