@@ -412,3 +412,24 @@ def test_queue_put_sends_batches_and_no_batch_the_original_wire(start_pzq, tmp_p
     assert counters["messages"] == 2000 and counters["batches"] < 100
     with Consumer(q.send) as c:
         assert sorted(drain(c)) == sorted(lines.split(b"\n")[:-1] * 2)
+
+
+def test_a_replicated_batch_is_answered_once_every_copy_is_confirmed_or_timed_out():
+    from zbroker.pzq.actions import Replicate
+
+    q, store = core(replicas=1, replication_timeout=0.5)
+    q.produce_batch(b"P", batch(b"B1", [b"a", b"b"]), 1, now=0.0)
+    copies = [a for a in q.take_replication() if type(a) is Replicate]
+    assert [c.body for c in copies] == [(b"body-a",), (b"body-b",)]
+    q.batch_done(store.done(placed=(0, 1)))
+    q.replica_confirmed(copies[0].key, True)
+    assert store.replies == []  # one copy still unconfirmed
+    q.replica_confirmed(copies[1].key, True)
+    assert store.replies == [(b"P", [b"B1", b"1", b""])]
+    q.produce_batch(b"P", batch(b"B2", [b"c", b"d"]), 2, now=1.0)
+    copies = [a for a in q.take_replication() if type(a) is Replicate]
+    q.batch_done(store.done(placed=(2, 3)))
+    q.replica_confirmed(copies[0].key, True)
+    q.tick(2.0)  # the other copy's time is up: stored here, with fewer copies
+    assert store.replies[-1] == (b"P", [b"B2", b"1", b"", wire.REPLICATION_FAILED.encode()])
+    assert len(store.replies) == 2

@@ -310,9 +310,7 @@ class QueueCore:
                 or budget.messages + n > limits.max_messages):
             return self._refuse(peer, batch_id, self.full_reason)
         w = BatchWaiter(peer, batch_id)
-        known = self.ids
-        fresh = [i for i, msg_id in enumerate(ids) if msg_id not in known]
-        if len(fresh) < n or len(set(ids)) < n:
+        if any(map(self.ids.__contains__, ids)) or len(set(ids)) < n:
             return self._produce_batch_repeating(w, ids, bodies, now_us, now)
         first = self.next_seq
         self.next_seq = first + n
