@@ -13,7 +13,7 @@ from pzq_helpers import FakeStore, dealer, nothing, recv
 from zbroker.pzq import wire
 from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
 from zbroker.pzq.queue import QueueCore
-from zbroker.pzq.stream import StreamCore, load_committed, save_committed
+from zbroker.pzq.stream import Offsets, StreamCore, load_offsets, save_offsets
 
 STREAM = ("--mode", "stream")
 
@@ -95,12 +95,12 @@ def test_a_commit_is_answered_once_written_and_an_error_leaves_all_as_it_was():
     q = store.attach(QueueCore(stream=True))
     put(q, 5)
     q.batch_done(store.done(placed=tuple(range(5))))
-    st = StreamCore(q, 0)
+    st = StreamCore(q, Offsets({"default": 0}))
     assert st.request([b"r", b"", b"COMMIT", b"3"]) is None
     assert st.request([b"r", b"", b"COMMIT", b"4"]) is None
     value = st.to_write()
-    assert value == 4 and st.to_write() is None  # one write at a time
-    assert st.written(4, "commit failed: disk full") == [
+    assert value.groups == {"default": 4} and st.to_write() is None  # one write at a time
+    assert st.written(value, "commit failed: disk full") == [
         [b"r", b"", b"ERROR", b"commit failed: disk full"]] * 2
     assert st.committed == 0 and len(q.messages) == 5
     assert st.request([b"r", b"", b"COMMIT", b"2"]) is None
@@ -110,12 +110,15 @@ def test_a_commit_is_answered_once_written_and_an_error_leaves_all_as_it_was():
 
 
 def test_the_offsets_file(tmp_path):
-    assert load_committed(tmp_path) is None
-    save_committed(tmp_path, 42)
-    assert load_committed(tmp_path) == 42
-    (tmp_path / "stream-offsets").write_text("garbage")
-    with pytest.raises(OSError, match="unreadable"):
-        load_committed(tmp_path)
+    assert load_offsets(tmp_path) is None
+    save_offsets(tmp_path, Offsets({"default": 42, "a": 7}, {"a": (3, 7)}, 5))
+    assert load_offsets(tmp_path) == Offsets({"default": 42, "a": 7}, {"a": (3, 7)}, 5)
+    (tmp_path / "stream-offsets").write_text('{"committed": 9}\n')  # an older version's
+    assert load_offsets(tmp_path) == Offsets({"default": 9})
+    for garbage in ("garbage", '{"groups": {"a": -1}}', '{"groups": []}', "[]"):
+        (tmp_path / "stream-offsets").write_text(garbage)
+        with pytest.raises(OSError, match="unreadable"):
+            load_offsets(tmp_path)
 
 
 # --- end to end ------------------------------------------------------------------------------

@@ -342,6 +342,19 @@ def optional_endpoint(value: Any) -> str | None:
     return None if value is None else endpoint(value)
 
 
+def optional(parse: Parser) -> Parser:
+    """null, or what ``parse`` takes."""
+    def parse_optional(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except _Invalid as exc:
+            raise _Invalid(f"null, or {exc}") from None
+
+    return parse_optional
+
+
 def seconds(value: Any) -> float:
     """A duration in seconds that may be 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
@@ -400,6 +413,10 @@ class PzqQueueConfig:
 
     mode: str = setting(PZQ_MODES[0], choice(*PZQ_MODES))  # stream: read by offset (docs/pzq.md)
     stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
+    #: stream queues: null, or the bytes of messages kept (past it the oldest go, read or not)
+    retention_bytes: int | None = setting(None, optional(size(minimum=1)))
+    #: stream queues: null, or the seconds messages are kept (then they go, read or not)
+    retention_seconds: float | None = setting(None, optional(duration()))
     receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
     send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers
     #: null: off. Consumers there say READY with a window and never get more (docs/pzq.md)

@@ -18,7 +18,7 @@ queue's own, a node id the log of the copies held for that node.
     RememberTaken, ForgetTaken   the keys of an origin's messages delivered here while it was
                              gone (kept in a file, told to the origin when it is back)
     StreamReply              to a reader of the stream endpoint (stream.py)
-    WriteCommitted           write the committed offset to the offsets file (stream.py), then
+    WriteCommitted           write the groups' offsets to the offsets file (stream.py), then
                              report it with ``StreamCore.written``
     Log                      a line for the operator
 """
@@ -140,7 +140,7 @@ class StreamReply:
 
 @dataclass(slots=True)
 class WriteCommitted:
-    offset: int
+    offsets: Any  # a stream.Offsets: the reader groups' committed offsets, and retention's
 
 
 # what the queue core tells the replication core (replication.py), never the I/O

@@ -119,6 +119,11 @@ def parser() -> argparse.ArgumentParser:
            "offset and committed on the stream endpoint (HEAD, RANGE, COMMIT)")
     a("--stream-dsn", default=d.stream_endpoint,
       help="stream requests' endpoint, with --mode stream (%(default)s)")
+    a("--retention-bytes", type=_size, default=None, metavar="BYTES",
+      help="with --mode stream: keep at most this many bytes of messages; past it the "
+           "oldest go even if a reader group has not read them (it is told) (no limit)")
+    a("--retention-seconds", type=float, default=None, metavar="SECONDS",
+      help="with --mode stream: messages older than this go, read or not (no limit)")
     a("--credit-dsn", default=None,
       help="an extra consumers' endpoint (ROUTER) where each consumer says READY with its "
            "window and never holds more unACKed: a slow consumer cannot hoard (off by "
@@ -149,7 +154,8 @@ def settings_from_args(args: argparse.Namespace) -> QueueSettings:
         replication_timeout=args.timeout_replication / 1e6,
         peers=tuple(n.strip() for n in args.nodes.split(",") if n.strip()),
         node_timeout=args.timeout_nodes / 1e6, mode=args.mode,
-        stream_endpoint=args.stream_dsn, credit_endpoint=args.credit_dsn or None)
+        stream_endpoint=args.stream_dsn, credit_endpoint=args.credit_dsn or None,
+        retention_bytes=args.retention_bytes, retention_seconds=args.retention_seconds)
 
 
 async def serve(settings: QueueSettings, log: structlog.typing.FilteringBoundLogger) -> int:

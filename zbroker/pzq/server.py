@@ -113,13 +113,14 @@ class QueueServer:
     async def _start(self, recovered: Any) -> None:
         s = self.settings
         try:
-            committed = stream.load_committed(s.data_dir)
+            offsets = stream.load_offsets(s.data_dir)
         except OSError as exc:
             raise QueueError(f"queue {s.name!r}: {exc}") from None
         self.stream, stale = stream.recover(
-            self.core, recovered.messages, recovered.next_seq, committed,
+            self.core, recovered.messages, recovered.next_seq, offsets,
             stream=s.mode == "stream", hold=bool(s.replicas and not s.peers
-                                                 and self.rejoin_grace > 0))
+                                                 and self.rejoin_grace > 0),
+            retention=stream.Retention(s.retention_bytes, s.retention_seconds))
         self.node = load_node_id(s.data_dir)
         rep = self.replication = ReplicationCore(
             self.core, s.replication(self.node, self.port is not None, self.rejoin_grace),
@@ -147,7 +148,7 @@ class QueueServer:
                       stream=s.stream_endpoint if self.stream is not None else None,
                       data_dir=str(s.data_dir), sync=s.sync, node=self.node,
                       recovered=len(recovered.messages) - len(stale),
-                      committed=self.stream.committed if self.stream is not None else committed,
+                      committed=self.stream.committed if self.stream is not None else None,
                       truncated_bytes=recovered.truncated_bytes)
 
     async def stop(self) -> None:
@@ -258,6 +259,7 @@ class QueueServer:
         if self.replication is not None:
             self._execute(self.replication.take_output())
         if self.stream is not None:
+            self.stream.enforce_retention(time.time_ns() // 1000)
             self._execute(self.stream.take_output())
         if self._receiver is not None:
             self._receiver.flush()
@@ -308,9 +310,9 @@ class QueueServer:
                     self.dropped.stream_replies += 1
                 self._stream_reader.recheck()
             elif t is WriteCommitted:
-                future = self.loop.run_in_executor(None, stream.save_committed,
-                                                   self.settings.data_dir, a.offset)
-                future.add_done_callback(functools.partial(self._committed_written, a.offset))
+                future = self.loop.run_in_executor(None, stream.save_offsets,
+                                                   self.settings.data_dir, a.offsets)
+                future.add_done_callback(functools.partial(self._committed_written, a.offsets))
             elif t is OpenLog:  # a new origin's: empty (origins are never dropped at run time)
                 store = logs[a.log] = self.settings.store(self.log, a.log)
                 store.open()
@@ -346,19 +348,22 @@ class QueueServer:
                 core.compact(store.to_compact(core.backlog_bytes))
         self._flush()
 
-    def _committed_written(self, value: int, future: asyncio.Future[None]) -> None:
+    def _committed_written(self, value: stream.Offsets, future: asyncio.Future[None]) -> None:
         if not self._running or future.cancelled():
             return  # stopping: the offsets file holds it; the log is cleaned at the next start
         error = None
         if (exc := future.exception()) is not None:
             error = f"commit failed: {getattr(exc, 'strerror', None) or exc}"
             self.log.warning("pzq stream commit failed", queue=self.settings.name,
-                             offset=value, error=error)
+                             groups=value.groups, error=error)
         self.stream.committed_written(value, error)
         self._flush()
 
     def _schedule_timer(self) -> None:
         at = self.replication.next_wakeup(self.settings.reaper_frequency)
+        if self.stream is not None and (due_us := self.stream.next_deadline()) is not None:
+            stream_at = self.loop.time() + max(0.0, (due_us - time.time_ns() / 1000) / 1e6)
+            at = stream_at if at is None else min(at, stream_at)
         if at is not None and at < self._timer_at:
             if self._timer is not None:
                 self._timer.cancel()

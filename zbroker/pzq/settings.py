@@ -57,6 +57,8 @@ class QueueSettings:
     node_timeout: float = PzqQueueConfig.node_timeout
     mode: str = PzqQueueConfig.mode  # push: to consumers, ACKed one by one; stream: RANGE / COMMIT
     stream_endpoint: str = PzqQueueConfig.stream_endpoint  # stream requests (stream mode only)
+    retention_bytes: int | None = PzqQueueConfig.retention_bytes  # stream mode: limits that
+    retention_seconds: float | None = PzqQueueConfig.retention_seconds  # win over groups
     #: consumers that say READY with a window (ROUTER)
     credit_endpoint: str | None = PzqQueueConfig.credit_endpoint
     #: node ids whose copies this queue holds (static peers); none: REPLICA traffic refused
@@ -75,6 +77,10 @@ class QueueSettings:
         if self.mode not in MODES:
             raise QueueError(f"queue {self.name!r}: mode must be one of {MODES}, "
                              f"got {self.mode!r}")
+        if self.mode != "stream" and (self.retention_bytes or self.retention_seconds):
+            raise QueueError(f"queue {self.name!r}: retention_bytes and retention_seconds "
+                             "are for stream queues (mode: stream); a push queue keeps a "
+                             "message until a consumer ACKs it")
         if self.replicas > len(self.peers) and not (self.replicas and not self.peers
                                                     and cluster):
             raise QueueError(f"queue {self.name!r}: replicas {self.replicas} needs a "

@@ -1,20 +1,28 @@
 """Stream mode: a queue read by offset, ACKed by COMMIT (for stream processors such as Spark).
 
 A stream queue (``mode: stream``) pushes nothing to consumers. Its messages keep the seq the
-log gave them as their *offset* (stable across restarts), and a reader asks, on the queue's
+log gave them as their *offset* (stable across restarts), and readers ask, on the queue's
 stream endpoint (wire.py has the frames):
 
     HEAD                 the offset just past the last durable message, and the committed one
     RANGE start end      the durable messages with offsets in [start, end), in order (capped;
                          the answer says where to go on); the same range gives the same
                          messages until it is committed, also after a restart of the queue
-    COMMIT end           every message below ``end`` is done: they are dropped, for good
+    COMMIT end           every message below ``end`` is done (for the reader's group)
 
-The committed offset is kept in ``<data_dir>/stream-offsets`` (written, fsynced and renamed
-before the COMMIT is answered); the messages below it are then ACKed in the log like consumer
-ACKs, so their segments go. After a crash, messages below the committed offset found in the
-log (their ACK records not yet written) are dropped at start. Offsets never go back: the next
-seq is past the committed offset even when every segment holding older seqs is gone.
+Readers are in groups (``[GROUP][name]`` before a request; none: the ``default`` group), each
+with its own committed offset. A group is made by its first request, at the oldest offset
+the queue holds, and goes with DELETE. A message is dropped once every group has committed
+past it (the *floor*), or sooner by the retention limits (``retention_bytes``,
+``retention_seconds``): then the groups that had not read it are moved past it and told, in
+the answers to their requests, which offsets they lost, until their next COMMIT.
+
+The groups' committed offsets (and what retention took from them) are kept in
+``<data_dir>/stream-offsets`` (written, fsynced and renamed before a COMMIT, a new group or
+a DELETE is answered); the messages below the floor are then ACKed in the log like consumer
+ACKs, so their segments go. After a crash, messages below the floor found in the log (their
+ACK records not yet written) are dropped at start. Offsets never go back: the next seq is past
+every committed offset even when every segment holding older seqs is gone.
 
 :class:`StreamCore` decides (no I/O). Called with :meth:`~StreamCore.serve` and
 :meth:`~StreamCore.committed_written` it records its replies and the offsets file writes as
@@ -27,39 +35,79 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import wire
-from .actions import StreamReply, WriteCommitted
+from .actions import Log, StreamReply, WriteCommitted
 from .queue import QueueCore
 from .records import MessageRecord
 
 OFFSETS_FILE = "stream-offsets"
+DEFAULT_GROUP = wire.DEFAULT_GROUP
+MAX_GROUPS = 64  # reader groups of one queue
 
 
-def load_committed(data_dir: Path) -> int | None:
-    """The committed offset kept in ``data_dir``; None if none was ever committed."""
+@dataclass
+class Offsets:
+    """What the offsets file keeps: each group's committed offset, the offsets retention took
+    from each group since its last COMMIT, and the offset below which retention dropped all."""
+
+    groups: dict[str, int]
+    lost: dict[str, tuple[int, int]] = field(default_factory=dict)
+    retained: int = 0
+
+    def copy(self) -> Offsets:
+        return Offsets(dict(self.groups), dict(self.lost), self.retained)
+
+    def floor(self) -> int | None:
+        """Every message below it is done for every group (None: no group, no retention)."""
+        if not self.groups:
+            return self.retained or None
+        return max(min(self.groups.values()), self.retained)
+
+
+def _offset(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"not an offset: {value!r}")
+    return value
+
+
+def load_offsets(data_dir: Path) -> Offsets | None:
+    """The offsets kept in ``data_dir``; None if none were ever committed. Reads the file of
+    an older version too (one committed offset: the default group's)."""
     try:
         data = json.loads((data_dir / OFFSETS_FILE).read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise OSError(f"unreadable {OFFSETS_FILE}: {exc}") from None
-    committed = data.get("committed") if isinstance(data, dict) else None
-    if not isinstance(committed, int) or committed < 0:
-        raise OSError(f"unreadable {OFFSETS_FILE}: no committed offset in it")
-    return committed
+    try:
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        if "groups" not in data:
+            return Offsets({DEFAULT_GROUP: _offset(data.get("committed"))})
+        groups = {str(g): _offset(v) for g, v in data["groups"].items()}
+        lost = {str(g): (_offset(v[0]), _offset(v[1])) for g, v in data.get("lost", {}).items()}
+        return Offsets(groups, lost, _offset(data.get("retained", 0)))
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
+        raise OSError(f"unreadable {OFFSETS_FILE}: {exc}") from None
 
 
-def save_committed(data_dir: Path, committed: int) -> None:
-    """Write the committed offset durably (temporary file, fsync, rename, fsync of the
-    directory). Blocking: run it in an executor."""
+def save_offsets(data_dir: Path, offsets: Offsets) -> None:
+    """Write the offsets durably (temporary file, fsync, rename, fsync of the directory).
+    ``committed`` is the default group's (or the floor), as an older version reads it.
+    Blocking: run it in an executor."""
+    floor = offsets.floor() or 0
+    data = {"committed": offsets.groups.get(DEFAULT_GROUP, floor), "groups": offsets.groups,
+            "lost": {g: list(r) for g, r in offsets.lost.items()},
+            "retained": offsets.retained}
     path = data_dir / OFFSETS_FILE
     tmp = path.with_name(OFFSETS_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, json.dumps({"committed": committed}).encode() + b"\n")
+        os.write(fd, json.dumps(data).encode() + b"\n")
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -72,35 +120,68 @@ def save_committed(data_dir: Path, committed: int) -> None:
 
 
 def recover(core: QueueCore, messages: list[MessageRecord], next_seq: int,
-            committed: int | None, *, stream: bool, hold: bool = False
-            ) -> tuple[StreamCore | None, list[int]]:
-    """Give ``core`` what the log holds, less what was committed before a crash (the offsets
-    file says ``committed``; its ACKs are not in the log yet). Returns the stream core of a
-    stream queue, and the seqs to ACK in the log now."""
+            offsets: Offsets | None, *, stream: bool, hold: bool = False,
+            retention: Retention | None = None) -> tuple[StreamCore | None, list[int]]:
+    """Give ``core`` what the log holds, less what is below the floor of the offsets file
+    (committed or dropped before a crash; its ACKs are not in the log yet). Returns the
+    stream core of a stream queue, and the seqs to ACK in the log now."""
     stale = []
-    if committed is not None:
-        stale = [m.seq for m in messages if m.seq < committed]
-        messages = [m for m in messages if m.seq >= committed]
-    core.recover(messages, max(next_seq, committed or 0), hold=hold)
+    floor = offsets.floor() if offsets is not None else None
+    if floor is not None:
+        stale = [m.seq for m in messages if m.seq < floor]
+        messages = [m for m in messages if m.seq >= floor]
+    top = max([next_seq, *(offsets.groups.values() if offsets else ()), floor or 0])
+    core.recover(messages, top, hold=hold)
     if not stream:
         return None, stale
-    if committed is None:
-        committed = messages[0].seq if messages else core.next_seq
-    return StreamCore(core, committed), stale
+    if offsets is None:
+        offsets = Offsets({DEFAULT_GROUP: messages[0].seq if messages else core.next_seq})
+    return StreamCore(core, offsets, retention), stale
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Limits that drop the oldest messages of a stream even when a group has not committed
+    them: its messages' bytes (their cost, as max_backlog counts) and their age."""
+
+    bytes: int | None = None
+    seconds: float | None = None
 
 
 class StreamCore:
-    """The stream requests of one queue. ``committed`` is the durable committed offset."""
+    """The stream requests of one queue. ``offsets`` are those of the offsets file."""
 
-    def __init__(self, core: QueueCore, committed: int):
+    def __init__(self, core: QueueCore, offsets: Offsets, retention: Retention | None = None):
         self.core = core
-        self.committed = committed
-        self._writing: int | None = None  # the offset being written to the offsets file
-        self._waiting: list[tuple[list[bytes], int]] = []  # COMMITs: (envelope, end)
-        self.out: list[Any] = []  # StreamReply, WriteCommitted (take_output)
+        self.offsets = offsets  # durable: as the file holds them
+        self.retention = retention or Retention()
+        self._pending: Offsets | None = None  # changes the next write makes durable
+        self._writing: Offsets | None = None  # the write under way
+        self._written = 0  # writes done
+        #: requests answered after a write: (envelope, request, the write that answers them)
+        self._waiting: list[tuple[list[bytes], wire.StreamRequest, int]] = []
+        self._retain_to = 0  # the highest drop asked of retention
+        self.out: list[Any] = []  # StreamReply, WriteCommitted, Log (take_output)
         self.requests = 0
         self.errors = 0
         self.commits = 0  # offsets file writes
+        self.retention_dropped = 0  # messages dropped by the retention limits
+        self._floor = offsets.floor()
+
+    @property
+    def committed(self) -> int:
+        """The default group's committed offset (or the floor, when it has none)."""
+        o = self.offsets
+        return o.groups.get(DEFAULT_GROUP, o.floor() or 0)
+
+    def floor(self) -> int:
+        """The oldest offset the queue keeps: where a new group starts."""
+        floor = self.offsets.floor()
+        if floor is not None:
+            return floor
+        return next(iter(self.core.messages), self.core.head)
+
+    # --- the server's calls ----------------------------------------------------------------
 
     def serve(self, frames: list[bytes]) -> None:
         """:meth:`request`, its reply recorded (StreamReply)."""
@@ -108,23 +189,25 @@ class StreamCore:
         if reply is not None:
             self.out.append(StreamReply(reply))
 
-    def committed_written(self, value: int, error: str | None) -> None:
+    def committed_written(self, value: Offsets, error: str | None) -> None:
         """:meth:`written`, its replies recorded (StreamReply)."""
         self.out.extend(StreamReply(reply) for reply in self.written(value, error))
 
     def take_output(self) -> list[Any]:
-        """The actions recorded since the last call, in order; then the write of the offset
-        the COMMITs that came wait for, if no write is under way (WriteCommitted: report it
-        with :meth:`committed_written`)."""
+        """The actions recorded since the last call, in order; then the write of the offsets
+        the requests that came wait for, if no write is under way (WriteCommitted: report
+        it with :meth:`committed_written`)."""
         value = self.to_write()
         if value is not None:
             self.out.append(WriteCommitted(value))
         out, self.out = self.out, []
         return out
 
+    # --- requests --------------------------------------------------------------------------
+
     def request(self, frames: list[bytes]) -> list[bytes] | None:
         """A request as received (routing id first); the reply to send now, or None when it
-        is a COMMIT that waits for the offsets file (see :meth:`to_write`)."""
+        waits for the offsets file (see :meth:`to_write`)."""
         self.requests += 1
         envelope, body = wire.split_stream_request(frames[1:])
         envelope.insert(0, frames[0])
@@ -132,59 +215,168 @@ class StreamCore:
         if isinstance(req, wire.WireError):
             self.errors += 1
             return wire.stream_error(envelope, req.reason)
-        core = self.core
+        return self._answer(envelope, req)
+
+    def _answer(self, envelope: list[bytes], req: wire.StreamRequest,
+                written: bool = False) -> list[bytes] | None:
+        """``written``: the write this request waited for is done."""
+        core, offsets = self.core, self.offsets
+        if req.command == wire.GROUPS:
+            out = wire.stream_ok(envelope, core.head, len(offsets.groups))
+            for name, committed in sorted(offsets.groups.items()):
+                out += [name.encode(), b"%d" % committed]
+            return out
+        group = req.group or DEFAULT_GROUP
+        if req.command == wire.DELETE:
+            if written:
+                return wire.stream_ok(envelope)
+            if group not in self._latest().groups:
+                return self._error(envelope, f"no group {group!r} on this queue")
+            change = self._change()
+            del change.groups[group]
+            change.lost.pop(group, None)
+            return self._wait(envelope, req)
+        committed = offsets.groups.get(group)
+        if committed is None:  # a new group: made durable before it is answered
+            latest = self._latest()
+            if group not in latest.groups:
+                if len(latest.groups) >= MAX_GROUPS:
+                    return self._error(envelope, f"too many groups: at most {MAX_GROUPS} "
+                                                 "(DELETE one)")
+                self._change().groups[group] = self.floor()
+            return self._wait(envelope, req)
+        lost = offsets.lost.get(group, (0, 0)) if req.group is not None else ()
         if req.command == wire.HEAD:
-            return wire.stream_ok(envelope, core.head, self.committed)
+            return wire.stream_ok(envelope, core.head, committed, *lost)
         if req.command == wire.RANGE:
-            nxt, messages = core.range(req.start, req.end, self.committed, req.max_bytes,
+            nxt, messages = core.range(req.start, req.end, committed, req.max_bytes,
                                        req.max_messages)
-            out = wire.stream_ok(envelope, core.head, self.committed, nxt, len(messages))
+            out = wire.stream_ok(envelope, core.head, committed, nxt, len(messages), *lost)
             for m in messages:
                 out.extend(wire.range_entry(m.seq, m.key, m.frames))
             return out
         end = min(req.end, core.head)  # nothing past the durable messages
-        if end <= self.committed:
-            return wire.stream_ok(envelope, core.head, self.committed)  # done before: no-op
-        self._waiting.append((envelope, end))
+        if written or (end <= committed and group not in offsets.lost):
+            return wire.stream_ok(envelope, core.head, committed, *lost)  # a no-op: as before
+        change = self._change()
+        change.groups[group] = max(change.groups.get(group, committed), end)
+        change.lost.pop(group, None)  # told: it goes on from here
+        return self._wait(envelope, req)
+
+    def _error(self, envelope: list[bytes], reason: str) -> list[bytes]:
+        self.errors += 1
+        return wire.stream_error(envelope, reason)
+
+    def _latest(self) -> Offsets:
+        """The offsets as they will be once every write asked for is done."""
+        return self._pending or self._writing or self.offsets
+
+    def _change(self) -> Offsets:
+        """The offsets the next write makes durable, to be changed."""
+        if self._pending is None:
+            self._pending = (self._writing or self.offsets).copy()
+        return self._pending
+
+    def _wait(self, envelope: list[bytes], req: wire.StreamRequest) -> None:
+        """Answer ``req`` once the write of the pending changes is done."""
+        self._waiting.append((envelope, req, self._written + (2 if self._writing else 1)))
         return None
 
-    def to_write(self) -> int | None:
-        """The committed offset to write to the offsets file now, if a COMMIT waits for it
-        and no write is under way; the caller then reports with :meth:`written`."""
-        if self._writing is not None or not self._waiting:
+    # --- the offsets file ------------------------------------------------------------------
+
+    def to_write(self) -> Offsets | None:
+        """The offsets to write to the offsets file now, if a change waits for it and no
+        write is under way; the caller then reports with :meth:`written`."""
+        if self._writing is not None or self._pending is None:
             return None
-        self._writing = max(end for _, end in self._waiting)
+        self._writing, self._pending = self._pending, None
         return self._writing
 
-    def written(self, value: int, error: str | None) -> list[list[bytes]]:
+    def written(self, value: Offsets, error: str | None) -> list[list[bytes]]:
         """The offsets file holds ``value`` now (or could not be written: ``error``): drop
-        the messages below it; the replies to the COMMITs it answers."""
+        the messages below the floor; the replies to the requests it answers."""
         self._writing = None
         replies = []
-        if error is not None:
-            keep = []
-            for envelope, end in self._waiting:
-                if end <= value:
-                    self.errors += 1
-                    replies.append(wire.stream_error(envelope, error))
-                else:
-                    keep.append((envelope, end))
-            self._waiting = keep
+        if error is not None:  # nothing changed: what waited for it fails, and what was
+            self._pending = None  # to follow it (built on it) is asked again by its reader
+            self._retain_to = 0
+            for envelope, _req, _ in self._waiting:
+                replies.append(self._error(envelope, error))
+            self._waiting = []
             return replies
+        self._written += 1
         self.commits += 1
-        if value > self.committed:
-            self.committed = value
-            self.core.commit_below(value)
+        self.offsets = value
+        floor = value.floor()
+        if floor is not None and (self._floor is None or floor > self._floor):
+            self._floor = floor
+            self.core.commit_below(floor)
         keep = []
-        for envelope, end in self._waiting:
-            if end <= self.committed:
-                replies.append(wire.stream_ok(envelope, self.core.head, self.committed))
+        for envelope, req, gen in self._waiting:
+            if gen <= self._written:
+                reply = self._answer(envelope, req, written=True)
+                if reply is not None:
+                    replies.append(reply)
             else:
-                keep.append((envelope, end))
+                keep.append((envelope, req, gen))
         self._waiting = keep
         return replies
 
+    # --- retention -------------------------------------------------------------------------
+
+    def enforce_retention(self, now_us: int) -> None:
+        """Drop the oldest messages past the retention limits, whoever has not read them:
+        the groups behind are moved past them (and told, lost offsets); written first."""
+        limit_bytes, limit_seconds = self.retention.bytes, self.retention.seconds
+        if (limit_bytes is None and limit_seconds is None) or self._retaining():
+            return
+        core = self.core
+        excess = core.backlog_bytes - limit_bytes if limit_bytes is not None else 0
+        too_old = now_us - int(limit_seconds * 1e6) if limit_seconds is not None else 0
+        drop_to = None
+        for seq, m in core.messages.items():
+            if excess > 0 or (too_old and int(wire.key_time(m.key)) < too_old):
+                excess -= m.size
+                drop_to = seq + 1
+                continue
+            break
+        if drop_to is None or drop_to <= self._retain_to:
+            return
+        self._retain_to = drop_to
+        change = self._change()
+        change.retained = max(change.retained, drop_to)
+        behind = []
+        for group, committed in change.groups.items():
+            if committed < drop_to:
+                since = change.lost.get(group, (committed, 0))[0]
+                change.lost[group] = (since, drop_to)
+                change.groups[group] = drop_to
+                behind.append(group)
+        dropped = sum(1 for seq in core.messages if seq < drop_to)
+        self.retention_dropped += dropped
+        if behind:
+            self.out.append(Log("warning", "pzq stream retention dropped unread messages",
+                                {"groups": behind, "below": drop_to,
+                                 "messages": dropped}))
+
+    def _retaining(self) -> bool:
+        """A drop by retention waits for its write."""
+        return self._retain_to > self.offsets.retained
+
+    def next_deadline(self) -> float | None:
+        """The µs since the epoch at which the oldest message passes retention_seconds."""
+        if self.retention.seconds is None or not self.core.messages or self._retaining():
+            return None
+        first = next(iter(self.core.messages.values()))
+        return int(wire.key_time(first.key)) + self.retention.seconds * 1e6
+
     def counters(self) -> dict[str, int]:
-        return {"stream_head": self.core.head, "stream_committed": self.committed,
-                "stream_requests": self.requests, "stream_errors": self.errors,
-                "stream_commits": self.commits}
+        head = self.core.head
+        out = {"stream_head": head, "stream_committed": self.committed,
+               "stream_requests": self.requests, "stream_errors": self.errors,
+               "stream_commits": self.commits, "stream_groups": len(self.offsets.groups),
+               "stream_retention_dropped": self.retention_dropped}
+        for group, committed in sorted(self.offsets.groups.items()):
+            out[f"group.{group}.committed"] = committed
+            out[f"group.{group}.lag"] = max(0, head - committed)
+        return out

@@ -21,6 +21,16 @@ offsets are ASCII decimal, [a, b) ranges)::
     [envelope...][""]["COMMIT"][end]           -> [envelope...][""]["OK"][head][committed]
     anything else / bad arguments              -> [envelope...][""]["ERROR"][reason]
 
+Each reader group has its own committed offset: a request naming a group starts with
+``["GROUP"][name]`` and its answer has two more numbers after the committed offset, the
+offsets its group lost to the queue's retention limits since its last COMMIT (``[from][to]``,
+``0 0``: none); a request without a group is the ``default`` group's, answered as above::
+
+    [envelope...][""]["GROUP"][name]["HEAD" | "RANGE" ... | "COMMIT" ...]
+        -> ["OK"][head][committed][lost from][lost to] (RANGE: [next][count] then, and entries)
+    [envelope...][""]["GROUP"][name]["DELETE"]  -> ["OK"]
+    [envelope...][""]["GROUPS"]  -> ["OK"][head][count] then count x [name][committed]
+
 The routing-id frames a ROUTER adds or strips are not part of these lists. Decoding never
 raises: malformed input gives a :class:`WireError` value with the reason the original sent.
 """
@@ -189,6 +199,12 @@ def parse_monitor_text(text: bytes | str) -> dict[str, int]:
 HEAD = b"HEAD"
 RANGE = b"RANGE"
 COMMIT = b"COMMIT"
+GROUP = b"GROUP"  # the prefix of a request of a named reader group
+GROUPS = b"GROUPS"
+DELETE = b"DELETE"
+DEFAULT_GROUP = "default"
+MAX_GROUP = 255  # bytes of a group's name
+GROUP_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 STREAM_OK = b"OK"
 STREAM_ERROR = b"ERROR"
 RANGE_MAX_BYTES = 1 << 20  # defaults of a RANGE without its limits
@@ -201,11 +217,23 @@ _MAX_ENVELOPE = 16  # frames before the empty delimiter
 
 @dataclass(frozen=True, slots=True)
 class StreamRequest:
-    command: bytes  # HEAD, RANGE or COMMIT
+    command: bytes  # HEAD, RANGE, COMMIT, DELETE or GROUPS
     start: int = 0
     end: int = 0  # RANGE: the end of the range; COMMIT: the offset committed up to
     max_bytes: int = RANGE_MAX_BYTES
     max_messages: int = RANGE_MAX_MESSAGES
+    group: str | None = None  # None: the default group, answered without the lost offsets
+
+
+def group_name_error(name: bytes) -> str | None:
+    """Why ``name`` cannot be a group's name (1-255 of a-z A-Z 0-9 . _ -), or None."""
+    if not name:
+        return "a group's name must not be empty"
+    if len(name) > MAX_GROUP:
+        return f"a group's name is at most {MAX_GROUP} bytes, got {len(name)}"
+    if not GROUP_CHARS.issuperset(name):
+        return f"a group's name is made of a-z A-Z 0-9 . _ -, got {name[:40]!r}"
+    return None
 
 
 def split_stream_request(frames: Sequence[Frame]) -> tuple[list[bytes], list[bytes]]:
@@ -227,9 +255,28 @@ def _offset(frame: bytes, what: str) -> int | str:
 
 def decode_stream_request(request: Sequence[bytes]) -> StreamRequest | WireError:
     """The request frames after the envelope. Never raises."""
+    if request and bytes(request[0]) == GROUP:
+        if len(request) < 3:
+            return WireError("GROUP takes a name and a request: [GROUP][name][HEAD|RANGE|"
+                             "COMMIT|DELETE ...]")
+        why = group_name_error(bytes(request[1]))
+        if why is not None:
+            return WireError(why)
+        group = bytes(request[1]).decode()
+        if bytes(request[2]) == DELETE:
+            return (StreamRequest(DELETE, group=group) if len(request) == 3
+                    else WireError("DELETE takes no argument"))
+        r = decode_stream_request(request[2:])
+        if isinstance(r, WireError):
+            return r
+        if r.group is not None or r.command == GROUPS:
+            return WireError("GROUP is followed by HEAD, RANGE, COMMIT or DELETE")
+        return StreamRequest(r.command, r.start, r.end, r.max_bytes, r.max_messages, group)
     if not request:
         return WireError("Empty request: expected HEAD, RANGE or COMMIT")
     command, args = bytes(request[0]), [bytes(f) for f in request[1:]]
+    if command == GROUPS:
+        return WireError("GROUPS takes no argument") if args else StreamRequest(GROUPS)
     if command == HEAD:
         return WireError("HEAD takes no argument") if args else StreamRequest(HEAD)
     if command == COMMIT:
@@ -301,9 +348,11 @@ class RangeEntry:
     frames: tuple[bytes, ...]
 
 
-def decode_stream_reply(reply: Sequence[bytes]) -> tuple[list[int], list[RangeEntry]]:
+def decode_stream_reply(reply: Sequence[bytes], grouped: bool = False
+                        ) -> tuple[list[int], list[RangeEntry]]:
     """(the integers after "OK", the messages of a RANGE answer) from a reply without its
-    envelope. Raises ValueError for an ERROR reply (its reason) or a malformed one."""
+    envelope (``grouped``: the answer to a request naming a group, with the lost offsets).
+    Raises ValueError for an ERROR reply (its reason) or a malformed one."""
     if not reply:
         raise ValueError("empty reply")
     status = bytes(reply[0])
@@ -312,11 +361,14 @@ def decode_stream_reply(reply: Sequence[bytes]) -> tuple[list[int], list[RangeEn
                          else "error")
     if status != STREAM_OK or len(reply) < 3:
         raise ValueError(f"malformed reply: {[bytes(f)[:32] for f in reply[:4]]!r}")
-    if len(reply) == 3:
-        return [int(reply[1]), int(reply[2])], []
-    head, committed, nxt, count = (int(f) for f in reply[1:5])
+    short = 5 if grouped else 3
+    if len(reply) == short:
+        return [int(f) for f in reply[1:short]], []
+    fixed = 7 if grouped else 5
+    values = [int(f) for f in reply[1:fixed]]
+    count = values[3]
     entries = []
-    pos = 5
+    pos = fixed
     for _ in range(count):
         offset, key, sent, n = reply[pos:pos + 4]
         n = int(n)
@@ -328,7 +380,16 @@ def decode_stream_reply(reply: Sequence[bytes]) -> tuple[list[int], list[RangeEn
         pos += 4 + n
     if pos != len(reply):
         raise ValueError("malformed RANGE reply: trailing frames")
-    return [head, committed, nxt, count], entries
+    return values, entries
+
+
+def decode_groups_reply(reply: Sequence[bytes]) -> tuple[int, dict[str, int]]:
+    """(head, {group: committed offset}) of a GROUPS answer (without its envelope)."""
+    head, count = int(reply[1]), int(reply[2])
+    names, offsets = reply[3::2], reply[4::2]
+    if len(names) != count or len(offsets) != count:
+        raise ValueError("malformed GROUPS reply")
+    return head, {bytes(n).decode(): int(o) for n, o in zip(names, offsets, strict=True)}
 
 
 # --- batches -------------------------------------------------------------------------------
