@@ -242,7 +242,7 @@ def test_fractional_sizes_are_fine_when_whole(tmp_path):
 
 @pytest.mark.parametrize("text, key, fragments", [
     ("colour: blue", "colour", ["unknown key 'colour'", "at the top level",
-                                "broker, log, clients, cluster, services"]),
+                                "broker, log, clients, cluster, metrics, services"]),
     ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
                                                 "did you mean 'timeout'?",
                                                 "under 'clients'", "max_pipelined_bytes"]),
@@ -341,6 +341,7 @@ def test_schema_keys():
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "cluster.insecure",
+        "metrics.bind", "metrics.pipe_series",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk", "services.zpipes.allow.users",
         "services.zpipes.allow.groups",

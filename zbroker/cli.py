@@ -72,6 +72,7 @@ def broker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker",
         usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate] [--cluster]\n"
+              "       [--metrics ADDR]\n"
               "       %(prog)s COMMAND [ARGS]",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -89,6 +90,9 @@ def broker_parser() -> argparse.ArgumentParser:
                         help="join the cluster: find peer brokers (zeroconf and cluster.peers) "
                              "and route pipes between hosts (key cluster.enabled; off by "
                              "default, so a standalone broker announces nothing)")
+    parser.add_argument("--metrics", metavar="ADDR",
+                        help="serve Prometheus metrics over HTTP on ADDR: PORT (on 127.0.0.1), "
+                             "HOST:PORT or [IPv6]:PORT (key metrics.bind; off by default)")
     parser.add_argument("--version", action="version", version=f"zbroker {version()}")
     return parser
 
@@ -104,6 +108,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         over.setdefault("log", {})["animate"] = True
     if args.cluster:
         over.setdefault("cluster", {})["enabled"] = True
+    if args.metrics is not None:
+        over.setdefault("metrics", {})["bind"] = args.metrics
     return over
 
 
