@@ -3,6 +3,7 @@ with urllib, the text parsed by prometheus_client's parser."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -306,3 +307,33 @@ def test_a_scrape_does_not_hold_the_event_loop(start_broker, tmp_path):
 def test_metrics_are_off_by_default(broker):
     wait_for(lambda: "broker started" in broker.stderr(), 10, "the start")
     assert "metrics endpoint" not in broker.stderr()
+
+
+def test_two_clustered_brokers_export_peers_round_trips_and_traffic(start_broker, tmp_path):
+    ports = [free_port(), free_port()]
+    metrics = [free_port(), free_port()]
+    brokers = [start_broker(config={
+        "metrics": {"bind": f"127.0.0.1:{metrics[i]}"},
+        "cluster": {"enabled": True, "discovery": False, "insecure": True,
+                    "peer_timeout": 1.5, "bind": f"tcp://127.0.0.1:{ports[i]}",
+                    "peers": [f"tcp://127.0.0.1:{ports[1 - i]}"]}}) for i in (0, 1)]
+
+    def joined_with_round_trips():
+        _, s = scrape(metrics[0])
+        return s if value(s, "zbroker_cluster_peers") == 1 and value(
+            s, "zbroker_cluster_heartbeat_rtt_seconds_count") > 0 else None
+
+    samples = wait_for(joined_with_round_trips, 15, "a peer and a heartbeat round trip")
+    assert value(samples, "zbroker_cluster_sent_bytes_total") > 0
+    assert value(samples, "zbroker_cluster_received_bytes_total") > 0
+    assert value(samples, "zbroker_cluster_peer_losses_total") == 0
+    # the status shows each peer's last round trip (zbroker top shows it)
+    r = run_zbroker(["status", brokers[0].name, "--json", "--run-dir", str(brokers[0].run_dir)],
+                    cwd=brokers[0].dir)
+    peers = json.loads(r.stdout)["cluster"]["peers"]
+    assert len(peers) == 1 and 0 < peers[0]["rtt_s"] < 1.5
+
+    brokers[1].kill()
+    wait_for(lambda: value(scrape(metrics[0])[1], "zbroker_cluster_peer_losses_total") == 1,
+             10, "the loss counted")
+    assert value(scrape(metrics[0])[1], "zbroker_cluster_peers") == 0
