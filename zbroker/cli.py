@@ -43,6 +43,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
   zbroker status [NAME]         uptime, services, clients, pipes, log outputs
+  zbroker top [NAME] [--once]   a live view: pipes, queues and peers, the busiest first
   zbroker get [KEY] [NAME]      settings of the running broker
   zbroker set KEY VALUE [NAME]  change one setting of the running broker (until reload)
   zbroker reload [NAME]         re-read the config file (as SIGHUP does)

@@ -1,4 +1,5 @@
-"""The management sub-commands of ``zbroker``: status, get, set, reload, stop, logs.
+"""The management sub-commands of ``zbroker``: status, get, set, reload, stop, logs (and top,
+in top.py).
 
 Each finds the broker by its name: the control socket is ``<run_dir>/ctl``, the run directory
 being the one the broker's config gives (``--config FILE`` as for the broker, else the same
@@ -342,8 +343,15 @@ def logs_command(argv: Sequence[str]) -> int:
         return 0
 
 
+def top_command(argv: Sequence[str]) -> int:
+    from .top import top_command as top
+
+    return top(argv)
+
+
 MANAGEMENT_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "status": status_command,
+    "top": top_command,
     "get": get_command,
     "set": set_command,
     "reload": reload_command,
