@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port, wait_for
+from helpers import REPO_ROOT, free_port, wait_for
 from metrics_helpers import full_config
 
 import zpipes
@@ -140,3 +140,14 @@ def test_prometheus_scrapes_what_a_pipe_and_a_queue_did(start_broker, prometheus
     assert quantile is not None and 0 < quantile <= 10
     build = prom.query("zbroker_build_info")
     assert build[0]["metric"]["broker"] == b.name
+
+    # every query of the Grafana dashboard is PromQL that Prometheus takes, and the panels
+    # of what the test did have data
+    dashboard = json.loads((REPO_ROOT / "config" / "zbroker.grafana.json").read_text())
+    answered = {}
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$instance", ".*").replace("$queue", ".*")
+            answered[expr] = prom.query(expr)  # asserts "success"
+    assert any(answered[e] for e in answered if "zbroker_zpipes_written_bytes_total" in e)
+    assert any(answered[e] for e in answered if "producer_ack_latency" in e)
