@@ -130,7 +130,8 @@ def test_metrics_bind_is_an_address_on_loopback_by_default():
     assert parse_config({"metrics": {"bind": "0.0.0.0:9670"}}).metrics.bind == "0.0.0.0:9670"
     assert parse_config({"metrics": {"bind": "[::1]:9"}}).metrics.bind == "[::1]:9"
     assert parse_bind("[::1]:9") == ("::1", 9)
-    for bad in ("x", "host:", ":80", "1.2.3.4:99999", "a b:1", "::1:9", True):
+    assert parse_bind("0") == ("127.0.0.1", 0)  # any free port
+    for bad in ("x", "host:", ":80", "1.2.3.4:99999", "a b:1", "::1:9", "-1", True):
         with pytest.raises(ConfigError, match="metrics.bind: got .* expected null"):
             parse_config({"metrics": {"bind": bad}})
     with pytest.raises(ConfigError, match="metrics.pipe_series"):

@@ -349,7 +349,7 @@ class Broker:
                 self.metrics.stop(wait=False)
             self.metrics = new_metrics
             self.log.info("metrics endpoint moved" if new_metrics else "metrics endpoint off",
-                          **({"bind": new.metrics.bind} if new_metrics else {}))
+                          **({"url": new_metrics.url} if new_metrics else {}))
         if what == "config reload":
             self.log.info("config reloaded",
                           config=str(new.source) if new.source else "defaults", changed=changed)
@@ -384,6 +384,7 @@ class Broker:
             "logs": {**logs.status(), "format": log.format,
                      "file": str(log.file) if log.file else None, "animate": log.animate},
             "management": self.control.status() if self.control else None,
+            "metrics": self.metrics.url if self.metrics is not None else None,
             "cluster": self._cluster_status(),
         }
 
@@ -434,7 +435,7 @@ class Broker:
             self.metrics = self._metrics_server(bind)
         except MetricsError as exc:
             raise StartupError(str(exc)) from None
-        self.log.info("metrics endpoint", bind=bind, url=f"http://{bind}/metrics")
+        self.log.info("metrics endpoint", bind=bind, url=self.metrics.url)
 
     def _metrics_server(self, bind: str) -> Any:
         """A metrics endpoint listening on ``bind``; raises MetricsError."""

@@ -118,7 +118,8 @@ def format_status(status: dict[str, Any]) -> str:
     lines = [f"broker {status['name']} (pid {status['pid']}), up "
              f"{_duration(status['uptime'])}",
              f"  config: {status['config'] or 'embedded defaults'}",
-             f"  run dir: {status['run_dir']}"]
+             f"  run dir: {status['run_dir']}",
+             f"  metrics: {status.get('metrics') or 'off (metrics.bind)'}"]
     for name, service in status["services"].items():
         service = dict(service)
         head = f"{name}: {service.pop('endpoint')}" if "endpoint" in service else f"{name}:"
@@ -145,8 +146,10 @@ def format_status(status: dict[str, Any]) -> str:
                      + (f", {pending} contacts not answering" if pending else "") + security
                      + (f", {refused} handshakes refused" if refused else ""))
         for peer in peers:
+            rtt = peer.get("rtt_s")
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
-                         f"last heard {peer.get('last_heard_s')}s ago")
+                         f"last heard {peer.get('last_heard_s')}s ago"
+                         + (f", round trip {rtt * 1000:.2f} ms" if rtt is not None else ""))
     log = status["logs"]
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"

@@ -379,7 +379,8 @@ METRICS_DEFAULT_HOST = "127.0.0.1"
 
 def parse_bind(text: str) -> tuple[str, int]:
     """``"9670"`` -> ("127.0.0.1", 9670); ``"HOST:PORT"``, ``"[::1]:PORT"`` -> (host, port).
-    Raises ValueError when it is not such an address or the port is not 1..65535."""
+    Port 0: any free port. Raises ValueError when it is not such an address or the port is
+    not 0..65535."""
     text = text.strip()
     host, sep, port = text.rpartition(":")
     if not sep:
@@ -388,7 +389,7 @@ def parse_bind(text: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host or not host:
         raise ValueError(f"not an address: {text!r}")
-    if not port.isdigit() or not 0 < int(port) < 65536 or not host or re.search(r"\s|/", host):
+    if not port.isdigit() or not 0 <= int(port) < 65536 or not host or re.search(r"\s|/", host):
         raise ValueError(f"not an address: {text!r}")
     return host, int(port)
 
@@ -411,7 +412,8 @@ def metrics_bind(value: Any) -> str | None:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    #: null: no metrics endpoint; else PORT (on 127.0.0.1), HOST:PORT or [IPv6]:PORT
+    #: null: no metrics endpoint; else PORT (on 127.0.0.1), HOST:PORT or [IPv6]:PORT (port 0:
+    #: any free one, which `zbroker status` shows)
     bind: str | None = setting(None, metrics_bind)
     #: per-pipe byte counters for this many pipes, the busiest; 0: none (totals only)
     pipe_series: int = setting(0, integer(minimum=0, maximum=1000))

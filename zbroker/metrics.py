@@ -307,6 +307,14 @@ class MetricsServer:
                                f"{exc.strerror or exc}") from None
         self.bind = bind
 
+    @property
+    def url(self) -> str | None:
+        """Where it listens (with the port chosen for port 0), or None when stopped."""
+        if self._server is None:
+            return None
+        host, port = self._server.server_address[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
     def stop(self, wait: bool = True) -> None:
         """Stop listening. ``wait``: until the server's thread has ended and the port is
         released (the thread looks every half second); else that happens in the
