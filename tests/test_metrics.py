@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import zpipes
 from zbroker.config import ConfigError, parse_bind, parse_config
-from zbroker.metrics import busiest, families
+from zbroker.metrics import beyond_loopback, busiest, families
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.stats import Buckets, cumulative
 from zpipes.server import FAILURE_KINDS, failure_kind
@@ -308,6 +308,8 @@ def test_a_scrape_does_not_hold_the_event_loop(start_broker, tmp_path):
 def test_metrics_are_off_by_default(broker):
     wait_for(lambda: "broker started" in broker.stderr(), 10, "the start")
     assert "metrics endpoint" not in broker.stderr()
+    r = run_zbroker(["status", broker.name, "--run-dir", str(broker.run_dir)], cwd=broker.dir)
+    assert "  metrics: off (metrics.bind)" in r.stdout.splitlines()
 
 
 def test_two_clustered_brokers_export_peers_round_trips_and_traffic(start_broker, tmp_path):
@@ -338,3 +340,22 @@ def test_two_clustered_brokers_export_peers_round_trips_and_traffic(start_broker
     wait_for(lambda: value(scrape(metrics[0])[1], "zbroker_cluster_peer_losses_total") == 1,
              10, "the loss counted")
     assert value(scrape(metrics[0])[1], "zbroker_cluster_peers") == 0
+
+
+def test_beyond_loopback_is_told_apart():
+    assert not beyond_loopback("127.0.0.1:9670") and not beyond_loopback("[::1]:1")
+    assert not beyond_loopback("localhost:9670") and not beyond_loopback("127.5.0.1:2")
+    assert beyond_loopback("0.0.0.0:9670") and beyond_loopback("[::]:1")
+    assert beyond_loopback("10.1.2.3:9670") and beyond_loopback("metrics.example:80")
+
+
+def test_port_0_takes_a_free_port_that_status_shows(start_broker):
+    b = start_broker(args=["--metrics", "127.0.0.1:0"])
+    wait_for(lambda: "metrics endpoint" in b.stderr(), 10, "the metrics endpoint")
+    assert "beyond loopback" not in b.stderr()
+    r = run_zbroker(["status", b.name, "--run-dir", str(b.run_dir)], cwd=b.dir)
+    url = next(line.split(": ", 1)[1] for line in r.stdout.splitlines()
+               if line.startswith("  metrics: "))
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert url == f"http://127.0.0.1:{port}/metrics" and port > 0
+    assert value(scrape(port)[1], "zbroker_zpipes_pipes") == 0

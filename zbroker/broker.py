@@ -350,6 +350,8 @@ class Broker:
             self.metrics = new_metrics
             self.log.info("metrics endpoint moved" if new_metrics else "metrics endpoint off",
                           **({"url": new_metrics.url} if new_metrics else {}))
+            if new.metrics.bind is not None:
+                self._warn_if_exposed(new.metrics.bind)
         if what == "config reload":
             self.log.info("config reloaded",
                           config=str(new.source) if new.source else "defaults", changed=changed)
@@ -436,6 +438,15 @@ class Broker:
         except MetricsError as exc:
             raise StartupError(str(exc)) from None
         self.log.info("metrics endpoint", bind=bind, url=self.metrics.url)
+        self._warn_if_exposed(bind)
+
+    def _warn_if_exposed(self, bind: str) -> None:
+        from .metrics import beyond_loopback
+
+        if beyond_loopback(bind):
+            self.log.warning("metrics endpoint beyond loopback: whoever reaches it reads the "
+                             "broker's counters, with the names of its pipes and queues",
+                             bind=bind)
 
     def _metrics_server(self, bind: str) -> Any:
         """A metrics endpoint listening on ``bind``; raises MetricsError."""

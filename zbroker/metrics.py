@@ -44,6 +44,19 @@ class MetricsError(Exception):
     """The endpoint cannot be served; the message is for the operator."""
 
 
+def beyond_loopback(bind: str) -> bool:
+    """Whether an endpoint on ``bind`` (HOST:PORT) can be reached from other hosts."""
+    import ipaddress
+
+    host = parse_bind(bind)[0]
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to
+        return True
+
+
 # --- snapshot -> metric families (no I/O) ----------------------------------------------------
 
 
