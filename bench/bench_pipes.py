@@ -20,6 +20,10 @@ pipe; the broker's CPU seconds per GiB beside. Latency (``latency``): one small 
 through the client library until the reader has it, against the same through an os.pipe in
 one process.
 
+Metrics (``--metrics``): the raw wire case (64 KiB WRITEs) through two brokers in the same
+run, one without metrics and one with its metrics endpoint scraped every ``--scrape-interval``
+seconds (as Prometheus would, default 1): rates, the broker's CPU per GiB, and the difference.
+
 Runs are interleaved (baseline, zpipes, baseline, ...) and the medians compared: the machine
 is noisy, so compare the ratios, not the absolute figures.
 """
@@ -57,8 +61,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def start_broker(name: str) -> subprocess.Popen:
-    proc = subprocess.Popen([*ZBROKER, name, "--log-level", "warning"],
+def start_broker(name: str, *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*ZBROKER, name, "--log-level", "warning", *args],
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     import socket
@@ -317,6 +321,38 @@ def latency(broker: str, samples: int) -> None:
           f"{pct(got, .5):6.1f} us  p99 {pct(got, .99):7.1f} us   ({samples} samples)")
 
 
+def metrics_cost(chunk: int, nbytes: int, runs: int, interval: float) -> None:
+    """The raw wire case through a broker without metrics and one whose endpoint is scraped,
+    interleaved in the same run."""
+    from pzq_load import free_port
+    from scraper import Scraper
+
+    port = free_port()
+    off = start_broker(f"bench-off-{uuid.uuid4().hex[:8]}")
+    on = start_broker(f"bench-on-{uuid.uuid4().hex[:8]}", "--metrics", f"127.0.0.1:{port}")
+    results: dict[str, tuple[list[float], list[float]]] = {"off": ([], []), "on": ([], [])}
+    try:
+        with Scraper(port, interval) as scraper:
+            for i in range(runs):
+                for label, proc in (("off", off), ("on", on)):
+                    endpoint = zpipes.client.endpoint(proc.args[len(ZBROKER)])
+                    t, c = raw_transfer(endpoint, proc.pid, f"m{label}{i}".encode(), chunk,
+                                        nbytes)
+                    results[label][0].append(t)
+                    results[label][1].append(c)
+    finally:
+        for proc in (off, on):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+    rate = {k: nbytes / statistics.median(v[0]) / 1e6 for k, v in results.items()}
+    cpu = {k: statistics.median(v[1]) * GIB / nbytes for k, v in results.items()}
+    print(f"{f'metrics, {chunk >> 10} KiB WRITEs':<28} off {rate['off']:7.0f} MB/s "
+          f"{cpu['off']:5.2f} CPU s/GiB   on {rate['on']:7.0f} MB/s {cpu['on']:5.2f} CPU s/GiB "
+          f"({scraper.scrapes} scrapes, every {interval:g} s)   difference: rate "
+          f"{(rate['on'] / rate['off'] - 1) * 100:+.1f} %, broker CPU "
+          f"{(cpu['on'] / cpu['off'] - 1) * 100:+.1f} %   (median of {runs})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, one run each")
@@ -325,11 +361,18 @@ def main() -> None:
                     help="MiB per raw-wire and bulk transfer (default 1024, --quick 128)")
     ap.add_argument("--cases", default="raw,bulk,lines,latency",
                     help="comma-separated subset of raw,bulk,lines,latency (default: all)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="only: metrics off against metrics on and scraped, in the same run")
+    ap.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS")
     args = ap.parse_args()
     size = (args.size << 20) if args.size else (128 << 20) if args.quick else (1 << 30)
     lines = 100_000 if args.quick else 1_000_000
     runs = 1 if args.quick else args.runs
     cases = set(args.cases.split(","))
+    if args.metrics:
+        print(f"zbroker ZPIPES benchmark, metrics off and on, {os.cpu_count()} cores")
+        metrics_cost(64 << 10, size, runs, args.scrape_interval)
+        return
     broker = f"bench-{uuid.uuid4().hex[:8]}"
     proc = start_broker(broker)
     tmp = Path(tempfile.mkdtemp())

@@ -22,6 +22,11 @@ batch (at most WINDOW unACKed), the consumer takes batches on the credit endpoin
 batch in one message; Redis Streams runs beside it pipelining 64 (its best here; the bare
 relay speaks only the original wire).
 
+Metrics (``--metrics``): each case through a queue hosted by a broker, once without metrics
+and once with the broker's metrics endpoint scraped every second (as Prometheus would),
+interleaved (``--metrics-runs`` times each); it prints both and the difference, and what the
+one count the ACK path keeps for metrics (the latency histogram) costs a message.
+
 The ACK latency of a producer that keeps its window full is, on average, what it has in flight
 divided by the rate (Little's law): 64 messages of 64 KiB at 400 MB/s is 10.5 ms before any
 queueing jitter, which is why the byte-window case exists. The raw baselines printed first
@@ -203,6 +208,89 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
     return proc, receive, send, credit, mon
 
 
+def start_broker_queue(data: Path, sync: str, window_us: int, max_sync: int | None,
+                       metrics_port: int | None = None
+                       ) -> tuple[subprocess.Popen, str, str, str, str]:
+    """The same queue hosted by a broker (``services.pzq``), with or without metrics."""
+    import uuid
+
+    import yaml
+
+    receive = f"tcp://127.0.0.1:{free_port()}"
+    send = f"tcp://127.0.0.1:{free_port()}"
+    credit = f"tcp://127.0.0.1:{free_port()}"
+    mon = f"ipc://{data}.monitor"
+    queue = {"data_dir": str(data), "receive_endpoint": receive, "send_endpoint": send,
+             "credit_endpoint": credit, "monitor_endpoint": mon, "sync": sync,
+             "sync_window": window_us / 1e6,
+             "inflight_window": 256, "max_backlog": "2GiB",
+             **({"sync_max_bytes": max_sync} if max_sync else {})}
+    config = {"broker": {"run_dir": f"{data}.run"}, "log": {"level": "warning"},
+              "services": {"zpipes": {"enabled": False},
+                           "pzq": {"enabled": True, "queues": {"bench": queue}}},
+              **({"metrics": {"bind": f"127.0.0.1:{metrics_port}"}} if metrics_port else {})}
+    path = Path(f"{data}.cfg")
+    path.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "zbroker", f"bench-{uuid.uuid4().hex[:8]}",
+                             "--config", str(path)], env=env, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", int(send.rsplit(":", 1)[1]))) == 0:
+                break
+        time.sleep(0.05)
+    return proc, receive, send, credit, mon
+
+
+def histogram_cost(samples: int = 200_000) -> float:
+    """Microseconds that one producer ACK's latency observation costs (QueueCore)."""
+    import timeit
+
+    from zbroker.pzq.queue import QueueCore
+
+    core = QueueCore()
+    key = b"%d|%s%012x" % (time.time_ns() // 1000, b"x" * 24, 1)
+    now_us = time.time_ns() // 1000 + 1500
+    return timeit.timeit(lambda: core._ack_latency(key, now_us), number=samples) / samples * 1e6
+
+
+def metrics_cost(base: Path, cases: list[str], sync: str, window_us: int,
+                 max_sync: int | None, scale: float, runs: int) -> None:
+    from scraper import Scraper
+
+    print(f"pzq hosted by a broker, metrics off and on (scraped every 1 s), sync={sync}")
+    for case in cases:
+        parts = case.split(":")
+        size, window = int(parts[0]), int(parts[1])
+        n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000) * scale)
+        got: dict[str, list[dict]] = {"off": [], "on": []}
+        scrapes = 0
+        for _ in range(runs):  # interleaved, so that noise hits both alike
+            got["off"].append(run_case(base, size, window, n, sync, window_us,
+                                       max_sync=max_sync, start=start_broker_queue))
+            port = free_port()
+            scraper = Scraper(port)
+            try:
+                got["on"].append(run_case(
+                    base, size, window, n, sync, window_us, max_sync=max_sync,
+                    start=lambda d, s, w, m, port=port: start_broker_queue(d, s, w, m, port),
+                    started=lambda proc, scraper=scraper: scraper.__enter__()))
+            finally:
+                scraper.__exit__()
+            scrapes += scraper.scrapes
+        e2e = {k: statistics.median(r["e2e"] for r in v) for k, v in got.items()}
+        cpu = {k: statistics.median(r["cpu_us"] for r in v) for k, v in got.items()}
+        p99 = {k: statistics.median(r["p99"] for r in v) for k, v in got.items()}
+        print(f"{size:>6} B, window {window:>3}: off {e2e['off']:>9,.0f} msg/s "
+              f"{cpu['off']:5.1f} µs/msg p99 {p99['off']:5.2f} ms   on {e2e['on']:>9,.0f} msg/s "
+              f"{cpu['on']:5.1f} µs/msg p99 {p99['on']:5.2f} ms ({scrapes} scrapes)   "
+              f"difference: e2e {(e2e['on'] / e2e['off'] - 1) * 100:+.1f} %, CPU "
+              f"{(cpu['on'] / cpu['off'] - 1) * 100:+.1f} %   (median of {runs})")
+    cost = histogram_cost()
+    print(f"the ACK latency histogram (always kept): {cost:.2f} µs a message")
+
+
 def monitor(endpoint: str) -> dict[str, int]:
     from zbroker.pzq.wire import parse_monitor_text
 
@@ -218,10 +306,15 @@ def monitor(endpoint: str) -> dict[str, int]:
 
 def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: int,
              backlog: bool = False, max_bytes: int | None = None,
-             max_sync: int | None = None, batch: bool = False) -> dict:
+             max_sync: int | None = None, batch: bool = False, start=start_pzq,
+             started=None) -> dict:
+    """``start``: what runs the queue (start_pzq, start_broker_queue); ``started(proc)`` is
+    called once it listens."""
     data = base / f"q-{size}-{window}"
     shutil.rmtree(data, ignore_errors=True)
-    proc, receive, send, credit, mon = start_pzq(data, sync, window_us, max_sync)
+    proc, receive, send, credit, mon = start(data, sync, window_us, max_sync)
+    if started is not None:
+        started(proc)
     ctx = mp.get_context("fork")
     (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
     start = time.time() + 0.5
@@ -294,8 +387,19 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     ap.add_argument("--no-baselines", action="store_true",
                     help="skip the bare relay and Redis Streams runs beside each plain case")
+    ap.add_argument("--metrics", action="store_true",
+                    help="only: a broker-hosted queue with metrics off and on, in the same run")
+    ap.add_argument("--metrics-runs", type=int, default=2, metavar="N")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-pzq-", dir=args.dir))
+    if args.metrics:
+        try:
+            cases = args.cases if args.cases != list(DEFAULT_CASES) else ["100:64", "65536:64"]
+            metrics_cost(base, cases, args.sync, args.sync_window, args.sync_max_bytes,
+                         args.scale, args.metrics_runs)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        return
     try:
         rate, p50 = fsync_baseline(base)
         print(f"raw write(100 B)+fdatasync on {base}: {rate:,.0f}/s, p50 {p50:.0f} µs")

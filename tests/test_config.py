@@ -242,7 +242,7 @@ def test_fractional_sizes_are_fine_when_whole(tmp_path):
 
 @pytest.mark.parametrize("text, key, fragments", [
     ("colour: blue", "colour", ["unknown key 'colour'", "at the top level",
-                                "broker, log, clients, cluster, services"]),
+                                "broker, log, clients, cluster, metrics, services"]),
     ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
                                                 "did you mean 'timeout'?",
                                                 "under 'clients'", "max_pipelined_bytes"]),
@@ -341,12 +341,13 @@ def test_schema_keys():
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "cluster.insecure",
+        "metrics.bind", "metrics.pipe_series",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk", "services.zpipes.allow.users",
         "services.zpipes.allow.groups",
         "services.pzq.enabled",
         *(f"services.pzq.defaults.{k}" for k in (
-            "mode", "stream_endpoint",
+            "mode", "stream_endpoint", "retention_bytes", "retention_seconds",
             "receive_endpoint", "send_endpoint", "credit_endpoint", "monitor_endpoint",
             "data_dir", "sync",
             "sync_window", "sync_max_bytes", "segment_size", "ack_timeout", "reaper_frequency",
@@ -401,6 +402,6 @@ def test_pzq_queue_defaults_agree_everywhere():
                  "max_backlog", "idempotence_bytes", "max_frames", "replicas",
                  "replication_timeout", "node_timeout", "mode", "receive_endpoint",
                  "send_endpoint", "stream_endpoint", "credit_endpoint", "replica_sources",
-                 "max_replica_origins"):
+                 "max_replica_origins", "retention_bytes", "retention_seconds"):
         assert getattr(s, name) == getattr(config, name), name
     assert args.log_level == default_config().log.level

@@ -35,7 +35,9 @@ EXPECTED = {
     'zpipes.open("logs", "r"': ["b'hello\\n'"],
     "zpipes write big --progress": ["zpipes write: 4.0 MiB", "100%", "zpipes read: 4.0 MiB"],
     "zbroker set log.level debug": ["log.level: info -> debug", "reverts it", "reloaded",
-                                    "zbroker.cfg: OK"],
+                                    "zbroker.cfg: OK", "zbroker top: broker", "ZPIPES: "],
+    "zbroker set metrics.bind": ["metrics: http://127.0.0.1:", "zbroker top: broker",
+                                 "ZPIPES: "],
 }
 
 

@@ -217,3 +217,28 @@ def test_credit_consumers_are_counted_and_bounded():
         queue_module.MAX_CREDIT_CONSUMERS = saved
     assert core.consumer_gone(b"c1") == 0 and core.credit_consumers == 0
     assert core.consumer_gone(b"c1") == 0 and core.credit_consumers == 0
+
+
+def test_refusals_are_counted_by_kind_and_acks_by_latency():
+    q, store = core(max_message_size=4, max_messages=2)
+    clock = [5_000_000]
+    q.clock_us = lambda: clock[0]
+    q.produce(b"P", [b"m1"], 1)  # malformed
+    q.produce(b"P", [b"m2", b"", b"too big"], 1)
+    q.produce(b"P", [b"m3", b"", b"a"], 4_999_000)  # arrived 1 ms before the ACK
+    q.produce(b"P", [b"m4", b"", b"b"], 4_998_000)  # 2 ms
+    q.produce(b"P", [b"m5", b"", b"c"], 1)  # full: max_messages
+    q.batch_done(store.done(placed=(0, 1)))
+    assert q.refusals == {"full": 1, "too_large": 1, "invalid": 1, "busy": 0,
+                          "store_failed": 0}
+    snap = q.ack_latency.snapshot()
+    assert snap["count"] == 2 and abs(snap["sum"] - 0.003) < 1e-9
+    q.refuse(b"P", b"m6", "Server busy: more than 10 bytes of messages are being received")
+    assert q.refusals["busy"] == 1
+
+
+def test_without_a_clock_no_latency_is_kept():
+    q, store = core()
+    q.produce(b"P", [b"m1", b"", b"x"], 1)
+    q.batch_done(store.done(placed=(0,)))
+    assert store.replies and q.ack_latency.count == 0

@@ -27,7 +27,7 @@ def make_tree(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
         d.mkdir(parents=True)
     # .venv's python and ruff; the system packages ensure-test-deps looks for
     for path in (bins[0] / "python", bins[0] / "ruff", bins[1] / "rsyslogd", bins[1] / "java",
-                 bins[1] / "ip"):
+                 bins[1] / "ip", bins[1] / "prometheus", bins[1] / "tmux"):
         path.write_text(STUB.format(log=log))
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, PATH=os.pathsep.join([str(bins[1]), os.environ.get("PATH", "")]))

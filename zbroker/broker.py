@@ -107,6 +107,9 @@ class Broker:
         self._flusher: asyncio.TimerHandle | None = None
         self.started_at = time.time()
         self._started_mono = time.monotonic()
+        self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
+        self.metrics: Any = None  # the metrics endpoint (zbroker.metrics), when metrics.bind
+        self._build: tuple[str, str] | None = None  # (zbroker version, Python version)
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class Broker:
         try:
             await self.start()
             self._start_control()
+            self._start_metrics()
             self.log.info("broker started", name=self.name, pid=os.getpid(),
                           services=[s.name for s in self.services],
                           endpoints=self.endpoints(),
@@ -207,6 +211,9 @@ class Broker:
         control, self.control = self.control, None
         if control is not None:
             control.stop()
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await asyncio.get_running_loop().run_in_executor(None, metrics.stop)
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             for port in self._ports:
@@ -271,10 +278,12 @@ class Broker:
         except ConfigError as exc:
             self._reopen_log()
             self.log.error("config reload refused", reason=str(exc))
+            self.reloads["refused"] += 1
             return str(exc)
         reason = self.apply_config(new)
         if reason is not None:
             self._reopen_log()
+        self.reloads["ok" if reason is None else "refused"] += 1
         return reason
 
     def _reopen_log(self) -> None:
@@ -297,6 +306,17 @@ class Broker:
             reason = "these keys only change with a restart: " + ", ".join(fixed)
             self.log.error(f"{what} refused", reason=reason)
             return reason
+        new_metrics = None
+        if new.metrics.bind != old.metrics.bind and self.loop is not None \
+                and new.metrics.bind is not None:
+            # the new address is bound first: a reload that cannot bind it is refused whole
+            from .metrics import MetricsError
+
+            try:
+                new_metrics = self._metrics_server(new.metrics.bind)
+            except MetricsError as exc:
+                self.log.error(f"{what} refused", reason=str(exc))
+                return str(exc)
         applied: list[Service] = []
         for service in self.services:
             try:
@@ -309,14 +329,14 @@ class Broker:
                     self.log.exception(f"{what} refused: service failed",
                                        service=service.name)
                     reason = f"service {service.name} failed: {exc!r}"
-                self._roll_back(applied, old, new)
+                self._roll_back(applied, old, new, new_metrics)
                 return reason
             applied.append(service)
         try:
             logs.configure(new.log.level, new.log.format, new.log.file,
                            syslog=new.log.syslog)
         except (OSError, ValueError) as exc:
-            self._roll_back(applied, old, new)
+            self._roll_back(applied, old, new, new_metrics)
             if isinstance(exc, OSError):
                 reason = f"cannot open log file {str(new.log.file)!r}: {exc.strerror}"
             else:
@@ -324,6 +344,14 @@ class Broker:
             self.log.error(f"{what} refused", reason=reason)
             return reason
         self.config = new
+        if new.metrics.bind != old.metrics.bind and self.loop is not None:
+            if self.metrics is not None:
+                self.metrics.stop(wait=False)
+            self.metrics = new_metrics
+            self.log.info("metrics endpoint moved" if new_metrics else "metrics endpoint off",
+                          **({"url": new_metrics.url} if new_metrics else {}))
+            if new.metrics.bind is not None:
+                self._warn_if_exposed(new.metrics.bind)
         if what == "config reload":
             self.log.info("config reloaded",
                           config=str(new.source) if new.source else "defaults", changed=changed)
@@ -331,7 +359,10 @@ class Broker:
             self.log.info(f"{what} applied", changed=changed)
         return None
 
-    def _roll_back(self, applied: list[Service], old: Config, new: Config) -> None:
+    def _roll_back(self, applied: list[Service], old: Config, new: Config,
+                   new_metrics: Any = None) -> None:
+        if new_metrics is not None:
+            new_metrics.stop(wait=False)
         for service in reversed(applied):
             try:
                 service.reload(old, new)
@@ -355,6 +386,7 @@ class Broker:
             "logs": {**logs.status(), "format": log.format,
                      "file": str(log.file) if log.file else None, "animate": log.animate},
             "management": self.control.status() if self.control else None,
+            "metrics": self.metrics.url if self.metrics is not None else None,
             "cluster": self._cluster_status(),
         }
 
@@ -394,6 +426,55 @@ class Broker:
         if reason is not None:
             raise CommandError(f"set: {key}: {reason}")
         return {"key": key, "old": old_value, "new": dict(iter_settings(self.config))[key]}
+
+    def _start_metrics(self) -> None:
+        bind = self.config.metrics.bind
+        if bind is None:
+            return
+        from .metrics import MetricsError
+
+        try:
+            self.metrics = self._metrics_server(bind)
+        except MetricsError as exc:
+            raise StartupError(str(exc)) from None
+        self.log.info("metrics endpoint", bind=bind, url=self.metrics.url)
+        self._warn_if_exposed(bind)
+
+    def _warn_if_exposed(self, bind: str) -> None:
+        from .metrics import beyond_loopback
+
+        if beyond_loopback(bind):
+            self.log.warning("metrics endpoint beyond loopback: whoever reaches it reads the "
+                             "broker's counters, with the names of its pipes and queues",
+                             bind=bind)
+
+    def _metrics_server(self, bind: str) -> Any:
+        """A metrics endpoint listening on ``bind``; raises MetricsError."""
+        from .metrics import MetricsServer
+
+        assert self.loop is not None
+        server = MetricsServer(self.loop, self.metrics_snapshot)
+        server.start(bind)
+        return server
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What the metrics endpoint exports, as plain data (on the event loop)."""
+        if self._build is None:
+            import platform
+
+            from .cli import version
+
+            self._build = (version(), platform.python_version())
+        status = logs.status()
+        return {
+            "name": self.name, "version": self._build[0], "python": self._build[1],
+            "started": self.started_at, "uptime": time.monotonic() - self._started_mono,
+            "reloads": dict(self.reloads),
+            "services": {s.name: s.metrics() for s in self.services},
+            "cluster": self.cluster.metrics() if hasattr(self.cluster, "metrics") else None,
+            "syslog": status["syslog"], "log_write_errors": status["write_errors"],
+            "pipe_series": self.config.metrics.pipe_series,
+        }
 
     def _start_control(self) -> None:
         assert self.loop is not None and self.zmq_context is not None

@@ -43,6 +43,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
   zbroker status [NAME]         uptime, services, clients, pipes, log outputs
+  zbroker top [NAME] [--once]   a live view: pipes, queues and peers, the busiest first
   zbroker get [KEY] [NAME]      settings of the running broker
   zbroker set KEY VALUE [NAME]  change one setting of the running broker (until reload)
   zbroker reload [NAME]         re-read the config file (as SIGHUP does)
@@ -72,6 +73,7 @@ def broker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker",
         usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate] [--cluster]\n"
+              "       [--metrics ADDR]\n"
               "       %(prog)s COMMAND [ARGS]",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -89,6 +91,9 @@ def broker_parser() -> argparse.ArgumentParser:
                         help="join the cluster: find peer brokers (zeroconf and cluster.peers) "
                              "and route pipes between hosts (key cluster.enabled; off by "
                              "default, so a standalone broker announces nothing)")
+    parser.add_argument("--metrics", metavar="ADDR",
+                        help="serve Prometheus metrics over HTTP on ADDR: PORT (on 127.0.0.1), "
+                             "HOST:PORT or [IPv6]:PORT (key metrics.bind; off by default)")
     parser.add_argument("--version", action="version", version=f"zbroker {version()}")
     return parser
 
@@ -104,6 +109,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
         over.setdefault("log", {})["animate"] = True
     if args.cluster:
         over.setdefault("cluster", {})["enabled"] = True
+    if args.metrics is not None:
+        over.setdefault("metrics", {})["bind"] = args.metrics
     return over
 
 

@@ -1,4 +1,5 @@
-"""The management sub-commands of ``zbroker``: status, get, set, reload, stop, logs.
+"""The management sub-commands of ``zbroker``: status, get, set, reload, stop, logs (and top,
+in top.py).
 
 Each finds the broker by its name: the control socket is ``<run_dir>/ctl``, the run directory
 being the one the broker's config gives (``--config FILE`` as for the broker, else the same
@@ -117,7 +118,8 @@ def format_status(status: dict[str, Any]) -> str:
     lines = [f"broker {status['name']} (pid {status['pid']}), up "
              f"{_duration(status['uptime'])}",
              f"  config: {status['config'] or 'embedded defaults'}",
-             f"  run dir: {status['run_dir']}"]
+             f"  run dir: {status['run_dir']}",
+             f"  metrics: {status.get('metrics') or 'off (metrics.bind)'}"]
     for name, service in status["services"].items():
         service = dict(service)
         head = f"{name}: {service.pop('endpoint')}" if "endpoint" in service else f"{name}:"
@@ -144,8 +146,10 @@ def format_status(status: dict[str, Any]) -> str:
                      + (f", {pending} contacts not answering" if pending else "") + security
                      + (f", {refused} handshakes refused" if refused else ""))
         for peer in peers:
+            rtt = peer.get("rtt_s")
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
-                         f"last heard {peer.get('last_heard_s')}s ago")
+                         f"last heard {peer.get('last_heard_s')}s ago"
+                         + (f", round trip {rtt * 1000:.2f} ms" if rtt is not None else ""))
     log = status["logs"]
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"
@@ -342,8 +346,15 @@ def logs_command(argv: Sequence[str]) -> int:
         return 0
 
 
+def top_command(argv: Sequence[str]) -> int:
+    from .top import top_command as top
+
+    return top(argv)
+
+
 MANAGEMENT_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "status": status_command,
+    "top": top_command,
     "get": get_command,
     "set": set_command,
     "reload": reload_command,

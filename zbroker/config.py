@@ -387,6 +387,51 @@ class ClusterConfig:
     insecure: bool = setting(False, boolean)
 
 
+METRICS_DEFAULT_HOST = "127.0.0.1"
+
+
+def parse_bind(text: str) -> tuple[str, int]:
+    """``"9670"`` -> ("127.0.0.1", 9670); ``"HOST:PORT"``, ``"[::1]:PORT"`` -> (host, port).
+    Port 0: any free port. Raises ValueError when it is not such an address or the port is
+    not 0..65535."""
+    text = text.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = METRICS_DEFAULT_HOST, text
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host or not host:
+        raise ValueError(f"not an address: {text!r}")
+    if not port.isdigit() or not 0 <= int(port) < 65536 or not host or re.search(r"\s|/", host):
+        raise ValueError(f"not an address: {text!r}")
+    return host, int(port)
+
+
+def metrics_bind(value: Any) -> str | None:
+    what = ("null (off), or where to serve metrics: PORT (on 127.0.0.1), HOST:PORT or "
+            "[IPv6]:PORT, e.g. 127.0.0.1:9670")
+    if value is None:
+        return None
+    if _is_int(value):
+        value = str(value)
+    if not isinstance(value, str):
+        raise _Invalid(what)
+    try:
+        host, port = parse_bind(value)
+    except ValueError:
+        raise _Invalid(what) from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    #: null: no metrics endpoint; else PORT (on 127.0.0.1), HOST:PORT or [IPv6]:PORT (port 0:
+    #: any free one, which `zbroker status` shows)
+    bind: str | None = setting(None, metrics_bind)
+    #: per-pipe byte counters for this many pipes, the busiest; 0: none (totals only)
+    pipe_series: int = setting(0, integer(minimum=0, maximum=1000))
+
+
 _NODE_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
@@ -512,6 +557,7 @@ class Config:
     log: LogConfig = section(LogConfig)
     clients: ClientsConfig = section(ClientsConfig)
     cluster: ClusterConfig = section(ClusterConfig)
+    metrics: MetricsConfig = section(MetricsConfig)
     services: ServicesConfig = section(ServicesConfig)
     #: the file this config was read from; None for the embedded defaults
     source: Path | None = field(default=None, compare=False)

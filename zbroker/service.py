@@ -86,3 +86,9 @@ class Service(ABC):
     def status(self) -> dict[str, Any]:
         """What the service is doing, for management commands."""
         return {}
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters for the metrics endpoint and ``zbroker top``, as plain data (numbers,
+        lists, dicts). Called on the event loop, at scrape time only: it may walk the
+        service's state, but keeps nothing."""
+        return {}

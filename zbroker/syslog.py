@@ -290,6 +290,7 @@ class SyslogSink:
         self._dropped = 0  # records lost, in total
         self._reported = 0  # of those, reported in a delivered record
         self._sent = 0
+        self._connects = 0  # connections made (a datagram socket: each time it is made)
         self._sock: socket.socket | None = None
         self._connected = False
         self._last_error: str | None = None
@@ -330,7 +331,7 @@ class SyslogSink:
             "target": str(self.target), "format": self.format, "facility": self.facility,
             "connected": self._connected, "queued": len(self._queue),
             "queue": self.queue_size, "sent": self._sent, "dropped": self._dropped,
-            "last_error": self._last_error,
+            "reconnects": max(0, self._connects - 1), "last_error": self._last_error,
         }
 
     def _count_drop(self, n: int = 1) -> None:
@@ -427,6 +428,7 @@ class SyslogSink:
         sock.setblocking(False)
         self._sock = sock
         self._connected = True
+        self._connects += 1
 
     def _send(self, data: bytes) -> bool:
         """Send one record; False if it was dropped (no room in time, datagram refused).

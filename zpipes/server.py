@@ -26,7 +26,7 @@ from typing import Any
 from . import peering
 from . import protocol as p
 from .machine import IDLE_STATES, Event, State, rule_for
-from .pipes import DEFAULT_CAPACITY, PEER_LOST, PipeTable, ReadEnd, WriteResult
+from .pipes import DEFAULT_CAPACITY, PEER_LOST, WRITER_LOST, PipeTable, ReadEnd, WriteResult
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class Client:
     next_event: Event | None = None
     read_data: list[memoryview] | None = None
     terminated: bool = False
+    failed_end: int | None = None  # the end whose failure was counted (once per end)
 
 
 class ZpipesServer:
@@ -130,6 +131,12 @@ class ZpipesServer:
         self.peer_outbox: list[tuple[str, list[bytes | memoryview]]] = []
         self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
         self._proxies: dict[tuple[str, int], int] = {}  # (peer, its end) -> our stand-in end
+        #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
+        self.clients_expired = 0  # clients expired (silent for client_timeout)
+        self.clients_disconnected = 0  # clients whose connection went (or unreachable)
+        self.closed_bytes_written = 0  # bytes written by local writers whose end is gone
+        self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
+        self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self._proxy_of: dict[int, tuple[str, int]] = {}
         self._actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
@@ -146,10 +153,10 @@ class ZpipesServer:
             "send READ_OK": self._send_read_ok,
             "send READ_END": self._reply(p.ReadEnd),
             "send READ_TIMEOUT": self._reply(p.ReadTimeout),
-            "send READ_FAILED": self._reply_failed(p.ReadFailed),
+            "send READ_FAILED": self._reply_failed(p.ReadFailed, "reader"),
             "send WRITE_OK": self._reply(p.WriteOk),
             "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
-            "send WRITE_FAILED": self._reply_failed(p.WriteFailed),
+            "send WRITE_FAILED": self._reply_failed(p.WriteFailed, "writer"),
             "send CLOSE_OK": self._reply(p.CloseOk),
             "send PING_OK": self._reply(p.PingOk),
             "send INVALID": self._reply(p.Invalid),
@@ -198,6 +205,7 @@ class ZpipesServer:
                            if c.last_seen <= limit and c.request is None]:
                 self.log.info("client expired", client=client.id, pipe=_name(client.pipe),
                               silent_s=round(now - client.last_seen, 3))
+                self.clients_expired += 1
                 self._execute(client, Event.EXPIRED)
         self._wake()
 
@@ -217,6 +225,7 @@ class ZpipesServer:
             log = self.log.info if client.end is not None else self.log.debug
             log("client disconnected", client=client.id, pipe=_name(client.pipe),
                 state=str(client.state))
+            self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self._wake()
 
@@ -227,6 +236,7 @@ class ZpipesServer:
         client = self.clients.get(routing_id)
         if client is not None:
             self.log.info("client unreachable", client=client.id, pipe=_name(client.pipe))
+            self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self._wake()
 
@@ -317,8 +327,10 @@ class ZpipesServer:
         if pipe is not None and end in pipe.readers:
             r = pipe.readers[end]
             role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
+            self.closed_bytes_read += r.bytes_out
         else:
             role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
+            self.closed_bytes_written += sizes["bytes_written"]
         lost = cut or (None if client.event is Event.CLOSE
                        else _END_LOST.get(client.event, "invalid command"))
         # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
@@ -437,11 +449,22 @@ class ZpipesServer:
 
         return send
 
-    def _reply_failed(self, cls: Callable[[str], Any]) -> Callable[[Client], None]:
+    def _reply_failed(self, cls: Callable[[str], Any],
+                      role: str | None = None) -> Callable[[Client], None]:
+        """The action sending ``cls`` with the client's reason; ``role``: a READ_FAILED or
+        WRITE_FAILED, counted as a failed end of that role (the first of each end: a client
+        with pipelined READs gets one answer each)."""
         def send(client: Client) -> None:
             self.outbox.append((client.routing_id, p.encode(cls(p.reason_text(client.reason)))))
 
-        return send
+        def send_counted(client: Client) -> None:
+            if client.failed_end != client.end or client.end is None:
+                client.failed_end = client.end
+                key = (role, failure_kind(client.reason))
+                self.ends_failed[key] = self.ends_failed.get(key, 0) + 1
+            send(client)
+
+        return send if role is None else send_counted
 
     def _queue_command(self, client: Client) -> None:
         event, msg = client.event, client.msg
@@ -589,6 +612,50 @@ class ZpipesServer:
                 for name, pipe in self.pipes.pipes.items()
             },
         }
+
+
+    def metrics(self) -> dict[str, Any]:
+        """Totals for metrics, as plain data: counts of this broker's own clients' ends
+        (remote ends stand in for other brokers' clients, which those count)."""
+        readers = writers = 0
+        written, read = self.closed_bytes_written, self.closed_bytes_read
+        buffered = 0
+        for pipe in self.pipes.pipes.values():
+            for r in pipe.readers.values():
+                if not r.remote:
+                    readers += 1
+                    read += r.bytes_out
+                    buffered += r.queued
+            for w in pipe.writers.values():
+                if not w.remote:
+                    writers += 1
+                    written += w.bytes_in
+        return {"clients": len(self.clients), "pipes": len(self.pipes.pipes),
+                "readers": readers, "writers": writers, "buffered_bytes": buffered,
+                "held_bytes": self.held, "bytes_written": written, "bytes_read": read,
+                "clients_expired": self.clients_expired,
+                "clients_disconnected": self.clients_disconnected,
+                "ends_failed": [(role, kind, n) for (role, kind), n in self.ends_failed.items()]}
+
+
+#: what ``failure_kind`` can return: the bounded label set of failed ends
+FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large",
+                 "buffers_full", "other")
+
+
+def failure_kind(reason: str) -> str:
+    """A failed end's reason, as one of FAILURE_KINDS."""
+    if reason.endswith(PEER_LOST):  # also a reader's "writer lost: peer lost"
+        return "peer_lost"
+    if reason.startswith(WRITER_LOST):
+        return "writer_lost"
+    if reason == "broker stopping":
+        return "broker_stopping"
+    if "(max_chunk)" in reason:
+        return "chunk_too_large"
+    if "(clients.max_buffered" in reason:
+        return "buffers_full"
+    return "other"
 
 
 def _held_by(client: Client) -> int:

@@ -7,7 +7,11 @@ message is ``[kind, ...]``:
 
     HELLO  json(Hello)        admission (see membership.py): a broker is admitted once it
                               answers our HELLO at the endpoint it claims
-    PING                      sent only when nothing else went to that peer for a while
+    PING [?t | !t]            sent only when nothing else went to that peer for a while;
+                              "?" + the sender's clock asks for an echo, "!" + the same
+                              is the echo (a PING too): the heartbeat's round trip. A
+                              broker that knows no echo just takes a PING with more frames
+                              as a PING.
     BYE                       the sender is stopping: drop it now rather than at its timeout
     SVC    service, frames... a service's own message (e.g. ZPIPES pipe traffic)
 
@@ -26,6 +30,7 @@ import asyncio
 import functools
 import itertools
 import json
+import struct
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +41,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.service import PeerBroker
 
+from ..stats import LATENCY_BOUNDS, Buckets
 from ..zmq_reader import SocketReader
 from .membership import Change, Hello, Membership
 
@@ -91,6 +97,12 @@ class ClusterNode:
         self._keys: tuple[bytes, bytes] | None = None  # CURVE (public, secret)
         self.key_file: str | None = None
         self._guard: Any = None
+        # for metrics (read at scrape time): service traffic, losses, heartbeat round trips
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.peer_losses = 0
+        self.rtt = Buckets(LATENCY_BOUNDS)
+        self.last_rtt: dict[str, float] = {}  # peer id -> its last round trip (seconds)
 
     # --- life cycle ----------------------------------------------------------------------------
 
@@ -197,8 +209,16 @@ class ClusterNode:
     def peers(self) -> list[dict[str, Any]]:
         now = self._loop.time()
         return [{"id": p.id, "name": p.name, "endpoint": p.endpoint,
-                 "last_heard_s": round(now - p.last_heard, 3)}
+                 "last_heard_s": round(now - p.last_heard, 3),
+                 **({"rtt_s": round(self.last_rtt[p.id], 6)} if p.id in self.last_rtt
+                    else {})}
                 for p in (self.membership.peers.values() if self.membership else [])]
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters for metrics, as plain data."""
+        return {"peers": len(self.membership.peers) if self.membership else 0,
+                "peer_losses": self.peer_losses, "bytes_sent": self.bytes_sent,
+                "bytes_received": self.bytes_received, "rtt": self.rtt.snapshot()}
 
     def add_contact(self, endpoint: str) -> None:
         """An endpoint where a peer may listen (static list, discovery): said HELLO to for
@@ -304,9 +324,13 @@ class ClusterNode:
             return False
         try:
             last = len(frames) - 1
+            sent = 0
             for i, frame in enumerate(frames):
+                size = len(frame)
                 _send(dealer, frame, _MORE_NOBLOCK if i < last else _NOBLOCK,
-                      len(frame) < ZERO_COPY_MIN)
+                      size < ZERO_COPY_MIN)
+                sent += size
+            self.bytes_sent += sent
         except zmq.Again:
             return False
         return True
@@ -332,13 +356,15 @@ class ClusterNode:
             return
         sender = frames[0].bytes.decode("ascii", "replace")
         kind = frames[1].bytes
+        self.bytes_received += sum(map(len, frames))
         if kind == KIND_SVC and len(frames) >= 3:
             if self.membership.heard(sender, now):
                 peer = self._lives[sender]
                 self._on_message(peer, frames[2].bytes.decode("ascii", "replace"),
                                  [f.buffer for f in frames[3:]])
         elif kind == KIND_PING:
-            self.membership.heard(sender, now)
+            if self.membership.heard(sender, now) and len(frames) == 3:
+                self._echo(sender, frames[2].bytes, now)
         elif kind == KIND_HELLO and len(frames) == 3:
             self._hello(frames, now)
         elif kind == KIND_BYE:
@@ -346,6 +372,19 @@ class ClusterNode:
         else:
             self._log.warning("invalid cluster message", address=_address(frames[1]),
                               sender=sender[:40], kind=kind[:16])
+
+    def _echo(self, sender: str, payload: bytes, now: float) -> None:
+        """A PING with a payload: answer the sender's "?t" with "!t"; our own "!t" come back
+        is a round trip."""
+        if payload[:1] == b"?":
+            peer = self.membership.peers.get(sender)
+            if peer is not None and self._send_raw(peer.endpoint, [KIND_PING, b"!" + payload[1:]]):
+                self.membership.sent(sender, now)
+        elif payload[:1] == b"!" and len(payload) == 9:
+            rtt = now - struct.unpack("<d", payload[1:])[0]
+            if 0 <= rtt < 3600:
+                self.rtt.observe(rtt)
+                self.last_rtt[sender] = rtt
 
     def _hello(self, frames: list[zmq.Frame], now: float) -> None:
         address = _address(frames[2])
@@ -396,6 +435,8 @@ class ClusterNode:
             self._close_link(endpoint)
         for peer, why in change.left:
             life = self._lives.pop(peer.id, None)
+            self.peer_losses += 1
+            self.last_rtt.pop(peer.id, None)
             self._log.warning("peer left", peer=peer.name, id=peer.id, life=peer.life,
                               endpoint=peer.endpoint, why=reason or why)
             if life is not None:
@@ -440,8 +481,9 @@ class ClusterNode:
         now = self._loop.time()
         to_ping, change = self.membership.due(now)
         self._apply(change)
+        ping = [KIND_PING, b"?" + struct.pack("<d", now)]
         for peer in to_ping:
-            if self._send_raw(peer.endpoint, [KIND_PING]):
+            if self._send_raw(peer.endpoint, ping):
                 self.membership.sent(peer.id, now)
         for contact in self.membership.unanswered():
             if now - contact.last_said < CONTACT_RETRY:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..stats import Buckets
 from . import wire
 from .actions import (
     Ack,
@@ -45,6 +46,10 @@ from .dispatcher import Delivery, Dispatcher
 from .records import MessageRecord
 
 QUEUE_FULL = "Queue full"
+#: why producers get "0" ACKs, for metrics (QueueCore.refusals): the queue is full, the
+#: message over max_message_size, invalid (malformed, id too long, too many frames), the
+#: receiver holding too much (busy), or its write failed
+REFUSAL_KINDS = ("full", "too_large", "invalid", "busy", "store_failed")
 ID_TOO_LONG = wire.ID_TOO_LONG
 MAX_ID = wire.MAX_ID
 #: how a queue's consumers get its messages: push (sent to them, ACKed one by one) or stream
@@ -192,6 +197,13 @@ class QueueCore:
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
+        #: for metrics: producer ACK latency (seconds from arrival to the ACK of a stored
+        #: message), and "0" ACKs by kind (REFUSAL_KINDS)
+        self.ack_latency = Buckets()
+        self.refusals = dict.fromkeys(REFUSAL_KINDS, 0)
+        #: the wall clock in microseconds (the time keys start with), for the ACK latency;
+        #: None: not measured (the I/O side gives it)
+        self.clock_us: Callable[[], int] | None = None
         self._prefix = str(uuid.uuid4())[:24].encode()  # "xxxxxxxx-xxxx-4xxx-yxxx-"
         self.counters = dict.fromkeys((
             "produced", "stored", "producer_acks", "producer_failures", "duplicates",
@@ -472,6 +484,7 @@ class QueueCore:
                 self.head = max(self.head, max(result.placed) + 1)
         ok = result.error is None
         waiting, adopting = self.waiting, self.adopting
+        now_us = self.clock_us() if self.clock_us is not None and result.placed else 0
         for seqs in (result.placed, result.failed, result.acked):
             for seq in seqs:
                 if adopting:
@@ -489,6 +502,8 @@ class QueueCore:
                             del self.replicating[key]
                     elif st is None:
                         self._answer(peer, msg_id, True, None)
+                        if now_us and key is not None:
+                            self._ack_latency(key, now_us)
                     else:
                         st.local = True
                         st.waiters.append((peer, msg_id))
@@ -689,6 +704,13 @@ class QueueCore:
         self.counters["replicated" if done else "replication_failed"] += 1
         for peer, msg_id in st.waiters:
             self._answer(peer, msg_id, True, None if done else wire.REPLICATION_FAILED)
+        if st.waiters and self.clock_us is not None:
+            self._ack_latency(key, self.clock_us(), len(st.waiters))
+
+    def _ack_latency(self, key: bytes, now_us: int, n: int = 1) -> None:
+        """``n`` producer ACKs of the message ``key`` go out now: the key starts with the
+        time it arrived (produce)."""
+        self.ack_latency.observe(max(0, now_us - int(key[:key.index(b"|")])) * 1e-6, n)
 
     def next_replication_deadline(self) -> float | None:
         d = self._replica_deadlines
@@ -756,6 +778,17 @@ class QueueCore:
             self._reply(w.peer, wire.producer_ack(
                 w.batch_id, True, wire.REPLICATION_FAILED if w.replication_failed else None))
 
+    def _refusal_kind(self, reason: str) -> str:
+        if reason == self.full_reason:
+            return "full"
+        if reason.startswith("store failed"):
+            return "store_failed"
+        if reason.startswith("Server busy"):
+            return "busy"
+        if "too large" in reason or "too big" in reason:
+            return "too_large"
+        return "invalid"
+
     def _reply(self, peer: bytes, frames: list[bytes]) -> None:
         self.counters["producer_acks"] += 1
         self.out.append(Reply(peer, frames))
@@ -768,4 +801,5 @@ class QueueCore:
 
     def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
         self.counters["producer_failures"] += 1
+        self.refusals[self._refusal_kind(reason)] += 1
         self.out.append(Reply(peer, wire.producer_ack(msg_id, False, reason)))

@@ -134,6 +134,11 @@ class PzqService(Service):
         self._log.warning("pzq malformed message from a peer", peer=peer.name,
                           kind=kind[:20].decode(errors="replace"))
 
+    def metrics(self) -> dict[str, Any]:
+        """Each queue's counters, with its histograms and refusals by kind."""
+        return {"queues": {name: {**q.counters(), **q.metrics()}
+                           for name, q in self.queues.items()}}
+
     def status(self) -> dict[str, Any]:
         return {name: {"receive": q.settings.receive_endpoint, "send": q.settings.send_endpoint,
                        "monitor": q.settings.monitor_endpoint, "mode": q.settings.mode,

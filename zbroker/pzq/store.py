@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..stats import BATCH_BOUNDS, Buckets
 from . import records
 from .actions import BatchResult
 
@@ -227,6 +228,8 @@ class Store:
         self._notify: Callable[[BatchResult], None] | None = None
         # counters (loop side, except those the writer adds; ints are updated atomically)
         self.syncs = 0
+        #: messages written by each fdatasync (the writer observes, metrics read a snapshot)
+        self.sync_batches = Buckets(BATCH_BOUNDS)
         self.bytes_written = 0
         self.records_written = 0
         self.avoided_messages = 0
@@ -654,6 +657,7 @@ class Store:
             if self.sync != "none":
                 os.fdatasync(self._fd)
                 self.syncs += 1
+                self.sync_batches.observe(len(placed))
         except OSError as exc:
             reason = f"store failed: {exc.strerror or exc}"
             self._dirty = self._fd >= 0

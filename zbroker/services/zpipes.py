@@ -240,6 +240,22 @@ class ZpipesService(Service):
                 "connections": len(self._open_fds), "refused": dict(self._refused),
                 **(self.server.status() if self.server else {})}
 
+    def metrics(self) -> dict[str, Any]:
+        if self.server is None:
+            return {}
+        return {**self.server.metrics(), "connections": len(self._open_fds),
+                "refused": dict(self._refused),
+                "pipe_bytes": self._pipe_bytes()}
+
+    def _pipe_bytes(self) -> list[tuple[str, int, int]]:
+        """(pipe name, bytes written, bytes read) of each open pipe, by this broker's clients."""
+        out = []
+        for name, pipe in self.server.pipes.pipes.items():
+            written = sum(w.bytes_in for w in pipe.writers.values() if not w.remote)
+            read = sum(r.bytes_out for r in pipe.readers.values() if not r.remote)
+            out.append((name.decode("utf-8", errors="backslashreplace"), written, read))
+        return out
+
     # --- I/O ---------------------------------------------------------------------------------
 
     def _on_readable(self) -> None:
