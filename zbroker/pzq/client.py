@@ -448,12 +448,15 @@ class StreamMessage:
 @dataclass(frozen=True)
 class StreamRange:
     """One RANGE answer. Every message of [start, ``next``) is in ``messages``, or was
-    committed (below ``committed``): ask again from ``next`` while it is below the end."""
+    committed (below ``committed``): ask again from ``next`` while it is below the end.
+    ``lost``: offsets [from, to) the queue's retention limits dropped before this group
+    committed them (since its last COMMIT), or None."""
 
     messages: tuple[StreamMessage, ...]
     next: int
     head: int
     committed: int
+    lost: tuple[int, int] | None = None
 
 
 class StreamConsumer:
@@ -467,7 +470,15 @@ class StreamConsumer:
     """
 
     def __init__(self, endpoint: str, *, timeout: float = 5.0, retries: int = 2,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, group: str | None = None):
+        """``group``: the reader group whose committed offset this reader reads and moves
+        (made by its first request; None: the ``default`` group, as readers that name none)."""
+        if group is not None:
+            why = wire.group_name_error(group.encode())
+            if why is not None:
+                raise ValueError(why)
+        self.group = group
+        self.lost: tuple[int, int] | None = None  # as the last answer said
         self.endpoint = endpoint
         self.timeout = timeout
         self.retries = retries
@@ -499,7 +510,7 @@ class StreamConsumer:
         values, entries = self._call([wire.RANGE, b"%d" % start, b"%d" % end,
                                       b"%d" % max_bytes, b"%d" % max_messages])
         return StreamRange(tuple(StreamMessage(e.offset, e.key, e.sent_us, e.frames)
-                                 for e in entries), values[2], values[0], values[1])
+                                 for e in entries), values[2], values[0], values[1], self.lost)
 
     def read(self, start: int, end: int, max_bytes: int = wire.RANGE_MAX_BYTES,
              max_messages: int = wire.RANGE_MAX_MESSAGES) -> Iterator[StreamMessage]:
@@ -520,7 +531,30 @@ class StreamConsumer:
         values, _ = self._call([wire.COMMIT, b"%d" % end])
         return values[1]
 
+    def groups(self) -> dict[str, int]:
+        """Every reader group of the queue and its committed offset."""
+        frames = self._request([wire.GROUPS])
+        return wire.decode_groups_reply(frames)[1]
+
+    def delete_group(self) -> None:
+        """Delete this reader's group (its committed offset no longer holds messages)."""
+        if self.group is None:
+            raise ValueError("name the group to delete: StreamConsumer(..., group=NAME)")
+        self._request([wire.GROUP, self.group.encode(), wire.DELETE])
+
     def _call(self, request: list[bytes]) -> tuple[list[int], list[wire.RangeEntry]]:
+        grouped = self.group is not None
+        if grouped:
+            request = [wire.GROUP, self.group.encode(), *request]
+        values, entries = wire.decode_stream_reply(self._request(request), grouped)
+        if grouped:
+            lost = values[-2:]
+            self.lost = (lost[0], lost[1]) if lost[1] else None
+            values = values[:-2]
+        return values, entries
+
+    def _request(self, request: list[bytes]) -> list[bytes]:
+        """The answer (after its envelope) to ``request``, sent again if need be."""
         self._n += 1
         rid = f"{self._prefix}-{self._n}".encode()
         for _ in range(self.retries + 1):
@@ -535,7 +569,7 @@ class StreamConsumer:
                 if frames[2:3] == [wire.STREAM_ERROR]:
                     raise StreamError(frames[3].decode(errors="replace") if len(frames) > 3
                                       else "error")
-                return wire.decode_stream_reply(frames[2:])
+                return frames[2:]
         raise TimeoutError(f"no answer from {self.endpoint} within "
                            f"{self.timeout * (self.retries + 1):.1f}s")
 
