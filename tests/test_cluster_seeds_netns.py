@@ -1,0 +1,119 @@
+"""Join through a seed, learn the rest, across a router: two subnets of two hosts each (two
+bridges joined by a router namespace that forwards IP and no multicast, see netns.py), each
+broker given one seed in the other subnet only. The same logic without sockets:
+test_gossip.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import netns
+import pytest
+
+why_not = netns.available()
+pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+
+PEER_TIMEOUT = 2.0
+
+
+@pytest.fixture
+def two_subnets(tmp_path):
+    bed = netns.Testbed([2, 2], tmp_path)
+    yield bed
+    bed.close()
+
+
+def status_peers(host) -> set[str]:
+    """The endpoints of the peers ``host``'s broker has, as `zbroker status --json` says."""
+    out = host.zbroker("status", "--json")
+    return {p["endpoint"] for p in json.loads(out)["cluster"]["peers"]}
+
+
+def wait_for(what, condition, timeout):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+def pipes_cross_between_every_pair(hosts, tag):
+    """A `zpipes write` on each host read by a `zpipes read` on every other one."""
+    for a in hosts:
+        others = [b for b in hosts if b is not a]
+        data = {b: f"{tag}: {a.name} to {b.name}\n".encode() + os.urandom(64 << 10).hex().encode()
+                for b in others}
+        readers = {b: b.zpipes("read", f"{tag}-{a.name}-{b.name}", stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE) for b in others}
+        for b in others:
+            a.wait_for_log("remote end attached", 15, pipe=f"{tag}-{a.name}-{b.name}",
+                           role="reader")
+        writers = {b: a.zpipes("write", f"{tag}-{a.name}-{b.name}", stdin=subprocess.PIPE,
+                               stderr=subprocess.PIPE) for b in others}
+        for b, w in writers.items():
+            w.stdin.write(data[b])
+            w.stdin.close()
+        for b in others:
+            out, err = readers[b].communicate(timeout=30)
+            assert readers[b].returncode == 0, (a.name, b.name, err)
+            assert out == data[b], (a.name, b.name, len(out))
+            assert writers[b].wait(30) == 0, writers[b].stderr.read()
+
+
+def test_one_seed_in_the_other_subnet_each_links_every_broker_to_every_other(two_subnets):
+    """Zeroconf off: what each broker knows beyond its one seed, it learned from gossip."""
+    a, b, c, d = two_subnets.hosts
+    assert (a.subnet, b.subnet, c.subnet, d.subnet) == (0, 0, 1, 1)
+    seeds = {a: c, b: d, c: b, d: a}
+    for host, seed in seeds.items():
+        host.start_broker({"cluster": {"discovery": False, "peers": [seed.endpoint],
+                                       "peer_timeout": PEER_TIMEOUT}})
+    two_subnets.wait_for_cluster(timeout=20)
+    everyone = {h.endpoint for h in two_subnets.hosts}
+    # the seeds name 4 of the 6 pairs, never the two within a subnet: those came from gossip
+    for host in two_subnets.hosts:
+        assert status_peers(host) == everyone - {host.endpoint}, host.name
+    assert any(e.get("event") == "members learned" for h in (a, b) for e in h.log_events())
+    assert any(e.get("event") == "members learned" for h in (c, d) for e in h.log_events())
+    pipes_cross_between_every_pair(two_subnets.hosts, "seeded")
+    # a broker killed is dropped everywhere within the bound, seed of another or not
+    killed = time.monotonic()
+    c.kill_broker()
+    rest = [a, b, d]
+    wait_for("c dropped everywhere", lambda: all(c.endpoint not in h.peers() for h in rest),
+             PEER_TIMEOUT + 3)
+    took = time.monotonic() - killed
+    print(f"c dropped by all in {took:.2f} s")
+    assert took < PEER_TIMEOUT + 1.0, took
+    for host in rest:
+        assert status_peers(host) == {h.endpoint for h in rest} - {host.endpoint}
+    # and stays dropped: gossip goes on without bringing it back
+    time.sleep(PEER_TIMEOUT * 2)
+    assert all(c.endpoint not in h.peers() for h in rest)
+    assert all("Traceback" not in (h.dir / "broker.stderr").read_text() for h in two_subnets.hosts)
+
+
+def test_zeroconf_inside_a_subnet_one_seed_across_and_a_partition_heals(two_subnets):
+    """Zeroconf finds the broker beside each one; one broker only has a seed, in the other
+    subnet; the router's link to one subnet is then cut and brought back."""
+    a, b, c, d = two_subnets.hosts
+    for host in (a, b, c, d):
+        seed = [c.endpoint] if host is a else []
+        host.start_broker({"cluster": {"discovery": True, "peers": seed,
+                                       "peer_timeout": PEER_TIMEOUT}})
+    two_subnets.wait_for_cluster(timeout=30)
+    two_subnets.router_link(1, up=False)
+    cut = time.monotonic()
+    wait_for("the subnets lose each other",
+             lambda: a.peers() == {b.endpoint} and b.peers() == {a.endpoint}
+             and c.peers() == {d.endpoint} and d.peers() == {c.endpoint}, PEER_TIMEOUT + 3)
+    assert time.monotonic() - cut < PEER_TIMEOUT + 1.0
+    time.sleep(3 * PEER_TIMEOUT)  # longer than a learned contact is kept
+    two_subnets.router_link(1, up=True)
+    healed = time.monotonic()
+    two_subnets.wait_for_cluster(timeout=20)
+    print(f"healed {time.monotonic() - healed:.2f} s after the link returned")
+    pipes_cross_between_every_pair([b, d], "healed")
