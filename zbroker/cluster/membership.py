@@ -302,10 +302,15 @@ class Membership:
     def _pending(self, which: str) -> list[Contact]:
         """Contacts without a peer, oldest first: ``all``, ``unpinned`` (learned from HELLOs
         or gossip), ``hello`` or ``learned`` (from gossip) ones."""
+        def wanted(c: Contact) -> bool:
+            if which == "all":
+                return True
+            if c.pinned:
+                return False
+            return which == "unpinned" or c.learned == (which == "learned")
+
         up = self._up()
-        found = [c for c in self.contacts.values() if c.endpoint not in up and (
-            which == "all" or (not c.pinned and which == "unpinned")
-            or (not c.pinned and c.learned == (which == "learned")))]
+        found = [c for c in self.contacts.values() if c.endpoint not in up and wanted(c)]
         found.sort(key=lambda c: c.since)
         return found
 
