@@ -106,18 +106,19 @@ def main() -> None:
                 host.start_broker()
             bed.wait_for_cluster()
             raws: list[tuple[float, float]] = []
-            pipes: dict[str, list[tuple[float, float]]] = {c: [] for c in capacities}
-            cpu: dict[str, list[tuple[float, float]]] = {c: [] for c in capacities}
+            # by position: a capacity named twice (A,B,A) is measured twice
+            pipes: list[list[tuple[float, float]]] = [[] for _ in capacities]
+            cpu: list[list[tuple[float, float]]] = [[] for _ in capacities]
             n = 0
             for _ in range(args.runs):  # interleaved: noise hits all alike
                 raws.append(raw(a, b, args.mib))
-                for capacity in capacities:
+                for i, capacity in enumerate(capacities):
                     if capacity:
                         set_capacity((a, b), capacity)
                     before = cpu_seconds(a), cpu_seconds(b)
                     n += 1
-                    pipes[capacity].append(zpipes(a, b, args.mib, n))
-                    cpu[capacity].append((cpu_seconds(a) - before[0], cpu_seconds(b) - before[1]))
+                    pipes[i].append(zpipes(a, b, args.mib, n))
+                    cpu[i].append((cpu_seconds(a) - before[0], cpu_seconds(b) - before[1]))
         finally:
             bed.close()
     nbytes = args.mib << 20
@@ -126,11 +127,11 @@ def main() -> None:
     raw_cpu = statistics.median(c for _, c in raws) / gib
     print(f"cross-host {args.mib} MiB, median of {args.runs}: raw pyzmq "
           f"{nbytes / r / 1e6:7.0f} MB/s, sender + receiver CPU {raw_cpu:.2f} s per GiB")
-    for capacity in capacities:
-        z = statistics.median(t for t, _ in pipes[capacity])
-        clients = statistics.median(c for _, c in pipes[capacity]) / gib
-        cpu_a = statistics.median(c[0] for c in cpu[capacity]) / gib
-        cpu_b = statistics.median(c[1] for c in cpu[capacity]) / gib
+    for i, capacity in enumerate(capacities):
+        z = statistics.median(t for t, _ in pipes[i])
+        clients = statistics.median(c for _, c in pipes[i]) / gib
+        cpu_a = statistics.median(c[0] for c in cpu[i]) / gib
+        cpu_b = statistics.median(c[1] for c in cpu[i]) / gib
         print(f"  zpipes (write | broker A | broker B | read)"
               f"{f', capacity {capacity}' if capacity else ''}: {nbytes / z / 1e6:7.0f} MB/s   "
               f"ratio {r / z:.2f}x   CPU per GiB: broker A {cpu_a:.2f} s, broker B "
