@@ -411,3 +411,17 @@ def test_a_partition_of_one_link_only_is_bridged_by_nothing_and_heals():
     net.partition("a", "b", cut=False)
     took = net.run(15, until=net.complete)
     assert net.complete() and took < 3.0 + 0.5, took
+
+
+def test_a_chain_of_forty_seeds_ends_in_a_full_mesh_at_two_members_messages_per_link():
+    """Each broker names only the one started before it: every broker still ends up linked to
+    every other, within a few HELLO retries, and MEMBERS are sent only when a link is made
+    (one each way) — the telling in turn comes only every peer_timeout."""
+    net, n = Net(), 40
+    net.start("b0")
+    for i in range(1, n):
+        net.start(f"b{i}", seeds=[f"b{i - 1}"])
+    took = net.run(5, until=net.complete)
+    print(f"{n} brokers in a chain of seeds: complete in {took:.2f} s, {net.told} MEMBERS")
+    assert net.complete() and took < 1.0
+    assert net.told <= n * (n - 1)
