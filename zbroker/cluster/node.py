@@ -478,12 +478,12 @@ class ClusterNode:
         now = self._loop.time()
         to_ping, change = self.membership.due(now)
         self._apply(change)
-        told = self.membership.gossip_due(now)
-        if told is not None:
-            self._tell_members(told, now)
         for peer in to_ping:
-            if peer is not told and self._send_raw(peer.endpoint, [KIND_PING]):
+            if self._send_raw(peer.endpoint, [KIND_PING]):
                 self.membership.sent(peer.id, now)
+        told = self.membership.gossip_due(now)
+        if told is not None:  # whom we know, to one peer in turn
+            self._tell_members(told, now)
         for contact in self.membership.unanswered():
             if now - contact.last_said < CONTACT_RETRY:
                 continue
