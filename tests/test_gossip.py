@@ -117,6 +117,7 @@ def test_gossip_is_taken_only_from_peers_and_names_nothing_known_twice():
     assert m.learn([Member("x", "hx", "tcp://x:1")], "stranger", 0).refused == "not from a peer"
     m.add_contact("tcp://static:5670", 0)
     change = m.learn([Member("me", "local", "tcp://elsewhere:1"),  # ourselves
+                      Member("me-before", "local", ME.endpoint),  # our previous start
                       Member("c", "hc", "tcp://c-other:5670"),  # a peer, seen elsewhere
                       Member("s", "hs", "tcp://static:5670"),  # a contact already
                       Member("x", "hx", "tcp://x:1"), Member("y", "hy", "tcp://x:1")], "b", 0)

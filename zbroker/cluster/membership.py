@@ -425,7 +425,7 @@ class Membership:
         bad, full = 0, 0
         for member in members:
             if member.id == self.me.id or member.id in self.peers or member.id in self.gone \
-                    or member.endpoint in self.contacts:
+                    or member.endpoint in self.contacts or member.endpoint == self.me.endpoint:
                 continue
             if endpoint_problem(member.endpoint, self.transport):
                 bad += 1
