@@ -1,12 +1,18 @@
 """Cross-broker ZPIPES throughput over TCP between two network namespaces, against raw pyzmq
-(PUSH -> PULL, 1 MiB messages, zero-copy) over the same link in the same run. Needs root.
+(PUSH -> PULL, 1 MiB messages, zero-copy) over the same link in the same run, and the CPU
+seconds each broker spends per GiB moved. Needs root.
 
-    python bench/bench_cluster.py [--mib 512] [--runs 3]
+    python bench/bench_cluster.py [--mib 512] [--runs 3] [--capacities 1MiB,4MiB,16MiB]
+
+``--capacities``: the ZPIPES capacity per reader (which is also a remote reader's credit
+window: the bytes in flight to it) to compare, set on both brokers in turn within each run
+(`zbroker set`), so that the machine's noise hits every one alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -36,16 +42,37 @@ s.close(linger=-1); ctx.term()
 """
 
 
-def raw(a, b, mib: int) -> float:
+def finish(proc: subprocess.Popen) -> float:
+    """Wait for ``proc`` to exit successfully; the CPU seconds it and the children it waited
+    for (a shell's pipeline) spent."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0, proc.args
+    return usage.ru_utime + usage.ru_stime
+
+
+def raw(a, b, mib: int) -> tuple[float, float]:
+    """Seconds to move ``mib`` MiB, and the CPU seconds sender and receiver spent."""
     pull = b.python(RAW_PULL, str(mib), stdout=subprocess.PIPE)
     assert pull.stdout.readline().strip() == b"ready"
     t = time.perf_counter()
     push = a.python(RAW_PUSH, str(mib), f"tcp://{b.address}:6000")
     assert pull.stdout.readline().strip() == b"done"
     dt = time.perf_counter() - t
-    push.wait(60)
-    pull.wait(60)
-    return dt
+    return dt, finish(push) + finish(pull)
+
+
+def cpu_seconds(host) -> float:
+    """User + system CPU time of ``host``'s broker so far (from /proc/PID/stat)."""
+    fields = Path(f"/proc/{host.broker_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def set_capacity(hosts, capacity: str) -> None:
+    for host in hosts:
+        host.zbroker("set", "services.zpipes.capacity", capacity)
+        got = host.zbroker("get", "services.zpipes.capacity").strip()
+        assert got.isdigit(), f"{host.name}: capacity not set: {got}"
 
 
 def zpipes(a, b, mib: int, run: int) -> float:
@@ -55,8 +82,8 @@ def zpipes(a, b, mib: int, run: int) -> float:
     t = time.perf_counter()
     w = a.popen(["sh", "-c", f"head -c {mib << 20} /dev/zero | "
                              f"{sys.executable} -m zpipes write {pipe}"])
-    assert w.wait(300) == 0 and r.wait(300) == 0
-    return time.perf_counter() - t
+    clients = finish(w) + finish(r)
+    return time.perf_counter() - t, clients
 
 
 def main() -> None:
@@ -64,7 +91,10 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mib", type=int, default=512)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--capacities", default="",
+                    help="comma-separated capacities to compare (default: the brokers' own)")
     args = ap.parse_args()
+    capacities = [c.strip() for c in args.capacities.split(",") if c.strip()] or [""]
     why = netns.available()
     if why:
         raise SystemExit(why)
@@ -75,17 +105,37 @@ def main() -> None:
             for host in bed.hosts:
                 host.start_broker()
             bed.wait_for_cluster()
-            raws, pipes = [], []
-            for run in range(args.runs):  # interleaved: noise hits both alike
+            raws: list[tuple[float, float]] = []
+            # by position: a capacity named twice (A,B,A) is measured twice
+            pipes: list[list[tuple[float, float]]] = [[] for _ in capacities]
+            cpu: list[list[tuple[float, float]]] = [[] for _ in capacities]
+            n = 0
+            for _ in range(args.runs):  # interleaved: noise hits all alike
                 raws.append(raw(a, b, args.mib))
-                pipes.append(zpipes(a, b, args.mib, run))
+                for i, capacity in enumerate(capacities):
+                    if capacity:
+                        set_capacity((a, b), capacity)
+                    before = cpu_seconds(a), cpu_seconds(b)
+                    n += 1
+                    pipes[i].append(zpipes(a, b, args.mib, n))
+                    cpu[i].append((cpu_seconds(a) - before[0], cpu_seconds(b) - before[1]))
         finally:
             bed.close()
     nbytes = args.mib << 20
-    r, z = statistics.median(raws), statistics.median(pipes)
-    print(f"cross-host {args.mib} MiB: raw pyzmq {nbytes / r / 1e6:7.0f} MB/s   zpipes "
-          f"(write | broker A | broker B | read) {nbytes / z / 1e6:7.0f} MB/s   ratio "
-          f"{r / z:.2f}x   (median of {args.runs})")
+    gib = nbytes / (1 << 30)
+    r = statistics.median(t for t, _ in raws)
+    raw_cpu = statistics.median(c for _, c in raws) / gib
+    print(f"cross-host {args.mib} MiB, median of {args.runs}: raw pyzmq "
+          f"{nbytes / r / 1e6:7.0f} MB/s, sender + receiver CPU {raw_cpu:.2f} s per GiB")
+    for i, capacity in enumerate(capacities):
+        z = statistics.median(t for t, _ in pipes[i])
+        clients = statistics.median(c for _, c in pipes[i]) / gib
+        cpu_a = statistics.median(c[0] for c in cpu[i]) / gib
+        cpu_b = statistics.median(c[1] for c in cpu[i]) / gib
+        print(f"  zpipes (write | broker A | broker B | read)"
+              f"{f', capacity {capacity}' if capacity else ''}: {nbytes / z / 1e6:7.0f} MB/s   "
+              f"ratio {r / z:.2f}x   CPU per GiB: broker A {cpu_a:.2f} s, broker B "
+              f"{cpu_b:.2f} s, clients (head, zpipes write, zpipes read) {clients:.2f} s")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@
     hub namespace: a bridge
     host namespaces h1..hN: eth0 (a veth into the bridge), 10.231.0.<i>/24
 
+or several subnets (``Testbed([2, 2], ...)``): a bridge br<k> each in the hub, hosts
+10.231.<k>.<i>/24 (i numbered across subnets), and a router namespace with a leg
+10.231.<k>.254 in each, forwarding IP between them (the hosts' default route) and no
+multicast: zeroconf finds only the brokers of one's own subnet.
+
 Everything lives in namespaces made here: nothing is sent on the machine's own interfaces, and
 mDNS stays on the bridge. Abstract ipc sockets are per network namespace, so each host runs a
 broker named ``local`` and its clients find it as on a real host. Needs root and iproute2.
@@ -49,12 +54,13 @@ def _ip(*args: str) -> None:
 
 
 class Host:
-    def __init__(self, bed: Testbed, index: int) -> None:
+    def __init__(self, bed: Testbed, index: int, subnet: int = 0) -> None:
         self.bed = bed
         self.index = index
+        self.subnet = subnet
         self.name = f"h{index}"
         self.ns = f"{bed.prefix}{self.name}"
-        self.address = f"{SUBNET}.{index}"
+        self.address = f"{SUBNET.rpartition('.')[0]}.{subnet}.{index}"
         self.endpoint = f"tcp://{self.address}:{PEER_PORT}"
         self.broker: subprocess.Popen | None = None
         self.dir = bed.dir / self.name
@@ -171,18 +177,27 @@ class Host:
 
 
 class Testbed:
-    def __init__(self, hosts: int, base: Path) -> None:
+    def __init__(self, hosts: int | Sequence[int], base: Path) -> None:
+        """``hosts``: how many, on one bridge; or how many in each subnet, with a router."""
         self.prefix = f"zb{uuid.uuid4().hex[:6]}"
         self.hub = f"{self.prefix}hub"
+        self.router: str | None = None
         self.dir = base
         self.procs: list[subprocess.Popen] = []
         self.hosts: list[Host] = []
+        counts = [hosts] if isinstance(hosts, int) else list(hosts)
         _ip("netns", "add", self.hub)
         try:
-            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.hub, "link", "set", "br0", "up")
-            for i in range(1, hosts + 1):
-                self.add_host(i)
+            for subnet in range(len(counts)):
+                _ip("-n", self.hub, "link", "add", f"br{subnet}", "type", "bridge")
+                _ip("-n", self.hub, "link", "set", f"br{subnet}", "up")
+            if len(counts) > 1:
+                self._add_router(len(counts))
+            index = 0
+            for subnet, count in enumerate(counts):
+                for _ in range(count):
+                    index += 1
+                    self.add_host(index, subnet)
         except BaseException:
             self.close()
             raise
@@ -190,17 +205,43 @@ class Testbed:
     def port(self, host: Host) -> str:
         return f"p{host.index}"
 
-    def add_host(self, index: int) -> Host:
-        host = Host(self, index)
+    def gateway(self, subnet: int) -> str:
+        return f"{SUBNET.rpartition('.')[0]}.{subnet}.254"
+
+    def _add_router(self, subnets: int) -> None:
+        self.router = f"{self.prefix}rt"
+        _ip("netns", "add", self.router)
+        _ip("-n", self.router, "link", "set", "lo", "up")
+        for subnet in range(subnets):
+            _ip("-n", self.router, "link", "add", f"leg{subnet}", "type", "veth", "peer",
+                "name", f"r{subnet}", "netns", self.hub)
+            _ip("-n", self.hub, "link", "set", f"r{subnet}", "master", f"br{subnet}")
+            _ip("-n", self.hub, "link", "set", f"r{subnet}", "up")
+            _ip("-n", self.router, "addr", "add", f"{self.gateway(subnet)}/24", "dev",
+                f"leg{subnet}")
+            _ip("-n", self.router, "link", "set", f"leg{subnet}", "up")
+        r = subprocess.run(["ip", "netns", "exec", self.router, "sysctl", "-qw",
+                            "net.ipv4.ip_forward=1"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"cannot make the router forward: {r.stderr.strip()}")
+
+    def router_link(self, subnet: int, up: bool) -> None:
+        """Cut ``subnet`` off the router (a partition between subnets), or bring it back."""
+        _ip("-n", self.hub, "link", "set", f"r{subnet}", "up" if up else "down")
+
+    def add_host(self, index: int, subnet: int = 0) -> Host:
+        host = Host(self, index, subnet)
         _ip("netns", "add", host.ns)
         self.hosts.append(host)
         _ip("-n", host.ns, "link", "set", "lo", "up")
         _ip("-n", host.ns, "link", "add", "eth0", "type", "veth", "peer", "name",
             self.port(host), "netns", self.hub)
-        _ip("-n", self.hub, "link", "set", self.port(host), "master", "br0")
+        _ip("-n", self.hub, "link", "set", self.port(host), "master", f"br{subnet}")
         _ip("-n", self.hub, "link", "set", self.port(host), "up")
         _ip("-n", host.ns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _ip("-n", host.ns, "link", "set", "eth0", "up")
+        if self.router is not None:
+            _ip("-n", host.ns, "route", "add", "default", "via", self.gateway(subnet))
         return host
 
     def wait_for_cluster(self, hosts: list[Host] | None = None, timeout: float = 20.0) -> None:
@@ -228,4 +269,6 @@ class Testbed:
                 pass
         for host in self.hosts:
             subprocess.run(["ip", "netns", "del", host.ns], capture_output=True)
+        if self.router is not None:
+            subprocess.run(["ip", "netns", "del", self.router], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.hub], capture_output=True)

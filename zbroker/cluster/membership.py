@@ -29,6 +29,19 @@ admitted, a made-up endpoint never does. Each HELLO sent in answer costs one rec
 endpoints we talk to (*contacts*) are bounded: those learned from HELLOs that have not become a
 peer are at most ``max_pending``, the oldest given up first, and each is given up after
 ``contact_timeout``. Static and discovered contacts are kept (and said HELLO to) for good.
+
+Members also learn of each other from each other (gossip, gossip.py): a broker tells a peer
+that joins it every other peer it has, and one peer in turn every ``gossip_interval`` — so one
+seed in ``cluster.peers`` is enough to find the rest, across routers. What gossip names becomes
+a *learned* contact, nothing more: it is admitted as a peer only by the HELLO round trip above,
+at the endpoint gossip gave (at most ``max_learned`` such contacts wait at once, each given up
+after ``contact_timeout`` like those learned from HELLOs). Gossip is taken only from peers, and
+never says that a member is gone: only a member's own BYE, or our own heartbeats and link to it,
+end a peer; and a new start of a broker (a new id) that answers at a peer's endpoint ends the
+old start's life at once. A member lost is not brought back by stale gossip: its id (new at
+every start: its incarnation) is remembered as gone for ``forget_after``, and gossip naming it
+is ignored meanwhile; only the member itself, by answering our HELLO or saying its own, can
+rejoin sooner.
 """
 
 from __future__ import annotations
@@ -36,12 +49,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 PROTOCOL_VERSION = 2  # 2: HELLOs carry a nonce and its echo (admission by answer)
 MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
 MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
+MAX_LEARNED = 512  # contacts learned from gossip that have not become a peer
+MAX_GONE = 1024  # ids of lost members remembered (against stale gossip)
 
 
 @dataclass(frozen=True)
@@ -54,18 +70,22 @@ class Hello:
     reply: bool = False
     nonce: str = ""  # the sender's nonce for the receiver's endpoint
     echo: str = ""  # the last nonce the sender got from the receiver
+    #: the sender takes and sends MEMBERS (gossip.py); brokers of before say nothing of it
+    #: and are sent none (so no protocol version of its own)
+    gossip: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
-                "nonce": self.nonce, "echo": self.echo}
+                "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
         try:
             hello = cls(str(data["id"]), str(data["name"]), str(data["cluster"]),
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
-                        str(data.get("nonce", "")), str(data.get("echo", "")))
+                        str(data.get("nonce", "")), str(data.get("echo", "")),
+                        data.get("gossip") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -98,6 +118,15 @@ class Peer:
     last_heard: float
     last_sent: float
     suspect_since: float | None = None  # our connection to it closed then
+    gossip: bool = False  # it takes MEMBERS
+
+
+class Named(Protocol):
+    """A member as gossip names it (gossip.Member)."""
+
+    id: str
+    name: str
+    endpoint: str
 
 
 @dataclass
@@ -110,6 +139,7 @@ class Contact:
     since: float  # when it was made, or when the last peer there left
     their_nonce: str = ""  # echoed in our HELLOs to it
     last_said: float = float("-inf")  # when we last said HELLO to it (kept by the caller)
+    learned: bool = False  # named by gossip (not by a HELLO): bounded by ``max_learned``
 
 
 @dataclass
@@ -122,25 +152,37 @@ class Change:
     refused: str | None = None  # why a HELLO was not taken
     challenge: str | None = None  # endpoint to say our HELLO to (not a reply) before admitting
     dropped: list[str] = field(default_factory=list)  # contacts given up: close their links
+    learned: list[str] = field(default_factory=list)  # contacts gossip named: say HELLO there
 
 
 class Membership:
     def __init__(self, me: Hello, timeout: float, interval: float | None = None,
                  suspect_grace: float | None = None, *, secret: bytes | None = None,
-                 max_pending: int = MAX_PENDING, contact_timeout: float | None = None) -> None:
+                 max_pending: int = MAX_PENDING, contact_timeout: float | None = None,
+                 max_learned: int = MAX_LEARNED, gossip_interval: float | None = None,
+                 forget_after: float | None = None) -> None:
         self.me = me
         self.timeout = timeout
         self.interval = interval if interval is not None else timeout / 3
+        self.max_learned = max_learned
+        self.gossip_interval = gossip_interval if gossip_interval is not None else timeout
         self.suspect_grace = (suspect_grace if suspect_grace is not None
                               else min(timeout, max(0.5, timeout / 6)))
         self.max_pending = max_pending
         self.contact_timeout = (contact_timeout if contact_timeout is not None
                                 else max(2.0, 2 * timeout))
+        # longer than any other member can go on naming a lost one (it loses it within
+        # ``timeout`` too) and than its contact is kept here
+        self.forget_after = (forget_after if forget_after is not None
+                             else self.contact_timeout + timeout)
         self.transport = me.endpoint.partition("://")[0]
         self.peers: dict[str, Peer] = {}  # by broker id
         self.contacts: dict[str, Contact] = {}  # by endpoint, oldest first
         self._secret = secret if secret is not None else secrets.token_bytes(16)
         self._lives = 0
+        self.gone: dict[str, float] = {}  # id of a lost member -> when, oldest first
+        self._last_gossip = float("-inf")
+        self._gossip_turn = ""  # id of the peer last told in turn
 
     # --- HELLOs --------------------------------------------------------------------------------
 
@@ -208,9 +250,16 @@ class Membership:
         if known is not None:  # it starts afresh with us: so do we
             self._leave(known, now)
             change.left.append((known, "restarted its session with us"))
+        for old in [p for p in self.peers.values() if p.endpoint == hello.endpoint]:
+            # what answers there now is a new start: the old one is gone (no longer there)
+            self._leave(old, now)
+            change.left.append((old, "a new start of it answers at its endpoint"))
+        self.gone.pop(hello.id, None)
+        if self._last_gossip == float("-inf"):  # a joining peer is told at once: the first
+            self._last_gossip = now  # one in turn only an interval later
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
-                    now)
+                    now, gossip=hello.gossip)
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:
@@ -229,7 +278,7 @@ class Membership:
             return change
         self.contacts[endpoint] = Contact(endpoint, pinned, now)
         if not pinned:
-            pending = self._pending(unpinned_only=True)
+            pending = self._pending("hello")
             for old in pending[:max(0, len(pending) - self.max_pending)]:
                 del self.contacts[old.endpoint]
                 change.dropped.append(old.endpoint)
@@ -245,22 +294,34 @@ class Membership:
 
     def unanswered(self) -> list[Contact]:
         """Contacts where no peer is: to say HELLO to."""
-        return self._pending(unpinned_only=False)
+        return self._pending("all")
 
     def _up(self) -> set[str]:
         return {p.endpoint for p in self.peers.values()}
 
-    def _pending(self, unpinned_only: bool) -> list[Contact]:
-        """Contacts without a peer, oldest first."""
+    def _pending(self, which: str) -> list[Contact]:
+        """Contacts without a peer, oldest first: ``all``, ``unpinned`` (learned from HELLOs
+        or gossip), ``hello`` or ``learned`` (from gossip) ones."""
+        def wanted(c: Contact) -> bool:
+            if which == "all":
+                return True
+            if c.pinned:
+                return False
+            return which == "unpinned" or c.learned == (which == "learned")
+
         up = self._up()
-        found = [c for c in self.contacts.values()
-                 if c.endpoint not in up and not (unpinned_only and c.pinned)]
+        found = [c for c in self.contacts.values() if c.endpoint not in up and wanted(c)]
         found.sort(key=lambda c: c.since)
         return found
 
     def _leave(self, peer: Peer, now: float) -> None:
-        """``peer`` is no longer one: its contact is pending again, from now."""
+        """``peer`` is no longer one: its contact is pending again, from now, and its id is
+        remembered as gone (gossip naming it is stale)."""
         self.peers.pop(peer.id, None)
+        self.gone.pop(peer.id, None)
+        self.gone[peer.id] = now
+        while len(self.gone) > MAX_GONE:
+            del self.gone[next(iter(self.gone))]
         contact = self.contacts.get(peer.endpoint)
         if contact is not None and peer.endpoint not in self._up():
             contact.since = now
@@ -312,7 +373,7 @@ class Membership:
                 self._leave(peer, now)
                 change.left.append((peer, f"its connection closed and nothing was heard for "
                                           f"{now - peer.suspect_since:.1f} s"))
-        for contact in self._pending(unpinned_only=True):
+        for contact in self._pending("unpinned"):
             if now - contact.since >= self.contact_timeout:
                 del self.contacts[contact.endpoint]
                 change.dropped.append(contact.endpoint)
@@ -320,8 +381,66 @@ class Membership:
         return to_ping, change
 
     def next_deadline(self) -> float:
-        expiries = [c.since + self.contact_timeout for c in self._pending(unpinned_only=True)]
+        expiries = [c.since + self.contact_timeout for c in self._pending("unpinned")]
+        if any(p.gossip for p in self.peers.values()):
+            expiries.append(self._last_gossip + self.gossip_interval)
         return min([*(min(p.last_heard + self.timeout, p.last_sent + self.interval,
                           float("inf") if p.suspect_since is None
                           else p.suspect_since + self.suspect_grace)
                       for p in self.peers.values()), *expiries], default=float("inf"))
+
+    # --- gossip ------------------------------------------------------------------------------
+
+    def members_for(self, peer_id: str) -> list[Peer]:
+        """What we tell ``peer_id`` of whom we know: every other peer we have."""
+        return [p for p in self.peers.values() if p.id != peer_id]
+
+    def gossip_due(self, now: float) -> Peer | None:
+        """The peer to tell whom we know now (one every ``gossip_interval``, in turn), or None:
+        anything a join's telling missed (a contact given up meanwhile, a partition) is told
+        again."""
+        if now - self._last_gossip < self.gossip_interval:
+            return None
+        told = sorted((p for p in self.peers.values() if p.gossip), key=lambda p: p.id)
+        if not told:
+            return None
+        self._last_gossip = now
+        peer = next((p for p in told if p.id > self._gossip_turn), told[0])
+        self._gossip_turn = peer.id
+        return peer
+
+    def learn(self, members: Iterable[Named], sender: str, now: float) -> Change:
+        """What peer ``sender`` says of whom it knows: members we neither have nor know to be
+        gone become learned contacts (``Change.learned``), to be said HELLO to. ``refused``:
+        why some or all of it was not taken."""
+        change = Change()
+        if sender not in self.peers:
+            change.refused = "not from a peer"
+            return change
+        for gone_id, since in list(self.gone.items()):  # oldest first
+            if now - since < self.forget_after:
+                break
+            del self.gone[gone_id]
+        waiting = len(self._pending("learned"))
+        bad, full = 0, 0
+        for member in members:
+            if member.id == self.me.id or member.id in self.peers or member.id in self.gone \
+                    or member.endpoint in self.contacts or member.endpoint == self.me.endpoint:
+                continue
+            if endpoint_problem(member.endpoint, self.transport):
+                bad += 1
+                continue
+            if waiting >= self.max_learned:
+                full += 1
+                continue
+            self.contacts[member.endpoint] = Contact(member.endpoint, False, now, learned=True)
+            change.learned.append(member.endpoint)
+            waiting += 1
+        problems = []
+        if bad:
+            problems.append(f"{bad} members at endpoints no peer can be at")
+        if full:
+            problems.append(f"{full} members past the {self.max_learned} learned contacts "
+                            f"waiting")
+        change.refused = "; ".join(problems) or None
+        return change

@@ -13,10 +13,14 @@ message is ``[kind, ...]``:
                               broker that knows no echo just takes a PING with more frames
                               as a PING.
     BYE                       the sender is stopping: drop it now rather than at its timeout
+    MEMBERS json(members)     whom the sender has as peers (gossip.py): to a peer that joins
+                              it, and to one peer in turn every peer_timeout; only to peers
+                              whose HELLO says they take it
     SVC    service, frames... a service's own message (e.g. ZPIPES pipe traffic)
 
-Peers are found by zeroconf (discovery.py), by the static ``cluster.peers`` list, and by the
-HELLOs that reach us. Liveness comes only from what is heard (membership.py).
+Peers are found by zeroconf (discovery.py), by the static ``cluster.peers`` list (seeds: one is
+enough, the others are learned from it), by what peers say of whom they know, and by the HELLOs
+that reach us. Liveness comes only from what is heard (membership.py).
 
 Each contact (an endpoint we say HELLO to) has a DEALER, and each peer's DEALER a monitor too.
 Everything a contact opened is closed when membership gives it up (a HELLO's made-up endpoint
@@ -43,9 +47,11 @@ from zbroker.service import PeerBroker
 
 from ..stats import LATENCY_BOUNDS, Buckets
 from ..zmq_reader import SocketReader
-from .membership import Change, Hello, Membership
+from . import gossip
+from .membership import Change, Hello, Membership, Peer
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
+KIND_MEMBERS = b"MEMBERS"
 CONTACT_RETRY = 0.25  # seconds between HELLOs to a contact that has not answered
 #: seconds a link to a contact may stay unconnected before it is made anew: libzmq gives up
 #: on a link after some handshake failures (e.g. the other side had a key and we have none),
@@ -369,6 +375,8 @@ class ClusterNode:
             self._hello(frames, now)
         elif kind == KIND_BYE:
             self._apply(self.membership.bye(sender, now))
+        elif kind == KIND_MEMBERS and len(frames) == 3:
+            self._members(sender, frames[2], now)
         else:
             self._log.warning("invalid cluster message", address=_address(frames[1]),
                               sender=sender[:40], kind=kind[:16])
@@ -421,6 +429,34 @@ class ClusterNode:
             self._say_hello(change.reply_hello_to, reply=True)  # send it when it joins
         self._apply(change, address=address)
 
+    def _members(self, sender: str, frame: zmq.Frame, now: float) -> None:
+        """What a peer says of whom it knows: the members we did not know are said HELLO to."""
+        address = _address(frame)
+        peer = self.membership.peers.get(sender)
+        if peer is None or not self.membership.heard(sender, now):
+            self._log.warning("gossip refused", address=address, sender=sender[:40],
+                              why="not from a peer")
+            return
+        members, problem = gossip.decode(frame.buffer)
+        if problem:
+            self._log.warning("invalid gossip", address=address, peer=peer.name[:64],
+                              why=problem)
+        change = self.membership.learn(members, sender, now)
+        if change.refused:
+            self._log.warning("gossip partly ignored", address=address, peer=peer.name[:64],
+                              why=change.refused)
+        if change.learned:
+            self._log.info("members learned", peer=peer.name, id=peer.id,
+                           contacts=len(change.learned), first=change.learned[0])
+            self._schedule(0.0)
+
+    def _tell_members(self, peer: Peer, now: float) -> None:
+        """Tell ``peer`` whom we have as peers (if it takes it)."""
+        members = self.membership.members_for(peer.id)
+        if peer.gossip and members and self._send_raw(
+                peer.endpoint, [KIND_MEMBERS, gossip.encode(members)]):
+            self.membership.sent(peer.id, now)
+
     def _apply(self, change: Change, reason: str | None = None, address: str = "") -> None:
         """Act on ``change``; ``address``: where the message that made it came from."""
         if change.dropped:
@@ -454,6 +490,8 @@ class ClusterNode:
                 self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
                                endpoint=peer.endpoint)
             self._on_join(life)
+            if peer.id in self._lives:  # still a peer once the services were told
+                self._tell_members(peer, self._loop.time())
 
     # --- timers ----------------------------------------------------------------------------------
 
@@ -485,6 +523,9 @@ class ClusterNode:
         for peer in to_ping:
             if self._send_raw(peer.endpoint, ping):
                 self.membership.sent(peer.id, now)
+        told = self.membership.gossip_due(now)
+        if told is not None:  # whom we know, to one peer in turn
+            self._tell_members(told, now)
         for contact in self.membership.unanswered():
             if now - contact.last_said < CONTACT_RETRY:
                 continue
