@@ -13,7 +13,7 @@ import time
 
 import pytest
 import zmq
-from helpers import broker_env
+from helpers import broker_env, endpoint_accepts, free_port, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 from pzq_helpers import FakeStore, dealer, recv, wait_counter
@@ -22,6 +22,7 @@ from test_pzq_store import Harness, recover
 
 from zbroker.pzq import records, wire
 from zbroker.pzq.client import Consumer, Producer
+from zbroker.pzq.client import monitor as queue_monitor
 from zbroker.pzq.queue import Limits, QueueCore
 
 # --- the codec ---------------------------------------------------------------------------
@@ -433,3 +434,31 @@ def test_a_replicated_batch_is_answered_once_every_copy_is_confirmed_or_timed_ou
     q.tick(2.0)  # the other copy's time is up: stored here, with fewer copies
     assert store.replies[-1] == (b"P", [b"B2", b"1", b"", wire.REPLICATION_FAILED.encode()])
     assert len(store.replies) == 2
+
+
+def test_queue_get_takes_batches_and_leaves_nothing_held_past_its_count(start_broker,
+                                                                      tmp_path):
+    """On a credit endpoint, ``zbroker queue get`` takes batches, ACKs each in one message,
+    and gives back at once what came past --count: nothing waits for its ACK timeout."""
+    from test_pzq_shell import Shell, queue_config
+
+    cfg = queue_config(tmp_path)
+    jobs = cfg["services"]["pzq"]["queues"]["jobs"]
+    jobs.update(credit_endpoint=f"tcp://127.0.0.1:{free_port()}", ack_timeout=60,
+                monitor_endpoint=f"tcp://127.0.0.1:{free_port()}")
+    sh = Shell(start_broker(config=cfg), cfg)
+    wait_for(lambda: endpoint_accepts(jobs["credit_endpoint"]), 10, "the credit endpoint")
+    sh.put("jobs", [b"job %d" % i for i in range(3000)])
+    r = sh.run("get", "jobs", "-n", "5", "-t", "5")
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()
+    assert len(first) == 5
+    monitor = jobs["monitor_endpoint"]
+    counters = wait_for(lambda: (c := queue_monitor(monitor)) and c["messages"] == 2995
+                        and c["messages_inflight"] == 0 and c, 10, "the rest given back")
+    assert counters["consumer_acks"] == 5
+    r = sh.run("get", "jobs", "-n", "0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    rest = r.stdout.splitlines()
+    assert sorted(first + rest) == sorted(b"job %d" % i for i in range(3000))
+    assert queue_monitor(monitor)["messages"] == 0

@@ -42,6 +42,8 @@ from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamErr
 
 STREAM_BATCH = 1000  # messages printed, then committed, at a time (what a crash may repeat)
 PUT_WINDOW = 1024  # messages unACKed on the batch path
+GET_WINDOW = 1024  # messages a get holds at once on a credit endpoint (at most --count)
+GET_WINDOW_BYTES = 1 << 20
 PUT_BATCH = 256  # messages in one batch
 STATUS_TIMEOUT = 5.0  # seconds to wait for the broker's status
 
@@ -250,8 +252,8 @@ def _run(args: argparse.Namespace, info: QueueInfo) -> int:
         if args.no_commit or args.from_offset is not None:
             return _error(f"queue {args.queue!r} is a push queue: --no-commit and "
                           "--from-offset are for stream queues", 2)
-        if info.credit:  # holds one message at a time: none is left waiting on exit
-            return _get(args, info.credit, info.note, credit=1)
+        if info.credit:  # batches, never more than --count held: none left waiting on exit
+            return _get_batches(args, info.credit, info.note)
         assert info.send is not None
         return _get(args, info.send, info.note)
     except KeyboardInterrupt:
@@ -331,6 +333,40 @@ def _get(args: argparse.Namespace, endpoint: str, note: str = "",
                 out.flush()
                 c.ack(m)
                 got += 1
+        except OSError as exc:
+            return _error(_output_failed(exc))
+        except zmq.ZMQError as exc:
+            return _error(str(exc))
+    return _shortfall(args, got, note)
+
+
+def _get_batches(args: argparse.Namespace, endpoint: str, note: str = "") -> int:
+    """A push queue's credit endpoint, the batch path: at most --count (up to GET_WINDOW)
+    messages held at once, each batch printed, then ACKed in one message; what came beyond
+    --count is given back at once (NACK), not left to its ACK timeout; the ACKs are durable
+    (confirmed) before it exits."""
+    got = 0
+    out = sys.stdout.buffer
+    window = GET_WINDOW if args.count <= 0 else min(args.count, GET_WINDOW)
+    with Consumer(endpoint, credit=window, credit_bytes=GET_WINDOW_BYTES) as c:
+        try:
+            while args.count <= 0 or got < args.count:
+                batch = c.recv_many(window, args.timeout)
+                if not batch:
+                    break
+                take = batch if args.count <= 0 else batch[:args.count - got]
+                out.write(b"".join(m.body + b"\n" for m in take))
+                out.flush()
+                c.ack_many(take)
+                got += len(take)
+                for m in batch[len(take):]:
+                    c.nack(m)
+            # once the ACKs are confirmed, every delivery their room made is here: given back
+            c.confirm(max(args.timeout, 1.0))
+            while (m := c.recv_nowait()) is not None:
+                c.nack(m)
+        except TimeoutError as exc:
+            return _error(f"{got} message(s) printed, their ACKs not confirmed: {exc}")
         except OSError as exc:
             return _error(_output_failed(exc))
         except zmq.ZMQError as exc:
