@@ -98,7 +98,7 @@ def test_legacy_and_credit_consumers_share_a_queue(start_pzq):
 def test_malformed_ready_is_counted_and_changes_nothing(start_pzq, ctx):
     q, credit = credit_queue(start_pzq)
     s = dealer(ctx, credit)
-    for frames in ([b"READY"], [b"READY", b"abc"], [b"READY", b"0"], [b"READY", b"100001"],
+    for frames in ([b"READY"], [b"READY", b"abc"], [b"READY", b" 1"], [b"READY", b"100001"],
                    [b"READY", b"-1"], [b"READY", b"1", b"extra"], [b"READY", b"1" * 50]):
         s.send_multipart(frames)
     wait_counter(q, "malformed", lambda n: n == 7)
@@ -136,3 +136,22 @@ def test_acks_are_confirmed_once_a_crash_cannot_undo_them(start_pzq, ctx):
     assert q.counters()["messages"] == 0  # every confirmed ACK survived the SIGKILL
     with Consumer(q.send) as legacy, pytest.raises(ValueError):
         legacy.confirm(1)  # the send endpoint has no confirmations
+
+
+def test_ready_0_stops_deliveries_and_a_nack_after_it_goes_to_another(start_pzq):
+    q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
+    produce(q, 20)
+    with Consumer(credit, credit=5) as leaving:
+        held = [leaving.recv(5) for _ in range(5)]
+        leaving.stop_taking()  # READY 0
+        for m in held[:3]:
+            leaving.ack(m)
+        leaving.confirm(5)  # the room those ACKs made: nothing more for it
+        assert leaving.recv_nowait() is None
+        for m in held[3:]:
+            leaving.nack(m)
+        with Consumer(credit, credit=100) as other:
+            got = drain(other)
+        assert leaving.recv_nowait() is None
+    assert sorted(got) == sorted(b"m%d" % i for i in range(20)
+                                 if b"m%d" % i not in {m.body for m in held[:3]})

@@ -400,6 +400,15 @@ class Consumer:
         if self.credit is not None:
             self.unconfirmed.add(key)
 
+    def stop_taking(self) -> None:
+        """Tell the queue to send this consumer nothing more (READY with a window of 0;
+        credit endpoint only): what it holds stays its own until ACKed or NACKed, and a NACK
+        sent after this goes to another consumer. For a consumer about to leave."""
+        if self.credit is None:
+            raise ValueError("stop_taking is for a credit endpoint (credit=N)")
+        self.credit = 0
+        self._say_ready()
+
     def ack_many(self, messages: Sequence[Message | bytes]) -> None:
         """ACK many messages in one ZeroMQ message (a batch consumer: ``credit_bytes``);
         confirmed as one (see :meth:`confirm`)."""

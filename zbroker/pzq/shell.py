@@ -359,10 +359,15 @@ def _get_batches(args: argparse.Namespace, endpoint: str, note: str = "") -> int
                 out.flush()
                 c.ack_many(take)
                 got += len(take)
-                for m in batch[len(take):]:
-                    c.nack(m)
-            # once the ACKs are confirmed, every delivery their room made is here: given back
+                if len(batch) > len(take):
+                    break
+            # nothing more comes once the queue has this (before the NACKs, on the same
+            # connection, so that they are not sent back here); once the ACKs are confirmed,
+            # every delivery sent before is here: given back
+            c.stop_taking()
             c.confirm(max(args.timeout, 1.0))
+            for m in batch[len(take):] if batch else ():
+                c.nack(m)
             while (m := c.recv_nowait()) is not None:
                 c.nack(m)
         except TimeoutError as exc:

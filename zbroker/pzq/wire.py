@@ -139,15 +139,16 @@ MAX_WINDOW = 100_000
 
 
 def decode_ready(frames: Sequence[Frame]) -> int | WireError | None:
-    """``["READY"][window]`` on the credit endpoint: the window (1..MAX_WINDOW); None if the
-    frames are not a READY (an ACK then); a WireError if it is a READY that is malformed."""
+    """``["READY"][window]`` on the credit endpoint: the window (0..MAX_WINDOW; 0: nothing
+    more, a consumer about to leave); None if the frames are not a READY (an ACK then); a
+    WireError if it is a READY that is malformed."""
     if not frames or bytes(frames[0]) != READY:
         return None
     if len(frames) != 2:
         return WireError(MALFORMED)
     text = bytes(frames[1])
-    if not text.isdigit() or len(text) > 6 or not 1 <= int(text) <= MAX_WINDOW:
-        return WireError(f"window must be 1..{MAX_WINDOW}")
+    if not text.isdigit() or len(text) > 6 or not 0 <= int(text) <= MAX_WINDOW:
+        return WireError(f"window must be 0..{MAX_WINDOW}")
     return int(text)
 
 
