@@ -244,6 +244,9 @@ class StreamCore:
                     return self._error(envelope, f"too many groups: at most {MAX_GROUPS} "
                                                  "(DELETE one)")
                 self._change().groups[group] = self.floor()
+            if req.command == wire.COMMIT:  # its first request: made with the COMMIT done
+                change = self._change()
+                change.groups[group] = max(change.groups[group], min(req.end, core.head))
             return self._wait(envelope, req)
         lost = offsets.lost.get(group, (0, 0)) if req.group is not None else ()
         if req.command == wire.HEAD:
