@@ -3,6 +3,8 @@ queue read from the shell (ordered, committed after printing, at-least-once) and
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -237,3 +239,111 @@ def test_get_uses_the_credit_endpoint_past_a_stuck_consumer(start_broker, tmp_pa
     finally:
         stuck.close(linger=0)
         ctx.term()
+
+
+# --- reader groups -----------------------------------------------------------------------------
+
+
+def group_list(shell: Shell, queue: str = "events") -> dict:
+    r = shell.run("group", "list", queue, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def committed(shell: Shell, group: str) -> int:
+    with StreamConsumer(shell.queue("events")["stream_endpoint"], timeout=5) as s:
+        return s.groups()[group]
+
+
+def test_two_groups_each_read_every_message_and_commit_only_their_own(shell):
+    shell.put("events", lines(20))
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(20), r
+    assert r.stderr == b""  # nothing lost, nothing to say
+    r = shell.run("get", "events", "-n", "5", "-t", "2", "--group", "b")  # a new group: from 0
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(5), r
+    assert (committed(shell, "a"), committed(shell, "b")) == (20, 5)  # b did not move a
+    assert shell.offsets() == (20, 0)  # nor the default group (readers that name none)
+
+    shell.put("events", lines(3, start=20))
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(3, start=20), r
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "-g", "b", "--no-commit")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(18, start=5), r
+    assert group_list(shell) == {"queue": "events", "head": 23, "groups": {
+        "a": {"committed": 23, "lag": 0}, "b": {"committed": 5, "lag": 18},
+        "default": {"committed": 0, "lag": 23}}}
+    r = shell.run("group", "list", "events")  # for people: a table
+    assert r.returncode == 0, r.stderr
+    assert [line.split() for line in r.stdout.decode().splitlines()] == [
+        ["GROUP", "COMMITTED", "LAG"], ["a", "23", "0"], ["b", "5", "18"],
+        ["default", "0", "23"]]
+
+    r = shell.run("group", "delete", "events", "b")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r
+    assert set(group_list(shell)["groups"]) == {"a", "default"}
+    r = shell.run("group", "delete", "events", "b")  # gone already
+    assert r.returncode == 1, r
+    assert r.stderr.decode().splitlines() == [
+        "zbroker queue: cannot delete group 'b' of queue 'events': no group 'b' on this queue"]
+    r = shell.run("get", "events", "-n", "0", "-t", "0")  # the default group: all of them
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(23), r
+    assert (committed(shell, "a"), committed(shell, "default")) == (23, 23)
+
+
+def test_group_errors_are_one_line(shell):
+    for args in (["get", "events", "--group", ""], ["get", "events", "--group", "a b"],
+                 ["get", "events", "--group", "x" * 256],
+                 ["group", "delete", "events", "é"]):
+        r = shell.run(*args)
+        assert r.returncode == 2, (args, r)
+        err = r.stderr.decode()
+        assert "Traceback" not in err and "bad group name" in err.splitlines()[-1], (args, err)
+    assert set(group_list(shell)["groups"]) == {"default"}  # no group was made
+    r = shell.run("get", "jobs", "--group", "a")
+    assert r.returncode == 2 and b"push queue" in r.stderr and b"--group" in r.stderr, r
+    r = shell.run("group", "list", "jobs")
+    assert r.returncode == 2, r
+    assert r.stderr.decode().splitlines() == [
+        "zbroker queue: queue 'jobs' is a push queue: reader groups are for stream queues "
+        "(mode: stream)"]
+    r = shell.run("group", "list", "nosuch")
+    assert r.returncode == 1 and b"has no queue 'nosuch'" in r.stderr, r
+    r = shell.run("group", "delete", "events", "nosuch")
+    assert r.returncode == 1 and b"no group 'nosuch'" in r.stderr, r
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    r = shell.run("group", "list", "events", "--stream", dead, "-t", "1")
+    assert r.returncode == 1 and f"no answer from the stream endpoint {dead}".encode() \
+        in r.stderr, r
+    r = shell.run("group", "--help", broker=False)
+    assert r.returncode == 0
+    for text in (b"list", b"delete", b"lag", b"exit status", b"--group"):
+        assert text in r.stdout, text
+    r = shell.run("get", "--help", broker=False)
+    assert b"reader groups" in r.stdout and b"--group" in r.stdout
+
+
+def test_a_group_behind_retention_is_told_which_offsets_it_lost(start_broker, tmp_path):
+    cfg = queue_config(tmp_path)
+    events = cfg["services"]["pzq"]["queues"]["events"]
+    events["retention_bytes"] = 2000  # about 40 of the messages below
+    sh = Shell(start_broker(config=cfg), cfg)
+    wait_for(lambda: endpoint_accepts(events["stream_endpoint"]), 10, "the stream endpoint")
+    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # made, at 0
+    assert r.returncode == 1 and r.stdout == b"", r
+    sh.put("events", lines(200))
+    # retention moves the groups behind it past what it dropped (then, and only then, they are
+    # told)
+    wait_for(lambda: committed(sh, "slow") > 0, 10, "retention to drop the oldest")
+    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")
+    assert r.returncode == 0, r
+    told = re.fullmatch(r"zbroker queue: group 'slow' lost offsets 0 to (\d+) of queue 'events': "
+                        r"the queue's retention limits dropped them before the group committed "
+                        r"them\n", r.stderr.decode())
+    assert told, r.stderr  # one line, naming the offsets
+    lost_to = int(told.group(1)) + 1
+    assert 0 < lost_to < 200
+    assert r.stdout.splitlines() == lines(200)[lost_to:]  # all the rest, none skipped
+    sh.put("events", lines(1, start=200))
+    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # told once: done
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"event 200\n", b""), r
