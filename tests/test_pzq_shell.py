@@ -15,7 +15,7 @@ import pytest
 import zmq
 from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
 
-from zbroker.pzq.client import StreamConsumer
+from zbroker.pzq.client import StreamConsumer, monitor
 
 
 def queue_config(tmp_path: Path) -> dict:
@@ -327,14 +327,15 @@ def test_a_group_behind_retention_is_told_which_offsets_it_lost(start_broker, tm
     cfg = queue_config(tmp_path)
     events = cfg["services"]["pzq"]["queues"]["events"]
     events["retention_bytes"] = 2000  # about 40 of the messages below
+    events["monitor_endpoint"] = f"ipc://{tmp_path}/events.monitor"
     sh = Shell(start_broker(config=cfg), cfg)
     wait_for(lambda: endpoint_accepts(events["stream_endpoint"]), 10, "the stream endpoint")
     r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # made, at 0
     assert r.returncode == 1 and r.stdout == b"", r
     sh.put("events", lines(200))
-    # retention moves the groups behind it past what it dropped (then, and only then, they are
-    # told)
-    wait_for(lambda: committed(sh, "slow") > 0, 10, "retention to drop the oldest")
+    # every drop done: the backlog is within the limit (so the offsets lost stay put)
+    wait_for(lambda: monitor(events["monitor_endpoint"])["backlog_bytes"] <= 2000, 10,
+             "retention to drop the oldest")
     r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")
     assert r.returncode == 0, r
     told = re.fullmatch(r"zbroker queue: group 'slow' lost offsets 0 to (\d+) of queue 'events': "
