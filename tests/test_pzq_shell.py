@@ -273,6 +273,9 @@ def test_two_groups_each_read_every_message_and_commit_only_their_own(shell):
     assert group_list(shell) == {"queue": "events", "head": 23, "groups": {
         "a": {"committed": 23, "lag": 0}, "b": {"committed": 5, "lag": 18},
         "default": {"committed": 0, "lag": 23}}}
+    r = shell.run("group", "list", "events", "--json", broker=False)  # no broker: the config
+    assert r.returncode == 0 and json.loads(r.stdout)["groups"]["b"] == {
+        "committed": 5, "lag": 18}, r
     r = shell.run("group", "list", "events")  # for people: a table
     assert r.returncode == 0, r.stderr
     assert [line.split() for line in r.stdout.decode().splitlines()] == [
