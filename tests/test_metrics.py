@@ -70,7 +70,9 @@ def _snapshot(pipe_series: int = 0) -> dict:
                                         "backlog_bytes": 40, "syncs": 2,
                                         "refusals": {"full": 1, "busy": 0},
                                         "ack_latency": latency.snapshot(),
-                                        "sync_batches": Buckets((1, 8)).snapshot()}}},
+                                        "sync_batches": Buckets((1, 8)).snapshot(),
+                                        "batches": 2, "group.spark.lag": 12,
+                                        "group.spark.committed": 3}}},
         },
         "cluster": {"peers": 1, "peer_losses": 0, "bytes_sent": 5, "bytes_received": 6,
                     "rtt": Buckets().snapshot()},
@@ -110,6 +112,9 @@ def test_a_snapshot_becomes_conventional_metrics():
     assert value(samples, "zbroker_pzq_producer_ack_latency_seconds_bucket", queue="jobs",
                  le="0.0025") == 5
     assert value(samples, "zbroker_pzq_producer_ack_latency_seconds_count", queue="jobs") == 5
+    assert value(samples, "zbroker_pzq_batches_total", queue="jobs") == 2
+    assert value(samples, "zbroker_pzq_stream_group_lag_messages", queue="jobs",
+                 group="spark") == 12
     assert value(samples, "zbroker_cluster_peers") == 1
     assert value(samples, "zbroker_syslog_records_sent_total") == 9
     assert not any(name.startswith("zbroker_zpipes_pipe_") for name, _ in samples)  # off

@@ -121,25 +121,6 @@ def test_the_offsets_file(tmp_path):
             load_offsets(tmp_path)
 
 
-def test_a_new_groups_first_request_can_be_its_commit():
-    """A reader whose first request is a COMMIT (a group deleted meanwhile, or one started at
-    a known offset) gets its group made with that COMMIT done, not silently at the floor."""
-    store = FakeStore()
-    q = store.attach(QueueCore(stream=True))
-    put(q, 5)
-    q.batch_done(store.done(placed=tuple(range(5))))
-    st = StreamCore(q, Offsets({"default": 0}))
-    assert st.request([b"r", b"", b"GROUP", b"a", b"COMMIT", b"3"]) is None
-    assert st.request([b"r", b"", b"GROUP", b"b", b"COMMIT", b"99"]) is None  # past the head
-    value = st.to_write()
-    assert value.groups == {"default": 0, "a": 3, "b": 5}
-    assert st.written(value, None) == [[b"r", b"", b"OK", b"5", b"%d" % c, b"0", b"0"]
-                                       for c in (3, 5)]
-    assert st.request([b"r", b"", b"GROUP", b"a", b"HEAD"]) == [
-        b"r", b"", b"OK", b"5", b"3", b"0", b"0"]
-    assert sorted(q.messages) == [0, 1, 2, 3, 4]  # the default group still holds them
-
-
 # --- end to end ------------------------------------------------------------------------------
 
 def test_head_and_repeatable_ranges(start_pzq, ctx):

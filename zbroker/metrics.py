@@ -194,6 +194,10 @@ _PZQ_COUNTERS = (
     ("replication_failed", "zbroker_pzq_replication_failures",
      "Messages ACKed with REPLICATION_FAILED: fewer than replicas peers confirmed a copy in "
      "time."),
+    ("batches", "zbroker_pzq_batches", "Batches producers sent (the batch path)."),
+    ("stream_retention_dropped", "zbroker_pzq_stream_retention_dropped",
+     "Stream queues: messages the retention limits dropped before every reader group had "
+     "committed them."),
 )
 #: pzq gauges: (counter key, metric name, help)
 _PZQ_GAUGES = (
@@ -218,7 +222,13 @@ def _pzq(queues: dict[str, dict[str, Any]]) -> list[Metric]:
                          "fsynced; with replicas, copied too).", labels=["queue"])
     batches = _histogram("zbroker_pzq_messages_per_fsync", "Messages written by each fsync "
                          "(group commit).", labels=["queue"])
+    lag = _gauge("zbroker_pzq_stream_group_lag_messages", "Stream queues: offsets between a "
+                 "reader group's committed offset and the head (at most 64 groups a queue).",
+                 labels=["queue", "group"])
     for queue, c in sorted(queues.items()):
+        for key, value in c.items():
+            if key.startswith("group.") and key.endswith(".lag"):
+                lag.add_metric([queue, key[len("group."):-len(".lag")]], value)
         for key, family in (*counters, *gauges):
             family.add_metric([queue], c.get(key, 0))
         for reason, n in c.get("refusals", {}).items():
@@ -227,7 +237,7 @@ def _pzq(queues: dict[str, dict[str, Any]]) -> list[Metric]:
             _add_histogram(latency, [queue], c["ack_latency"])
         if "sync_batches" in c:
             _add_histogram(batches, [queue], c["sync_batches"])
-    return [f for _, f in counters] + [f for _, f in gauges] + [refused, latency, batches]
+    return [f for _, f in counters] + [f for _, f in gauges] + [refused, latency, batches, lag]
 
 
 def _cluster(c: dict[str, Any]) -> list[Metric]:

@@ -12,7 +12,8 @@ stream endpoint (wire.py has the frames):
 
 Readers are in groups (``[GROUP][name]`` before a request; none: the ``default`` group), each
 with its own committed offset. A group is made by its first request, at the oldest offset
-the queue holds, and goes with DELETE. A message is dropped once every group has committed
+the queue holds, and goes with DELETE; a new queue has none, and keeps its messages for the
+first. A message is dropped once every group has committed
 past it (the *floor*), or sooner by the retention limits (``retention_bytes``,
 ``retention_seconds``): then the groups that had not read it are moved past it and told, in
 the answers to their requests, which offsets they lost, until their next COMMIT.
@@ -134,9 +135,9 @@ def recover(core: QueueCore, messages: list[MessageRecord], next_seq: int,
     core.recover(messages, top, hold=hold)
     if not stream:
         return None, stale
-    if offsets is None:
-        offsets = Offsets({DEFAULT_GROUP: messages[0].seq if messages else core.next_seq})
-    return StreamCore(core, offsets, retention), stale
+    # a new queue has no group yet: its messages wait for the first (the default group's
+    # reader, or a named one), which starts at the oldest
+    return StreamCore(core, offsets or Offsets({}), retention), stale
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,9 @@ class StreamCore:
         self._pending: Offsets | None = None  # changes the next write makes durable
         self._writing: Offsets | None = None  # the write under way
         self._written = 0  # writes done
-        #: requests answered after a write: (envelope, request, the write that answers them)
-        self._waiting: list[tuple[list[bytes], wire.StreamRequest, int]] = []
+        #: requests answered after a write: (envelope, request, the write that answers them,
+        #: whether they are served again then)
+        self._waiting: list[tuple[list[bytes], wire.StreamRequest, int, bool]] = []
         self._retain_to = 0  # the highest drop asked of retention
         self.out: list[Any] = []  # StreamReply, WriteCommitted, Log (take_output)
         self.requests = 0
@@ -170,9 +172,9 @@ class StreamCore:
 
     @property
     def committed(self) -> int:
-        """The default group's committed offset (or the floor, when it has none)."""
-        o = self.offsets
-        return o.groups.get(DEFAULT_GROUP, o.floor() or 0)
+        """The default group's committed offset (or the oldest offset, when it has none)."""
+        committed = self.offsets.groups.get(DEFAULT_GROUP)
+        return committed if committed is not None else self.floor()
 
     def floor(self) -> int:
         """The oldest offset the queue keeps: where a new group starts."""
@@ -239,15 +241,16 @@ class StreamCore:
         committed = offsets.groups.get(group)
         if committed is None:  # a new group: made durable before it is answered
             latest = self._latest()
+            if req.command == wire.COMMIT and req.group is not None \
+                    and group not in latest.groups:
+                return self._error(envelope, f"no group {group!r} on this queue: a group is "
+                                             "made by its first HEAD or RANGE")
             if group not in latest.groups:
                 if len(latest.groups) >= MAX_GROUPS:
                     return self._error(envelope, f"too many groups: at most {MAX_GROUPS} "
                                                  "(DELETE one)")
                 self._change().groups[group] = self.floor()
-            if req.command == wire.COMMIT:  # its first request: made with the COMMIT done
-                change = self._change()
-                change.groups[group] = max(change.groups[group], min(req.end, core.head))
-            return self._wait(envelope, req)
+            return self._wait(envelope, req, again=True)
         lost = offsets.lost.get(group, (0, 0)) if req.group is not None else ()
         if req.command == wire.HEAD:
             return wire.stream_ok(envelope, core.head, committed, *lost)
@@ -258,7 +261,9 @@ class StreamCore:
             for m in messages:
                 out.extend(wire.range_entry(m.seq, m.key, m.frames))
             return out
-        end = min(req.end, core.head)  # nothing past the durable messages
+        if req.group is not None and req.end > core.head and not written:
+            return self._error(envelope, f"COMMIT end {req.end} is past the head {core.head}")
+        end = min(req.end, core.head)  # (the default group's: at most the head, as before)
         if written or (end <= committed and group not in offsets.lost):
             return wire.stream_ok(envelope, core.head, committed, *lost)  # a no-op: as before
         change = self._change()
@@ -280,9 +285,12 @@ class StreamCore:
             self._pending = (self._writing or self.offsets).copy()
         return self._pending
 
-    def _wait(self, envelope: list[bytes], req: wire.StreamRequest) -> None:
-        """Answer ``req`` once the write of the pending changes is done."""
-        self._waiting.append((envelope, req, self._written + (2 if self._writing else 1)))
+    def _wait(self, envelope: list[bytes], req: wire.StreamRequest, again: bool = False
+              ) -> None:
+        """Answer ``req`` once the write of the pending changes is done (``again``: serve it
+        then as if it came then; else it is done by the write)."""
+        self._waiting.append((envelope, req, self._written + (2 if self._writing else 1),
+                              again))
         return None
 
     # --- the offsets file ------------------------------------------------------------------
@@ -303,7 +311,7 @@ class StreamCore:
         if error is not None:  # nothing changed: what waited for it fails, and what was
             self._pending = None  # to follow it (built on it) is asked again by its reader
             self._retain_to = 0
-            for envelope, _req, _ in self._waiting:
+            for envelope, *_ in self._waiting:
                 replies.append(self._error(envelope, error))
             self._waiting = []
             return replies
@@ -314,15 +322,14 @@ class StreamCore:
         if floor is not None and (self._floor is None or floor > self._floor):
             self._floor = floor
             self.core.commit_below(floor)
-        keep = []
-        for envelope, req, gen in self._waiting:
+        waiting, self._waiting = self._waiting, []
+        for envelope, req, gen, again in waiting:
             if gen <= self._written:
-                reply = self._answer(envelope, req, written=True)
+                reply = self._answer(envelope, req, written=not again)
                 if reply is not None:
                     replies.append(reply)
             else:
-                keep.append((envelope, req, gen))
-        self._waiting = keep
+                self._waiting.append((envelope, req, gen, again))
         return replies
 
     # --- retention -------------------------------------------------------------------------
