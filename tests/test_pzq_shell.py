@@ -256,53 +256,62 @@ def committed(shell: Shell, group: str) -> int:
 
 
 def test_two_groups_each_read_every_message_and_commit_only_their_own(shell):
+    assert group_list(shell) == {"queue": "events", "head": 0, "groups": {}}  # none yet
+    for group in ("a", "b"):  # made before the messages come: each will see all of them
+        r = shell.run("group", "create", "events", group)
+        assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r
     shell.put("events", lines(20))
     r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
     assert r.returncode == 0 and r.stdout.splitlines() == lines(20), r
     assert r.stderr == b""  # nothing lost, nothing to say
-    r = shell.run("get", "events", "-n", "5", "-t", "2", "--group", "b")  # a new group: from 0
+    r = shell.run("get", "events", "-n", "5", "-t", "2", "--group", "b")
     assert r.returncode == 0 and r.stdout.splitlines() == lines(5), r
     assert (committed(shell, "a"), committed(shell, "b")) == (20, 5)  # b did not move a
-    assert shell.offsets() == (20, 0)  # nor the default group (readers that name none)
 
     shell.put("events", lines(3, start=20))
     r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
     assert r.returncode == 0 and r.stdout.splitlines() == lines(3, start=20), r
     r = shell.run("get", "events", "-n", "0", "-t", "0", "-g", "b", "--no-commit")
     assert r.returncode == 0 and r.stdout.splitlines() == lines(18, start=5), r
+    r = shell.run("group", "create", "events", "b")  # there already: nothing changes
+    assert r.returncode == 0, r
     assert group_list(shell) == {"queue": "events", "head": 23, "groups": {
-        "a": {"committed": 23, "lag": 0}, "b": {"committed": 5, "lag": 18},
-        "default": {"committed": 0, "lag": 23}}}
+        "a": {"committed": 23, "lag": 0}, "b": {"committed": 5, "lag": 18}}}
     r = shell.run("group", "list", "events", "--json", broker=False)  # no broker: the config
     assert r.returncode == 0 and json.loads(r.stdout)["groups"]["b"] == {
         "committed": 5, "lag": 18}, r
     r = shell.run("group", "list", "events")  # for people: a table
     assert r.returncode == 0, r.stderr
     assert [line.split() for line in r.stdout.decode().splitlines()] == [
-        ["GROUP", "COMMITTED", "LAG"], ["a", "23", "0"], ["b", "5", "18"],
-        ["default", "0", "23"]]
+        ["GROUP", "COMMITTED", "LAG"], ["a", "23", "0"], ["b", "5", "18"]]
 
     r = shell.run("group", "delete", "events", "b")
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r
-    assert set(group_list(shell)["groups"]) == {"a", "default"}
+    assert set(group_list(shell)["groups"]) == {"a"}
     r = shell.run("group", "delete", "events", "b")  # gone already
     assert r.returncode == 1, r
-    assert r.stderr.decode().splitlines() == [
-        "zbroker queue: cannot delete group 'b' of queue 'events': no group 'b' on this queue"]
-    r = shell.run("get", "events", "-n", "0", "-t", "0")  # the default group: all of them
-    assert r.returncode == 0 and r.stdout.splitlines() == lines(23), r
-    assert (committed(shell, "a"), committed(shell, "default")) == (23, 23)
+    assert r.stderr.decode().splitlines()[0].startswith(
+        "zbroker queue: cannot delete group 'b' of queue 'events': no group 'b' on this queue")
+    # b held offsets 5..22 for itself: gone with it. A group made now starts at the oldest
+    # message the queue holds, past what a committed: it has nothing to read.
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "b")
+    assert r.returncode == 1 and r.stdout == b"", r
+    assert (committed(shell, "a"), committed(shell, "b")) == (23, 23)
+    shell.put("events", lines(1, start=23))
+    for group in ("a", "b"):
+        r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", group)
+        assert r.returncode == 0 and r.stdout == b"event 23\n", r
 
 
 def test_group_errors_are_one_line(shell):
     for args in (["get", "events", "--group", ""], ["get", "events", "--group", "a b"],
                  ["get", "events", "--group", "x" * 256],
-                 ["group", "delete", "events", "é"]):
+                 ["group", "delete", "events", "é"], ["group", "create", "events", "a:b"]):
         r = shell.run(*args)
         assert r.returncode == 2, (args, r)
         err = r.stderr.decode()
         assert "Traceback" not in err and "bad group name" in err.splitlines()[-1], (args, err)
-    assert set(group_list(shell)["groups"]) == {"default"}  # no group was made
+    assert group_list(shell)["groups"] == {}  # no group was made
     r = shell.run("get", "jobs", "--group", "a")
     assert r.returncode == 2 and b"push queue" in r.stderr and b"--group" in r.stderr, r
     r = shell.run("group", "list", "jobs")
@@ -320,7 +329,7 @@ def test_group_errors_are_one_line(shell):
         in r.stderr, r
     r = shell.run("group", "--help", broker=False)
     assert r.returncode == 0
-    for text in (b"list", b"delete", b"lag", b"exit status", b"--group"):
+    for text in (b"create", b"list", b"delete", b"lag", b"exit status", b"--group"):
         assert text in r.stdout, text
     r = shell.run("get", "--help", broker=False)
     assert b"reader groups" in r.stdout and b"--group" in r.stdout
@@ -333,8 +342,8 @@ def test_a_group_behind_retention_is_told_which_offsets_it_lost(start_broker, tm
     events["monitor_endpoint"] = f"ipc://{tmp_path}/events.monitor"
     sh = Shell(start_broker(config=cfg), cfg)
     wait_for(lambda: endpoint_accepts(events["stream_endpoint"]), 10, "the stream endpoint")
-    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # made, at 0
-    assert r.returncode == 1 and r.stdout == b"", r
+    r = sh.run("group", "create", "events", "slow")  # made, at 0
+    assert r.returncode == 0, r
     sh.put("events", lines(200))
     # every drop done: the backlog is within the limit (so the offsets lost stay put)
     wait_for(lambda: monitor(events["monitor_endpoint"])["backlog_bytes"] <= 2000, 10,

@@ -5,6 +5,7 @@
     zbroker queue get jobs --count 2                    # prints one message per line
     zbroker queue get events --count 0 --timeout 0      # a stream queue: all there is now
     zbroker queue get events -n 0 -t 0 --group archive  # the same, as reader group "archive"
+    zbroker queue group create events archive           # a reader group, before it reads
     zbroker queue group list events                     # its groups, committed offsets, lags
     zbroker queue group delete events archive           # a group no longer holds messages
 
@@ -106,11 +107,15 @@ examples:
 GROUP_EPILOG = """\
 A stream queue's readers are in groups, each with its own committed offset (readers that name
 no group are in the "default" group). A group is made by its first reader (`zbroker queue get
-NAME --group G`, or a Spark query with the option group) at the oldest message the queue holds;
-the queue keeps a message until every group has committed it (or its retention limits drop it).
+NAME --group G`, or a Spark query with the option group), or by `create`, at the oldest message
+the queue holds; the queue keeps a message until every group has committed it (or its retention
+limits drop it). So a group made after the others committed messages never sees those: make
+every group before its messages are read (a new queue has no group, and keeps all it gets until
+the first comes).
 
+  create   make group G, reading nothing (nothing happens if it exists)
   list     each group, its committed offset and its lag (the offsets from it to the
-           head: lag = head - committed); --json for scripts
+           head: lag = head - committed); --json for scripts; makes no group
   delete   forget group G: its committed offset no longer holds messages on the queue (a later
            reader of G makes it again, at the oldest message then)
 
@@ -122,6 +127,7 @@ exit status:
   error (a push queue, a bad group name).
 
 examples:
+  zbroker queue group create events archive   before the producers start
   zbroker queue group list events             GROUP  COMMITTED  LAG
   zbroker queue group list events --json      {"queue": "events", "head": ..., "groups": {...}}
   zbroker queue group delete events archive"""
@@ -174,11 +180,13 @@ def _where(s: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zbroker queue",
                                 usage="%(prog)s put|get NAME [options]\n"
-                                      "       %(prog)s group list|delete NAME [G] [options]",
+                                      "       %(prog)s group create|list|delete NAME [G] "
+                                      "[options]",
                                 description="Put messages into, or get them from, a pzq queue; "
-                                            "list or delete a stream queue's reader groups. "
-                                            "`zbroker queue put --help`, `zbroker queue get "
-                                            "--help` and `zbroker queue group --help` say more.")
+                                            "create, list or delete a stream queue's reader "
+                                            "groups. `zbroker queue put --help`, `zbroker queue "
+                                            "get --help` and `zbroker queue group --help` say "
+                                            "more.")
     sub = p.add_subparsers(dest="action", required=True, metavar="put|get|group",
                            title="actions")
     for name, what, epilog in (
@@ -230,20 +238,21 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--group", "-g", type=_group, metavar="G",
                            help="stream queues: read and commit as reader group G (its own "
                                 "committed offset; made at the oldest message if new)")
-    what = "list or delete a stream queue's reader groups"
+    what = "create, list or delete a stream queue's reader groups"
     g = sub.add_parser("group", prog="zbroker queue group", help=what, description=what,
                        usage="%(prog)s list NAME [--json] [options]\n"
-                             "       %(prog)s delete NAME G [options]",
+                             "       %(prog)s create|delete NAME G [options]",
                        epilog=GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    gsub = g.add_subparsers(dest="group_action", required=True, metavar="list|delete",
+    gsub = g.add_subparsers(dest="group_action", required=True, metavar="create|list|delete",
                             title="actions")
-    for name, what in (("list", "each group, its committed offset and its lag"),
+    for name, what in (("create", "make group G at the oldest message, reading nothing"),
+                       ("list", "each group, its committed offset and its lag"),
                        ("delete", "delete group G (its committed offset then holds nothing)")):
         s = gsub.add_parser(name, prog=f"zbroker queue group {name}", help=what,
                             description=f"{what}. `zbroker queue group --help` says more.")
         s.add_argument("queue", metavar="NAME", help="the stream queue's name")
-        if name == "delete":
-            s.add_argument("group", metavar="G", type=_group, help="the group to delete")
+        if name != "list":
+            s.add_argument("group", metavar="G", type=_group, help=f"the group to {name}")
         else:
             s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
         _where(s)
@@ -498,14 +507,17 @@ def _tell_lost(args: argparse.Namespace, s: StreamConsumer,
 
 
 def _groups(args: argparse.Namespace, info: QueueInfo) -> int:
-    """``group list`` and ``group delete``."""
+    """``group create``, ``group list`` and ``group delete``."""
     endpoint = info.stream
     assert endpoint is not None
     per_try = _per_try(args.timeout)
     try:
-        if args.group_action == "delete":
+        if args.group_action != "list":
             with StreamConsumer(endpoint, timeout=per_try, retries=2, group=args.group) as s:
-                s.delete_group()
+                if args.group_action == "delete":
+                    s.delete_group()
+                else:
+                    s.head()  # a group's first request makes it (durably, before the answer)
             return 0
         with StreamConsumer(endpoint, timeout=per_try, retries=2) as s:
             head, groups = s.group_offsets()
@@ -513,8 +525,9 @@ def _groups(args: argparse.Namespace, info: QueueInfo) -> int:
         return _error(f"no answer from the stream endpoint {endpoint} within {per_try * 3:g}s"
                       + (f"; {info.note}" if info.note else ""))
     except StreamError as exc:
-        if args.group_action == "delete":
-            return _error(f"cannot delete group {args.group!r} of queue {args.queue!r}: {exc}")
+        if args.group_action != "list":
+            return _error(f"cannot {args.group_action} group {args.group!r} of queue "
+                          f"{args.queue!r}: {exc}")
         return _error(f"the queue refused a request: {exc}")
     rows = {name: {"committed": c, "lag": max(0, head - c)} for name, c in sorted(groups.items())}
     if args.json:
