@@ -327,6 +327,11 @@ def test_group_errors_are_one_line(shell):
     r = shell.run("group", "list", "events", "--stream", dead, "-t", "1")
     assert r.returncode == 1 and f"no answer from the stream endpoint {dead}".encode() \
         in r.stderr, r
+    with open("/dev/full", "wb") as full:  # every write fails: ENOSPC
+        r = shell.run("group", "list", "events", stdout=full)
+    assert r.returncode == 1, r
+    assert r.stderr.decode().splitlines() == [
+        "zbroker queue: cannot write to standard output: No space left on device"]
     r = shell.run("group", "--help", broker=False)
     assert r.returncode == 0
     for text in (b"create", b"list", b"delete", b"lag", b"exit status", b"--group"):

@@ -531,10 +531,15 @@ def _groups(args: argparse.Namespace, info: QueueInfo) -> int:
         return _error(f"the queue refused a request: {exc}")
     rows = {name: {"committed": c, "lag": max(0, head - c)} for name, c in sorted(groups.items())}
     if args.json:
-        print(json.dumps({"queue": args.queue, "head": head, "groups": rows}))
-        return 0
-    width = max([5, *(len(name) for name in rows)])
-    print(f"{'GROUP':<{width}}  {'COMMITTED':>12}  {'LAG':>12}")
-    for name, row in rows.items():
-        print(f"{name:<{width}}  {row['committed']:>12}  {row['lag']:>12}")
+        text = json.dumps({"queue": args.queue, "head": head, "groups": rows}) + "\n"
+    else:
+        width = max([5, *(len(name) for name in rows)])
+        text = "".join(f"{name:<{width}}  {committed:>12}  {lag:>12}\n" for name, committed, lag
+                       in [("GROUP", "COMMITTED", "LAG"),
+                           *((n, r["committed"], r["lag"]) for n, r in rows.items())])
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:  # a closed pipe, a full disk
+        return _error(_output_failed(exc))
     return 0
