@@ -57,6 +57,11 @@ BAD = [
     ("zbroker", ["queue", "get", "jobs", "--count", "abc"], 2, ["zbroker queue get: error"]),
     ("zbroker", ["queue", "get", "jobs", "--timeout", "abc"], 2, ["zbroker queue get: error"]),
     ("zbroker", ["queue", "get", "jobs", "--from-offset", "-3"], 2, ["--from-offset"]),
+    ("zbroker", ["queue", "get", "jobs", "--group", "a/b"], 2, ["--group", "'a/b'"]),
+    ("zbroker", ["queue", "group", "delete", "events", ""], 2, ["bad group name ''"]),
+    ("zbroker", ["queue", "group", "drop", "events"], 2, ["zbroker queue group: error"]),
+    ("zbroker", ["queue", "group", "list", "events", "--stream", "bogus"], 1,
+     ["endpoint 'bogus'"]),
     ("zbroker", ["queue", "put", "jobs", "--file", "/nonexistent", "--receive",
                  "tcp://127.0.0.1:1"], 1, ["/nonexistent"]),
     ("zbroker", ["queue", "put", "jobs", "--file", "/etc", "--receive", "tcp://127.0.0.1:1"],
@@ -97,7 +102,7 @@ def test_zbroker_queue_usage_shows_the_actions(tmp_path):
     r = run("zbroker", ["queue"], tmp_path)
     assert r.stderr.startswith("usage: zbroker queue put|get NAME"), r.stderr
     assert r.stderr.splitlines()[-1] == ("zbroker queue: error: the following arguments are "
-                                         "required: put|get")
+                                         "required: put|get|group")
 
 
 def test_a_usage_error_of_zpipes_read_shows_the_usage_of_zpipes_read(tmp_path):

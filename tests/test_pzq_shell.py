@@ -3,6 +3,8 @@ queue read from the shell (ordered, committed after printing, at-least-once) and
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 import zmq
 from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
 
-from zbroker.pzq.client import StreamConsumer
+from zbroker.pzq.client import StreamConsumer, monitor
 
 
 def queue_config(tmp_path: Path) -> dict:
@@ -237,3 +239,129 @@ def test_get_uses_the_credit_endpoint_past_a_stuck_consumer(start_broker, tmp_pa
     finally:
         stuck.close(linger=0)
         ctx.term()
+
+
+# --- reader groups -----------------------------------------------------------------------------
+
+
+def group_list(shell: Shell, queue: str = "events") -> dict:
+    r = shell.run("group", "list", queue, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def committed(shell: Shell, group: str) -> int:
+    with StreamConsumer(shell.queue("events")["stream_endpoint"], timeout=5) as s:
+        return s.groups()[group]
+
+
+def test_two_groups_each_read_every_message_and_commit_only_their_own(shell):
+    assert group_list(shell) == {"queue": "events", "head": 0, "groups": {}}  # none yet
+    for group in ("a", "b"):  # made before the messages come: each will see all of them
+        r = shell.run("group", "create", "events", group)
+        assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r
+    shell.put("events", lines(20))
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(20), r
+    assert r.stderr == b""  # nothing lost, nothing to say
+    r = shell.run("get", "events", "-n", "5", "-t", "2", "--group", "b")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(5), r
+    assert (committed(shell, "a"), committed(shell, "b")) == (20, 5)  # b did not move a
+
+    shell.put("events", lines(3, start=20))
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "a")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(3, start=20), r
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "-g", "b", "--no-commit")
+    assert r.returncode == 0 and r.stdout.splitlines() == lines(18, start=5), r
+    r = shell.run("group", "create", "events", "b")  # there already: nothing changes
+    assert r.returncode == 0, r
+    assert group_list(shell) == {"queue": "events", "head": 23, "groups": {
+        "a": {"committed": 23, "lag": 0}, "b": {"committed": 5, "lag": 18}}}
+    r = shell.run("group", "list", "events", "--json", broker=False)  # no broker: the config
+    assert r.returncode == 0 and json.loads(r.stdout)["groups"]["b"] == {
+        "committed": 5, "lag": 18}, r
+    r = shell.run("group", "list", "events")  # for people: a table
+    assert r.returncode == 0, r.stderr
+    assert [line.split() for line in r.stdout.decode().splitlines()] == [
+        ["GROUP", "COMMITTED", "LAG"], ["a", "23", "0"], ["b", "5", "18"]]
+
+    r = shell.run("group", "delete", "events", "b")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b""), r
+    assert set(group_list(shell)["groups"]) == {"a"}
+    r = shell.run("group", "delete", "events", "b")  # gone already
+    assert r.returncode == 1, r
+    assert r.stderr.decode().splitlines()[0].startswith(
+        "zbroker queue: cannot delete group 'b' of queue 'events': no group 'b' on this queue")
+    # b held offsets 5..22 for itself: gone with it. A group made now starts at the oldest
+    # message the queue holds, past what a committed: it has nothing to read.
+    r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", "b")
+    assert r.returncode == 1 and r.stdout == b"", r
+    assert (committed(shell, "a"), committed(shell, "b")) == (23, 23)
+    shell.put("events", lines(1, start=23))
+    for group in ("a", "b"):
+        r = shell.run("get", "events", "-n", "0", "-t", "0", "--group", group)
+        assert r.returncode == 0 and r.stdout == b"event 23\n", r
+
+
+def test_group_errors_are_one_line(shell):
+    for args in (["get", "events", "--group", ""], ["get", "events", "--group", "a b"],
+                 ["get", "events", "--group", "x" * 256],
+                 ["group", "delete", "events", "é"], ["group", "create", "events", "a:b"]):
+        r = shell.run(*args)
+        assert r.returncode == 2, (args, r)
+        err = r.stderr.decode()
+        assert "Traceback" not in err and "bad group name" in err.splitlines()[-1], (args, err)
+    assert group_list(shell)["groups"] == {}  # no group was made
+    r = shell.run("get", "jobs", "--group", "a")
+    assert r.returncode == 2 and b"push queue" in r.stderr and b"--group" in r.stderr, r
+    r = shell.run("group", "list", "jobs")
+    assert r.returncode == 2, r
+    assert r.stderr.decode().splitlines() == [
+        "zbroker queue: queue 'jobs' is a push queue: reader groups are for stream queues "
+        "(mode: stream)"]
+    r = shell.run("group", "list", "nosuch")
+    assert r.returncode == 1 and b"has no queue 'nosuch'" in r.stderr, r
+    r = shell.run("group", "delete", "events", "nosuch")
+    assert r.returncode == 1 and b"no group 'nosuch'" in r.stderr, r
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    r = shell.run("group", "list", "events", "--stream", dead, "-t", "1")
+    assert r.returncode == 1 and f"no answer from the stream endpoint {dead}".encode() \
+        in r.stderr, r
+    with open("/dev/full", "wb") as full:  # every write fails: ENOSPC
+        r = shell.run("group", "list", "events", stdout=full)
+    assert r.returncode == 1, r
+    assert r.stderr.decode().splitlines() == [
+        "zbroker queue: cannot write to standard output: No space left on device"]
+    r = shell.run("group", "--help", broker=False)
+    assert r.returncode == 0
+    for text in (b"create", b"list", b"delete", b"lag", b"exit status", b"--group"):
+        assert text in r.stdout, text
+    r = shell.run("get", "--help", broker=False)
+    assert b"reader groups" in r.stdout and b"--group" in r.stdout
+
+
+def test_a_group_behind_retention_is_told_which_offsets_it_lost(start_broker, tmp_path):
+    cfg = queue_config(tmp_path)
+    events = cfg["services"]["pzq"]["queues"]["events"]
+    events["retention_bytes"] = 2000  # about 40 of the messages below
+    events["monitor_endpoint"] = f"ipc://{tmp_path}/events.monitor"
+    sh = Shell(start_broker(config=cfg), cfg)
+    wait_for(lambda: endpoint_accepts(events["stream_endpoint"]), 10, "the stream endpoint")
+    r = sh.run("group", "create", "events", "slow")  # made, at 0
+    assert r.returncode == 0, r
+    sh.put("events", lines(200))
+    # every drop done: the backlog is within the limit (so the offsets lost stay put)
+    wait_for(lambda: monitor(events["monitor_endpoint"])["backlog_bytes"] <= 2000, 10,
+             "retention to drop the oldest")
+    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")
+    assert r.returncode == 0, r
+    told = re.fullmatch(r"zbroker queue: group 'slow' lost offsets 0 to (\d+) of queue 'events': "
+                        r"the queue's retention limits dropped them before the group committed "
+                        r"them\n", r.stderr.decode())
+    assert told, r.stderr  # one line, naming the offsets
+    lost_to = int(told.group(1)) + 1
+    assert 0 < lost_to < 200
+    assert r.stdout.splitlines() == lines(200)[lost_to:]  # all the rest, none skipped
+    sh.put("events", lines(1, start=200))
+    r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # told once: done
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"event 200\n", b""), r

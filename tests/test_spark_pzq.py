@@ -1,8 +1,10 @@
 """``format("pzq")`` with real Spark in local mode against real ``pzq`` processes: a streaming
 query reads a stream queue into parquet, is stopped mid-way and restarted from its checkpoint
 (with a SIGKILL restart of the queue in between) and ends with every message exactly once and
-the queue committed; a SIGKILL restart of the queue while a query runs loses nothing; the batch
-source reads [committed, head); the batch and streaming sinks deliver every row to a queue once.
+the queue committed; a SIGKILL restart of the queue while a query runs loses nothing; two
+queries in two reader groups each get every message once and commit only their own offset; a
+range a group lost to retention is named in a warning; the batch source reads [committed, head);
+the batch and streaming sinks deliver every row to a queue once.
 
 Uses the session-wide SparkSession of conftest.py; skipped, with the reason, when pyspark,
 pyarrow or Java is missing. Every wait is bounded.
@@ -10,6 +12,7 @@ pyarrow or Java is missing. Every wait is bounded.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ import pytest
 import zmq
 from helpers import wait_for
 
-from zbroker.pzq.client import Producer, StreamConsumer
+from zbroker.pzq.client import Producer, StreamConsumer, monitor
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'zbroker[spark]')")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'zbroker[spark]')")
@@ -48,10 +51,18 @@ def offsets(stream_endpoint: str) -> tuple[int, int]:
         return c.offsets()
 
 
-def source(spark: Any, q: Any, per_batch: int = 1000) -> Any:
-    return (spark.readStream.format("pzq").option("stream_endpoint", q.stream)
-            .option("queue", "events").option("max_messages_per_batch", per_batch)
-            .option("partitions", 2).load())
+def source(spark: Any, q: Any, per_batch: int = 1000, **options: Any) -> Any:
+    reader = (spark.readStream.format("pzq").option("stream_endpoint", q.stream)
+              .option("queue", "events").option("max_messages_per_batch", per_batch)
+              .option("partitions", 2))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def group_committed(stream_endpoint: str, group: str) -> int:
+    with StreamConsumer(stream_endpoint) as c:
+        return c.groups()[group]
 
 
 def batches_with_rows(query: Any) -> list[dict[str, Any]]:
@@ -210,3 +221,120 @@ def test_queue_killed_and_restarted_during_the_query_loses_nothing(
     assert rows.count() == n and rows.select("offset").distinct().count() == n
     assert sorted(r.body for r in rows.select("body").collect()) == sorted(
         b"x%d" % i for i in range(n))
+
+
+# --- reader groups -----------------------------------------------------------------------------
+
+
+def test_two_queries_in_two_groups_each_get_every_message_once(
+        spark: Any, start_pzq: Any, tmp_path: Path) -> None:
+    """Groups a and b read one queue (in 2 and 3 partitions per micro-batch); the queue is
+    SIGKILLed and restarted under both; b is stopped mid-way, a goes on to the end without
+    moving b's offset, then b restarts from its checkpoint: each parquet output holds every
+    message exactly once. The default group (readers that name none) is half way from the
+    start: a reader that did not name its group (driver or executor) would miss messages."""
+    n = 6000
+    q = start_pzq(*STREAM)
+    produce(q.receive, [b"event %05d" % i for i in range(n)])
+    for group in ("a", "b"):
+        with StreamConsumer(q.stream, group=group) as c:
+            assert c.committed() == 0  # made, at the oldest message
+    with StreamConsumer(q.stream) as c:
+        assert c.commit(n // 2) == n // 2  # groups a and b keep them all
+
+    def start(group: str, trigger: dict[str, Any]) -> Any:
+        return (source(spark, q, per_batch=500 if group == "a" else 700, group=group,
+                       partitions=2 if group == "a" else 3)
+                .writeStream.format("parquet").option("path", str(tmp_path / f"out-{group}"))
+                .option("checkpointLocation", str(tmp_path / f"checkpoint-{group}"))
+                .trigger(**trigger).start())
+
+    def rows_read(query: Any) -> int:
+        return sum(p["numInputRows"] for p in batches_with_rows(query))
+
+    a = start("a", {"processingTime": "0.2 seconds"})
+    b = start("b", {"processingTime": "0.2 seconds"})
+    try:
+        wait_for(lambda: (batches_with_rows(a) and len(batches_with_rows(b)) >= 2)
+                 or a.exception() or b.exception(), WAIT, "micro-batches of both queries")
+        q = q.restart()  # SIGKILL and start again, under both queries
+        wait_for(lambda: rows_read(b) > 2100 or b.exception(), WAIT, "b to read on")
+        assert b.exception() is None, b.exception()
+        b.stop()
+        b_read = rows_read(b)
+        assert b_read < n, "query b was meant to stop mid-way"
+        b_at = group_committed(q.stream, "b")
+        assert b_at <= b_read  # only what b's checkpoint holds is committed
+        # a reads to the end and commits (each commit as it plans its next micro-batch)
+        wait_for(lambda: rows_read(a) >= n or a.exception(), WAIT, "query a to read all")
+        wait_for(lambda: group_committed(q.stream, "a") > b_read or a.exception(), WAIT,
+                 "query a to commit past what b read")
+        assert a.exception() is None, a.exception()
+    finally:
+        a.stop()
+        b.stop()
+    assert group_committed(q.stream, "b") == b_at  # a's commits did not move b
+    assert offsets(q.stream) == (n, n // 2)  # nor the default group
+
+    b = start("b", {"availableNow": True})  # from its checkpoint, to the end
+    assert b.awaitTermination(WAIT), "the restarted query b did not finish"
+    assert b.exception() is None, b.exception()
+    assert group_committed(q.stream, "b") >= b_at
+
+    want = [b"event %05d" % i for i in range(n)]
+    for group in ("a", "b"):
+        rows = spark.read.parquet(str(tmp_path / f"out-{group}"))
+        assert rows.count() == n, group
+        assert rows.select("offset").distinct().count() == n, group
+        assert sorted(r.body for r in rows.select("body").collect()) == want, group
+
+
+def test_offsets_a_group_lost_to_retention_are_named_in_warnings(
+        start_pzq: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Without Spark: the source's planning and its reading of a range (what runs in the driver
+    and on an executor) against a real queue whose retention dropped what group a had not
+    committed."""
+    from zbroker.spark.pzq_source import (
+        PzqBatchReader,
+        PzqOptions,
+        PzqRange,
+        PzqStreamReader,
+        read_range,
+    )
+
+    q = start_pzq(*STREAM, "--retention-bytes", "2000")
+    options = PzqOptions.parse({"stream_endpoint": q.stream, "group": "a", "timeout": "5"})
+    reader = PzqStreamReader(options)
+    try:
+        assert reader.initialOffset() == {"offset": 0}  # group a is made, at 0
+        produce(q.receive, [b"m%03d" % i for i in range(200)])
+        # every drop done: the backlog is within the limit (so the offsets lost stay put)
+        wait_for(lambda: monitor(q.monitor)["backlog_bytes"] <= 2000, 10, "retention")
+        with caplog.at_level(logging.WARNING, logger="zbroker.spark.pzq"):
+            rows = list(read_range(options, PzqRange(0, 200)))  # the range a checkpoint asks
+            end = reader.latestOffset({"offset": 0})
+            batch = PzqBatchReader(options).partitions()  # spark.read, as group a
+    finally:
+        reader.stop()
+    assert end == {"offset": 200}
+    lost_to = 200 - len(rows)
+    assert 0 < lost_to < 200
+    assert [r[2] for r in rows] == [b"m%03d" % i for i in range(lost_to, 200)]
+    assert batch == [PzqRange(lost_to, 200)]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    told = (f"pzq source: group 'a' lost offsets 0..{lost_to - 1}: the queue's retention limits "
+            "dropped them before the group committed them; the query goes on after them")
+    assert warnings == [
+        f"pzq source: group 'a' lost offsets 0..{lost_to - 1} (of the range 0..199 read now): "
+        "the queue's retention limits dropped them before the group committed them",
+        told, told]  # the executor's range, the driver's planning, the batch read's
+
+
+def test_the_group_option_is_checked() -> None:
+    from zbroker.spark.pzq_source import PzqOptions
+
+    assert PzqOptions.parse({"stream_endpoint": "tcp://127.0.0.1:1"}).group is None
+    assert PzqOptions.parse({"group": "hourly.job-1"}).group == "hourly.job-1"
+    for bad in ("a b", "x" * 256, "é"):
+        with pytest.raises(ValueError, match="option 'group' must be 1 to 255 characters"):
+            PzqOptions.parse({"group": bad})

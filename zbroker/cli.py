@@ -49,6 +49,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker reload [NAME]         re-read the config file (as SIGHUP does)
   zbroker stop [NAME]           stop the broker (as SIGTERM does)
   zbroker queue put|get QUEUE   put messages into / get them from a pzq queue
+  zbroker queue group create|list|delete QUEUE [G]   a stream queue's reader groups
   zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
   Each takes --json for scripts and --help for more.
 

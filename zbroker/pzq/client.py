@@ -542,8 +542,12 @@ class StreamConsumer:
 
     def groups(self) -> dict[str, int]:
         """Every reader group of the queue and its committed offset."""
-        frames = self._request([wire.GROUPS])
-        return wire.decode_groups_reply(frames)[1]
+        return self.group_offsets()[1]
+
+    def group_offsets(self) -> tuple[int, dict[str, int]]:
+        """The head and every reader group's committed offset, in one answer (so that
+        ``head - committed``, a group's lag, is of one moment). Makes no group."""
+        return wire.decode_groups_reply(self._request([wire.GROUPS]))
 
     def delete_group(self) -> None:
         """Delete this reader's group (its committed offset no longer holds messages)."""

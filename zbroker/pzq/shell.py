@@ -4,6 +4,10 @@
     zbroker queue put jobs --file report.pdf            # one message per file
     zbroker queue get jobs --count 2                    # prints one message per line
     zbroker queue get events --count 0 --timeout 0      # a stream queue: all there is now
+    zbroker queue get events -n 0 -t 0 --group archive  # the same, as reader group "archive"
+    zbroker queue group create events archive           # a reader group, before it reads
+    zbroker queue group list events                     # its groups, committed offsets, lags
+    zbroker queue group delete events archive           # a group no longer holds messages
 
 The queue's mode and endpoints come from the running broker (its status, asked on its control
 socket, found as ``zbroker status`` finds it: --config, --broker, --run-dir); when no broker
@@ -15,6 +19,9 @@ pushed to it beyond --count are not ACKed: the queue delivers them again when th
 or at once if no other consumer is connected. ``get`` on a stream queue reads from the
 committed offset and COMMITs each batch once it is written and flushed to standard output:
 an interrupted ``get`` may print a batch again next time, it never loses one (at-least-once).
+``--group G`` reads from, and commits, reader group G's own committed offset (the default
+group's without it); offsets that the queue's retention limits dropped before G committed them
+are named in one line on standard error.
 Exit status: 0 done, 1 failure (unknown queue, refused message, timeout, unreachable queue),
 2 usage error, 130 interrupted.
 """
@@ -22,6 +29,7 @@ Exit status: 0 done, 1 failure (unknown queue, refused message, timeout, unreach
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -60,6 +68,14 @@ stream queues (mode: stream):
   prints that batch again next time, it never loses it (at-least-once). --no-commit and
   --from-offset only look (the committed offset stays where it is).
 
+reader groups (stream queues):
+  --group G reads from, and commits, group G's own committed offset: every group sees every
+  message, and its commits move only its own offset (without --group: the "default" group's,
+  shared with every reader that names no group). A new group starts at the oldest message the
+  queue holds. If the queue's retention limits (retention_bytes, retention_seconds) dropped
+  messages before G committed them, one line on standard error names their offsets (the exit
+  status does not change). `zbroker queue group list NAME` shows the groups and their lag.
+
 where the queue is:
   The running broker's status says the queue's mode and endpoints (the broker found as
   `zbroker status` finds it: --config, --broker, --run-dir). If no broker answers, the
@@ -73,7 +89,9 @@ examples:
   zbroker queue get jobs                      one message, waiting up to 10 s for it
   zbroker queue get jobs -n 0 -t 1            messages until none comes for 1 s
   zbroker queue get events -n 0 -t 0          all a stream queue holds now, committed
-  zbroker queue get events -n 0 -t 0 --no-commit    the same, only looking"""
+  zbroker queue get events -n 0 -t 0 --no-commit    the same, only looking
+  zbroker queue get events -n 0 -t 0 --group archive   all that group "archive" has not
+                                                       committed yet, then committed for it"""
 
 PUT_EPILOG = """\
 Each message is sent with an id and resent until the queue ACKs it; exit status 0 once every
@@ -86,6 +104,35 @@ examples:
   printf 'a\\nb\\n' | zbroker queue put jobs      two messages
   zbroker queue put jobs -f a.pdf -f b.pdf       two messages, one per file
   tar c dir | zbroker queue put jobs --whole     one message"""
+
+
+GROUP_EPILOG = """\
+A stream queue's readers are in groups, each with its own committed offset (readers that name
+no group are in the "default" group). A group is made by its first reader (`zbroker queue get
+NAME --group G`, or a Spark query with the option group), or by `create`, at the oldest message
+the queue holds; the queue keeps a message until every group has committed it (or its retention
+limits drop it). So a group made after the others committed messages never sees those: make
+every group before its messages are read (a new queue has no group, and keeps all it gets until
+the first comes).
+
+  create   make group G, reading nothing (nothing happens if it exists)
+  list     each group, its committed offset and its lag (the offsets from it to the
+           head: lag = head - committed); --json for scripts; makes no group
+  delete   forget group G: its committed offset no longer holds messages on the queue (a later
+           reader of G makes it again, at the oldest message then)
+
+where the queue is: as for `zbroker queue get` (the running broker's status, else the config;
+--stream ENDPOINT names a stream endpoint directly).
+
+exit status:
+  0 done; 1 an unknown queue or group, an unreachable queue or a refused request; 2 a usage
+  error (a push queue, a bad group name).
+
+examples:
+  zbroker queue group create events archive   before the producers start
+  zbroker queue group list events             GROUP  COMMITTED  LAG
+  zbroker queue group list events --json      {"queue": "events", "head": ..., "groups": {...}}
+  zbroker queue group delete events archive"""
 
 
 def _error(message: str, status: int = 1) -> int:
@@ -115,15 +162,34 @@ def _count(text: str) -> int:
     return n
 
 
+def _group(text: str) -> str:
+    if wire.group_name_error(text.encode()) is not None:
+        shown = repr(text if len(text) <= 40 else text[:40] + "...")
+        raise argparse.ArgumentTypeError(
+            f"bad group name {shown} ({len(text.encode())} bytes): a group's name is 1 to "
+            f"{wire.MAX_GROUP} characters of a-z A-Z 0-9 . _ -")
+    return text
+
+
+def _where(s: argparse.ArgumentParser) -> None:
+    """The options that find the broker, hence the queue."""
+    s.add_argument("--config", "-c", metavar="FILE", help="the broker's config file")
+    s.add_argument("--broker", "-b", metavar="BROKER",
+                   help="the broker's name (default: broker.name of the config)")
+    s.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zbroker queue",
-                                usage="%(prog)s put|get NAME [options]",
-                                description="Put messages into, or get them from, a pzq queue. "
-                                            "`zbroker queue put --help` and `zbroker queue get "
-                                            "--help` say more.")
-    sub = p.add_subparsers(dest="action", required=True, metavar="put|get",
+                                usage="%(prog)s put|get NAME [options]\n"
+                                      "       %(prog)s group create|list|delete NAME [G] "
+                                      "[options]",
+                                description="Put messages into, or get them from, a pzq queue; "
+                                            "create, list or delete a stream queue's reader "
+                                            "groups. `zbroker queue put --help`, `zbroker queue "
+                                            "get --help` and `zbroker queue group --help` say "
+                                            "more.")
+    sub = p.add_subparsers(dest="action", required=True, metavar="put|get|group",
                            title="actions")
     for name, what, epilog in (
             ("put", "send messages (one per line of standard input, or per file)", PUT_EPILOG),
@@ -133,10 +199,7 @@ def parser() -> argparse.ArgumentParser:
                            epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("queue", metavar="NAME", help="the queue's name (services.pzq.queues)")
-        s.add_argument("--config", "-c", metavar="FILE", help="the broker's config file")
-        s.add_argument("--broker", "-b", metavar="BROKER",
-                       help="the broker's name (default: broker.name of the config)")
-        s.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
+        _where(s)
         if name == "put":
             s.add_argument("--timeout", type=seconds_argument, default=10.0, metavar="SECONDS",
                            help="seconds to wait for the queue's ACKs (default %(default)s)")
@@ -174,6 +237,32 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--from-offset", type=_offset, metavar="OFFSET",
                            help="stream queues: start at this offset instead of the committed "
                                 "one; implies --no-commit")
+            s.add_argument("--group", "-g", type=_group, metavar="G",
+                           help="stream queues: read and commit as reader group G (its own "
+                                "committed offset; made at the oldest message if new)")
+    what = "create, list or delete a stream queue's reader groups"
+    g = sub.add_parser("group", prog="zbroker queue group", help=what, description=what,
+                       usage="%(prog)s list NAME [--json] [options]\n"
+                             "       %(prog)s create|delete NAME G [options]",
+                       epilog=GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gsub = g.add_subparsers(dest="group_action", required=True, metavar="create|list|delete",
+                            title="actions")
+    for name, what in (("create", "make group G at the oldest message, reading nothing"),
+                       ("list", "each group, its committed offset and its lag"),
+                       ("delete", "delete group G (its committed offset then holds nothing)")):
+        s = gsub.add_parser(name, prog=f"zbroker queue group {name}", help=what,
+                            description=f"{what}. `zbroker queue group --help` says more.")
+        s.add_argument("queue", metavar="NAME", help="the stream queue's name")
+        if name != "list":
+            s.add_argument("group", metavar="G", type=_group, help=f"the group to {name}")
+        else:
+            s.add_argument("--json", action="store_true", help="one JSON object, for scripts")
+        _where(s)
+        s.add_argument("--stream", metavar="ENDPOINT",
+                       help="the queue's stream endpoint (no broker or config lookup)")
+        s.add_argument("--timeout", "-t", type=seconds_argument, default=10.0,
+                       metavar="SECONDS",
+                       help="seconds to wait for the queue's answer (default %(default)s)")
     return p
 
 
@@ -235,7 +324,8 @@ def main(argv: Sequence[str]) -> int:
     try:
         return _run(args, info)
     except zmq.ZMQError as exc:  # an endpoint ZeroMQ refuses (bogus, unknown transport)
-        endpoint = args.receive if args.action == "put" else (args.send or args.stream)
+        endpoint = (getattr(args, "receive", None) or getattr(args, "send", None)
+                    or getattr(args, "stream", None))
         where = f"endpoint {endpoint!r}" if endpoint else f"queue {args.queue!r}"
         return _error(f"cannot connect to {where}: {zmq.strerror(exc.errno)} (an endpoint "
                       "is e.g. tcp://host:port or ipc:///path)")
@@ -246,12 +336,18 @@ def _run(args: argparse.Namespace, info: QueueInfo) -> int:
         if args.action == "put":
             assert info.receive is not None
             return _put(args, info.receive)
+        if args.action == "group":
+            if info.mode != "stream":
+                return _error(f"queue {args.queue!r} is a push queue: reader groups are for "
+                              "stream queues (mode: stream)", 2)
+            assert info.stream is not None
+            return _groups(args, info)
         if info.mode == "stream":
             assert info.stream is not None
             return _get_stream(args, info)
-        if args.no_commit or args.from_offset is not None:
-            return _error(f"queue {args.queue!r} is a push queue: --no-commit and "
-                          "--from-offset are for stream queues", 2)
+        if args.no_commit or args.from_offset is not None or args.group is not None:
+            return _error(f"queue {args.queue!r} is a push queue: --no-commit, --from-offset "
+                          "and --group are for stream queues", 2)
         if info.credit:  # batches, never more than --count held: none left waiting on exit
             return _get_batches(args, info.credit, info.note)
         assert info.send is not None
@@ -387,16 +483,18 @@ def _get_stream(args: argparse.Namespace, info: QueueInfo) -> int:
     commit = not args.no_commit and args.from_offset is None
     out = sys.stdout.buffer
     got = 0
-    # A request is tried 3 times: an unreachable queue fails within about --timeout (>= 3 s).
-    per_try = min(5.0, max(1.0, args.timeout / 3))
-    with StreamConsumer(endpoint, timeout=per_try, retries=2) as s:
+    per_try = _per_try(args.timeout)
+    told: list[tuple[int, int] | None] = [None]  # the lost offsets already named
+    with StreamConsumer(endpoint, timeout=per_try, retries=2, group=args.group) as s:
         try:
             pos = s.committed() if args.from_offset is None else args.from_offset
+            _tell_lost(args, s, told)
             deadline = time.monotonic() + args.timeout
             pause = 0.01
             while args.count <= 0 or got < args.count:
                 want = STREAM_BATCH if args.count <= 0 else min(STREAM_BATCH, args.count - got)
                 r = s.range(pos, wire.MAX_OFFSET, max_messages=want)
+                _tell_lost(args, s, told)
                 if not r.messages:
                     if r.next > pos:
                         pos = r.next  # a gap of failed writes: go on at once
@@ -418,6 +516,7 @@ def _get_stream(args: argparse.Namespace, info: QueueInfo) -> int:
                 pos = r.next  # [old pos, next): printed, or no message there
                 if commit:
                     s.commit(pos)
+                    _tell_lost(args, s, told)
                 deadline = time.monotonic() + args.timeout
                 pause = 0.01
         except TimeoutError:
@@ -429,3 +528,59 @@ def _get_stream(args: argparse.Namespace, info: QueueInfo) -> int:
         except StreamError as exc:
             return _error(f"the queue refused a request: {exc}")
     return _shortfall(args, got, info.note)
+
+
+def _per_try(timeout: float) -> float:
+    """A stream request is tried 3 times: an unreachable queue fails within about the timeout
+    (at least 3 s)."""
+    return min(5.0, max(1.0, timeout / 3))
+
+
+def _tell_lost(args: argparse.Namespace, s: StreamConsumer,
+               told: list[tuple[int, int] | None]) -> None:
+    """Name, once, the offsets the queue's last answer says the group lost to retention."""
+    lost = s.lost
+    if lost is not None and lost != told[0]:
+        told[0] = lost
+        _error(f"group {args.group!r} lost offsets {lost[0]} to {lost[1] - 1} of queue "
+               f"{args.queue!r}: the queue's retention limits dropped them before the group "
+               "committed them")
+
+
+def _groups(args: argparse.Namespace, info: QueueInfo) -> int:
+    """``group create``, ``group list`` and ``group delete``."""
+    endpoint = info.stream
+    assert endpoint is not None
+    per_try = _per_try(args.timeout)
+    try:
+        if args.group_action != "list":
+            with StreamConsumer(endpoint, timeout=per_try, retries=2, group=args.group) as s:
+                if args.group_action == "delete":
+                    s.delete_group()
+                else:
+                    s.head()  # a group's first request makes it (durably, before the answer)
+            return 0
+        with StreamConsumer(endpoint, timeout=per_try, retries=2) as s:
+            head, groups = s.group_offsets()
+    except TimeoutError:
+        return _error(f"no answer from the stream endpoint {endpoint} within {per_try * 3:g}s"
+                      + (f"; {info.note}" if info.note else ""))
+    except StreamError as exc:
+        if args.group_action != "list":
+            return _error(f"cannot {args.group_action} group {args.group!r} of queue "
+                          f"{args.queue!r}: {exc}")
+        return _error(f"the queue refused a request: {exc}")
+    rows = {name: {"committed": c, "lag": max(0, head - c)} for name, c in sorted(groups.items())}
+    if args.json:
+        text = json.dumps({"queue": args.queue, "head": head, "groups": rows}) + "\n"
+    else:
+        width = max([5, *(len(name) for name in rows)])
+        text = "".join(f"{name:<{width}}  {committed:>12}  {lag:>12}\n" for name, committed, lag
+                       in [("GROUP", "COMMITTED", "LAG"),
+                           *((n, r["committed"], r["lag"]) for n, r in rows.items())])
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:  # a closed pipe, a full disk
+        return _error(_output_failed(exc))
+    return 0

@@ -8,6 +8,10 @@ Registered by :func:`zbroker.spark.register`. Options (all strings, as Spark pas
     sink: the receive endpoint of a queue (push or stream mode; required).
 ``queue``
     source: the value of the ``queue`` column (default: the stream endpoint).
+``group``
+    source: the reader group whose committed offset the source reads from and commits (1-255
+    characters of a-z A-Z 0-9 . _ -; made by its first request at the oldest message the queue
+    holds). Default: none, the queue's ``default`` group (that of readers that name none).
 ``max_messages_per_batch``
     stream source: the most offsets one micro-batch spans (default 10000). Offsets may have
     gaps, so a micro-batch may hold fewer messages.
@@ -34,10 +38,14 @@ once**: a micro-batch that was planned but not committed when the query (or the 
 queue) stopped is read again, whole and with the same offsets, after a restart from the
 checkpoint. With an idempotent sink (Spark's file sink writes each batch id once) the output is
 **exactly once** end to end. ``Trigger.AvailableNow`` reads up to the head seen when the query
-starts. One streaming query per stream queue: a COMMIT from anyone commits for all.
+starts. Every request of the source (planning in the driver, reading on the executors) names
+its ``group``: each query with its own group sees every message and commits only its own
+offset; queries (or other readers) that share a group share its committed offset. When the
+queue's retention limits dropped messages before the group committed them, the answers say
+which offsets, and the source logs a warning naming them (the query goes on after them).
 
-Batch source (``spark.read``): the same rows, for the offsets ``[committed, head)`` at the time
-of planning; it commits nothing.
+Batch source (``spark.read``): the same rows, for the offsets ``[committed, head)`` of its
+group at the time of planning; it commits nothing (a new group is made, though).
 
 Sink (batch ``df.write`` and streaming ``df.writeStream``): the DataFrame needs a ``value``
 column of type binary or string (UTF-8). Each partition's task produces its non-null values, one
@@ -67,6 +75,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from zbroker.pzq import wire
 from zbroker.pzq.client import Producer, StreamConsumer
 from zbroker.spark.columns import value_column
 
@@ -95,6 +104,7 @@ class PzqOptions:
     stream_endpoint: str | None = None
     receive_endpoint: str | None = None
     queue: str | None = None
+    group: str | None = None  # None: the queue's default group
     max_messages_per_batch: int = DEFAULT_MAX_MESSAGES_PER_BATCH
     partitions: int = 1
     timeout: float = DEFAULT_TIMEOUT
@@ -113,6 +123,7 @@ class PzqOptions:
             stream_endpoint=get("stream_endpoint"),
             receive_endpoint=get("receive_endpoint"),
             queue=get("queue"),
+            group=_group(options.get("group")),
             max_messages_per_batch=_number(get("max_messages_per_batch"),
                                            "max_messages_per_batch", int,
                                            DEFAULT_MAX_MESSAGES_PER_BATCH, minimum=1),
@@ -136,7 +147,24 @@ class PzqOptions:
 
     def consumer(self) -> StreamConsumer:
         # A request is idempotent: sent again after ``timeout``, twice, then TimeoutError.
-        return StreamConsumer(self.source_endpoint(), timeout=self.timeout, retries=2)
+        return StreamConsumer(self.source_endpoint(), timeout=self.timeout, retries=2,
+                              group=self.group)
+
+    def group_name(self) -> str:
+        """The group, as the logs name it."""
+        return repr(self.group or wire.DEFAULT_GROUP)
+
+
+def _group(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    why = wire.group_name_error(text.encode())
+    if why is not None:
+        shown = repr(text if len(text) <= 40 else text[:40] + "...")
+        raise ValueError(f"option 'group' must be 1 to {wire.MAX_GROUP} characters of "
+                         f"a-z A-Z 0-9 . _ -, not {shown}")
+    return text
 
 
 def _number(text: str | None, key: str, kind: type, default: Any, minimum: Any) -> Any:
@@ -212,24 +240,44 @@ def read_range(options: PzqOptions, partition: PzqRange
     repeatable until the range is committed)."""
     queue = options.queue or options.source_endpoint()
     with options.consumer() as consumer:
-        first = True
-        for m in consumer.read(partition.start, partition.end):
-            if first and m.offset > partition.start:
-                _check_not_committed(consumer, partition)
-            first = False
-            yield (m.offset, m.key, m.body, _sent(m.sent_us), queue)
-        if first:
-            _check_not_committed(consumer, partition)
+        start = partition.start
+        checked = False
+        while start < partition.end:
+            r = consumer.range(start, partition.end)
+            if not checked:  # is the start of the range still there (not committed, not lost)?
+                checked = True
+                _check_not_committed(options, partition, r.committed, r.lost)
+            for m in r.messages:
+                yield (m.offset, m.key, m.body, _sent(m.sent_us), queue)
+            if r.next <= start:
+                return  # at the head
+            start = r.next
 
 
-def _check_not_committed(consumer: StreamConsumer, partition: PzqRange) -> None:
-    committed = consumer.committed()
-    if committed > partition.start:
-        # The queue was committed past a range Spark is (re)reading: a checkpoint older than
-        # the queue's commit, or a second reader of the queue. Those messages are gone.
-        log.warning("pzq source: offsets %d..%d were already committed on the queue "
-                    "(committed offset %d); they are not read again", partition.start,
-                    min(committed, partition.end), committed)
+def _check_not_committed(options: PzqOptions, partition: PzqRange, committed: int,
+                         lost: tuple[int, int] | None) -> None:
+    """Warn when the group's committed offset is past the start of a range Spark reads: those
+    messages are gone. Retention took them (the queue says which: ``lost``), or the group
+    committed them (a checkpoint older than the group's commit, or a second query sharing
+    the group)."""
+    if committed <= partition.start:
+        return
+    if lost is not None and lost[0] < partition.end and lost[1] > partition.start:
+        log.warning("pzq source: group %s lost offsets %d..%d (of the range %d..%d read now): "
+                    "the queue's retention limits dropped them before the group committed "
+                    "them", options.group_name(), max(lost[0], partition.start),
+                    min(lost[1], partition.end) - 1, partition.start, partition.end - 1)
+        return
+    log.warning("pzq source: offsets %d..%d were already committed by group %s on the queue "
+                "(its committed offset is %d); they are not read again", partition.start,
+                min(committed, partition.end) - 1, options.group_name(), committed)
+
+
+def _log_lost(options: PzqOptions, lost: tuple[int, int] | None) -> None:
+    if lost is not None:
+        log.warning("pzq source: group %s lost offsets %d..%d: the queue's retention limits "
+                    "dropped them before the group committed them; the query goes on after "
+                    "them", options.group_name(), lost[0], lost[1] - 1)
 
 
 class PzqBatchReader(DataSourceReader):
@@ -239,6 +287,7 @@ class PzqBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         with self.options.consumer() as consumer:
             head, committed = consumer.offsets()
+            _log_lost(self.options, consumer.lost)
         return list(split_range(committed, head, self.options.partitions))
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
@@ -255,17 +304,28 @@ class PzqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         self._consumer: StreamConsumer | None = None
         self._target: int | None = None  # Trigger.AvailableNow: the head when it started
         self._last: int | None = None  # the last end planned (PySpark 4.0/4.1 signature)
+        self._told: tuple[int, int] | None = None  # the lost offsets already logged
 
     def _queue(self) -> StreamConsumer:
         if self._consumer is None:
             self._consumer = self.options.consumer()
         return self._consumer
 
+    def _tell_lost(self) -> None:
+        """Log, once, the offsets the queue's last answer says the group lost to retention."""
+        lost = self._queue().lost
+        if lost is not None and lost != self._told:
+            self._told = lost
+            _log_lost(self.options, lost)
+
     def initialOffset(self) -> dict[str, int]:
-        return {"offset": self._queue().committed()}
+        committed = self._queue().committed()
+        self._tell_lost()
+        return {"offset": committed}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._queue().head()
+        self._tell_lost()
 
     def latestOffset(self, start: dict[str, int] | None = None,
                      limit: Any = None) -> dict[str, int]:
@@ -274,6 +334,7 @@ class PzqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
         else:
             at = int(start["offset"])
         head = self._target if self._target is not None else self._queue().head()
+        self._tell_lost()
         most = self.options.max_messages_per_batch
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             most = min(most, limit.max_rows)
@@ -291,7 +352,9 @@ class PzqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # t
 
     def commit(self, end: dict[str, int]) -> None:
         committed = self._queue().commit(int(end["offset"]))
-        log.debug("pzq source: committed up to %d (queue at %d)", end["offset"], committed)
+        self._tell_lost()
+        log.debug("pzq source: group %s committed up to %d (queue at %d)",
+                  self.options.group_name(), end["offset"], committed)
 
     def stop(self) -> None:
         consumer, self._consumer = self._consumer, None
