@@ -22,12 +22,14 @@ offsets are ASCII decimal, [a, b) ranges)::
     anything else / bad arguments              -> [envelope...][""]["ERROR"][reason]
 
 Each reader group has its own committed offset: a request naming a group starts with
-``["GROUP"][name]`` and its answer has two more numbers after the committed offset, the
-offsets its group lost to the queue's retention limits since its last COMMIT (``[from][to]``,
-``0 0``: none); a request without a group is the ``default`` group's, answered as above::
+``["GROUP"][name]`` and its answer has two more numbers after the ones above, the offsets
+its group lost to the queue's retention limits since its last COMMIT (``[from][to]``, ``0
+0``: none); a request without a group is the ``default`` group's, answered as above::
 
-    [envelope...][""]["GROUP"][name]["HEAD" | "RANGE" ... | "COMMIT" ...]
-        -> ["OK"][head][committed][lost from][lost to] (RANGE: [next][count] then, and entries)
+    [envelope...][""]["GROUP"][name]["HEAD" | "COMMIT" ...]
+        -> ["OK"][head][committed][lost from][lost to]
+    [envelope...][""]["GROUP"][name]["RANGE" ...]
+        -> ["OK"][head][committed][next][count][lost from][lost to], then the entries
     [envelope...][""]["GROUP"][name]["DELETE"]  -> ["OK"]
     [envelope...][""]["GROUPS"]  -> ["OK"][head][count] then count x [name][committed]
 
