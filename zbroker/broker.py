@@ -29,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from . import logs
+from . import event_loop, logs
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
 from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
@@ -116,7 +116,7 @@ class Broker:
     def run_forever(self) -> int:
         """Run the broker until SIGINT or SIGTERM; returns the exit code (0).
         Raises StartupError or ServiceError if it cannot start."""
-        return asyncio.run(self.run())
+        return event_loop.run(self.run())
 
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
@@ -129,7 +129,8 @@ class Broker:
             self.log.info("broker started", name=self.name, pid=os.getpid(),
                           services=[s.name for s in self.services],
                           endpoints=self.endpoints(),
-                          config=str(self.config.source) if self.config.source else "defaults")
+                          config=str(self.config.source) if self.config.source else "defaults",
+                          event_loop=event_loop.chosen())
             self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
             await self._stop_requested.wait()
         finally:

@@ -35,6 +35,7 @@ import functools
 import itertools
 import json
 import struct
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -96,7 +97,8 @@ class ClusterNode:
         self._link_made: dict[str, float] = {}  # endpoint -> when our link there was made
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = float("inf")
         self.discovery: Any = None
         self.endpoint = ""
         self.advertised = ""
@@ -389,7 +391,8 @@ class ClusterNode:
             if peer is not None and self._send_raw(peer.endpoint, [KIND_PING, b"!" + payload[1:]]):
                 self.membership.sent(sender, now)
         elif payload[:1] == b"!" and len(payload) == 9:
-            rtt = now - struct.unpack("<d", payload[1:])[0]
+            # (time.monotonic: a loop's clock may tick in whole milliseconds, as libuv's does)
+            rtt = time.monotonic() - struct.unpack("<d", payload[1:])[0]
             if 0 <= rtt < 3600:
                 self.rtt.observe(rtt)
                 self.last_rtt[sender] = rtt
@@ -498,10 +501,11 @@ class ClusterNode:
     def _schedule(self, delay: float) -> None:
         at = self._loop.time() + delay
         if self._timer is not None:
-            if self._timer.when() <= at:
+            if self._timer_at <= at:
                 return
             self._timer.cancel()
-        self._timer = self._loop.call_at(at, self._on_timer)
+        # (the time is kept here: a loop may return a handle without when() for a time past)
+        self._timer, self._timer_at = self._loop.call_at(at, self._on_timer), at
 
     def _schedule_next(self) -> None:
         if self.membership is None:
@@ -519,7 +523,7 @@ class ClusterNode:
         now = self._loop.time()
         to_ping, change = self.membership.due(now)
         self._apply(change)
-        ping = [KIND_PING, b"?" + struct.pack("<d", now)]
+        ping = [KIND_PING, b"?" + struct.pack("<d", time.monotonic())]
         for peer in to_ping:
             if self._send_raw(peer.endpoint, ping):
                 self.membership.sent(peer.id, now)

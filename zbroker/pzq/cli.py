@@ -18,6 +18,7 @@ from pathlib import Path
 import structlog
 import zmq
 
+from zbroker import event_loop
 from zbroker.config import (
     LOG_LEVELS,
     PZQ_MODES,
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger(service="pzq")
     try:
-        return asyncio.run(serve(settings, log))
+        return event_loop.run(serve(settings, log))
     except KeyboardInterrupt:
         return 0
 
