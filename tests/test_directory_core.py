@@ -218,7 +218,11 @@ def test_messages_overtaking_each_other_lose_no_data_and_leave_nothing(seed):
         for j in set(parts):  # all or none of each writer, in order
             assert parts.count(j) == 3, (i, got)
         reached |= set(parts)
-    assert reached == {b"%d" % i for i in clients}  # every writer's stream reached a reader
+    # every writer whose writes were taken reached a reader (a CLOSE pipelined behind a WRITE
+    # that still waits for a reader, or for the home's answer, cuts a stream never started)
+    accepted = {b"%d" % i for i, (_, writer, _, wid, _) in clients.items()
+                if net.replies(writer, wid).count(p.WriteOk()) == 3}
+    assert accepted <= reached and len(accepted) > len(clients) / 2
     for _, _, reader, _, rid in clients.values():
         net.send(reader, rid, p.Close())
     assert all(s.pipes.pipes == {} for s in net.servers.values())
@@ -262,6 +266,47 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
     assert net.replies("A", b"keep-r")[-1] == p.ReadOk(b"still")
 
 
+def test_a_writer_with_a_reader_beside_it_waits_for_the_readers_registered_elsewhere():
+    """A reader on B registered before the writer on A opened is in the writer's audience,
+    even though a reader on A could have taken the stream before the home's answer came."""
+    net = Net("ABC")
+    net.join_all()
+    name = next(b"w%d" % i for i in range(100) if net.home(b"w%d" % i) == "C")
+    net.send("B", b"far", p.Input(name))
+    net.send("A", b"near", p.Input(name))
+    before = net.control_messages()
+    net.send("A", b"w", p.Output(name), pump=False)
+    net.send("A", b"w", p.Write(b"all of it", 0), pump=False)  # before the home answered
+    assert net.replies("A", b"w") == [p.OutputOk()]  # it waits
+    net.pump()
+    assert net.replies("A", b"w") == [p.WriteOk()]
+    assert net.control_messages() - before == 4  # REGISTER, REGISTERED, INTRODUCE x2
+    for broker, client in (("A", b"near"), ("B", b"far")):
+        net.send(broker, client, p.Read(100, 0))
+        assert net.replies(broker, client)[-1] == p.ReadOk(b"all of it"), broker
+
+
+def test_a_writer_waiting_for_its_home_goes_on_when_the_home_is_lost():
+    """Its registration is answered by the new home; the readers elsewhere that the new home
+    learns of only after that (their brokers register with it in turn) may miss the stream,
+    all or none, like readers that came late."""
+    net = Net("ABC")
+    net.join_all()
+    name = next(b"l%d" % i for i in range(100) if net.home(b"l%d" % i) == "C")
+    net.send("B", b"far", p.Input(name))
+    net.send("A", b"near", p.Input(name))
+    net.send("A", b"w", p.Output(name), pump=False)
+    net.send("A", b"w", p.Write(b"x", 0), pump=False)
+    net.servers["A"].peer_outbox.clear()  # the REGISTER is lost with its home
+    net.lose("C")
+    assert net.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]  # not stuck
+    net.send("A", b"w", p.Close())
+    for client in (b"far", b"far"):
+        net.send("B", client, p.Read(100, 0))
+    assert net.replies("B", b"far")[1:] in ([p.ReadOk(b"x"), p.ReadEnd()],
+                                          [p.ReadEnd(), p.ReadEnd()])
+
+
 def test_a_cluster_mixing_brokers_with_and_without_the_directory():
     net = Net("ABC", legacy="L")
     net.add("L", legacy=True)
@@ -302,8 +347,8 @@ def test_a_home_holds_a_bounded_number_of_entries_per_broker():
 
 
 def test_peering_directory_messages_round_trip():
-    for msg in (peering.Register((("reader", 1, b"a"), ("writer", 2**63, b"b" * 255))),
-                peering.Unregister((1, 2, 3)),
+    for msg in (peering.Register((("reader", 1, b"a", False), ("writer", 2**63, b"b" * 255, True))),
+                peering.Unregister((1, 2, 3)), peering.Registered((7,)),
                 peering.Introduce((peering.Group(b"a", "m1", (("writer", 5),), (1, 2)),
                                    peering.Group(b"b", "m2", (("reader", 6),), ())))):
         assert peering.decode([bytes(f) for f in peering.encode(msg)]) == msg

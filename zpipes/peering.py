@@ -13,8 +13,10 @@ Every message is a list of frames, the first naming it. End ids are the sender's
 The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
 adds three, between such brokers only; the four above are unchanged:
 
-    REGISTER   (role, end, pipe)...            ends of the sender, for the receiver (their
-                                               pipes' home) to hold
+    REGISTER   (role, end, pipe, answer)...    ends of the sender, for the receiver (their
+                                               pipes' home) to hold; ``answer``: say
+                                               REGISTERED once they are introduced
+    REGISTERED ends                            those ends are introduced to every match
     UNREGISTER ends                            ends of the sender the receiver no longer holds
     INTRODUCE  (pipe, member, theirs, yours)...   from a home: ``theirs`` (role, end) are ends
                                                of ``pipe`` on broker ``member``, matched with
@@ -71,7 +73,12 @@ class PeerDecodeError:
 
 @dataclass(frozen=True, slots=True)
 class Register:
-    entries: tuple[tuple[str, int, bytes], ...]  # (role, end, pipe name)
+    entries: tuple[tuple[str, int, bytes, bool], ...]  # (role, end, pipe name, answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    ends: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +102,8 @@ class Introduce:
     groups: tuple[Group, ...]
 
 
-PeerMessage = Attach | Detach | Data | Credit | Register | Unregister | Introduce
+PeerMessage = (Attach | Detach | Data | Credit | Register | Registered | Unregister
+               | Introduce)
 
 _ROLE_CODE = {"reader": b"r", "writer": b"w"}
 _CODE_ROLE = {v: k for k, v in _ROLE_CODE.items()}
@@ -103,10 +111,12 @@ _CODE_ROLE = {v: k for k, v in _ROLE_CODE.items()}
 
 def encode(msg: PeerMessage) -> list[bytes | memoryview]:
     if isinstance(msg, Register):
-        return [b"REGISTER", *(_ROLE_CODE[role] + _END.pack(end) + pipe
-                               for role, end, pipe in msg.entries)]
-    if isinstance(msg, Unregister):
-        return [b"UNREGISTER", b"".join(_END.pack(end) for end in msg.ends)]
+        return [b"REGISTER", *((_ROLE_CODE[role].upper() if answer else _ROLE_CODE[role])
+                               + _END.pack(end) + pipe
+                               for role, end, pipe, answer in msg.entries)]
+    if isinstance(msg, (Unregister, Registered)):
+        kind = b"UNREGISTER" if isinstance(msg, Unregister) else b"REGISTERED"
+        return [kind, b"".join(_END.pack(end) for end in msg.ends)]
     if isinstance(msg, Introduce):
         frames: list[bytes | memoryview] = [b"INTRODUCE"]
         for g in msg.groups:
@@ -146,10 +156,10 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
         return Detach(_END.unpack(frames[1])[0], lost)
     if kind == b"REGISTER":
         return _register(frames[1:])
-    if kind == b"UNREGISTER" and len(sizes) == 1 and sizes[0] and sizes[0] % 8 == 0 \
-            and sizes[0] <= 8 * MAX_BATCH:
-        data = bytes(frames[1])
-        return Unregister(tuple(e for (e,) in _END.iter_unpack(data)))
+    if kind in (b"UNREGISTER", b"REGISTERED") and len(sizes) == 1 and sizes[0] \
+            and sizes[0] % 8 == 0 and sizes[0] <= 8 * MAX_BATCH:
+        ends = tuple(e for (e,) in _END.iter_unpack(bytes(frames[1])))
+        return Unregister(ends) if kind == b"UNREGISTER" else Registered(ends)
     if kind == b"INTRODUCE":
         return _introduce(frames[1:])
     return PeerDecodeError(f"malformed peer message {kind[:20]!r} with frame sizes {sizes[:8]}")
@@ -161,10 +171,10 @@ def _register(frames: Sequence[bytes | memoryview]) -> Register | PeerDecodeErro
     entries = []
     for frame in frames:
         data = bytes(frame)
-        role = _CODE_ROLE.get(data[:1])
+        role = _CODE_ROLE.get(data[:1].lower())
         if role is None or not 10 <= len(data) <= 9 + 255:
             return PeerDecodeError(f"malformed REGISTER entry of {len(data)} bytes")
-        entries.append((role, _END.unpack_from(data, 1)[0], data[9:]))
+        entries.append((role, _END.unpack_from(data, 1)[0], data[9:], data[:1].isupper()))
     return Register(tuple(entries))
 
 

@@ -94,6 +94,7 @@ class Pipe:
     readers: dict[int, Reader] = field(default_factory=dict)
     writers: dict[int, Writer] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)  # ends whose last attempt had to wait
+    held: int = 0  # while > 0, no local writer's stream starts (the caller's ``hold``)
 
     def wake_all(self) -> set[int]:
         woken, self.waiting = self.waiting, set()
@@ -196,6 +197,9 @@ class PipeTable:
         pipe = writer.pipe
         if writer.failure is not None:
             return WriteResult.FAILED, set()
+        if pipe.held and not writer.started:
+            pipe.waiting.add(end)
+            return WriteResult.WAIT, set()
         if writer.started:
             if not writer.audience:
                 return WriteResult.NO_READERS, set()
@@ -273,6 +277,18 @@ class PipeTable:
         for pipe in self.pipes.values():
             woken |= pipe.wake_all()
         return woken
+
+    def hold(self, name: bytes) -> None:
+        """No local writer of the pipe (it has an end) starts its stream until ``release``:
+        the caller is still learning which readers elsewhere are attached."""
+        self.pipes[name].held += 1
+
+    def release(self, name: bytes) -> set[int]:
+        pipe = self.pipes.get(name)
+        if pipe is None or not pipe.held:
+            return set()
+        pipe.held -= 1
+        return set() if pipe.held else pipe.wake_all()
 
     # --- remote ends ---------------------------------------------------------------------------
 

@@ -160,6 +160,8 @@ class ZpipesServer:
         # introductions naming a broker we do not have yet: member -> [(until, group)]
         self._waiting: OrderedDict[str, list[tuple[float, peering.Group]]] = OrderedDict()
         self._waiting_count = 0
+        # our ends whose home is to say REGISTERED: end -> pipe (held: pipes.hold)
+        self._awaiting: dict[int, bytes] = {}
         self._actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
             "open pipe writer": self._open_pipe_writer,
@@ -614,7 +616,8 @@ class ZpipesServer:
                 self._attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
         elif isinstance(msg, peering.Detach):
             self._detach_remote(peer, msg.end, msg.lost)
-        elif isinstance(msg, (peering.Register, peering.Unregister, peering.Introduce)):
+        elif isinstance(msg, (peering.Register, peering.Registered, peering.Unregister,
+                              peering.Introduce)):
             if peer not in self._member_of:
                 self.log.warning("invalid peer message", peer=peer,
                                  error="a directory message from a peer that did not say it "
@@ -625,6 +628,11 @@ class ZpipesServer:
             elif isinstance(msg, peering.Unregister):
                 for end in msg.ends:
                     self.directory.unregister(peer, end)
+            elif isinstance(msg, peering.Registered):
+                member = self._member_of[peer]
+                for end in msg.ends:
+                    if end in self._awaiting and self._registered[end][0] == member:
+                        self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
             else:
                 self._introduced(msg.groups)
         else:
@@ -690,10 +698,20 @@ class ZpipesServer:
         home = self._home(name)
         self._registered[end] = (home, role, name)
         if home == self.member_id:
-            self._home_register(SELF, [(role, end, name)])
-        else:
-            self.peer_outbox.append((self._members[home], peering.encode(
-                peering.Register(((role, end, name),)))))
+            self._home_register(SELF, [(role, end, name, False)])
+            return
+        # A writer's audience is the readers attached when its stream starts. With a reader
+        # here, the stream of a writer here could start before the home has introduced the
+        # readers elsewhere that registered before it: the home is asked to say when it has,
+        # and no writer of the pipe here starts until then.
+        pipe = self.pipes.pipes[name]
+        answer = (any(not r.remote for r in pipe.readers.values())
+                  and any(not w.remote and not w.started for w in pipe.writers.values()))
+        if answer:
+            self._awaiting[end] = name
+            self.pipes.hold(name)
+        self.peer_outbox.append((self._members[home], peering.encode(
+            peering.Register(((role, end, name, answer),)))))
 
     def _home(self, name: bytes) -> str:
         cached = self._homes.get(name)
@@ -720,6 +738,8 @@ class ZpipesServer:
         self._gone[end] = failure
         if len(self._gone) > MAX_GONE:
             self._gone.popitem(last=False)
+        if end in self._awaiting:
+            self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
         home, _, name = self._registered.pop(end, ("", "", b""))
         if home == self.member_id:
             self.directory.unregister(SELF, end)
@@ -744,7 +764,7 @@ class ZpipesServer:
         by_pipe: dict[bytes, list[int]] = {}
         for end, (_, _, name) in self._registered.items():
             by_pipe.setdefault(name, []).append(end)
-        register: dict[str, list[tuple[str, int, bytes]]] = {}
+        register: dict[str, list[tuple[str, int, bytes, bool]]] = {}
         unregister: dict[str, list[int]] = {}
         homes: dict[bytes, tuple[int, str]] = {}
         for name, ends in by_pipe.items():
@@ -765,7 +785,8 @@ class ZpipesServer:
                     self.directory.unregister(SELF, end)
                 elif old in self._members:
                     unregister.setdefault(old, []).append(end)
-                register.setdefault(new[1], []).append((role, end, name))
+                register.setdefault(new[1], []).append((role, end, name,
+                                                        end in self._awaiting))
         self._homes = homes
         for member, ends in unregister.items():
             for i in range(0, len(ends), peering.MAX_BATCH):
@@ -774,20 +795,25 @@ class ZpipesServer:
         for member, entries in register.items():
             if member == self.member_id:
                 self._home_register(SELF, entries)
+                for _, end, _, answer in entries:
+                    if answer:
+                        self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
                 continue
             for i in range(0, len(entries), peering.MAX_BATCH):
                 self.peer_outbox.append((self._members[member], peering.encode(
                     peering.Register(tuple(entries[i:i + peering.MAX_BATCH])))))
 
-    def _home_register(self, owner: str, entries: Sequence[tuple[str, int, bytes]]) -> None:
+    def _home_register(self, owner: str,
+                       entries: Sequence[tuple[str, int, bytes, bool]]) -> None:
         """Ends registered with us as their home (``owner``: the life of their broker, or
         SELF): each is introduced to the ends of other brokers it matches, and they to it, in
-        one INTRODUCE per broker."""
+        one INTRODUCE per broker; then REGISTERED to the owner for those that ask it."""
         owner_member = self.member_id if owner == SELF else self._member_of[owner]
         # recipient -> (pipe, member, role of theirs) -> (theirs, yours)
         intros: dict[str, dict[tuple[bytes, str, str], tuple[list, list]]] = {}
         refused = 0
-        for role, end, name in entries:
+        answered = [end for _, end, _, answer in entries if answer]
+        for role, end, name, _ in entries:
             matches = self.directory.register(owner, role, end, name)
             if matches is None:
                 refused += 1
@@ -804,6 +830,13 @@ class ZpipesServer:
                     (name, owner_member, role), ([], []))
                 theirs.append((role, end))
                 yours.append(m.end)
+        if len(entries) == 1 and not refused:
+            role, end, name, _ = entries[0]
+            self.log.info("pipe end registered", pipe=_name(name), role=role, end=end,
+                          peer=owner or "self", met=len(intros) - (owner in intros))
+        elif entries:
+            self.log.info("pipe ends registered", ends=len(entries) - refused,
+                          peer=owner or "self")
         if refused:
             self.log.warning("directory entries refused", peer=owner or "self", ends=refused,
                              limit=self.directory.max_per_owner)
@@ -817,6 +850,8 @@ class ZpipesServer:
             for i in range(0, len(groups), peering.MAX_BATCH):
                 self.peer_outbox.append((recipient, peering.encode(
                     peering.Introduce(tuple(groups[i:i + peering.MAX_BATCH])))))
+        if answered and owner != SELF:  # after its introductions, on the same link
+            self.peer_outbox.append((owner, peering.encode(peering.Registered(tuple(answered)))))
 
     def _introduced(self, groups: Sequence[peering.Group]) -> None:
         """A home says: these ends of another broker match these of ours."""
