@@ -5,7 +5,7 @@ by bench/bench_directory.py."""
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 
 from zpipes import protocol as p
 from zpipes.server import ServerConfig, ZpipesServer
@@ -61,30 +61,25 @@ class Net:
                 s.peer_down(victim, self.now)
         self.pump()
 
-    def pump(self, shuffle: random.Random | None = None):
-        """Deliver everything in flight, in order per link; ``shuffle``: links take turns in
-        a random order (messages of different links overtake each other)."""
-        moved = True
-        while moved:
-            moved = False
-            names = list(self.servers)
-            if shuffle is not None:
-                shuffle.shuffle(names)
-            for name in names:
-                s = self.servers.get(name)
-                if s is None:
-                    continue
-                out, s.peer_outbox = s.peer_outbox, []
-                if shuffle is not None and out:  # one link's messages go, the rest wait
-                    first = out[0][0]
-                    s.peer_outbox = [m for m in out if m[0] != first]
-                    out = [m for m in out if m[0] == first]
-                for peer, frames in out:
-                    moved = True
-                    self.sent[bytes(frames[0])] += 1
-                    if peer in self.servers:
-                        self.servers[peer].peer_receive(name, [bytes(f) for f in frames],
-                                                        self.now)
+    def pump(self, start=None):
+        """Deliver everything in flight, in order per link, until nothing is; ``start``: the
+        only brokers that may have something to send (default: all)."""
+        todo = deque(self.servers if start is None else start)
+        queued = set(todo)
+        while todo:
+            name = todo.popleft()
+            queued.discard(name)
+            s = self.servers.get(name)
+            if s is None or not s.peer_outbox:
+                continue
+            out, s.peer_outbox = s.peer_outbox, []
+            for peer, frames in out:
+                self.sent[bytes(frames[0])] += 1
+                if peer in self.servers:
+                    self.servers[peer].peer_receive(name, [bytes(f) for f in frames], self.now)
+                    if peer not in queued:
+                        queued.add(peer)
+                        todo.append(peer)
 
     def step(self, rng: random.Random) -> bool:
         """Deliver what one random link has in flight (False: nothing was): the other links
@@ -110,7 +105,7 @@ class Net:
     def send(self, broker, client, msg, pump=True):
         self.servers[broker].receive(client, [p.encode(msg)], self.now)
         if pump:
-            self.pump()
+            self.pump([broker])
 
     def replies(self, broker, client):
         s = self.servers[broker]
