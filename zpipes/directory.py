@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 SELF = ""  # the owner of this broker's own entries
-MAX_PER_OWNER = 1 << 20  # entries one broker may hold at a home (a broker has <= max_clients)
+MAX_PER_OWNER = 1 << 18  # entries one broker may hold at a home: its ends (<= its max_clients)
 
 OPPOSITE = {"reader": "writer", "writer": "reader"}
 

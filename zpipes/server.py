@@ -82,8 +82,10 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
     Event.WRITE: p.WriteFailed,
 }
 
-MAX_TOMBS = 65536  # remote ends detached, remembered against late introductions of them
-MAX_GONE = 65536  # our own ends closed, remembered to answer late introductions of them
+# Both only need to span the time an introduction takes to arrive (a round trip or so), and are
+# kept only while a peer speaks the directory (only those introduce).
+MAX_TOMBS = 16384  # remote ends detached, remembered against late introductions of them
+MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions of them
 MAX_WAITING = 10_000  # introductions to brokers we do not have as peers yet, kept a while
 INTRO_WAIT = 30.0  # seconds such an introduction is kept
 _UNKNOWN = "gone"  # what a late introduction of one of our writers we forgot is answered
@@ -666,10 +668,11 @@ class ZpipesServer:
     def _detach_remote(self, peer: str, end: int, lost: str | None) -> None:
         key = (peer, end)
         proxy = self._proxies.pop(key, None)
-        self._tombs[key] = (proxy is not None, lost)
-        self._tombs.move_to_end(key)
-        if len(self._tombs) > MAX_TOMBS:
-            self._tombs.popitem(last=False)
+        if peer in self._member_of:
+            self._tombs[key] = (proxy is not None, lost)
+            self._tombs.move_to_end(key)
+            if len(self._tombs) > MAX_TOMBS:
+                self._tombs.popitem(last=False)
         if proxy is not None:
             pipe = self.pipes.pipe_of(proxy)
             del self._proxy_of[proxy]
@@ -735,9 +738,10 @@ class ZpipesServer:
     def _unregister(self, end: int, failure: str | None) -> None:
         """Our ``end`` is closed: its home forgets it; its failure is kept a while, to answer
         an introduction of it that was on its way."""
-        self._gone[end] = failure
-        if len(self._gone) > MAX_GONE:
-            self._gone.popitem(last=False)
+        if self._members:
+            self._gone[end] = failure
+            if len(self._gone) > MAX_GONE:
+                self._gone.popitem(last=False)
         if end in self._awaiting:
             self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
         home, _, name = self._registered.pop(end, ("", "", b""))
