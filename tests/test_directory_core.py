@@ -266,6 +266,63 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
     assert net.replies("A", b"keep-r")[-1] == p.ReadOk(b"still")
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
+    """A broker joins and a broker with no pipe end (only homes) is lost while registrations,
+    introductions and data are on their way: every stream still ends whole."""
+    rng = random.Random(seed)
+    net = Net("ABCDE")
+    net.join_all()
+    lists = []
+    for i in range(10):
+        name, writer, reader = b"m%d" % (i % 5), *rng.sample("ABCD", 2)
+        wid, rid = b"w%d" % i, b"r%d" % i
+        lists.append([(reader, rid, p.Input(name))])
+        lists.append([(writer, wid, p.Output(name))]
+                     + [(writer, wid, p.Write(b"%d;" % i, 0)) for _ in range(3)])
+    changes = [lambda: net.join("F"), lambda: net.lose("E")]
+    rng.shuffle(changes)
+    at = sorted(rng.sample(range(1, 40), 2))
+    n = 0
+    while lists:
+        ops = rng.choice(lists)
+        broker, client, msg = ops.pop(0)
+        if not ops:
+            lists.remove(ops)
+        net.send(broker, client, msg, pump=False)
+        for _ in range(rng.randrange(3)):
+            net.step(rng)
+        n += 1
+        if at and n == at[0]:
+            at.pop(0)
+            changes.pop()()
+    while changes:
+        changes.pop()()
+    net.pump()
+    writers = [(b, c) for b, s in net.servers.items() for c in s.clients if c[:1] == b"w"]
+    for broker, client in writers:
+        assert net.replies(broker, client).count(p.WriteOk()) == 3, (broker, client)
+        net.send(broker, client, p.Close())
+    readers = [(b, c) for b, s in net.servers.items() for c in s.clients if c[:1] == b"r"]
+    reached = set()
+    for broker, client in readers:
+        got, last = b"", None
+        for _ in range(40):
+            net.send(broker, client, p.Read(1000, 0))
+            last = net.replies(broker, client)[-1]
+            if not isinstance(last, p.ReadOk):
+                break
+            got += last.chunk
+        assert last == p.ReadEnd(), (broker, client, last)
+        parts = got.split(b";")[:-1]
+        assert all(parts.count(j) == 3 for j in parts), got
+        reached |= set(parts)
+        net.send(broker, client, p.Close())
+    assert reached == {b"%d" % i for i in range(10)}
+    assert all(s.pipes.pipes == {} for s in net.servers.values())
+    assert all(s.directory.entries() == 0 for s in net.servers.values())
+
+
 def test_a_writer_with_a_reader_beside_it_waits_for_the_readers_registered_elsewhere():
     """A reader on B registered before the writer on A opened is in the writer's audience,
     even though a reader on A could have taken the stream before the home's answer came."""
