@@ -323,6 +323,35 @@ def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
     assert all(s.directory.entries() == 0 for s in net.servers.values())
 
 
+def deliver(net, src, dst):
+    """Deliver what ``src`` has in flight to ``dst`` only."""
+    s = net.servers[src]
+    out = [frames for peer, frames in s.peer_outbox if peer == dst]
+    s.peer_outbox = [m for m in s.peer_outbox if m[0] != dst]
+    for frames in out:
+        net.servers[dst].peer_receive(src, [bytes(f) for f in frames], net.now)
+
+
+def test_a_writer_whose_close_overtakes_its_introduction_ends_only_the_readers_it_met():
+    net = Net("ABC")
+    net.join_all()
+    name = next(b"c%d" % i for i in range(100) if net.home(b"c%d" % i) == "C")
+    net.send("B", b"r", p.Input(name))  # registered with C
+    net.send("A", b"w", p.Output(name), pump=False)
+    deliver(net, "A", "C")  # C introduces w to B and r to A, at once
+    deliver(net, "C", "A")  # only A's introduction arrives
+    net.send("A", b"w", p.Close(), pump=False)  # it closes, telling B, which it met
+    deliver(net, "A", "B")  # the DETACH overtakes C's introduction to B
+    net.send("B", b"late", p.Input(name), pump=False)  # opened after w closed
+    net.send("B", b"r", p.Read(10, 0), pump=False)
+    net.send("B", b"late", p.Read(10, 0), pump=False)
+    assert net.replies("B", b"r") == [p.InputOk()]  # B knows nothing of w yet: it waits
+    net.pump()
+    assert net.replies("B", b"r") == [p.ReadEnd()]  # w was attached to r, and closed
+    assert net.replies("B", b"late") == [p.InputOk()]  # never met w: waits for a writer
+    assert net.servers["B"].pipes.pipes[name].writers == {}
+
+
 def test_a_writer_with_a_reader_beside_it_waits_for_the_readers_registered_elsewhere():
     """A reader on B registered before the writer on A opened is in the writer's audience,
     even though a reader on A could have taken the stream before the home's answer came."""

@@ -278,6 +278,18 @@ class PipeTable:
             woken |= pipe.wake_all()
         return woken
 
+    def saw_close(self, reader_ends: list[int]) -> set[int]:
+        """A remote writer that was attached to these local readers closed, and both its
+        attachment and its close are learned only now: for them only, as ``detach`` of a
+        writer that closed."""
+        woken: set[int] = set()
+        for end in reader_ends:
+            reader = self._readers.get(end)
+            if reader is not None and not reader.remote:
+                reader.saw_close = True
+                woken |= reader.pipe.wake_all()
+        return woken
+
     def hold(self, name: bytes) -> None:
         """No local writer of the pipe (it has an end) starts its stream until ``release``:
         the caller is still learning which readers elsewhere are attached."""

@@ -643,15 +643,14 @@ class ZpipesServer:
 
     def _attach_remote(self, peer: str, role: str, end: int, pipe: bytes,
                        legacy: bool = False) -> int | None:
-        """A proxy for ``peer``'s ``end`` (idempotent); None if it was not made. An end that
-        was detached here is not brought back by a late introduction; one whose DETACH came
-        before its introduction came and went (its close is seen)."""
+        """A proxy for ``peer``'s ``end`` (idempotent); None if it was not made: an end whose
+        DETACH came here (before or after its attachment) is not brought back by a late
+        introduction."""
         key = (peer, end)
         proxy = self._proxies.get(key)
         if proxy is not None:
             return proxy
-        tomb = None if legacy else self._tombs.get(key)
-        if tomb is not None and tomb[0]:
+        if not legacy and key in self._tombs:
             return None
         proxy = next(self._end_ids)
         self._proxies[key] = proxy
@@ -660,9 +659,6 @@ class ZpipesServer:
         self._woken.extend(attach(pipe, proxy, remote=True))
         self.log.info("remote end attached", peer=peer, pipe=_name(pipe), role=role,
                       remote_end=end)
-        if tomb is not None:
-            self._detach_remote(peer, end, tomb[1])
-            return None
         return proxy
 
     def _detach_remote(self, peer: str, end: int, lost: str | None) -> None:
@@ -886,7 +882,13 @@ class ZpipesServer:
         for end in alive:
             self._known_at.setdefault(end, set()).add(peer)
         for role, end in group.theirs:
-            self._attach_remote(peer, role, end, group.pipe)
+            tomb = self._tombs.get((peer, end))
+            if tomb is None:
+                self._attach_remote(peer, role, end, group.pipe)
+            elif not tomb[0] and role == "writer" and tomb[1] is None:
+                # it closed before its introduction reached us: the readers it was matched
+                # with saw it close (and it sent them nothing, or it would be attached)
+                self._woken.extend(self.pipes.saw_close(alive))
 
     def _wait_for(self, group: peering.Group) -> None:
         waiting = self._waiting.setdefault(group.member, [])
