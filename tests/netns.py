@@ -142,6 +142,27 @@ class Host:
                                      f"{timeout} s; log tail:\n" + self.log_tail())
             time.sleep(0.05)
 
+    def wait_findable(self, pipe: str, role: str, timeout: float, count: int = 1) -> None:
+        """Until an end of ``pipe`` opened on this host now would find ``count`` ends of it in
+        ``role`` on other hosts: this host's broker knows of them ("remote end attached", what a
+        broker that tells every peer of every end does), or they are registered with the pipe's
+        home, whichever host that is (the pipe directory: the home introduces them to this
+        host's broker when it opens an end of the pipe)."""
+        def found() -> bool:
+            attached = sum(1 for e in self.log_events() if e.get("event") == "remote end attached"
+                           and e.get("pipe") == pipe and e.get("role") == role)
+            registered = sum(1 for host in self.bed.hosts for e in host.log_events()
+                             if e.get("event") == "pipe end registered"
+                             and e.get("pipe") == pipe and e.get("role") == role)
+            return max(attached, registered) >= count
+
+        deadline = time.monotonic() + timeout
+        while not found():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {count} {role}(s) of {pipe!r} not findable "
+                                     f"within {timeout} s; log tail:\n" + self.log_tail())
+            time.sleep(0.05)
+
     def peers(self) -> set[str]:
         """Endpoints of the peers this host's broker has now (from its join/leave log lines;
         every host's broker is named "local")."""

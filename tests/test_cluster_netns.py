@@ -49,8 +49,9 @@ def writer(host, pipe, **kw):
 
 
 def wait_attached(host, pipe, role, count=1, timeout=10.0):
-    """Until ``host``'s broker knows of ``count`` remote ends of ``pipe`` in ``role``."""
-    host.wait_for_log("remote end attached", timeout, count=count, pipe=pipe, role=role)
+    """Until an end opened on ``host`` would find ``count`` remote ends of ``pipe`` in
+    ``role`` (its broker knows of them, or they are registered with the pipe's home)."""
+    host.wait_findable(pipe, role, timeout, count=count)
 
 
 def line_crosses(a, b, pipe, line):

@@ -49,8 +49,7 @@ def pipes_cross_between_every_pair(hosts, tag):
         readers = {b: b.zpipes("read", f"{tag}-{a.name}-{b.name}", stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE) for b in others}
         for b in others:
-            a.wait_for_log("remote end attached", 15, pipe=f"{tag}-{a.name}-{b.name}",
-                           role="reader")
+            a.wait_findable(f"{tag}-{a.name}-{b.name}", "reader", 15)
         writers = {b: a.zpipes("write", f"{tag}-{a.name}-{b.name}", stdin=subprocess.PIPE,
                                stderr=subprocess.PIPE) for b in others}
         for b, w in writers.items():

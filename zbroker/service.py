@@ -54,6 +54,8 @@ class PeerBroker:
     id: str
     name: str
     endpoint: str
+    member: str = ""  # its start id: the same at every member, for as long as it runs
+    directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
 
 
 class Service(ABC):

@@ -9,6 +9,21 @@ Every message is a list of frames, the first naming it. End ids are the sender's
                                                receiver's reader; ``first`` starts the stream
     CREDIT  reader end, bytes                  the receiver's reader took that many more bytes
                                                of the sender's writers' data
+
+The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
+adds three, between such brokers only; the four above are unchanged:
+
+    REGISTER   (role, end, pipe, answer)...    ends of the sender, for the receiver (their
+                                               pipes' home) to hold; ``answer``: say
+                                               REGISTERED once they are introduced
+    REGISTERED ends                            those ends are introduced to every match
+    UNREGISTER ends                            ends of the sender the receiver no longer holds
+    INTRODUCE  (pipe, member, theirs, yours)...   from a home: ``theirs`` (role, end) are ends
+                                               of ``pipe`` on broker ``member``, matched with
+                                               ``yours``, the receiver's own ends, of which
+                                               ``member`` is told at the same time
+
+Each is a batch of at most ``MAX_BATCH`` entries or groups.
 """
 
 from __future__ import annotations
@@ -19,6 +34,9 @@ from dataclasses import dataclass
 
 _END = struct.Struct(">Q")
 _TWO = struct.Struct(">QQ")
+_ROLE_END = struct.Struct(">cQ")
+MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE
+MAX_MEMBER = 64  # bytes of a broker id in an INTRODUCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +71,59 @@ class PeerDecodeError:
     reason: str
 
 
-PeerMessage = Attach | Detach | Data | Credit
+@dataclass(frozen=True, slots=True)
+class Register:
+    entries: tuple[tuple[str, int, bytes, bool], ...]  # (role, end, pipe name, answer)
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    ends: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Unregister:
+    ends: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One introduction: ``theirs`` are ends of ``pipe`` on broker ``member``; ``yours`` are
+    the receiver's ends they were matched with."""
+
+    pipe: bytes
+    member: str
+    theirs: tuple[tuple[str, int], ...]  # (role, end)
+    yours: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Introduce:
+    groups: tuple[Group, ...]
+
+
+PeerMessage = (Attach | Detach | Data | Credit | Register | Registered | Unregister
+               | Introduce)
 
 _ROLE_CODE = {"reader": b"r", "writer": b"w"}
 _CODE_ROLE = {v: k for k, v in _ROLE_CODE.items()}
 
 
 def encode(msg: PeerMessage) -> list[bytes | memoryview]:
+    if isinstance(msg, Register):
+        return [b"REGISTER", *((_ROLE_CODE[role].upper() if answer else _ROLE_CODE[role])
+                               + _END.pack(end) + pipe
+                               for role, end, pipe, answer in msg.entries)]
+    if isinstance(msg, (Unregister, Registered)):
+        kind = b"UNREGISTER" if isinstance(msg, Unregister) else b"REGISTERED"
+        return [kind, b"".join(_END.pack(end) for end in msg.ends)]
+    if isinstance(msg, Introduce):
+        frames: list[bytes | memoryview] = [b"INTRODUCE"]
+        for g in msg.groups:
+            frames += [g.pipe, g.member.encode("utf-8"),
+                       b"".join(_ROLE_END.pack(_ROLE_CODE[role], end) for role, end in g.theirs),
+                       b"".join(_END.pack(end) for end in g.yours)]
+        return frames
     if isinstance(msg, Data):
         return [b"DATA", _TWO.pack(msg.writer_end, msg.reader_end),
                 b"\x01" if msg.first else b"\x00", msg.chunk]
@@ -90,4 +154,51 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
                                                and 1 <= sizes[1] <= 255)):
         lost = bytes(frames[2]).decode("utf-8", "replace") if len(sizes) == 2 else None
         return Detach(_END.unpack(frames[1])[0], lost)
+    if kind == b"REGISTER":
+        return _register(frames[1:])
+    if kind in (b"UNREGISTER", b"REGISTERED") and len(sizes) == 1 and sizes[0] \
+            and sizes[0] % 8 == 0 and sizes[0] <= 8 * MAX_BATCH:
+        ends = tuple(e for (e,) in _END.iter_unpack(bytes(frames[1])))
+        return Unregister(ends) if kind == b"UNREGISTER" else Registered(ends)
+    if kind == b"INTRODUCE":
+        return _introduce(frames[1:])
     return PeerDecodeError(f"malformed peer message {kind[:20]!r} with frame sizes {sizes[:8]}")
+
+
+def _register(frames: Sequence[bytes | memoryview]) -> Register | PeerDecodeError:
+    if not 1 <= len(frames) <= MAX_BATCH:
+        return PeerDecodeError(f"REGISTER of {len(frames)} entries (1 to {MAX_BATCH})")
+    entries = []
+    for frame in frames:
+        data = bytes(frame)
+        role = _CODE_ROLE.get(data[:1].lower())
+        if role is None or not 10 <= len(data) <= 9 + 255:
+            return PeerDecodeError(f"malformed REGISTER entry of {len(data)} bytes")
+        entries.append((role, _END.unpack_from(data, 1)[0], data[9:], data[:1].isupper()))
+    return Register(tuple(entries))
+
+
+def _introduce(frames: Sequence[bytes | memoryview]) -> Introduce | PeerDecodeError:
+    if not frames or len(frames) % 4 or len(frames) > 4 * MAX_BATCH:
+        return PeerDecodeError(f"INTRODUCE of {len(frames)} frames (groups of 4, at most "
+                               f"{MAX_BATCH})")
+    groups = []
+    for i in range(0, len(frames), 4):
+        pipe, member, theirs, yours = (bytes(f) for f in frames[i:i + 4])
+        if not (1 <= len(pipe) <= 255 and 1 <= len(member) <= MAX_MEMBER
+                and len(theirs) % 9 == 0 and len(yours) % 8 == 0
+                and len(theirs) <= 9 * MAX_BATCH and len(yours) <= 8 * MAX_BATCH):
+            return PeerDecodeError("malformed INTRODUCE group")
+        try:
+            name = member.decode("utf-8")
+        except UnicodeDecodeError:
+            return PeerDecodeError("INTRODUCE names a broker id that is not UTF-8")
+        ends = []
+        for code, end in _ROLE_END.iter_unpack(theirs):
+            role = _CODE_ROLE.get(code)
+            if role is None:
+                return PeerDecodeError("INTRODUCE with an unknown role")
+            ends.append((role, end))
+        groups.append(Group(pipe, name, tuple(ends),
+                            tuple(e for (e,) in _END.iter_unpack(yours))))
+    return Introduce(tuple(groups))

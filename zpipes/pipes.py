@@ -94,6 +94,7 @@ class Pipe:
     readers: dict[int, Reader] = field(default_factory=dict)
     writers: dict[int, Writer] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)  # ends whose last attempt had to wait
+    held: int = 0  # while > 0, no local writer's stream starts (the caller's ``hold``)
 
     def wake_all(self) -> set[int]:
         woken, self.waiting = self.waiting, set()
@@ -196,6 +197,9 @@ class PipeTable:
         pipe = writer.pipe
         if writer.failure is not None:
             return WriteResult.FAILED, set()
+        if pipe.held and not writer.started:
+            pipe.waiting.add(end)
+            return WriteResult.WAIT, set()
         if writer.started:
             if not writer.audience:
                 return WriteResult.NO_READERS, set()
@@ -273,6 +277,30 @@ class PipeTable:
         for pipe in self.pipes.values():
             woken |= pipe.wake_all()
         return woken
+
+    def saw_close(self, reader_ends: list[int]) -> set[int]:
+        """A remote writer that was attached to these local readers closed, and both its
+        attachment and its close are learned only now: for them only, as ``detach`` of a
+        writer that closed."""
+        woken: set[int] = set()
+        for end in reader_ends:
+            reader = self._readers.get(end)
+            if reader is not None and not reader.remote:
+                reader.saw_close = True
+                woken |= reader.pipe.wake_all()
+        return woken
+
+    def hold(self, name: bytes) -> None:
+        """No local writer of the pipe (it has an end) starts its stream until ``release``:
+        the caller is still learning which readers elsewhere are attached."""
+        self.pipes[name].held += 1
+
+    def release(self, name: bytes) -> set[int]:
+        pipe = self.pipes.get(name)
+        if pipe is None or not pipe.held:
+            return set()
+        pipe.held -= 1
+        return set() if pipe.held else pipe.wake_all()
 
     # --- remote ends ---------------------------------------------------------------------------
 

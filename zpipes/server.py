@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
@@ -25,6 +25,7 @@ from typing import Any
 
 from . import peering
 from . import protocol as p
+from .directory import OPPOSITE, SELF, Directory, home_of, score
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import DEFAULT_CAPACITY, PEER_LOST, WRITER_LOST, PipeTable, ReadEnd, WriteResult
 
@@ -80,6 +81,14 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
     Event.READ: p.ReadFailed,
     Event.WRITE: p.WriteFailed,
 }
+
+# Both only need to span the time an introduction takes to arrive (a round trip or so), and are
+# kept only while a peer speaks the directory (only those introduce).
+MAX_TOMBS = 16384  # remote ends detached, remembered against late introductions of them
+MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions of them
+MAX_WAITING = 10_000  # introductions to brokers we do not have as peers yet, kept a while
+INTRO_WAIT = 30.0  # seconds such an introduction is kept
+_UNKNOWN = "gone"  # what a late introduction of one of our writers we forgot is answered
 
 _ENCODED = {cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout,
                                              p.WriteOk, p.WriteTimeout, p.CloseOk, p.PingOk,
@@ -138,6 +147,23 @@ class ZpipesServer:
         self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self._proxy_of: dict[int, tuple[str, int]] = {}
+        # the pipe directory (zpipes/directory.py): peers that speak it, and what we hold
+        self.member_id = ""  # this broker's id among the members (set by set_member)
+        self.directory = Directory()  # the ends registered with us as their pipes' home
+        self._members: dict[str, str] = {}  # member id -> life, of peers speaking the directory
+        self._member_of: dict[str, str] = {}  # life -> member id
+        self._legacy: set[str] = set()  # lives of peers that do not: told of every end
+        self._registered: dict[int, tuple[str, str, bytes]] = {}  # end -> (home, role, pipe)
+        self._homes: dict[bytes, tuple[int, str]] = {}  # pipe of our ends -> (score, home)
+        self._known_at: dict[int, set[str]] = {}  # our end -> lives introduced to it
+        self._gone: OrderedDict[int, str | None] = OrderedDict()  # our ends closed -> failure
+        # remote ends detached: (life, end) -> (was attached here, failure)
+        self._tombs: OrderedDict[tuple[str, int], tuple[bool, str | None]] = OrderedDict()
+        # introductions naming a broker we do not have yet: member -> [(until, group)]
+        self._waiting: OrderedDict[str, list[tuple[float, peering.Group]]] = OrderedDict()
+        self._waiting_count = 0
+        # our ends whose home is to say REGISTERED: end -> pipe (held: pipes.hold)
+        self._awaiting: dict[int, bytes] = {}
         self._actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
             "open pipe writer": self._open_pipe_writer,
@@ -311,7 +337,7 @@ class ZpipesServer:
         client.end, client.pipe = end, name
         self._by_end[end] = client
         client.next_event = Event.OK
-        self._broadcast(peering.Attach(role, end, name))
+        self._announce(role, end, name)
         pipe = self.pipes.pipes[name]
         self.log.info("pipe opened", client=client.id, pipe=_name(name), role=role,
                       readers=len(pipe.readers), writers=len(pipe.writers))
@@ -336,9 +362,13 @@ class ZpipesServer:
         # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
         # only shrinks its writers' audience, wherever they are
         failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
+        told = self._told_of(end)
         self._woken.extend(self.pipes.detach(end, lost))
         del self._by_end[end]
-        self._broadcast(peering.Detach(end, failure))
+        frames = peering.encode(peering.Detach(end, failure))
+        for peer in told:
+            self.peer_outbox.append((peer, frames))
+        self._unregister(end, failure)
         self.log.info("pipe closed", client=client.id, pipe=_name(client.pipe), role=role,
                       why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
                       **({"lost": lost} if lost else {}), **sizes)
@@ -512,17 +542,42 @@ class ZpipesServer:
 
     # --- peer brokers --------------------------------------------------------------------------
 
-    def peer_up(self, peer: str, now: float) -> None:
-        """A peer broker joined (a new life of it: ``peer`` names one session): tell it every
-        end we have, so pipes opened before it came find their other ends."""
+    def set_member(self, member_id: str) -> None:
+        """This broker's id among the members (its cluster start id): the hash that picks
+        pipes' homes takes it. Set before the first peer comes."""
+        if member_id == self.member_id:
+            return
+        old, self.member_id = self.member_id, member_id
+        self._homes.clear()
+        for end, (home, role, pipe) in list(self._registered.items()):
+            if home == old:
+                self._registered[end] = (member_id, role, pipe)
+
+    def peer_up(self, peer: str, now: float, member: str = "",
+                directory: bool = False) -> None:
+        """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
+        its id among the members (the same for all of them); ``directory``: it speaks the
+        pipe directory. Then our ends whose home it now is register with it; otherwise it is
+        told of every end we have, so pipes opened before it came find their other ends."""
         self._now = now
         self.peers.add(peer)
-        for role, name, end in self.pipes.local_ends():
-            self.peer_outbox.append((peer, peering.encode(peering.Attach(role, end, name))))
+        if directory and member and member != self.member_id:
+            self._members[member] = peer
+            self._member_of[peer] = member
+            self._rehome(joined=member)
+            waiting = self._waiting.pop(member, [])
+            self._waiting_count -= len(waiting)
+            self._introduced([g for until, g in waiting if until >= now])
+        else:
+            self._legacy.add(peer)
+            for role, name, end in self.pipes.local_ends():
+                self.peer_outbox.append((peer, peering.encode(peering.Attach(role, end, name))))
+        self._wake()
 
     def peer_down(self, peer: str, now: float) -> None:
         """A peer broker was lost: the streams that ran through it break (*_FAILED "peer
-        lost"), never end quietly."""
+        lost"), never end quietly. What it had registered with us is forgotten, and our ends
+        whose home it was register with their new home: no pipe of other brokers fails."""
         self._now = now
         self.peers.discard(peer)
         lost = [(key, proxy) for key, proxy in self._proxies.items() if key[0] == peer]
@@ -532,6 +587,13 @@ class ZpipesServer:
             self._woken.extend(self.pipes.detach(proxy, PEER_LOST))
         if lost:
             self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
+        self._legacy.discard(peer)
+        member = self._member_of.pop(peer, None)
+        if member is not None:
+            if self._members.get(member) == peer:
+                del self._members[member]
+            self.directory.drop_owner(peer)
+            self._rehome(lost=member)
         self._wake()
 
     def peer_receive(self, peer: str, frames: Sequence[bytes | memoryview], now: float) -> None:
@@ -541,7 +603,10 @@ class ZpipesServer:
             return  # late traffic of a peer already declared lost
         msg = peering.decode(frames)
         if isinstance(msg, peering.Data):
-            proxy = self._proxies.get((peer, msg.writer_end))
+            key = (peer, msg.writer_end)
+            proxy = self._proxies.get(key)
+            if proxy is None and peer in self._member_of and key not in self._tombs:
+                proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_end)
             if proxy is not None:
                 self._woken.extend(self.pipes.deliver(proxy, msg.reader_end, msg.first, msg.chunk))
         elif isinstance(msg, peering.Credit):
@@ -549,26 +614,289 @@ class ZpipesServer:
             if proxy is not None:
                 self._woken.extend(self.pipes.credit(proxy, msg.size))
         elif isinstance(msg, peering.Attach):
-            if (peer, msg.end) not in self._proxies and not pipe_name_problem(msg.pipe):
-                proxy = next(self._end_ids)
-                self._proxies[(peer, msg.end)] = proxy
-                self._proxy_of[proxy] = (peer, msg.end)
-                attach = (self.pipes.attach_reader if msg.role == "reader"
-                          else self.pipes.attach_writer)
-                self._woken.extend(attach(msg.pipe, proxy, remote=True))
-                self.log.info("remote end attached", peer=peer, pipe=_name(msg.pipe),
-                              role=msg.role, remote_end=msg.end)
+            if not pipe_name_problem(msg.pipe):
+                self._attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
         elif isinstance(msg, peering.Detach):
-            proxy = self._proxies.pop((peer, msg.end), None)
-            if proxy is not None:
-                pipe = self.pipes.pipe_of(proxy)
-                del self._proxy_of[proxy]
-                self._woken.extend(self.pipes.detach(proxy, msg.lost))
-                self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
-                              remote_end=msg.end, **({"lost": msg.lost} if msg.lost else {}))
+            self._detach_remote(peer, msg.end, msg.lost)
+        elif isinstance(msg, (peering.Register, peering.Registered, peering.Unregister,
+                              peering.Introduce)):
+            if peer not in self._member_of:
+                self.log.warning("invalid peer message", peer=peer,
+                                 error="a directory message from a peer that did not say it "
+                                       "speaks the directory")
+            elif isinstance(msg, peering.Register):
+                self._home_register(peer, [e for e in msg.entries
+                                           if not pipe_name_problem(e[2])])
+            elif isinstance(msg, peering.Unregister):
+                for end in msg.ends:
+                    self.directory.unregister(peer, end)
+            elif isinstance(msg, peering.Registered):
+                member = self._member_of[peer]
+                for end in msg.ends:
+                    if end in self._awaiting and self._registered[end][0] == member:
+                        self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
+            else:
+                self._introduced(msg.groups)
         else:
             self.log.warning("invalid peer message", peer=peer, error=msg.reason)
         self._wake()
+
+    def _attach_remote(self, peer: str, role: str, end: int, pipe: bytes,
+                       legacy: bool = False) -> int | None:
+        """A proxy for ``peer``'s ``end`` (idempotent); None if it was not made: an end whose
+        DETACH came here (before or after its attachment) is not brought back by a late
+        introduction."""
+        key = (peer, end)
+        proxy = self._proxies.get(key)
+        if proxy is not None:
+            return proxy
+        if not legacy and key in self._tombs:
+            return None
+        proxy = next(self._end_ids)
+        self._proxies[key] = proxy
+        self._proxy_of[proxy] = key
+        attach = self.pipes.attach_reader if role == "reader" else self.pipes.attach_writer
+        self._woken.extend(attach(pipe, proxy, remote=True))
+        self.log.info("remote end attached", peer=peer, pipe=_name(pipe), role=role,
+                      remote_end=end)
+        return proxy
+
+    def _detach_remote(self, peer: str, end: int, lost: str | None) -> None:
+        key = (peer, end)
+        proxy = self._proxies.pop(key, None)
+        if peer in self._member_of:
+            self._tombs[key] = (proxy is not None, lost)
+            self._tombs.move_to_end(key)
+            if len(self._tombs) > MAX_TOMBS:
+                self._tombs.popitem(last=False)
+        if proxy is not None:
+            pipe = self.pipes.pipe_of(proxy)
+            del self._proxy_of[proxy]
+            self._woken.extend(self.pipes.detach(proxy, lost))
+            self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
+                          remote_end=end, **({"lost": lost} if lost else {}))
+
+    def _adopt_writer(self, peer: str, writer_end: int, reader_end: int) -> int | None:
+        """DATA of a writer we were not introduced to yet (the home's INTRODUCE to us is
+        slower than the writer's broker's DATA): the writer is on our reader's pipe."""
+        pipe = self.pipes.pipe_of(reader_end)
+        reader = pipe.readers.get(reader_end) if pipe is not None else None
+        if reader is None or reader.remote:
+            return None
+        return self._attach_remote(peer, "writer", writer_end, pipe.name)
+
+    # --- the pipe directory ------------------------------------------------------------------
+
+    def _announce(self, role: str, end: int, name: bytes) -> None:
+        """A local end was opened: peers without the directory are told, and the end registers
+        with its pipe's home."""
+        if self._legacy:
+            frames = peering.encode(peering.Attach(role, end, name))
+            for peer in self._legacy:
+                self.peer_outbox.append((peer, frames))
+        home = self._home(name)
+        self._registered[end] = (home, role, name)
+        if home == self.member_id:
+            self._home_register(SELF, [(role, end, name, False)])
+            return
+        # A writer's audience is the readers attached when its stream starts. With a reader
+        # here, the stream of a writer here could start before the home has introduced the
+        # readers elsewhere that registered before it: the home is asked to say when it has,
+        # and no writer of the pipe here starts until then.
+        pipe = self.pipes.pipes[name]
+        answer = (any(not r.remote for r in pipe.readers.values())
+                  and any(not w.remote and not w.started for w in pipe.writers.values()))
+        if answer:
+            self._awaiting[end] = name
+            self.pipes.hold(name)
+        self.peer_outbox.append((self._members[home], peering.encode(
+            peering.Register(((role, end, name, answer),)))))
+
+    def _home(self, name: bytes) -> str:
+        cached = self._homes.get(name)
+        if cached is None:
+            cached = self._homes[name] = home_of(name, [self.member_id, *self._members])
+        return cached[1]
+
+    def _told_of(self, end: int) -> list[str]:
+        """The peers that may hold a proxy of our ``end``: those without the directory, those
+        introduced to it, and those whose ends of its pipe we hold (its stream may have gone
+        to them before their introduction reached us)."""
+        told = dict.fromkeys(self._legacy)
+        told.update(dict.fromkeys(self._known_at.pop(end, ())))
+        pipe = self.pipes.pipe_of(end)
+        if pipe is not None and self._member_of:
+            for other in (*pipe.readers.values(), *pipe.writers.values()):
+                if other.remote:
+                    told[self._proxy_of[other.end][0]] = None
+        return [peer for peer in told if peer in self.peers]
+
+    def _unregister(self, end: int, failure: str | None) -> None:
+        """Our ``end`` is closed: its home forgets it; its failure is kept a while, to answer
+        an introduction of it that was on its way."""
+        if self._members:
+            self._gone[end] = failure
+            if len(self._gone) > MAX_GONE:
+                self._gone.popitem(last=False)
+        if end in self._awaiting:
+            self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
+        home, _, name = self._registered.pop(end, ("", "", b""))
+        if home == self.member_id:
+            self.directory.unregister(SELF, end)
+        elif home in self._members:
+            self.peer_outbox.append((self._members[home],
+                                     peering.encode(peering.Unregister((end,)))))
+        if name and not any(self._registered.get(e, ("", "", b""))[2] == name
+                            for e in self._ends_of(name)):
+            self._homes.pop(name, None)
+
+    def _ends_of(self, name: bytes) -> list[int]:
+        pipe = self.pipes.pipes.get(name)
+        if pipe is None:
+            return []
+        return [e for e, x in (*pipe.readers.items(), *pipe.writers.items()) if not x.remote]
+
+    def _rehome(self, joined: str | None = None, lost: str | None = None) -> None:
+        """The members changed: our ends whose pipe's home moved register with the new home
+        (and leave the old one, if it is still a member). Rendezvous hashing moves only the
+        pipes the newcomer wins, or those of the member lost."""
+        members = [self.member_id, *self._members]
+        by_pipe: dict[bytes, list[int]] = {}
+        for end, (_, _, name) in self._registered.items():
+            by_pipe.setdefault(name, []).append(end)
+        register: dict[str, list[tuple[str, int, bytes, bool]]] = {}
+        unregister: dict[str, list[int]] = {}
+        homes: dict[bytes, tuple[int, str]] = {}
+        for name, ends in by_pipe.items():
+            cached = self._homes.get(name)
+            if cached is None or (lost is not None and cached[1] == lost):
+                new = home_of(name, members)
+            elif joined is not None:
+                new = max(cached, (score(joined, name), joined))
+            else:
+                new = cached
+            homes[name] = new
+            for end in ends:
+                old, role, _ = self._registered[end]
+                if old == new[1]:
+                    continue
+                self._registered[end] = (new[1], role, name)
+                if old == self.member_id:
+                    self.directory.unregister(SELF, end)
+                elif old in self._members:
+                    unregister.setdefault(old, []).append(end)
+                register.setdefault(new[1], []).append((role, end, name,
+                                                        end in self._awaiting))
+        self._homes = homes
+        for member, ends in unregister.items():
+            for i in range(0, len(ends), peering.MAX_BATCH):
+                self.peer_outbox.append((self._members[member], peering.encode(
+                    peering.Unregister(tuple(ends[i:i + peering.MAX_BATCH])))))
+        for member, entries in register.items():
+            if member == self.member_id:
+                self._home_register(SELF, entries)
+                for _, end, _, answer in entries:
+                    if answer:
+                        self._woken.extend(self.pipes.release(self._awaiting.pop(end)))
+                continue
+            for i in range(0, len(entries), peering.MAX_BATCH):
+                self.peer_outbox.append((self._members[member], peering.encode(
+                    peering.Register(tuple(entries[i:i + peering.MAX_BATCH])))))
+
+    def _home_register(self, owner: str,
+                       entries: Sequence[tuple[str, int, bytes, bool]]) -> None:
+        """Ends registered with us as their home (``owner``: the life of their broker, or
+        SELF): each is introduced to the ends of other brokers it matches, and they to it, in
+        one INTRODUCE per broker; then REGISTERED to the owner for those that ask it."""
+        owner_member = self.member_id if owner == SELF else self._member_of[owner]
+        # recipient -> (pipe, member, role of theirs) -> (theirs, yours)
+        intros: dict[str, dict[tuple[bytes, str, str], tuple[list, list]]] = {}
+        refused = 0
+        answered = [end for _, end, _, answer in entries if answer]
+        for role, end, name, _ in entries:
+            matches = self.directory.register(owner, role, end, name)
+            if matches is None:
+                refused += 1
+                continue
+            for m in matches:
+                member = self.member_id if m.owner == SELF else self._member_of.get(m.owner)
+                if member is None:
+                    continue
+                theirs, yours = intros.setdefault(owner, {}).setdefault(
+                    (name, member, m.role), ([], []))
+                theirs.append((m.role, m.end))
+                yours.append(end)
+                theirs, yours = intros.setdefault(m.owner, {}).setdefault(
+                    (name, owner_member, role), ([], []))
+                theirs.append((role, end))
+                yours.append(m.end)
+        if len(entries) == 1 and not refused:
+            role, end, name, _ = entries[0]
+            self.log.info("pipe end registered", pipe=_name(name), role=role, end=end,
+                          peer=owner or "self", met=len(intros) - (owner in intros))
+        elif entries:
+            self.log.info("pipe ends registered", ends=len(entries) - refused,
+                          peer=owner or "self")
+        if refused:
+            self.log.warning("directory entries refused", peer=owner or "self", ends=refused,
+                             limit=self.directory.max_per_owner)
+        for recipient, found in intros.items():
+            groups = [peering.Group(name, member, tuple(dict.fromkeys(theirs)),
+                                    tuple(dict.fromkeys(yours)))
+                      for (name, member, _), (theirs, yours) in found.items()]
+            if recipient == SELF:
+                self._introduced(groups)
+                continue
+            for i in range(0, len(groups), peering.MAX_BATCH):
+                self.peer_outbox.append((recipient, peering.encode(
+                    peering.Introduce(tuple(groups[i:i + peering.MAX_BATCH])))))
+        if answered and owner != SELF:  # after its introductions, on the same link
+            self.peer_outbox.append((owner, peering.encode(peering.Registered(tuple(answered)))))
+
+    def _introduced(self, groups: Sequence[peering.Group]) -> None:
+        """A home says: these ends of another broker match these of ours."""
+        for group in groups:
+            if group.member == self.member_id or not group.theirs \
+                    or pipe_name_problem(group.pipe):
+                continue
+            peer = self._members.get(group.member)
+            if peer is None:  # not (yet) a peer of ours: kept until it is, a while
+                self._wait_for(group)
+            else:
+                self._meet(peer, group)
+
+    def _meet(self, peer: str, group: peering.Group) -> None:
+        """Attach ``peer``'s ends of the group; our ends of it that have gone are detached on
+        its side (it was told of them at the same time as we of its ends)."""
+        alive = []
+        mine = OPPOSITE[group.theirs[0][0]]
+        for end in group.yours:
+            client = self._by_end.get(end)
+            if client is not None and client.pipe == group.pipe:
+                alive.append(end)
+                continue
+            failure = self._gone.get(end, _UNKNOWN) if mine == "writer" else None
+            self.peer_outbox.append((peer, peering.encode(peering.Detach(end, failure))))
+        if not alive:
+            return
+        for end in alive:
+            self._known_at.setdefault(end, set()).add(peer)
+        for role, end in group.theirs:
+            tomb = self._tombs.get((peer, end))
+            if tomb is None:
+                self._attach_remote(peer, role, end, group.pipe)
+            elif not tomb[0] and role == "writer" and tomb[1] is None:
+                # it closed before its introduction reached us: the readers it was matched
+                # with saw it close (and it sent them nothing, or it would be attached)
+                self._woken.extend(self.pipes.saw_close(alive))
+
+    def _wait_for(self, group: peering.Group) -> None:
+        waiting = self._waiting.setdefault(group.member, [])
+        waiting.append((self._now + INTRO_WAIT, group))
+        self._waiting_count += 1
+        while self._waiting_count > MAX_WAITING:
+            _, dropped = self._waiting.popitem(last=False)
+            self._waiting_count -= len(dropped)
 
     def _to_peers(self) -> None:
         """Turn what the pipe table has for remote ends into peer messages."""
@@ -582,11 +910,6 @@ class ZpipesServer:
             if owner is not None:
                 self.peer_outbox.append(
                     (owner[0], peering.encode(peering.Credit(reader_end, size))))
-
-    def _broadcast(self, msg: peering.PeerMessage) -> None:
-        frames = peering.encode(msg)
-        for peer in self.peers:
-            self.peer_outbox.append((peer, frames))
 
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""

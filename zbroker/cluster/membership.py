@@ -73,11 +73,15 @@ class Hello:
     #: the sender takes and sends MEMBERS (gossip.py); brokers of before say nothing of it
     #: and are sent none (so no protocol version of its own)
     gossip: bool = True
+    #: its ZPIPES registers pipe ends with their home broker (zpipes/directory.py) instead of
+    #: telling every peer; brokers of before say nothing of it and are told every end
+    directory: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
-                "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip}
+                "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
+                "directory": self.directory}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -85,7 +89,7 @@ class Hello:
             hello = cls(str(data["id"]), str(data["name"]), str(data["cluster"]),
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
-                        data.get("gossip") is True)
+                        data.get("gossip") is True, data.get("directory") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -119,6 +123,7 @@ class Peer:
     last_sent: float
     suspect_since: float | None = None  # our connection to it closed then
     gossip: bool = False  # it takes MEMBERS
+    directory: bool = False  # its ZPIPES speaks the pipe directory
 
 
 class Named(Protocol):
@@ -259,7 +264,7 @@ class Membership:
             self._last_gossip = now  # one in turn only an interval later
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
-                    now, gossip=hello.gossip)
+                    now, gossip=hello.gossip, directory=hello.directory)
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:

@@ -31,6 +31,7 @@ bounded number of sockets.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import json
@@ -408,9 +409,8 @@ class ClusterNode:
             return
         if "://*:" in hello.endpoint and address:  # it listens on all interfaces: use the
             # address it came from
-            hello = Hello(hello.id, hello.name, hello.cluster,
-                          hello.endpoint.replace("*", address, 1), hello.version, hello.reply,
-                          hello.nonce, hello.echo)
+            hello = dataclasses.replace(hello,
+                                        endpoint=hello.endpoint.replace("*", address, 1))
         own = self.membership.own_contact(hello)
         if own is not None:  # a contact that turned out to be ourselves
             self._static.discard(own)
@@ -481,7 +481,8 @@ class ClusterNode:
             if life is not None:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
-            life = PeerBroker(peer.life, peer.name, peer.endpoint)
+            life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
+                              directory=peer.directory)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             if self._keys is None:  # said on every join: nothing proved who it is

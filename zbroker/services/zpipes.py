@@ -211,7 +211,11 @@ class ZpipesService(Service):
 
     def peer_joined(self, peer: PeerBroker) -> None:
         if self.server is not None:
-            self.server.peer_up(peer.id, self._loop.time())
+            node = self._cluster.node if self._cluster is not None else None
+            if node is not None:
+                self.server.set_member(node.id)
+            self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
+                                directory=peer.directory)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
