@@ -4,7 +4,8 @@
     zmtp.py        ZeroMQ's wire protocol on the server side of a producer's connection (pure)
     receiver.py    the receive endpoint: a ROUTER for producers on asyncio over zmtp.py
     records.py     the records of the log on disk (pure)
-    store.py       the append-only segmented log, group commit in a writer thread
+    store.py       the append-only segmented log, written by a writer thread
+    group_commit.py  when that writer writes and fdatasyncs (pure, clock passed in)
     dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
     actions.py     what the cores ask of the I/O, and what the log reports back (pure)
     queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
