@@ -17,10 +17,14 @@
     placement.py   which cluster peers hold a queue's copies (pure)
     replica_files.py  the files of replication: node id, replica logs, taken-over keys
     server.py      one queue on its sockets, logs and the asyncio loop
+    queue_logs.py  a queue's logs (its own, the copies it holds) and their writers' reports
     consumers.py   the consumers' sockets: send (and its connection events), credit
+    monitor.py     the monitor endpoint: MONITOR requests answered with the counters
+    stream_endpoint.py  the stream endpoint: readers' requests in, answers out, offsets file
     counters.py    the monitor's counters of a queue, gathered from its parts (pure)
     settings.py    what one queue runs with (resolved settings), and the parts made from them
-    sockets.py     a queue's ZeroMQ sockets with their readers; non-blocking sends
+    sockets.py     a queue's ZeroMQ sockets with their readers, its static peers' DEALERs;
+                   non-blocking sends
     service.py     the broker service hosting the configured queues
     client.py      Python producer, consumer and stream consumer
     shell.py       ``zbroker queue put|get``
