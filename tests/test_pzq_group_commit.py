@@ -1,8 +1,10 @@
 """The group-commit policy of the pzq log, rule by rule, without threads, disk or clock: the
-time is a number the test passes (the store's writer on a real disk: test_pzq_store.py)."""
+time is a number the test passes, and a writer that sleeps as the policy says is simulated
+(the store's real writer on a real disk: test_pzq_store.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -10,7 +12,8 @@ import pytest
 
 from zbroker.pzq.group_commit import BACKOFF_MAX, BACKOFF_MIN, GroupCommit
 
-WINDOW = 0.010  # a linger of 1 ms
+WINDOW = 0.010
+LINGER = WINDOW / 10
 
 
 @dataclass
@@ -24,7 +27,8 @@ class Rec:
 class Writer:
     """The policy with the records waiting for the writer, as the store holds them."""
 
-    def __init__(self, sync: str = "batch", window: float = WINDOW, max_batch_bytes: int = 1000):
+    def __init__(self, sync: str = "batch", window: float = WINDOW,
+                 max_batch_bytes: int = 1 << 20):
         self.policy = GroupCommit(sync, window, max_batch_bytes)
         self.waiting: list[Rec] = []
 
@@ -35,6 +39,21 @@ class Writer:
 
     def wait(self, now: float, stopping: bool = False) -> float | None:
         return self.policy.wait(self.waiting, now, stopping)
+
+    def writes_at(self, now: float, arrivals: list[float] = ()) -> float:
+        """The writer looks at ``now`` and sleeps as the policy says, while records come at
+        the times ``arrivals`` (one that says wake, wakes it): when it writes."""
+        arrivals = sorted(arrivals)
+        while (wait := self.wait(now)) != 0.0:
+            wake = math.inf if wait is None else now + wait
+            while arrivals and arrivals[0] <= wake:
+                at = arrivals.pop(0)
+                if self.record(at)[1]:
+                    wake = at
+                    break
+            assert wake < math.inf, "the writer would sleep for ever"
+            now = wake
+        return now
 
     def write(self) -> list[Rec]:
         """The records the write starting now takes."""
@@ -47,40 +66,56 @@ def test_nothing_waiting_means_no_write_and_the_first_record_wakes_the_writer():
     w = Writer()
     assert w.wait(5.0) is None
     assert w.record(5.0) == (0, True)
-    assert w.record(5.0001) == (0, False)  # the writer is waiting for it already
+    assert w.record(5.0001) == (0, False)  # the writer is looking already
 
 
-def test_a_lone_record_is_written_after_the_linger_not_the_window():
+def test_a_lone_record_is_written_after_a_linger_not_the_window():
     w = Writer()
-    w.record(1.0)
-    assert w.wait(1.0) == pytest.approx(WINDOW / 10)
-    assert w.wait(1.0 + WINDOW / 10) == 0.0
+    assert w.writes_at(1.0, [1.0]) == pytest.approx(1.0 + LINGER)
     assert len(w.write()) == 1
-    assert w.wait(1.0 + WINDOW) is None
+    assert w.wait(5.0) is None
 
 
 def test_records_that_keep_coming_are_gathered_until_the_window_ends():
-    w = Writer(max_batch_bytes=1 << 20)
-    step = WINDOW / 20  # every half linger: the linger never runs out
-    for i in range(15):
-        now = 1.0 + i * step
-        w.record(now)
-        assert w.wait(now) > 0, i
-    now = 1.0 + 15 * step
-    w.record(now)
-    assert w.wait(now) == pytest.approx(WINDOW / 10)  # the linger, shorter than the window
-    w.record(1.0 + 19 * step)
-    assert w.wait(1.0 + 19 * step) == pytest.approx(step)  # then the window's end
-    assert w.wait(1.0 + WINDOW) == 0.0
-    assert len(w.write()) == 17
+    w = Writer()
+    steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(100)]  # 5 windows
+    assert w.writes_at(1.0, steady) == pytest.approx(1.0 + WINDOW)
+    assert len(w.write()) == 21  # one write for all that came within the window
+
+
+def test_the_writer_writes_once_a_linger_passed_without_anything_new():
+    w = Writer()
+    burst = [1.0 + i * LINGER / 2 for i in range(6)]  # a burst of 2.5 lingers, then nothing
+    # it looks at 1.0, then at +L, +2L, +3L, each time after something new, and at +4L not
+    assert w.writes_at(1.0, burst) == pytest.approx(1.0 + 4 * LINGER)
+    assert len(w.write()) == 6
+
+
+def test_what_came_during_a_write_gets_one_linger_to_grow_unless_its_window_is_over():
+    w = Writer()
+    w.record(1.0)
+    w.record(1.0 + LINGER / 2)  # came while the writer was writing
+    # the write ends at 1.0 + 2L: the writer looks then, and again a linger later
+    assert w.writes_at(1.0 + 2 * LINGER) == pytest.approx(1.0 + 3 * LINGER)
+    w.write()
+    w.record(2.0)
+    assert w.writes_at(2.0 + WINDOW) == 2.0 + WINDOW  # its window has passed: at once
+
+
+def test_after_a_write_the_writer_looks_afresh():
+    w = Writer(max_batch_bytes=300)
+    at = 1.0 + LINGER / 5
+    assert w.writes_at(1.0, [1.0, at, at, at]) == at  # the fourth record closed batch 0
+    assert len(w.write()) == 3  # batch 1, open, waits
+    # the write ends at 1.0 + L/2: the writer looks then, not on its look of 1.0
+    assert w.writes_at(1.0 + LINGER / 2) == pytest.approx(1.0 + LINGER / 2 + LINGER)
 
 
 def test_an_ack_is_gathered_like_a_record():
     w = Writer()
     assert w.policy.ack(2.0) is True
     assert w.policy.ack(2.0001) is False
-    assert w.wait(2.0001) == pytest.approx(WINDOW / 10)
-    assert w.wait(2.0001 + WINDOW / 10) == 0.0
+    assert w.writes_at(2.0) == pytest.approx(2.0 + LINGER)
     assert w.write() == []  # no record: the ACKs go alone
     assert w.wait(3.0) is None
 
@@ -91,8 +126,7 @@ def test_a_record_past_max_batch_bytes_closes_the_batch_which_is_written_at_once
     assert w.wait(1.0) > 0
     assert w.record(1.0) == (1, True)  # it would take batch 0 past 300: closed, wake up
     assert w.wait(1.0) == 0.0
-    taken = w.write()
-    assert [r.batch for r in taken] == [0, 0, 0]  # the closed batch only
+    assert [r.batch for r in w.write()] == [0, 0, 0]  # the closed batch only
     assert w.wait(1.0) > 0  # the open one gathers on
 
 
@@ -140,15 +174,6 @@ def test_without_a_window_what_comes_is_written_at_once(sync, window):
     assert w.wait(1.0) == 0.0
 
 
-def test_after_a_write_the_window_runs_from_the_oldest_record_left():
-    w = Writer(max_batch_bytes=300)
-    for i in range(4):
-        w.record(1.0 + i * 0.001)
-    w.write()  # batch 0; the record of batch 1 came at 1.003: its window ends at 1.013
-    w.record(1.0125)  # not from the first record (1.0) nor from this one
-    assert w.wait(1.0125) == pytest.approx(1.003 + WINDOW - 1.0125)
-
-
 def test_a_failed_write_holds_the_next_for_a_backoff_doubling_to_its_cap():
     w = Writer(sync="always")
     now = 10.0
@@ -164,8 +189,7 @@ def test_a_failed_write_holds_the_next_for_a_backoff_doubling_to_its_cap():
     assert all(a <= b for a, b in pairwise(waits))
     assert waits[-1] == BACKOFF_MAX
     assert w.wait(now) is None  # nothing waiting: no backoff to wait out
-    w.record(now)
-    assert w.wait(now + BACKOFF_MAX) == 0.0
+    assert w.writes_at(now, [now]) == now + BACKOFF_MAX
     w.write()
     w.policy.written(True, now + BACKOFF_MAX)
     w.record(now + BACKOFF_MAX)
@@ -176,7 +200,7 @@ def test_a_failed_write_holds_the_next_for_a_backoff_doubling_to_its_cap():
 
 
 def test_stopping_ends_every_wait():
-    w = Writer(max_batch_bytes=300)
+    w = Writer()
     w.record(1.0)
     w.policy.written(False, 1.0)
     assert w.wait(1.0) > 0

@@ -7,8 +7,8 @@ arrival order and asks this policy, under the store's lock, what to do:
     batch, wake = policy.record(size, now)  # a record is queued: its batch number, and
                                             # whether the writer must look now
     wake = policy.ack(now)                  # an ACK is queued (or a queued record ACKed)
-    policy.wait(waiting, now, stopping)     # 0: write now; None: nothing waits; else
-                                            # seconds to wait at most (then ask again)
+    policy.wait(waiting, now, stopping)     # the writer looks: 0, write now; None, nothing
+                                            # waits; else seconds to sleep (then look again)
     n = policy.take(waiting)                # the write starting now takes waiting[:n] and
                                             # every ACK queued
     policy.written(ok, now)                 # how that write went
@@ -16,15 +16,16 @@ arrival order and asks this policy, under the store's lock, what to do:
 Sync modes:
 
     batch   a batch gathers records for up to ``window`` seconds after the first one waiting
-            while they keep coming, then the writer writes and fdatasyncs once. When nothing
-            new comes for a tenth of the window (``linger``: a producer that waits for each
-            ACK, a burst that ended), it writes at once: a lone message is not held for the
-            whole window. A batch holds at most ``max_batch_bytes`` (or one message, if
-            larger): it closes when the next record would take it past that, a closed batch
-            is written at once, and one write takes whole batches of at most
-            ``max_batch_bytes`` of live records together (one batch at least), so that the
-            first messages of a burst are ACKed after their own part of it is synced, not
-            after the whole burst.
+            while they keep coming, then the writer writes and fdatasyncs once. Gathering,
+            the writer looks every tenth of the window (``linger``) from when it began, and
+            writes as soon as nothing new came in the last one (a producer that waits for
+            each ACK, a burst that ended): a lone message is not held for the whole window,
+            and what came while the writer was writing is given one linger to grow. A batch
+            holds at most ``max_batch_bytes`` (or one message, if larger): it closes when
+            the next record would take it past that, a closed batch is written at once, and
+            one write takes whole batches of at most ``max_batch_bytes`` of live records
+            together (one batch at least), so that the first messages of a burst are ACKed
+            after their own part of it is synced, not after the whole burst.
     always  one fdatasync per message: each record is a batch of its own and one write takes
             one live record (records ACKed before they were written, and ACK records, ride
             along); no gathering.
@@ -74,7 +75,9 @@ class GroupCommit:
         self.batch = 0  # the open batch: the number of the records queued now
         self.open_bytes = 0  # bytes queued in the open batch
         self.first_at: float | None = None  # when the oldest record or ACK waiting came
-        self.last_at = 0.0  # when the last one came
+        self.arrivals = 0  # records and ACKs queued so far
+        self._look: tuple[float, int] | None = None  # gathering: when the writer last
+        # looked, and the arrivals then
         self.backoff = 0.0  # how long the write after a failed one waits
         self.retry_at = 0.0  # no write before this (a failed write's backoff)
 
@@ -98,7 +101,7 @@ class GroupCommit:
         return self._arrived(now)
 
     def _arrived(self, now: float) -> bool:
-        self.last_at = now
+        self.arrivals += 1
         if self.first_at is None:
             self.first_at = now
             return True
@@ -106,17 +109,26 @@ class GroupCommit:
 
     def wait(self, waiting: Sequence[Waiting], now: float, stopping: bool = False
              ) -> float | None:
-        """How long the writer waits before its next write: 0.0, write now; None, nothing
-        waits (an arrival that needs the writer wakes it: record() and ack() say so); else
-        the seconds it may sleep, after which (or after a wake) it asks again."""
+        """The writer looks, at ``now``: how long it waits before its next write. 0.0,
+        write now; None, nothing waits (an arrival that needs the writer wakes it: record()
+        and ack() say so); else the seconds it may sleep, after which (or after a wake) it
+        looks again."""
         if self.first_at is None:
             return None
         if stopping:
             return 0.0
-        due = self.retry_at
-        if self.gathers and not (waiting and waiting[0].batch < self.batch):
-            due = max(due, min(self.first_at + self.window, self.last_at + self.linger))
-        return max(0.0, due - now)
+        if now < self.retry_at:
+            return self.retry_at - now
+        deadline = self.first_at + self.window
+        if not self.gathers or now >= deadline or (waiting and waiting[0].batch < self.batch):
+            return 0.0
+        look = self._look
+        if look is not None and now < look[0] + self.linger:
+            return min(deadline, look[0] + self.linger) - now  # woken before its linger
+        if look is not None and look[1] == self.arrivals:
+            return 0.0  # nothing new for a linger
+        self._look = (now, self.arrivals)
+        return min(deadline - now, self.linger)
 
     def take(self, waiting: Sequence[Waiting]) -> int:
         """How many of the waiting records, oldest first, the write that starts now takes
@@ -130,6 +142,7 @@ class GroupCommit:
                 self.batch += 1  # the open batch is taken: later records start the next
                 self.open_bytes = 0
         self.first_at = waiting[n].at if n < len(waiting) else None
+        self._look = None  # the next write's gathering begins when the writer looks next
         return n
 
     def _whole_batches(self, waiting: Sequence[Waiting]) -> int:
