@@ -6,7 +6,7 @@
     credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py)
     monitor  ROUTER, bound: MONITOR requests (REQ; monitor.py)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT (stream_endpoint.py)
-    peers    DEALER, connected: the static peers our copies go to (replication.py)
+    peers    DEALER, connected: the static peers our copies go to (sockets.StaticPeers)
 
 The decisions are the cores' (queue.py, stream.py, replication.py): the server feeds them what
 arrives, the clock and what the logs wrote, and carries out the actions they return
