@@ -54,7 +54,7 @@ from pzq_baselines import cpu_seconds, redis_case, redis_missing, relay_case
 from pzq_load import free_port, produce_windowed
 
 from zbroker.config import parse_size
-from zbroker.pzq.store import DEFAULT_SYNC, SYNC_MODES
+from zbroker.pzq.group_commit import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:256:batch", "100:64:batch",

@@ -36,15 +36,11 @@ from typing import Any
 
 import yaml
 
+from .pzq.group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW
+from .pzq.group_commit import SYNC_MODES as PZQ_SYNC_MODES
 from .pzq.queue import MODES as PZQ_MODES
 from .pzq.queue import Limits
-from .pzq.store import (
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_SEGMENT_SIZE,
-    DEFAULT_SYNC,
-    DEFAULT_SYNC_WINDOW,
-)
-from .pzq.store import SYNC_MODES as PZQ_SYNC_MODES
+from .pzq.store import DEFAULT_SEGMENT_SIZE
 from .syslog import FORMATS as SYSLOG_FORMATS
 
 #: Where the broker looks for its config when not given one, in order.

@@ -15,6 +15,17 @@ the seqs it placed or failed). The core has a dispatcher (dispatcher.py) and kee
 With ``replicas``, each new message is also handed to the replication core (replication.py)
 through :meth:`QueueCore.take_replication`, and its ACK waits for the copies' confirmations.
 
+Deliveries are the one output that is pulled, not recorded as actions: the I/O calls
+:meth:`QueueCore.next_delivery` while the consumers' sockets take what it sends; a delivery
+that a full connection could not take it gives back with :meth:`QueueCore.unsent` and pauses
+that consumer in the dispatcher, so that the very next pick of the same round goes to another
+consumer (none is picked once all are full). Each send's outcome decides the next pick. Returned as
+actions, deliveries would be picked and encoded before any of them was sent: with a full
+socket, a whole round of them would come back as "unsent" events and be dispatched again in
+another round, which is more code and more work on the hot path, not less. h11 splits it the
+same way: what a connection must send is computed when the caller asks for it (``send()``),
+that is, when the caller can write.
+
 A stream queue (``stream=True``) pushes nothing to consumers: its messages are read by offset
 (their seq) with :meth:`QueueCore.range` and dropped in order with :meth:`QueueCore.commit_below`
 (stream.py serves the requests). ``head`` is the offset just past the last durable message.

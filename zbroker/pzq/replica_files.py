@@ -77,11 +77,15 @@ def load_taken(base: Path) -> dict[str, list[bytes]]:
     return out
 
 
-def remember_taken(base: Path, node_id: str, keys: list[bytes]) -> None:
-    """Append keys (they hold no newline) to ``<node>.taken``. Raises OSError."""
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / f"{node_id}.taken", "ab") as f:
-        f.write(b"".join(k + b"\n" for k in keys))
+def remember_taken(base: Path, node_id: str, keys: list[bytes], log: Any) -> None:
+    """Append keys (they hold no newline) to ``<node>.taken``. If that fails, ``log`` gets
+    a warning: it only costs duplicates, if the origin comes back."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        with open(base / f"{node_id}.taken", "ab") as f:
+            f.write(b"".join(k + b"\n" for k in keys))
+    except OSError as exc:
+        log.warning("pzq cannot record taken-over keys", node=node_id, error=str(exc))
 
 
 def forget_taken(base: Path, node_id: str) -> None:

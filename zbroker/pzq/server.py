@@ -4,14 +4,14 @@
              which can refuse a message before all of it has arrived (libzmq cannot)
     send     DEALER, bound: consumers get messages pushed, send ACKs (consumers.py)
     credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py)
-    monitor  ROUTER, bound: MONITOR requests (REQ)
-    stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT requests (stream.py)
-    peers    DEALER, connected: the static peers our copies go to (replication.py)
+    monitor  ROUTER, bound: MONITOR requests (REQ; monitor.py)
+    stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT (stream_endpoint.py)
+    peers    DEALER, connected: the static peers our copies go to (sockets.StaticPeers)
 
 The decisions are the cores' (queue.py, stream.py, replication.py): the server feeds them what
 arrives, the clock and what the logs wrote, and carries out the actions they return
-(actions.py). The logs are the store's writer threads' (one for the queue, one for the copies
-of each origin it holds); their reports come back through call_soon_threadsafe.
+(actions.py). The logs (queue_logs.py: one for the queue, one for the copies of each origin
+it holds) write in their writer threads and report back on the loop.
 
 Each ZeroMQ socket has a reader (zbroker.zmq_reader, made in sockets.py) that drains it when
 its edge-triggered FD fires; what came is then carried out (``_flush``). Sending on a socket
@@ -22,7 +22,6 @@ socket's reader look again (``recheck``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from typing import Any
 
@@ -49,16 +48,16 @@ from .actions import (
 )
 from .consumers import Consumers
 from .counters import Dropped, queue_counters
+from .monitor import Monitor
 from .queue import Budget, QueueCore
+from .queue_logs import QueueLogs
 from .receiver import EndpointError, Receiver
-from .replica_files import forget_taken, load_node_id, load_taken, open_logs, remember_taken
+from .replica_files import forget_taken, load_node_id, load_taken, remember_taken
 from .replication import ReplicationCore
 from .settings import QueueError, QueueSettings
-from .sockets import Sockets, make_ipc_dir, send_frames
-from .store import Store
+from .sockets import Sockets, StaticPeers, make_ipc_dir
+from .stream_endpoint import StreamEndpoint
 
-STREAM_BUDGET = 100  # stream requests served per turn of the loop (a RANGE answer can be large)
-MONITOR_BUDGET = 100
 STOP_TIMEOUT = 5.0
 
 
@@ -72,7 +71,8 @@ class QueueServer:
         for the peers that took them over while it was gone to say so (TAKEN)."""
         settings.check(cluster=cluster is not None)
         self.settings, self.loop, self.log = settings, loop, log
-        self.store = settings.store(log)
+        self.logs = QueueLogs(settings, loop, log, self._on_batch)
+        self.store = self.logs.own
         # this queue's messages and the copies it holds share one Budget
         self.core = QueueCore(settings.limits(), stream=settings.mode == "stream",
                               budget=Budget())
@@ -84,12 +84,11 @@ class QueueServer:
         self.node = ""
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
-        self._logs: dict[str | None, Store] = {None: self.store}  # by the name actions use
         self._receiver: Receiver | None = None
         self._sockets = Sockets(zmq_context, loop, settings.name, settings.max_message_size)
         self._consumers: Consumers | None = None
-        self._mon = self._stream_sock = self._stream_reader = None
-        self._peers: list[zmq.Socket] = []
+        self._stream_endpoint: StreamEndpoint | None = None
+        self._peers = StaticPeers()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._running = self._serving = False
@@ -98,17 +97,11 @@ class QueueServer:
     # --- life cycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        s = self.settings
-        try:
-            recovered = await self.loop.run_in_executor(None, self.store.open)
-        except OSError as exc:
-            raise QueueError(f"queue {s.name!r}: cannot open its data directory "
-                             f"{str(s.data_dir)!r}: {exc.strerror or exc}") from None
+        recovered = await self.logs.open_own()
         try:
             await self._start(recovered)
         except BaseException:
-            for store in self._logs.values():
-                store.close()
+            self.logs.close_now()
             raise
 
     async def _start(self, recovered: Any) -> None:
@@ -127,17 +120,14 @@ class QueueServer:
             self.core, s.replication(self.node, self.port is not None, self.rejoin_grace),
             taken=load_taken(self._replicas_dir))
         now = self.loop.time()
-        self._logs.update(await self.loop.run_in_executor(
-            None, open_logs, self._replicas_dir, s.max_replica_origins,
-            lambda node, r: rep.restore(node, r.messages, r.next_seq, now),
-            functools.partial(s.store, self.log), self.log))
+        await self.logs.open_copies(
+            self._replicas_dir, lambda node, r: rep.restore(node, r.messages, r.next_seq, now))
         try:
             await self._open_sockets()
         except BaseException:
             self._close_sockets()
             raise
-        for log, store in self._logs.items():
-            store.start(functools.partial(self._batch_threadsafe, log))
+        self.logs.start()
         for seq in stale:
             self.store.ack(seq)
         self._running = True
@@ -159,10 +149,9 @@ class QueueServer:
         self._sockets.stop()
         if self._timer is not None:
             self._timer.cancel()
-        for log, store in self._logs.items():
-            if log is not None:
-                await self.loop.run_in_executor(None, store.close)
-        if not await self.loop.run_in_executor(None, self.store.close, STOP_TIMEOUT):
+        if self._stream_endpoint is not None:
+            self._stream_endpoint.running = False
+        if not await self.logs.close(STOP_TIMEOUT):
             self.log.warning("pzq store did not stop in time", queue=self.settings.name)
         await asyncio.sleep(0)  # the writer's last reports
         await asyncio.sleep(0)
@@ -202,22 +191,17 @@ class QueueServer:
         self._consumers = Consumers(self.core, s, socks, self._flush, self._soon, self.log,
                                     self.dropped)
         if s.monitor_endpoint:
-            self._mon = socks.bind(zmq.ROUTER, s.monitor_endpoint, "monitor")
-            socks.read(self._mon, self._on_monitor, None, MONITOR_BUDGET)
+            Monitor(socks, s.monitor_endpoint, self.counters)
         if self.stream is not None:
-            self._stream_sock = socks.bind(zmq.ROUTER, s.stream_endpoint, "stream")
-            self._stream_reader = socks.read(self._stream_sock, self.stream.serve, self._flush,
-                                             STREAM_BUDGET)
-        for endpoint in s.peers[:s.replicas]:
-            self._peers.append(socks.connect_peer(endpoint))
-        self._peer_readers = [socks.read(peer, self.replication.answer, self._flush)
-                              for peer in self._peers]  # answers to our copies
+            self._stream_endpoint = StreamEndpoint(self.stream, s, socks, self._flush, self.log,
+                                                   self.dropped)
+        self._peers.connect(socks, s.peers[:s.replicas], self.replication.answer, self._flush)
 
     def _close_sockets(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
         self._sockets.close()
-        self._consumers = self._mon = self._stream_sock = None
+        self._consumers = self._stream_endpoint = None
         self._peers.clear()
 
     # --- what comes in ---------------------------------------------------------------------
@@ -250,15 +234,6 @@ class QueueServer:
         if receiver.inbox:
             self._soon()
 
-    def _on_monitor(self, frames: list[bytes]) -> None:
-        envelope = wire.split_monitor_request(frames[1:])
-        if envelope is not None:
-            try:
-                self._mon.send_multipart(
-                    [frames[0], *envelope, wire.monitor_text(self.counters())], zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-
     # --- what goes out ---------------------------------------------------------------------
 
     def _flush(self) -> None:
@@ -282,7 +257,7 @@ class QueueServer:
 
     def _execute(self, actions: list[Any]) -> None:
         """Carry out the cores' actions (actions.py), in order."""
-        logs, receiver = self._logs, self._receiver
+        logs, receiver = self.logs, self._receiver
         for a in actions:
             t = type(a)
             if t is Append:
@@ -298,56 +273,31 @@ class QueueServer:
                 if not self.port.send(a.life, peering.encode(a.message)) and a.recopy:
                     self.replication.peer_unreachable(a.life)
             elif t is SendStatic:
-                frames = peering.encode_replica(a.message)
-                for sock in self._peers:
-                    try:
-                        send_frames(sock, frames)
-                    except zmq.ZMQError:
-                        pass  # unreachable: a copy times out (REPLICATION_FAILED)
-                for reader in self._peer_readers:
-                    reader.recheck()
+                self._peers.send(peering.encode_replica(a.message))
             elif t is Confirm:
                 self._confirmations.append(a)
             elif t is Move:
                 logs[a.log].move(a.seq, a.key, a.msg_id, a.frames)
             elif t is StreamReply:
-                try:
-                    send_frames(self._stream_sock, a.frames)
-                except zmq.ZMQError:  # that reader's connection is full or gone: it asks again
-                    self.dropped.stream_replies += 1
-                self._stream_reader.recheck()
+                self._stream_endpoint.reply(a.frames)
             elif t is WriteCommitted:
-                future = self.loop.run_in_executor(None, stream.save_offsets,
-                                                   self.settings.data_dir, a.offsets)
-                future.add_done_callback(functools.partial(self._committed_written, a.offsets))
-            elif t is OpenLog:  # a new origin's: empty (origins are never dropped at run time)
-                store = logs[a.log] = self.settings.store(self.log, a.log)
-                store.open()
-                store.start(functools.partial(self._batch_threadsafe, a.log))
+                self._stream_endpoint.write_committed(a.offsets)
+            elif t is OpenLog:
+                logs.open_origin(a.log)
             elif t is Log:
                 getattr(self.log, a.level)(a.event, **a.fields)
             elif t is RememberTaken:
-                try:
-                    remember_taken(self._replicas_dir, a.node_id, a.keys)
-                except OSError as exc:  # only costs duplicates if the origin comes back
-                    self.log.warning("pzq cannot record taken-over keys", node=a.node_id,
-                                     error=str(exc))
+                remember_taken(self._replicas_dir, a.node_id, a.keys, self.log)
             elif t is ForgetTaken:
                 forget_taken(self._replicas_dir, a.node_id)
 
     # --- the logs and the clock ------------------------------------------------------------
 
-    def _batch_threadsafe(self, log: str | None, result: BatchResult) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._on_batch, log, result)
-        except RuntimeError:
-            pass  # the loop is closed
-
     def _on_batch(self, log: str | None, result: BatchResult) -> None:
         if log is None and result.error is not None:  # the store logs when writes fail
             self.log.debug("pzq store write failed", queue=self.settings.name,
                            error=result.error, messages=len(result.failed))
-        store, core = self._logs[log], self.replication.log_core(log)
+        store, core = self.logs[log], self.replication.log_core(log)
         store.complete(result)
         if core is not None:
             core.batch_done(result)
@@ -355,21 +305,10 @@ class QueueServer:
                 core.compact(store.to_compact(core.backlog_bytes))
         self._flush()
 
-    def _committed_written(self, value: stream.Offsets, future: asyncio.Future[None]) -> None:
-        if not self._running or future.cancelled():
-            return  # stopping: the offsets file holds it; the log is cleaned at the next start
-        error = None
-        if (exc := future.exception()) is not None:
-            error = f"commit failed: {getattr(exc, 'strerror', None) or exc}"
-            self.log.warning("pzq stream commit failed", queue=self.settings.name,
-                             groups=value.groups, error=error)
-        self.stream.committed_written(value, error)
-        self._flush()
-
     def _schedule_timer(self) -> None:
         at = self.replication.next_wakeup(self.settings.reaper_frequency)
-        if self.stream is not None and (due_us := self.stream.next_deadline()) is not None:
-            stream_at = self.loop.time() + max(0.0, (due_us - time.time_ns() / 1000) / 1e6)
+        if self._stream_endpoint is not None and (
+                stream_at := self._stream_endpoint.next_wakeup()) is not None:
             at = stream_at if at is None else min(at, stream_at)
         if at is not None and at < self._timer_at:
             if self._timer is not None:

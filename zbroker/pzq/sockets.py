@@ -1,10 +1,10 @@
-"""The ZeroMQ sockets of a queue, each with its reader (zbroker.zmq_reader), and frames moved
-on them without blocking, at the least cost per frame."""
+"""The ZeroMQ sockets of a queue, each with its reader (zbroker.zmq_reader), the DEALERs to its
+static peers, and frames moved on them without blocking, at the least cost per frame."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,39 @@ class Sockets:
         self.socks.clear()
         self.readers.clear()
         self._monitored.clear()
+
+
+class StaticPeers:
+    """The DEALERs to a queue's static peer queues (their receive endpoints): replication
+    messages (peering.py) go to every one, their answers come back to a handler."""
+
+    def __init__(self) -> None:
+        self.socks: list[zmq.Socket] = []
+        self._readers: list[SocketReader] = []
+
+    def connect(self, sockets: Sockets, endpoints: Sequence[str],
+                answer: Callable[[list[Any]], None], after: Callable[[], None]) -> None:
+        """Connect to ``endpoints``; ``answer`` each message from them, ``after`` each
+        drain."""
+        for endpoint in endpoints:
+            self.socks.append(sockets.connect_peer(endpoint))
+            self._readers.append(sockets.read(self.socks[-1], answer, after))
+
+    def send(self, frames: list[bytes]) -> None:
+        """To every peer; one that cannot take it now goes without (a copy then times out:
+        REPLICATION_FAILED)."""
+        for sock in self.socks:
+            try:
+                send_frames(sock, frames)
+            except zmq.ZMQError:
+                pass
+        for reader in self._readers:
+            reader.recheck()
+
+    def clear(self) -> None:
+        """Forget the sockets (Sockets.close closes them)."""
+        self.socks.clear()
+        self._readers.clear()
 
 
 def send_frames(sock: zmq.Socket, frames: list[bytes]) -> None:

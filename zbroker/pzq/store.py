@@ -4,29 +4,17 @@ The event loop calls :meth:`Store.append` and :meth:`Store.ack`; they only queue
 memory. One writer thread takes what has queued, writes it to the current segment with one
 ``write`` and (unless ``sync: none``) one ``fdatasync``, then reports a :class:`BatchResult`
 through the ``notify`` callable (which the caller makes thread-safe). Producer ACKs go out on
-that report, so the event loop never waits for the disk.
-
-Sync modes:
-
-    batch   the writer gathers records for up to ``sync_window`` seconds after the first
-            one of a batch while they keep coming, then writes and fdatasyncs once. When
-            nothing new arrives for a tenth of the window (a producer that waits for each
-            ACK, a burst that ended), it writes at once: a lone message is not held for the
-            whole window. A batch holds at most
-            ``max_batch_bytes`` (or one message, if larger): it closes there, and the writer
-            writes a closed batch at once and never takes more than that many bytes for one
-            fdatasync, so the first messages of a burst are ACKed after their own part of it
-            is synced, not after the whole burst.
-    always  one fdatasync per message (no grouping of messages; ACK records ride along).
-    none    write without fdatasync: the report comes after the write to the page cache.
+that report, so the event loop never waits for the disk. When to write and what to take (the
+sync modes, the window, batches of at most ``max_batch_bytes``, the backoff after a failed
+write) is the group-commit policy's (group_commit.py): the writer thread asks it.
 
 Write avoidance: a message ACKed by its consumer while its record is still queued (not yet
 taken by the writer) is never written, nor is its ACK record; its batch still completes, so
 its producer still gets its ACK. ``avoided_messages`` / ``avoided_bytes`` count this.
 
 Write errors (disk full, read-only, no permission): the batch fails (its producers are
-answered "0", its ACK records are queued again) and the writer waits before the next write,
-from BACKOFF_MIN doubling up to BACKOFF_MAX while writes keep failing; it logs "store write
+answered "0", its ACK records are queued again) and the writer waits before the next write
+(the policy's backoff, doubling while writes keep failing); it logs "store write
 failing" once with the error and "store writable again" with the number of failed writes when
 one succeeds. While failing it writes on in the segment it has (cut back to its last good
 record after each failure) and creates no new segment file. Segments whose messages are all
@@ -57,19 +45,13 @@ from typing import Any
 from ..stats import BATCH_BOUNDS, Buckets
 from . import records
 from .actions import BatchResult
+from .group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW, GroupCommit
 
-SYNC_MODES = ("batch", "always", "none")
-#: a Store's defaults, and so a queue's (zbroker.config.PzqQueueConfig refers to them)
-DEFAULT_SYNC = "batch"
-DEFAULT_SYNC_WINDOW = 0.002  # seconds a batch gathers messages before its fdatasync
-DEFAULT_SEGMENT_SIZE = 64 << 20
-DEFAULT_MAX_BATCH_BYTES = 1 << 20  # a batch closes there: one fdatasync covers at most this
+DEFAULT_SEGMENT_SIZE = 64 << 20  # a Store's default, and so a queue's (zbroker.config)
 SUFFIX = ".seg"
 GATHER_MIN = 4096  # parts this large are written from where they are, not copied
 IOV_MAX = 1024
 STOP_TIMEOUT = 10.0
-BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling while it fails
-BACKOFF_MAX = 1.0
 
 
 def _open_lock_file(directory: Path) -> int:
@@ -180,26 +162,18 @@ class Store:
                  sync_window: float = DEFAULT_SYNC_WINDOW,
                  segment_size: int = DEFAULT_SEGMENT_SIZE,
                  max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, log: Any = None):
-        if sync not in SYNC_MODES:
-            raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
-        if max_batch_bytes <= 0:
-            raise ValueError(f"max_batch_bytes must be > 0, got {max_batch_bytes}")
+        policy = GroupCommit(sync, sync_window, max_batch_bytes)  # checks the settings
         self.directory = Path(directory)
         self.sync = sync
-        self.sync_window = max(0.0, sync_window)
         self.segment_size = segment_size
-        self.max_batch_bytes = max_batch_bytes
         self.log = log
         # shared with the writer thread, under _cond
         self._cond = threading.Condition()
+        self._policy = policy  # when the writer writes, and what it takes
         self._pending: list[_Entry] = []
         self._pending_by_seq: dict[int, _Entry] = {}
         self._pending_acks: list[int] = []
         self._pending_bytes = 0
-        self._open_bytes = 0  # bytes appended to the open batch (number _batch_no)
-        self._first_at = 0.0
-        self._arrivals = 0  # records and ACKs queued so far (the writer sees if more came)
-        self._batch_no = 0
         self._delete_below = -1
         self._delete_current = -1  # good_writes the loop had seen when it let the current go
         self._stopping = False
@@ -211,7 +185,6 @@ class Store:
         self._dir_fd = -1
         self._lock_fd = -1
         self._dirty = False  # a failed write may have left part of a record at the end
-        self._backoff = 0.0
         self._good_writes = 0
         self.failing = 0  # failed writes since the last good one (written by the writer)
         # event loop side
@@ -338,20 +311,10 @@ class Store:
         size = sum(len(p) for p in parts) + records.HEADER.size
         now = time.monotonic()
         with self._cond:
-            if self._open_bytes and self._open_bytes + size > self.max_batch_bytes:
-                self._batch_no += 1  # the open batch is full: closed, to be written now
-                self._open_bytes = 0
+            batch, wake = self._policy.record(size, now)
+            if wake:
                 self._cond.notify()
-            batch = self._batch_no
-            if self.sync == "always":
-                self._batch_no += 1
-            else:
-                self._open_bytes += size
             entry = _Entry(seq, batch, parts, size, now, count=count)
-            self._arrivals += 1
-            if not self._pending:
-                self._first_at = now
-                self._cond.notify()
             self._pending.append(entry)
             if count == 1:
                 self._pending_by_seq[seq] = entry
@@ -365,8 +328,10 @@ class Store:
         """The consumer is done with message ``seq``: make that durable (or, if its record
         is still queued, drop the record: write avoidance)."""
         moved = seq in self._live or seq in self._moving  # on disk already, being moved
+        now = time.monotonic()
         with self._cond:
-            self._arrivals += 1
+            if self._policy.ack(now):
+                self._cond.notify()
             entry = self._pending_by_seq.pop(seq, None)
             if entry is not None and entry.count > 1:
                 self._ack_in_batch(entry, seq)
@@ -379,9 +344,6 @@ class Store:
                     self.avoided_messages += 1
                     self.avoided_bytes += entry.size
                     return
-            if not self._pending and not self._pending_acks:
-                self._first_at = time.monotonic()
-                self._cond.notify()
             self._pending_acks.append(seq)
         segment = self._live.pop(seq, None)
         if segment is not None:
@@ -440,6 +402,7 @@ class Store:
             if result.failed_acks:  # ACKs must not be lost: queue them again
                 with self._cond:
                     self._pending_acks.extend(result.failed_acks)
+                    self._policy.ack(time.monotonic())
                     self._cond.notify()
             self._collect()  # segments with nothing unACKed left can go: it frees space
             return
@@ -509,25 +472,17 @@ class Store:
     # --- the writer thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        policy, cond = self._policy, self._cond
         while True:
-            with self._cond:
-                while not (self._pending or self._pending_acks or self._stopping
-                           or self._delete_below > 0):
-                    self._cond.wait(1.0)
-                first_at = self._first_at
-                stopping = self._stopping
-            if self.sync == "batch" and self.sync_window > 0 and not stopping:
-                self._gather(first_at + self.sync_window, self.sync_window / 10)
-            with self._cond:
-                if self.sync == "always" and self._pending:
-                    n = next((i + 1 for i, e in enumerate(self._pending) if e.alive),
-                             len(self._pending))
-                else:
-                    n = self._batch_prefix()
+            with cond:
+                while True:  # until the policy says write, or a stop or deletes want it
+                    wait = policy.wait(self._pending, time.monotonic(), self._stopping)
+                    if wait == 0.0 or (wait is None and (self._stopping
+                                                         or self._delete_below > 0)):
+                        break
+                    cond.wait(wait)
+                n = policy.take(self._pending)
                 taken, self._pending = self._pending[:n], self._pending[n:]
-                if taken and self.sync != "always" and taken[-1].batch == self._batch_no:
-                    self._batch_no += 1  # the open batch is taken: later messages go on
-                    self._open_bytes = 0
                 for e in taken:
                     if e.count > 1:
                         by_seq = self._pending_by_seq
@@ -542,16 +497,15 @@ class Store:
                 acks, self._pending_acks = self._pending_acks, []
                 delete_below, self._delete_below = self._delete_below, -1
                 delete_current, self._delete_current = self._delete_current, -1
-                if self._pending:
-                    self._first_at = self._pending[0].at
-                elif self._pending_acks:
-                    self._first_at = time.monotonic()
-                done = self._stopping and not self._pending and not self._pending_acks
+                stopping = self._stopping
+                done = stopping and not self._pending and not self._pending_acks
             failed = False
             if taken or acks:
                 result = self._write(taken, acks)
                 failed = result.error is not None
                 self._note(result.error)
+                with cond:
+                    policy.written(not failed, time.monotonic())
                 if self._notify is not None:
                     try:
                         self._notify(result)
@@ -561,61 +515,19 @@ class Store:
                 self._delete(delete_below, delete_current)
             if done or (failed and stopping):
                 return  # stopping on a failing disk: what could not be written is lost
-            if failed:
-                with self._cond:  # wait before trying again (a stop ends the wait)
-                    self._cond.wait_for(lambda: self._stopping, self._backoff)
 
     def _note(self, error: str | None) -> None:
-        """Keep the failing state: log its start (once) and its end; set the backoff."""
+        """Keep the failing state: log its start (once) and its end."""
         if error is None:
             if self.failing and self.log is not None:
                 self.log.info("pzq store writable again", directory=str(self.directory),
                               failures=self.failing)
             self.failing = 0
-            self._backoff = 0.0
             return
         if not self.failing and self.log is not None:
             self.log.warning("pzq store write failing", directory=str(self.directory),
                              error=error)
         self.failing += 1
-        self._backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self._backoff * 2))
-
-    def _gather(self, deadline: float, linger: float) -> None:
-        """Wait for more records until ``deadline``, as long as some arrive every
-        ``linger`` seconds; return early when a batch is closed (full) or on stop."""
-        with self._cond:
-            while True:
-                delay = deadline - time.monotonic()
-                if delay <= 0 or self._stopping or self._closed_pending():
-                    return
-                seen = self._arrivals
-                self._cond.wait_for(lambda: self._stopping or self._closed_pending(),
-                                    min(delay, linger))
-                if self._arrivals == seen:
-                    return  # nothing came for a linger: write now
-
-    def _closed_pending(self) -> bool:
-        """A closed batch (full: max_batch_bytes) waits: no reason to gather longer."""
-        return bool(self._pending) and self._pending[0].batch < self._batch_no
-
-    def _batch_prefix(self) -> int:
-        """How many pending entries the next write takes: whole batches, at most
-        max_batch_bytes of live records (at least one batch)."""
-        pending, cap = self._pending, self.max_batch_bytes
-        total = 0
-        n = 0
-        i = 0
-        while i < len(pending):
-            batch, size, j = pending[i].batch, 0, i
-            while j < len(pending) and pending[j].batch == batch:
-                if pending[j].alive:
-                    size += pending[j].size
-                j += 1
-            if n and total + size > cap:
-                break
-            total += size
-            n = i = j
-        return n
 
     def _write(self, taken: list[_Entry], acks: list[int]) -> BatchResult:
         batches = tuple(sorted({e.batch for e in taken}))

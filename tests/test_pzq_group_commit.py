@@ -1,0 +1,215 @@
+"""The group-commit policy of the pzq log, rule by rule, without threads, disk or clock: the
+time is a number the test passes, and a writer that sleeps as the policy says is simulated
+(the store's real writer on a real disk: test_pzq_store.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+
+import pytest
+
+from zbroker.pzq.group_commit import BACKOFF_MAX, BACKOFF_MIN, GroupCommit
+
+WINDOW = 0.010
+LINGER = WINDOW / 10
+
+
+@dataclass
+class Rec:
+    batch: int
+    size: int
+    at: float
+    alive: bool = True
+
+
+class Writer:
+    """The policy with the records waiting for the writer, as the store holds them."""
+
+    def __init__(self, sync: str = "batch", window: float = WINDOW,
+                 max_batch_bytes: int = 1 << 20):
+        self.policy = GroupCommit(sync, window, max_batch_bytes)
+        self.waiting: list[Rec] = []
+
+    def record(self, at: float, size: int = 100) -> tuple[int, bool]:
+        batch, wake = self.policy.record(size, at)
+        self.waiting.append(Rec(batch, size, at))
+        return batch, wake
+
+    def wait(self, now: float, stopping: bool = False) -> float | None:
+        return self.policy.wait(self.waiting, now, stopping)
+
+    def writes_at(self, now: float, arrivals: list[float] = ()) -> float:
+        """The writer looks at ``now`` and sleeps as the policy says, while records come at
+        the times ``arrivals`` (one that says wake, wakes it): when it writes."""
+        arrivals = sorted(arrivals)
+        while (wait := self.wait(now)) != 0.0:
+            wake = math.inf if wait is None else now + wait
+            while arrivals and arrivals[0] <= wake:
+                at = arrivals.pop(0)
+                if self.record(at)[1]:
+                    wake = at
+                    break
+            assert wake < math.inf, "the writer would sleep for ever"
+            now = wake
+        return now
+
+    def write(self) -> list[Rec]:
+        """The records the write starting now takes."""
+        n = self.policy.take(self.waiting)
+        taken, self.waiting = self.waiting[:n], self.waiting[n:]
+        return taken
+
+
+def test_nothing_waiting_means_no_write_and_the_first_record_wakes_the_writer():
+    w = Writer()
+    assert w.wait(5.0) is None
+    assert w.record(5.0) == (0, True)
+    assert w.record(5.0001) == (0, False)  # the writer is looking already
+
+
+def test_a_lone_record_is_written_after_a_linger_not_the_window():
+    w = Writer()
+    assert w.writes_at(1.0, [1.0]) == pytest.approx(1.0 + LINGER)
+    assert len(w.write()) == 1
+    assert w.wait(5.0) is None
+
+
+def test_records_that_keep_coming_are_gathered_until_the_window_ends():
+    w = Writer()
+    steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(100)]  # 5 windows
+    assert w.writes_at(1.0, steady) == pytest.approx(1.0 + WINDOW)
+    assert len(w.write()) == 21  # one write for all that came within the window
+
+
+def test_the_writer_writes_once_a_linger_passed_without_anything_new():
+    w = Writer()
+    burst = [1.0 + i * LINGER / 2 for i in range(6)]  # a burst of 2.5 lingers, then nothing
+    # it looks at 1.0, then at +L, +2L, +3L, each time after something new, and at +4L not
+    assert w.writes_at(1.0, burst) == pytest.approx(1.0 + 4 * LINGER)
+    assert len(w.write()) == 6
+
+
+def test_what_came_during_a_write_gets_one_linger_to_grow_unless_its_window_is_over():
+    w = Writer()
+    w.record(1.0)
+    w.record(1.0 + LINGER / 2)  # came while the writer was writing
+    # the write ends at 1.0 + 2L: the writer looks then, and again a linger later
+    assert w.writes_at(1.0 + 2 * LINGER) == pytest.approx(1.0 + 3 * LINGER)
+    w.write()
+    w.record(2.0)
+    assert w.writes_at(2.0 + WINDOW) == 2.0 + WINDOW  # its window has passed: at once
+
+
+def test_after_a_write_the_writer_looks_afresh():
+    w = Writer(max_batch_bytes=300)
+    at = 1.0 + LINGER / 5
+    assert w.writes_at(1.0, [1.0, at, at, at]) == at  # the fourth record closed batch 0
+    assert len(w.write()) == 3  # batch 1, open, waits
+    # the write ends at 1.0 + L/2: the writer looks then, not on its look of 1.0
+    assert w.writes_at(1.0 + LINGER / 2) == pytest.approx(1.0 + LINGER / 2 + LINGER)
+
+
+def test_an_ack_is_gathered_like_a_record():
+    w = Writer()
+    assert w.policy.ack(2.0) is True
+    assert w.policy.ack(2.0001) is False
+    assert w.writes_at(2.0) == pytest.approx(2.0 + LINGER)
+    assert w.write() == []  # no record: the ACKs go alone
+    assert w.wait(3.0) is None
+
+
+def test_a_record_past_max_batch_bytes_closes_the_batch_which_is_written_at_once():
+    w = Writer(max_batch_bytes=300)
+    assert [w.record(1.0)[0] for _ in range(3)] == [0, 0, 0]  # 300 bytes: full, still open
+    assert w.wait(1.0) > 0
+    assert w.record(1.0) == (1, True)  # it would take batch 0 past 300: closed, wake up
+    assert w.wait(1.0) == 0.0
+    assert [r.batch for r in w.write()] == [0, 0, 0]  # the closed batch only
+    assert w.wait(1.0) > 0  # the open one gathers on
+
+
+def test_one_write_takes_whole_batches_up_to_max_batch_bytes_of_live_records():
+    w = Writer(max_batch_bytes=300)
+    for _ in range(10):
+        w.record(1.0)
+    assert [r.batch for r in w.waiting] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert [r.batch for r in w.write()] == [0, 0, 0]
+    for r in w.waiting[:3]:
+        r.alive = False  # batch 1, ACKed before it was written: it costs no bytes
+    assert [r.batch for r in w.write()] == [1, 1, 1, 2, 2, 2]
+    assert [r.batch for r in w.write()] == [3]  # the open batch: taken, so it closes
+    assert w.record(1.0)[0] == 4
+
+
+def test_a_record_larger_than_max_batch_bytes_is_a_batch_of_its_own():
+    w = Writer(max_batch_bytes=300)
+    assert w.record(1.0, 100)[0] == 0
+    assert w.record(1.0, 5000)[0] == 1
+    assert w.record(1.0, 100)[0] == 2
+    assert [r.size for r in w.write()] == [100]
+    assert [r.size for r in w.write()] == [5000]  # alone, over the cap: one batch at least
+    assert [r.size for r in w.write()] == [100]
+
+
+def test_sync_always_writes_one_message_a_write_and_does_not_gather():
+    w = Writer(sync="always")
+    assert [w.record(1.0)[0] for _ in range(3)] == [0, 1, 2]
+    assert w.wait(1.0) == 0.0
+    w.waiting[0].alive = False  # ACKed before it was written: rides with the next live one
+    assert [r.batch for r in w.write()] == [0, 1]
+    assert w.wait(1.0) == 0.0
+    assert [r.batch for r in w.write()] == [2]
+    assert w.wait(1.0) is None
+
+
+@pytest.mark.parametrize("sync, window", [("none", WINDOW), ("batch", 0.0)])
+def test_without_a_window_what_comes_is_written_at_once(sync, window):
+    w = Writer(sync=sync, window=window, max_batch_bytes=300)
+    for _ in range(4):
+        w.record(1.0)
+    assert w.wait(1.0) == 0.0
+    assert len(w.write()) == 3  # max_batch_bytes still bounds one write
+    assert w.wait(1.0) == 0.0
+
+
+def test_a_failed_write_holds_the_next_for_a_backoff_doubling_to_its_cap():
+    w = Writer(sync="always")
+    now = 10.0
+    waits = []
+    for _ in range(10):
+        w.record(now)
+        w.write()
+        w.policy.written(False, now)
+        w.record(now)
+        waits.append(w.wait(now))
+        w.write()
+    assert waits[:3] == pytest.approx([BACKOFF_MIN, 2 * BACKOFF_MIN, 4 * BACKOFF_MIN])
+    assert all(a <= b for a, b in pairwise(waits))
+    assert waits[-1] == BACKOFF_MAX
+    assert w.wait(now) is None  # nothing waiting: no backoff to wait out
+    assert w.writes_at(now, [now]) == now + BACKOFF_MAX
+    w.write()
+    w.policy.written(True, now + BACKOFF_MAX)
+    w.record(now + BACKOFF_MAX)
+    assert w.wait(now + BACKOFF_MAX) == 0.0  # a good write: no more backoff
+    w.write()
+    w.policy.written(False, now + 2)
+    assert w.policy.backoff == BACKOFF_MIN  # it starts again from the least
+
+
+def test_stopping_ends_every_wait():
+    w = Writer()
+    w.record(1.0)
+    w.policy.written(False, 1.0)
+    assert w.wait(1.0) > 0
+    assert w.wait(1.0, stopping=True) == 0.0
+    w.write()
+    assert w.wait(1.0, stopping=True) is None  # nothing left: the writer can stop
+
+
+@pytest.mark.parametrize("kw", [{"sync": "sometimes"}, {"max_batch_bytes": 0}])
+def test_bad_settings_are_refused(kw):
+    with pytest.raises(ValueError):
+        GroupCommit(**kw)

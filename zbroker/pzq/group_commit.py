@@ -1,0 +1,170 @@
+"""When a log's writer writes and fdatasyncs: the group-commit policy. No threads, no files,
+no clock (the time is passed in).
+
+The store (store.py) queues records in memory as they come; its writer thread holds them in
+arrival order and asks this policy, under the store's lock, what to do:
+
+    batch, wake = policy.record(size, now)  # a record is queued: its batch number, and
+                                            # whether the writer must look now
+    wake = policy.ack(now)                  # an ACK is queued (or a queued record ACKed)
+    policy.wait(waiting, now, stopping)     # the writer looks: 0, write now; None, nothing
+                                            # waits; else seconds to sleep (then look again)
+    n = policy.take(waiting)                # the write starting now takes waiting[:n] and
+                                            # every ACK queued
+    policy.written(ok, now)                 # how that write went
+
+Sync modes:
+
+    batch   a batch gathers records for up to ``window`` seconds after the first one waiting
+            while they keep coming, then the writer writes and fdatasyncs once. Gathering,
+            the writer looks every tenth of the window (``linger``) from when it began, and
+            writes as soon as nothing new came in the last one (a producer that waits for
+            each ACK, a burst that ended): a lone message is not held for the whole window,
+            and what came while the writer was writing is given one linger to grow. A batch
+            holds at most ``max_batch_bytes`` (or one message, if larger): it closes when
+            the next record would take it past that, a closed batch is written at once, and
+            one write takes whole batches of at most ``max_batch_bytes`` of live records
+            together (one batch at least), so that the first messages of a burst are ACKed
+            after their own part of it is synced, not after the whole burst.
+    always  one fdatasync per message: each record is a batch of its own and one write takes
+            one live record (records ACKed before they were written, and ACK records, ride
+            along); no gathering.
+    none    no fdatasync: batches as in ``batch``, written as soon as they are there.
+
+After a failed write, the next one waits ``backoff``: BACKOFF_MIN, doubling while writes keep
+failing, up to BACKOFF_MAX; a good write resets it. Stopping ends every wait: what waits is
+written at once, whole batches of at most ``max_batch_bytes`` a write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+SYNC_MODES = ("batch", "always", "none")
+#: a Store's defaults, and so a queue's (zbroker.config.PzqQueueConfig refers to them)
+DEFAULT_SYNC = "batch"
+DEFAULT_SYNC_WINDOW = 0.002  # seconds a batch gathers messages before its fdatasync
+DEFAULT_MAX_BATCH_BYTES = 1 << 20  # a batch closes there: one fdatasync covers at most this
+LINGER = 0.1  # of the window: written once nothing new came for that long
+BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling while it fails
+BACKOFF_MAX = 1.0
+
+
+class Waiting(Protocol):
+    """A record waiting for the writer, as the policy sees it."""
+
+    batch: int  # the number record() gave it
+    size: int  # bytes, as given to record()
+    alive: bool  # False: ACKed before it was written, so not written (it costs no bytes)
+    at: float  # when it was queued
+
+
+class GroupCommit:
+    def __init__(self, sync: str = DEFAULT_SYNC, window: float = DEFAULT_SYNC_WINDOW,
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES):
+        if sync not in SYNC_MODES:
+            raise ValueError(f"sync must be one of {SYNC_MODES}, got {sync!r}")
+        if max_batch_bytes <= 0:
+            raise ValueError(f"max_batch_bytes must be > 0, got {max_batch_bytes}")
+        self.sync = sync
+        self.window = max(0.0, window)
+        self.linger = self.window * LINGER
+        self.max_batch_bytes = max_batch_bytes
+        self.gathers = sync == "batch" and self.window > 0
+        self.batch = 0  # the open batch: the number of the records queued now
+        self.open_bytes = 0  # bytes queued in the open batch
+        self.first_at: float | None = None  # when the oldest record or ACK waiting came
+        self.arrivals = 0  # records and ACKs queued so far
+        self._look: tuple[float, int] | None = None  # gathering: when the writer last
+        # looked, and the arrivals then
+        self.backoff = 0.0  # how long the write after a failed one waits
+        self.retry_at = 0.0  # no write before this (a failed write's backoff)
+
+    def record(self, size: int, now: float) -> tuple[int, bool]:
+        """A record of ``size`` bytes is queued: (its batch number, whether the writer must
+        look now: it is the first thing waiting, or it closed the batch before it)."""
+        closed = bool(self.open_bytes) and self.open_bytes + size > self.max_batch_bytes
+        if closed:
+            self.batch += 1
+            self.open_bytes = 0
+        batch = self.batch
+        if self.sync == "always":
+            self.batch += 1
+        else:
+            self.open_bytes += size
+        return batch, self._arrived(now) or closed
+
+    def ack(self, now: float) -> bool:
+        """An ACK record is queued, or a queued record ACKed (new records may follow):
+        whether the writer must look now (it is the first thing waiting)."""
+        return self._arrived(now)
+
+    def _arrived(self, now: float) -> bool:
+        self.arrivals += 1
+        if self.first_at is None:
+            self.first_at = now
+            return True
+        return False
+
+    def wait(self, waiting: Sequence[Waiting], now: float, stopping: bool = False
+             ) -> float | None:
+        """The writer looks, at ``now``: how long it waits before its next write. 0.0,
+        write now; None, nothing waits (an arrival that needs the writer wakes it: record()
+        and ack() say so); else the seconds it may sleep, after which (or after a wake) it
+        looks again."""
+        if self.first_at is None:
+            return None
+        if stopping:
+            return 0.0
+        if now < self.retry_at:
+            return self.retry_at - now
+        deadline = self.first_at + self.window
+        if not self.gathers or now >= deadline or (waiting and waiting[0].batch < self.batch):
+            return 0.0
+        look = self._look
+        if look is not None and now < look[0] + self.linger:
+            return min(deadline, look[0] + self.linger) - now  # woken before its linger
+        if look is not None and look[1] == self.arrivals:
+            return 0.0  # nothing new for a linger
+        self._look = (now, self.arrivals)
+        return min(deadline - now, self.linger)
+
+    def take(self, waiting: Sequence[Waiting]) -> int:
+        """How many of the waiting records, oldest first, the write that starts now takes
+        (every ACK queued goes with it): whole batches, at most ``max_batch_bytes`` of live
+        records (one batch at least); with ``always``, up to the first live record."""
+        if self.sync == "always":
+            n = next((i + 1 for i, e in enumerate(waiting) if e.alive), len(waiting))
+        else:
+            n = self._whole_batches(waiting)
+            if n and waiting[n - 1].batch == self.batch:
+                self.batch += 1  # the open batch is taken: later records start the next
+                self.open_bytes = 0
+        self.first_at = waiting[n].at if n < len(waiting) else None
+        self._look = None  # the next write's gathering begins when the writer looks next
+        return n
+
+    def _whole_batches(self, waiting: Sequence[Waiting]) -> int:
+        cap = self.max_batch_bytes
+        total = n = i = 0
+        while i < len(waiting):
+            batch, size, j = waiting[i].batch, 0, i
+            while j < len(waiting) and waiting[j].batch == batch:
+                if waiting[j].alive:
+                    size += waiting[j].size
+                j += 1
+            if n and total + size > cap:
+                break
+            total += size
+            n = i = j
+        return n
+
+    def written(self, ok: bool, now: float) -> None:
+        """The write went well (``ok``) or failed: a failed one holds the next for the
+        backoff, doubled from the last."""
+        if ok:
+            self.backoff = self.retry_at = 0.0
+        else:
+            self.backoff = min(BACKOFF_MAX, max(BACKOFF_MIN, self.backoff * 2))
+            self.retry_at = now + self.backoff
