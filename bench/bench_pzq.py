@@ -185,6 +185,16 @@ def consumer(endpoint: str, n: int, out) -> None:
     out.send((last, got))
 
 
+def wait_listening(endpoint: str, timeout: float = 10.0) -> None:
+    """Until the tcp://127.0.0.1:PORT ``endpoint`` takes connections (or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))) == 0:
+                return
+        time.sleep(0.05)
+
+
 def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
               ) -> tuple[subprocess.Popen, str, str, str, str]:
     receive = f"tcp://127.0.0.1:{free_port()}"
@@ -199,12 +209,7 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
          "--max-backlog", "2GiB", "--log-level", "warning",
          *(["--sync-max-bytes", str(max_sync)] if max_sync else [])],
         env=env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", int(send.rsplit(":", 1)[1]))) == 0:
-                break
-        time.sleep(0.05)
+    wait_listening(send)
     return proc, receive, send, credit, mon
 
 
@@ -234,12 +239,7 @@ def start_broker_queue(data: Path, sync: str, window_us: int, max_sync: int | No
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "zbroker", f"bench-{uuid.uuid4().hex[:8]}",
                              "--config", str(path)], env=env, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", int(send.rsplit(":", 1)[1]))) == 0:
-                break
-        time.sleep(0.05)
+    wait_listening(send)
     return proc, receive, send, credit, mon
 
 

@@ -196,6 +196,17 @@ class Host:
         """The broker's own pid (``ip netns exec`` execs it, so it is the Popen's)."""
         return self.broker.pid
 
+    def zmq_sockets(self) -> int:
+        """ZeroMQ sockets of the broker: each has one eventfd (its mailbox)."""
+        fds = f"/proc/{self.broker_pid()}/fd"
+        count = 0
+        for fd in os.listdir(fds):
+            try:
+                count += os.readlink(f"{fds}/{fd}") == "anon_inode:[eventfd]"
+            except OSError:
+                pass
+        return count
+
 
 class Testbed:
     def __init__(self, hosts: int | Sequence[int], base: Path) -> None:

@@ -401,18 +401,6 @@ def fd_count(host):
     return len(os.listdir(f"/proc/{host.broker_pid()}/fd"))
 
 
-def zmq_socket_count(host):
-    """ZeroMQ sockets of the broker: each has one eventfd (its mailbox)."""
-    fds = f"/proc/{host.broker_pid()}/fd"
-    count = 0
-    for fd in os.listdir(fds):
-        try:
-            count += os.readlink(f"{fds}/{fd}") == "anon_inode:[eventfd]"
-        except OSError:
-            pass
-    return count
-
-
 def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     """A hostile process says HELLO 600 times with made-up ids and endpoints (closed ports, hosts
     that do not exist, ZeroMQ sockets that never answer as a broker, malformed ones): the
@@ -422,7 +410,7 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     a, b, evil = bed.hosts
     a.start_broker({"cluster": {"discovery": False}})
     time.sleep(0.5)
-    base, base_sockets = fd_count(a), zmq_socket_count(a)
+    base, base_sockets = fd_count(a), a.zmq_sockets()
     peak_sockets = base_sockets
     flood = evil.python(HELLO_FLOOD, a.endpoint, evil.address, "600", stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -430,7 +418,7 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     deadline = time.monotonic() + 30
     line = b""
     while not line and time.monotonic() < deadline:
-        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, a.zmq_sockets())
         if flood.poll() is not None:
             raise AssertionError(flood.stderr.read().decode())
         time.sleep(0.05)
@@ -438,11 +426,11 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
             line = flood.stdout.readline()
     assert line.startswith(b"sent"), line
     for _ in range(60):  # the flood reaches the broker and what it made up expires
-        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, a.zmq_sockets())
         time.sleep(0.1)
     settle = time.monotonic() + 20
     while fd_count(a) > base + 16 and time.monotonic() < settle:
-        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, zmq_socket_count(a))
+        peak, peak_sockets = max(peak, fd_count(a)), max(peak_sockets, a.zmq_sockets())
         time.sleep(0.2)
     after = fd_count(a)
     stderr = (a.dir / "broker.stderr").read_text(errors="replace")
