@@ -18,7 +18,8 @@ Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes 
 /dev/null``, against ``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo
 pipe; beside, the CPU seconds per GiB of the broker and of the two ``zpipes`` clients (writer +
 reader, each process's user + system time as the kernel counts it when it ends, start-up
-included). Latency (``latency``): one small line written
+included), and what one client's start-up alone costs (a pair that moves one byte): subtract
+it twice per run for the cost of the stream itself. Latency (``latency``): one small line written
 through the client library until the reader has it, against the same through an os.pipe in
 one process.
 
@@ -126,7 +127,7 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
     fifo = tmp / "fifo"
     os.mkfifo(fifo)
     bname = broker.args[len(ZBROKER)]
-    fifo_s, pipe_s, cpu, writer_cpu, reader_cpu = [], [], [], [], []
+    fifo_s, pipe_s, cpu, writer_cpu, reader_cpu, start_cpu = [], [], [], [], [], []
     for i in range(runs):  # interleaved, so that noise hits both alike
         fifo_s.append(timed_pair(f"{source} | cat > {fifo}", f"cat {fifo} > /dev/null", env))
         c = cpu_seconds(broker.pid)
@@ -135,6 +136,8 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
         pipe_s.append(t)
         writer_cpu.append(w)
         reader_cpu.append(r)
+        _, w, r = zpipes_pair("printf x", bname, f"start{i}", env)
+        start_cpu.append((w + r) / 2)
     fifo.unlink()
     f, z = statistics.median(fifo_s), statistics.median(pipe_s)
     clients = [w + r for w, r in zip(writer_cpu, reader_cpu, strict=True)]
@@ -145,8 +148,8 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
     print(f"{name:<28} fifo {nbytes / f / 1e6:8.0f} MB/s   zpipes {nbytes / z / 1e6:8.0f} MB/s"
           f"   ratio {f / z:5.2f}x   CPU s/GiB: broker {per_gib(cpu):5.2f} "
           f"{_spread(cpu, nbytes)}  clients {per_gib(clients):5.2f} {_spread(clients, nbytes)} "
-          f"(write {per_gib(writer_cpu):.2f}, read {per_gib(reader_cpu):.2f})"
-          f"   (median of {runs})")
+          f"(write {per_gib(writer_cpu):.2f}, read {per_gib(reader_cpu):.2f}; start-up "
+          f"{statistics.median(start_cpu):.2f} s each)   (median of {runs})")
 
 
 # --- raw wire: a client like the original C client -------------------------------------------
