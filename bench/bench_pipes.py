@@ -16,7 +16,10 @@ the lowest and highest run in brackets.
 
 Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes read p >
 /dev/null``, against ``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo
-pipe; the broker's CPU seconds per GiB beside. Latency (``latency``): one small line written
+pipe; beside, the CPU seconds per GiB of the broker and of the two ``zpipes`` clients (writer +
+reader, each process's user + system time as the kernel counts it when it ends, start-up
+included), and what one client's start-up alone costs (a pair that moves one byte): subtract
+it twice per run for the cost of the stream itself. Latency (``latency``): one small line written
 through the client library until the reader has it, against the same through an os.pipe in
 one process.
 
@@ -90,26 +93,63 @@ def timed_pair(writer_cmd: str, reader_cmd: str, env: dict) -> float:
     return time.perf_counter() - t
 
 
+def _wait_cpu(proc: subprocess.Popen) -> float:
+    """Wait for ``proc`` to end; the user + system CPU seconds it used (all its threads)."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
+def zpipes_pair(source: str, bname: str, pipe: str, env: dict) -> tuple[float, float, float]:
+    """``source | zpipes write pipe`` into ``zpipes read pipe > /dev/null``: (seconds until both
+    have ended, the writer's CPU seconds, the reader's). The clients are started directly, not
+    through a shell, so that their own CPU time is what is counted."""
+    t = time.perf_counter()
+    with open(os.devnull, "wb") as sink:
+        reader = subprocess.Popen([*ZPIPES, "read", "--broker", bname, pipe], stdout=sink,
+                                  env=env)
+    feed = subprocess.Popen(source, shell=True, stdout=subprocess.PIPE, env=env)
+    writer = subprocess.Popen([*ZPIPES, "write", "--broker", bname, pipe], stdin=feed.stdout,
+                              env=env)
+    feed.stdout.close()
+    writer_cpu = _wait_cpu(writer)
+    reader_cpu = _wait_cpu(reader)
+    feed.wait()
+    if writer.returncode or reader.returncode:
+        raise SystemExit(f"failed: zpipes write/read {pipe} ({writer.returncode}, "
+                         f"{reader.returncode})")
+    return time.perf_counter() - t, writer_cpu, reader_cpu
+
+
 def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tmp: Path,
                runs: int) -> None:
     env = dict(os.environ)
     fifo = tmp / "fifo"
     os.mkfifo(fifo)
-    zp = " ".join(ZPIPES)
     bname = broker.args[len(ZBROKER)]
-    fifo_s, pipe_s, cpu = [], [], []
+    fifo_s, pipe_s, cpu, writer_cpu, reader_cpu, start_cpu = [], [], [], [], [], []
     for i in range(runs):  # interleaved, so that noise hits both alike
         fifo_s.append(timed_pair(f"{source} | cat > {fifo}", f"cat {fifo} > /dev/null", env))
         c = cpu_seconds(broker.pid)
-        pipe_s.append(timed_pair(f"{source} | {zp} write --broker {bname} bench{i}",
-                                 f"{zp} read --broker {bname} bench{i} > /dev/null", env))
+        t, w, r = zpipes_pair(source, bname, f"bench{i}", env)
         cpu.append(cpu_seconds(broker.pid) - c)
+        pipe_s.append(t)
+        writer_cpu.append(w)
+        reader_cpu.append(r)
+        _, w, r = zpipes_pair("printf x", bname, f"start{i}", env)
+        start_cpu.append((w + r) / 2)
     fifo.unlink()
     f, z = statistics.median(fifo_s), statistics.median(pipe_s)
+    clients = [w + r for w, r in zip(writer_cpu, reader_cpu, strict=True)]
+
+    def per_gib(xs: list[float]) -> float:
+        return statistics.median(xs) * GIB / nbytes
+
     print(f"{name:<28} fifo {nbytes / f / 1e6:8.0f} MB/s   zpipes {nbytes / z / 1e6:8.0f} MB/s"
-          f"   ratio {f / z:5.2f}x   broker CPU {statistics.median(cpu) * GIB / nbytes:5.2f} s/GiB "
-          f"{_spread(cpu, nbytes)}"
-          f"   (median of {runs})")
+          f"   ratio {f / z:5.2f}x   CPU s/GiB: broker {per_gib(cpu):5.2f} "
+          f"{_spread(cpu, nbytes)}  clients {per_gib(clients):5.2f} {_spread(clients, nbytes)} "
+          f"(write {per_gib(writer_cpu):.2f}, read {per_gib(reader_cpu):.2f}; start-up "
+          f"{statistics.median(start_cpu):.2f} s each)   (median of {runs})")
 
 
 # --- raw wire: a client like the original C client -------------------------------------------
