@@ -61,6 +61,27 @@ def assert_writer_lost(error: Exception) -> None:
     assert "writer lost" in str(error), repr(error)
 
 
+def through_a_pipe(broker: str, pipe: str, data: bytes, timeout: float = 10.0) -> bytes:
+    """Write ``data`` into ``pipe`` of ``broker`` (the client library) while a thread reads
+    it; returns what the reader got."""
+    import threading
+
+    import zpipes
+
+    got: list[bytes] = []
+
+    def read() -> None:
+        with zpipes.open(pipe, "r", broker=broker, timeout=timeout) as r:
+            got.append(r.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    with zpipes.open(pipe, "w", broker=broker, timeout=timeout) as w:
+        w.write(data)
+    reader.join(timeout)
+    return got[0] if got else b""
+
+
 def cut(data: bytes, sizes: list[int]) -> list[bytes]:
     """``data`` in pieces of the given sizes, cycling; the last piece takes what is left."""
     pieces, pos, i = [], 0, 0

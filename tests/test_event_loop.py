@@ -4,12 +4,10 @@ real broker on each loop moves a pipe's bytes and says in its log which loop it 
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
-from helpers import wait_for
+from helpers import through_a_pipe, wait_for
 
-import zpipes
 from zbroker import event_loop
 
 
@@ -38,15 +36,4 @@ def test_a_broker_on_each_loop_moves_a_pipe(start_broker, monkeypatch, loop):
     b = start_broker()
     wait_for(lambda: f"event_loop={loop}" in b.stderr(), 10, "the broker's start line")
     data = os.urandom(3 << 20)
-    got: list[bytes] = []
-
-    def read() -> None:
-        with zpipes.open("p", "r", broker=b.name, timeout=10) as r:
-            got.append(r.read())
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    with zpipes.open("p", "w", broker=b.name, timeout=10) as w:
-        w.write(data)
-    reader.join(10)
-    assert got == [data]
+    assert through_a_pipe(b.name, "p", data) == data

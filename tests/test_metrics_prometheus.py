@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import threading
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, free_port, wait_for
+from helpers import REPO_ROOT, free_port, through_a_pipe, wait_for
 from metrics_helpers import full_config
 
-import zpipes
 from zbroker.pzq.client import Producer
 
 PROMETHEUS = shutil.which("prometheus")
@@ -110,18 +108,7 @@ def test_prometheus_scrapes_what_a_pipe_and_a_queue_did(start_broker, prometheus
     prom.wait_equal("zbroker_zpipes_written_bytes_total", 0)
 
     data = b"x" * 123_457
-    got: list[bytes] = []
-
-    def read() -> None:
-        with zpipes.open("metered", "r", broker=b.name, timeout=10) as r:
-            got.append(r.read())
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    with zpipes.open("metered", "w", broker=b.name, timeout=10) as w:
-        w.write(data)
-    reader.join(10)
-    assert got == [data]
+    assert through_a_pipe(b.name, "metered", data) == data
 
     producer = Producer(config["services"]["pzq"]["queues"]["jobs"]["receive_endpoint"])
     for i in range(42):
