@@ -54,6 +54,16 @@ def wait_attached(host, pipe, role, count=1, timeout=10.0):
     host.wait_findable(pipe, role, timeout, count=count)
 
 
+def wait_logged(host, event, pipe, role, count=1, timeout=10.0):
+    """Until ``host``'s broker has logged ``event`` for ``count`` ends of ``pipe`` in
+    ``role`` ("pipe opened": by its clients; "remote end attached": of other hosts)."""
+    deadline = time.monotonic() + timeout
+    while sum(1 for e in host.log_events() if e.get("event") == event
+              and e.get("pipe") == pipe and e.get("role") == role) < count:
+        assert time.monotonic() < deadline, f"not {count} x {event} {role} {pipe!r} on {host.name}"
+        time.sleep(0.05)
+
+
 def line_crosses(a, b, pipe, line):
     """A reader on ``b``, then a writer on ``a`` once ``a`` knows of it: ``line`` arrives."""
     r = reader(b, pipe)
@@ -322,6 +332,13 @@ def test_seed_bugs_multi_broker_sequences(testbed):
     # rapid writer opens: a new writer on the reader's host writes too
     w3 = writer(b, "seed")
     wait_attached(b, "seed", "writer", count=2)
+    # and every end open (the four processes may open in any order: one that opened after
+    # the others had finished would find no stream to join), the reader known where the
+    # writers of a are (so it is in their audience)
+    wait_logged(a, "pipe opened", "seed", "writer", count=2)
+    wait_logged(b, "pipe opened", "seed", "writer")
+    wait_logged(b, "pipe opened", "seed", "reader")
+    wait_logged(a, "remote end attached", "seed", "reader")
     for w, line in ((w1, b"w1\n"), (w2, b"w2\n"), (w3, b"w3\n")):
         w.stdin.write(line)
         w.stdin.close()
