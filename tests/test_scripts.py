@@ -58,7 +58,8 @@ def test_test_script_says_its_steps_and_lists_the_slowest_tests(tmp_path):
         assert step in r.stderr
     calls = log.read_text().splitlines()
     assert "ruff check ." in calls
-    assert calls[-1] == "python -m pytest --durations=15 tests/test_x.py"
+    # two workers, one test file per worker at a time
+    assert calls[-1] == "python -m pytest -n 2 --dist loadfile --durations=15 tests/test_x.py"
 
 
 def test_ci_runs_the_readme_test_command():
