@@ -458,9 +458,11 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     assert a.broker.poll() is None
     assert "Traceback" not in stderr and "Traceback" not in a.log_path.read_text(), stderr[-3000:]
     assert a.peers() == set(), a.peers()  # nothing made up was admitted
-    # a link per pending contact (at most 64; closed ones linger a moment until ZeroMQ reaps
-    # them), none left once they are given up; the flood's own connections come and go
-    assert peak_sockets <= base_sockets + 64 + 32, (base_sockets, peak_sockets)
+    # a link per pending contact (at most 64), none left once they are given up; the flood's
+    # own connections come and go. Closed links linger until ZeroMQ's reaper thread gets to
+    # them: a moment on a quiet machine (peak ~72), up to ~75 more when every core is busy
+    # (seen: 148). Unbounded, the 600 HELLOs would make 300+ links.
+    assert peak_sockets <= base_sockets + 64 + 128, (base_sockets, peak_sockets)
     assert after <= base + 16, (base, after)
     assert len(a.log_events()) < 40  # refusals and give-ups counted, not one line each
     # a real broker joins and a pipe crosses
