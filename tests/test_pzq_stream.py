@@ -274,3 +274,28 @@ def test_a_push_queue_has_no_stream_endpoint(start_pzq, ctx):
     with StreamConsumer(q.stream, timeout=0.3, retries=0, context=ctx) as s:
         with pytest.raises(TimeoutError):
             s.head()
+
+
+def test_requests_waiting_for_a_slow_offsets_file_are_bounded_and_the_refused_change_nothing(
+        monkeypatch):
+    from zbroker.pzq import stream
+    monkeypatch.setattr(stream, "MAX_WAITING", 3)
+    monkeypatch.setattr(stream, "BUSY", "busy: 3 requests wait")
+    store = FakeStore()
+    q = store.attach(QueueCore(stream=True))
+    put(q, 5)
+    q.batch_done(store.done(placed=tuple(range(5))))
+    st = StreamCore(q, Offsets({"default": 0}))
+    for end in (1, 2, 3):  # the write of the first is under way; the others wait behind it
+        assert st.request([b"r", b"", b"COMMIT", b"%d" % end]) is None
+        if end == 1:
+            first = st.to_write()
+    busy = [b"r", b"", b"ERROR", b"busy: 3 requests wait"]
+    assert st.request([b"r", b"", b"COMMIT", b"4"]) == busy
+    assert st.request([b"r", b"", b"GROUP", b"new", b"HEAD"]) == busy
+    assert st.request([b"r", b"", b"HEAD"]) == [b"r", b"", b"OK", b"5", b"0"]  # needs no write
+    assert st.written(first, None) == [[b"r", b"", b"OK", b"5", b"1"]]
+    assert st.written(st.to_write(), None) == [[b"r", b"", b"OK", b"5", b"3"]] * 2
+    assert st.to_write() is None  # the refused COMMIT 4 and group were never asked for
+    assert st.offsets.groups == {"default": 3}
+    assert st.request([b"r", b"", b"COMMIT", b"4"]) is None  # room again

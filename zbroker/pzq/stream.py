@@ -48,6 +48,10 @@ from .records import MessageRecord
 OFFSETS_FILE = "stream-offsets"
 DEFAULT_GROUP = wire.DEFAULT_GROUP
 MAX_GROUPS = 64  # reader groups of one queue
+#: requests that may wait for the offsets file at once; past it a request is refused as busy
+#: (a slow or failing disk must not let readers make the queue hold any number of them)
+MAX_WAITING = 10_000
+BUSY = f"busy: {MAX_WAITING} requests wait for the offsets file; ask again"
 
 
 @dataclass
@@ -234,6 +238,8 @@ class StreamCore:
                 return wire.stream_ok(envelope)
             if group not in self._latest().groups:
                 return self._error(envelope, f"no group {group!r} on this queue")
+            if self._busy():
+                return self._error(envelope, BUSY)
             change = self._change()
             del change.groups[group]
             change.lost.pop(group, None)
@@ -245,6 +251,8 @@ class StreamCore:
                     and group not in latest.groups:
                 return self._error(envelope, f"no group {group!r} on this queue: a group is "
                                              "made by its first HEAD or RANGE")
+            if self._busy():
+                return self._error(envelope, BUSY)
             if group not in latest.groups:
                 if len(latest.groups) >= MAX_GROUPS:
                     return self._error(envelope, f"too many groups: at most {MAX_GROUPS} "
@@ -266,6 +274,8 @@ class StreamCore:
         end = min(req.end, core.head)  # (the default group's: at most the head, as before)
         if written or (end <= committed and group not in offsets.lost):
             return wire.stream_ok(envelope, core.head, committed, *lost)  # a no-op: as before
+        if self._busy():
+            return self._error(envelope, BUSY)
         change = self._change()
         change.groups[group] = max(change.groups.get(group, committed), end)
         change.lost.pop(group, None)  # told: it goes on from here
@@ -274,6 +284,10 @@ class StreamCore:
     def _error(self, envelope: list[bytes], reason: str) -> list[bytes]:
         self.errors += 1
         return wire.stream_error(envelope, reason)
+
+    def _busy(self) -> bool:
+        """So many requests wait for the offsets file that one more is refused, unchanged."""
+        return len(self._waiting) >= MAX_WAITING
 
     def _latest(self) -> Offsets:
         """The offsets as they will be once every write asked for is done."""
