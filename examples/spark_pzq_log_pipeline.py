@@ -5,7 +5,7 @@ Spark, the running counts written to parquet and to a pipe that ``zpipes read`` 
     zbroker local &                                     # a broker, for the counts pipe
     zpipes read level-counts &                          # prints the counts as they change
     python examples/produce_logs_pzq.py --lines 20000   # log events into the queue
-    python examples/spark_pzq_log_pipeline.py --out /tmp/pzq-level-counts
+    python examples/spark_pzq_log_pipeline.py --out /tmp/pzq-level-counts --group level-counts
 
 The job reads the queue with ``format("pzq")`` (a message per row, ``body`` a log line), counts
 the events per level (a stateful streaming aggregation, checkpointed in ``<out>/checkpoint``),
@@ -14,6 +14,10 @@ replaced if the batch is replayed) and, with ``format("zpipes")``, as lines
 ``batch=<id> level=<LEVEL> count=<n>`` to pipe ``level-counts``, which it holds open while it
 runs. It stops after ``--idle`` seconds without new events (or, with ``--available-now``, once
 it has read what the queue held when it started) and prints the totals.
+
+With ``--group`` the job reads and commits as its own reader group, so other readers of the
+queue (another job, ``zbroker queue get --group``) each keep their own offset; without it, it
+shares the ``default`` group.
 
 The queue makes it restartable: a micro-batch not yet committed when the job stopped is read
 again after a restart from the same ``--out`` (at least once from the queue; the parquet output
@@ -33,14 +37,16 @@ from spark_log_pipeline import local_session
 
 def start(spark: Any, stream_endpoint: str, broker: str, counts_pipe: str,
           out_dir: str | Path, checkpoint_dir: str | Path, trigger: dict[str, Any] | None = None,
-          max_messages_per_batch: int = 10_000) -> Any:
+          max_messages_per_batch: int = 10_000, group: str | None = None) -> Any:
     """Start the streaming query; returns it. ``zbroker.spark.register(spark)`` must have been
-    called."""
+    called. ``group``: the reader group to read and commit as (None: ``default``)."""
     from pyspark.sql import functions as F
 
-    events = (spark.readStream.format("pzq").option("stream_endpoint", stream_endpoint)
-              .option("queue", "logs").option("max_messages_per_batch", max_messages_per_batch)
-              .load())
+    reader = (spark.readStream.format("pzq").option("stream_endpoint", stream_endpoint)
+              .option("queue", "logs").option("max_messages_per_batch", max_messages_per_batch))
+    if group is not None:
+        reader = reader.option("group", group)
+    events = reader.load()
     parts = F.split(events.body.cast("string"), " ", 4)
     levels = events.select(parts[2].alias("level")).where(F.col("level").isNotNull())
     counts = levels.groupBy("level").count()
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for parquet and checkpoint")
     parser.add_argument("--idle", type=float, default=10.0,
                         help="stop after this many seconds without new events (default 10)")
+    parser.add_argument("--group", default=None,
+                        help="the reader group to read and commit as (default: the queue's "
+                             "default group)")
     parser.add_argument("--available-now", action="store_true",
                         help="read what the queue holds now, then stop")
     args = parser.parse_args(argv)
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     trigger = {"availableNow": True} if args.available_now else None
     with hold_pipe_open(args.counts, broker=args.broker):
         query = start(spark, args.stream_endpoint, args.broker, args.counts, out,
-                      out / "checkpoint", trigger)
+                      out / "checkpoint", trigger, group=args.group)
         print(f"ready: reading queue {args.stream_endpoint}", file=sys.stderr)
         # Idle time counts from the first micro-batch the query completed (the first one
         # takes a while: Spark starts its Python workers).

@@ -338,3 +338,56 @@ def test_the_group_option_is_checked() -> None:
     for bad in ("a b", "x" * 256, "é"):
         with pytest.raises(ValueError, match="option 'group' must be 1 to 255 characters"):
             PzqOptions.parse({"group": bad})
+
+
+# --- the example pipeline --------------------------------------------------------------------
+
+
+def test_example_pzq_pipeline_in_its_own_group_counts_every_event(
+        spark: Any, start_pzq: Any, broker: Any, tmp_path: Path) -> None:
+    import sys
+    import threading
+
+    import zpipes
+    from zbroker.spark.lines import hold_pipe_open
+
+    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    sys.path.insert(0, examples)
+    try:
+        import produce_logs_pzq
+        import spark_pzq_log_pipeline
+    finally:
+        sys.path.remove(examples)
+    q = start_pzq(*STREAM)
+    assert produce_logs_pzq.main(["--endpoint", q.receive, "--lines", "3000", "--seed", "5"]) == 0
+    with StreamConsumer(q.stream, group="check") as c:  # the levels as the queue holds them
+        levels: dict[str, int] = {}
+        for m in c.read(0, c.offsets()[0]):
+            level = m.body.split(b" ", 3)[2].decode()
+            levels[level] = levels.get(level, 0) + 1
+    assert sum(levels.values()) == 3000
+    lines: list[bytes] = []
+    reader = zpipes.open("level-counts", "r", broker=broker.name, timeout=WAIT)
+    collect = threading.Thread(target=lambda: lines.extend(reader), daemon=True)
+    collect.start()
+    out = tmp_path / "out"
+    with hold_pipe_open("level-counts", broker=broker.name):
+        query = spark_pzq_log_pipeline.start(
+            spark, q.stream, broker.name, "level-counts", out, out / "checkpoint",
+            {"availableNow": True}, group="level-counts")
+        try:
+            assert query.awaitTermination(WAIT), "the availableNow query did not end"
+            assert query.exception() is None
+        finally:
+            query.stop()
+    collect.join(WAIT)
+    reader.close()
+    assert spark_pzq_log_pipeline.totals(spark, out) == levels
+    final = {}
+    for line in lines:
+        fields = dict(field.split("=", 1) for field in line.decode().split())
+        final[fields["level"]] = max(final.get(fields["level"], 0), int(fields["count"]))
+    assert final == levels
+    with StreamConsumer(q.stream, group="check") as c:  # it read as its own group only
+        groups = c.groups()
+    assert sorted(groups) == ["check", "level-counts"] and groups["check"] == 0
