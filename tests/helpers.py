@@ -281,8 +281,17 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
             high = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         high = 32768
+    high = max(low + 1000, high)
+    # The suite runs on several workers at once: each takes its ports from its own share of
+    # the range, so two workers never pick the same port in the moment before it is bound.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.isdigit() and workers > 1:
+        share = (high - low) // workers
+        low += int(worker) % workers * share
+        high = low + share
     for _ in range(200):
-        port = random.randrange(low, max(low + 1000, high))
+        port = random.randrange(low, high)
         with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind(("127.0.0.1", port))
