@@ -126,10 +126,12 @@ class Connection:
 
     ``max_frames``/``max_bytes``: a message with more frames, or whose frames with
     ``frame_cost`` each come to more bytes, is refused (:class:`Refused`) as soon as it passes
-    the limit. ``buffered`` is what the connection holds of unfinished input."""
+    the limit. ``buffered`` is what the connection holds of unfinished input. Frames are
+    ``bytes``, or ``bytearray`` with ``writable`` (for a user that edits a frame in place)."""
 
     def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
-                 keep_first: int = 256):
+                 keep_first: int = 256, writable: bool = False):
+        self._frame_type = bytearray if writable else bytes
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.frame_cost = frame_cost
@@ -390,7 +392,7 @@ class Connection:
                 continue
             if end - head < n:
                 break
-            self._frames.append(bytes(buf[head:head + n]))
+            self._frames.append(self._frame_type(buf[head:head + n]))
             self._size += n + self.frame_cost
             pos = head + n
             if not flags & MORE:
