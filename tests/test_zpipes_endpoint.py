@@ -1,0 +1,161 @@
+"""The broker's ZPIPES endpoint as libzmq clients and raw sockets see it: ROUTER routing ids,
+tcp connections (keepalive), ZMTP heartbeats, peers that do not speak ZMTP, endpoints it
+cannot serve, and a slow reader of replies."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import zmq
+from helpers import free_port, rss_bytes, run_zbroker, wait_for, write_config
+from pipe_stream import lockstep
+from wire import (
+    CLOSE_OK,
+    INPUT_OK,
+    OUTPUT_OK,
+    READ_OK,
+    WRITE_OK,
+    RawClient,
+    close,
+    input_,
+    output,
+    read,
+    write,
+)
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _client(ctx: zmq.Context, endpoint: str, routing_id: bytes | None = None,
+            **options: int) -> RawClient:
+    c = RawClient.__new__(RawClient)
+    c.sock = ctx.socket(zmq.DEALER)
+    c.sock.setsockopt(zmq.LINGER, 1000)
+    c.sock.setsockopt(zmq.RCVTIMEO, 5000)
+    if routing_id is not None:
+        c.sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    for name, value in options.items():
+        c.sock.setsockopt(getattr(zmq, name), value)
+    c.sock.connect(endpoint)
+    return c
+
+
+def test_clients_that_ask_for_the_same_routing_id_are_all_served(broker, ctx):
+    """A ROUTER gives a peer the routing id it asks for while that is free, and one of its own
+    otherwise: the second client that asks for a taken id is served all the same."""
+    reader = _client(ctx, broker.endpoint, b"same")
+    writer = _client(ctx, broker.endpoint, b"same")
+    try:
+        assert reader.call(input_(b"ids")) == (INPUT_OK, None)
+        assert writer.call(output(b"ids")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"hello", 0)) == (WRITE_OK, None)
+        assert reader.call(read(100, 0)) == (READ_OK, b"hello")
+        assert writer.call(close()) == (CLOSE_OK, None)
+        assert reader.call(close()) == (CLOSE_OK, None)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def _keepalive_on_accepted(port: int) -> bool:
+    """Whether the broker's end of a connection to ``port`` has its keepalive timer running
+    (/proc/net/tcp: the local port, state ESTABLISHED, timer 2 once nothing is unacked)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, state, timer = fields[1], fields[3], fields[5].split(":")[0]
+            if int(local.split(":")[1], 16) == port and state == "01":
+                return timer == "02"
+    return False
+
+
+def test_a_tcp_endpoint_serves_the_original_client_with_keepalive(start_broker, ctx):
+    port = free_port()
+    b = start_broker(config={"services": {"zpipes": {"endpoint": f"tcp://127.0.0.1:{port}"}}})
+    lockstep(ctx, b.endpoint, b"over-tcp", 8, 64 * KiB)
+    c = RawClient(ctx, b.endpoint)
+    try:
+        assert c.call(input_(b"keep")) == (INPUT_OK, None)
+        wait_for(lambda: _keepalive_on_accepted(port), 5, "the keepalive timer to run")
+    finally:
+        c.close()
+
+
+def test_a_heartbeating_client_is_answered_and_kept(broker, ctx):
+    """A client that sends ZMTP PINGs (libzmq's ZMQ_HEARTBEAT_*) gets PONGs: it stays
+    connected, and its end with it, across a silence longer than its heartbeat timeout."""
+    reader = _client(ctx, broker.endpoint, HEARTBEAT_IVL=50, HEARTBEAT_TIMEOUT=200)
+    writer = RawClient(ctx, broker.endpoint)
+    try:
+        assert reader.call(input_(b"beat")) == (INPUT_OK, None)
+        assert writer.call(output(b"beat")) == (OUTPUT_OK, None)
+        time.sleep(1.0)
+        assert writer.call(write(b"still here", 0)) == (WRITE_OK, None)
+        assert reader.call(read(100, 0)) == (READ_OK, b"still here")
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_peer_that_does_not_speak_zmtp_is_dropped_and_others_go_on(broker, ctx):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect("\0" + broker.endpoint.removeprefix("ipc://@"))
+    try:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        got = b""
+        while True:  # what the broker says (its greeting), then the end of the connection
+            data = s.recv(4096)
+            if not data:
+                break
+            got += data
+    finally:
+        s.close()
+    lockstep(ctx, broker.endpoint, b"after-garbage", 4)
+
+
+def test_an_inproc_endpoint_is_refused_at_start_with_the_reason(tmp_path):
+    cfg = write_config(tmp_path / "zbroker.cfg",
+                       {"services": {"zpipes": {"endpoint": "inproc://zpipes-{name}"}}})
+    r = run_zbroker(["inproc-test", "--config", str(cfg)], cwd=tmp_path)
+    assert r.returncode != 0
+    assert "inproc://zpipes-inproc-test" in r.stderr and "tcp:// and ipc://" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_reader_that_does_not_take_its_replies_cannot_grow_the_broker(broker, ctx):
+    """A reader that keeps asking for data but stops taking it: once a few MiB of replies wait
+    on its connection, the broker stops reading its requests until it takes them, so it holds
+    that much for it, not the writer's stream; the reader gets all of it when it reads again."""
+    reader = _client(ctx, broker.endpoint, RCVHWM=1, SNDTIMEO=100)
+    writer = RawClient(ctx, broker.endpoint)
+    chunk = b"r" * MiB
+    try:
+        assert reader.call(input_(b"slow")) == (INPUT_OK, None)
+        assert writer.call(output(b"slow")) == (OUTPUT_OK, None)
+        before = rss_bytes(broker.pid)
+        written = 0
+        for _ in range(64):  # 64 MiB asked for and offered, while nothing is taken
+            try:
+                reader.send(read(MiB, 0))
+            except zmq.Again:
+                pass
+            if writer.call(write(chunk, 100)) == (WRITE_OK, None):
+                written += MiB
+        grown = rss_bytes(broker.pid) - before
+        assert grown < 32 * MiB, f"the broker grew by {grown >> 20} MiB"
+        got = 0
+        while got < written:
+            kind, data = reader.recv()
+            assert kind == READ_OK
+            got += len(data)
+            try:
+                reader.send(read(MiB, 0))
+            except zmq.Again:
+                pass
+        assert got == written
+    finally:
+        reader.close()
+        writer.close()
