@@ -14,15 +14,20 @@ from wire import (
     CLOSE_OK,
     INPUT_OK,
     OUTPUT_OK,
+    READ_FAILED,
     READ_OK,
+    WRITE_FAILED,
     WRITE_OK,
     RawClient,
     close,
     input_,
     output,
+    parse,
     read,
     write,
 )
+
+from zbroker.pzq import zmtp
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -159,3 +164,69 @@ def test_a_reader_that_does_not_take_its_replies_cannot_grow_the_broker(broker, 
     finally:
         reader.close()
         writer.close()
+
+
+class HandDealer:
+    """A DEALER written by hand (ZMTP 3.0, NULL) on a Unix socket: it sends what libzmq would,
+    but it can send a frame in parts, and wait in between."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(5)
+        self.sock.connect("\0" + endpoint.removeprefix("ipc://@"))
+        self.sock.sendall(zmtp.SIGNATURE + bytes((3, 0)) + b"NULL".ljust(20, b"\0")
+                          + bytes(32))
+        self._exactly(64)  # the broker's greeting
+        self.sock.sendall(zmtp.ready_command(b"DEALER"))
+        flags, _ = self._frame()  # its READY
+        assert flags & zmtp.COMMAND
+
+    def message(self, frame: bytes) -> bytes:
+        return zmtp.encode_message([frame])
+
+    def call(self, frame: bytes) -> tuple[int, bytes | str | None]:
+        self.sock.sendall(self.message(frame))
+        return self.recv()
+
+    def recv(self) -> tuple[int, bytes | str | None]:
+        flags, body = self._frame()
+        assert not flags & (zmtp.MORE | zmtp.COMMAND)
+        return parse(body)
+
+    def _frame(self) -> tuple[int, bytes]:
+        flags = self._exactly(1)[0]
+        size = (int.from_bytes(self._exactly(8), "big") if flags & zmtp.LONG
+                else self._exactly(1)[0])
+        return flags, self._exactly(size)
+
+    def _exactly(self, n: int) -> bytes:
+        got = b""
+        while len(got) < n:
+            data = self.sock.recv(n - len(got))
+            assert data, "the broker closed the connection"
+            got += data
+        return got
+
+
+def test_an_over_size_write_is_refused_as_its_head_arrives(start_broker, ctx):
+    """A WRITE over max_chunk is answered WRITE_FAILED (naming the limit) once its head has
+    come, before the rest of its chunk is even sent; the rest is let go as it comes, and the
+    connection goes on in step. The reader gets what came before it, then the reason."""
+    b = start_broker(config={"services": {"zpipes": {"max_chunk": "1MiB"}}})
+    reader, writer = RawClient(ctx, b.endpoint), HandDealer(b.endpoint)
+    try:
+        assert reader.call(input_(b"head")) == (INPUT_OK, None)
+        assert writer.call(output(b"head")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"a" * 1000, 0)) == (WRITE_OK, None)
+        size = MiB + MiB // 2
+        big = writer.message(write(b"b" * size, 0))
+        writer.sock.sendall(big[:64 * KiB])
+        reason = f"chunk of {size} bytes is over the broker's limit of {MiB} bytes (max_chunk)"
+        assert writer.recv() == (WRITE_FAILED, reason)
+        writer.sock.sendall(big[64 * KiB:])
+        assert writer.call(close()) == (CLOSE_OK, None)
+        assert reader.call(read(MiB, 0)) == (READ_OK, b"a" * 1000)
+        assert reader.call(read(MiB, 0)) == (READ_FAILED, "writer lost: " + reason)
+    finally:
+        reader.close()
+        writer.sock.close()

@@ -19,7 +19,7 @@ No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_e
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MAJOR = 3
@@ -56,10 +56,12 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Refused:
     """A message past the limits: its first frame (cut to ``keep_first`` bytes) and why. The
-    rest of it is skipped as it arrives."""
+    rest of it is skipped as it arrives. ``size``: the length of the frame that passed the
+    limits, when it is a frame's size that did (0 otherwise)."""
 
     first: bytes
     reason: str
+    size: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +382,7 @@ class Connection:
                         f"more than {self.max_frames} frames in a message"
                         if count > self.max_frames else
                         f"Message too large: more than {self.max_bytes} bytes with its "
-                        f"id and headers"))
+                        f"id and headers"), 0 if count > self.max_frames else n)
             if self._skipping:  # let the frame go, as much of it as is here
                 have = min(n, end - head)
                 pos = head + have
@@ -400,8 +402,8 @@ class Connection:
                 self._frames, self._size = [], 0
         return pos
 
-    def _refuse(self, first: bytes, reason: str) -> None:
-        self._events.append(Refused(first, reason))
+    def _refuse(self, first: bytes, reason: str, size: int = 0) -> None:
+        self._events.append(Refused(first, reason, size))
         self._frames, self._size = [], 0
         self._skipping = True
 

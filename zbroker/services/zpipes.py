@@ -25,16 +25,20 @@ from typing import Any
 
 from zbroker.limits import clients_problem
 from zbroker.local_access import PeerCredentials, Policy, default_policy
+from zbroker.pzq import zmtp
 from zbroker.pzq.receiver import EndpointError
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
+from zpipes.protocol import SIGNATURE, MessageId
 from zpipes.server import ServerConfig, ZpipesServer
 
 from .zpipes_endpoint import Endpoint
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
-# Frames up to this many times max_chunk reach the core, which refuses a chunk over max_chunk with
-# WRITE_FAILED naming the limit; larger ones make the transport drop the connection.
+# A WRITE over max_chunk, up to this many times max_chunk, is refused by the core (WRITE_FAILED
+# naming the limit) while its chunk is let go as it arrives; a frame larger than that is no
+# ZPIPES client's, and its connection is dropped.
 FRAME_LIMIT_FACTOR = 2
+_WRITE_HEAD = SIGNATURE + bytes((MessageId.WRITE,))
 MAX_FRAMES = 16  # a ZPIPES message is one frame; a few more reach the core, which says INVALID
 STOP_LINGER_S = 0.5  # how long the last replies may take to go out at stop
 REFUSED_USERS_REMEMBERED = 1024  # uids whose refusal was logged (each is logged once)
@@ -82,6 +86,7 @@ class ZpipesService(Service):
         self._refused: dict[str, int] = {"not allowed": 0, "too many clients": 0}
         self._refused_users: OrderedDict[int, None] = OrderedDict()
         self._full = False  # at max_clients connections (logged once per episode)
+        self._frame_limit = 0  # the largest frame whose connection is not dropped
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -92,11 +97,12 @@ class ZpipesService(Service):
             raise ServiceError(problem)
         self._policy = access_policy(config)
         self._max_connections = config.clients.max_clients
+        self._frame_limit = frame_limit(section.max_chunk)
         self.server = ZpipesServer(server_config(config), ctx.log)
         server = self.server
         ep = Endpoint(ctx.loop, on_message=self._on_message, on_refused=self._on_refused,
                       on_gone=self._on_gone, after_input=self._after_input, admit=self._admit,
-                      max_bytes=frame_limit(section.max_chunk), max_frames=MAX_FRAMES,
+                      max_bytes=section.max_chunk + FRAME_OVERHEAD, max_frames=MAX_FRAMES,
                       log=ctx.log)
         self._receive = server.receive
         try:
@@ -152,7 +158,8 @@ class ZpipesService(Service):
                               "a restart, so that its clients are not dropped",
                               endpoints=self._bound)
         if section.max_chunk != before.max_chunk:
-            self._ep.max_bytes = frame_limit(section.max_chunk)
+            self._ep.max_bytes = section.max_chunk + FRAME_OVERHEAD
+            self._frame_limit = frame_limit(section.max_chunk)
             self._log.info("zpipes max_chunk changed; it applies to connections made from now "
                            "on", max_chunk=section.max_chunk)
         self.server.reconfigure(server_config(new))
@@ -217,12 +224,22 @@ class ZpipesService(Service):
     def _on_message(self, routing_id: bytes, frames: list[Any]) -> None:
         self._receive(routing_id, frames, self._loop.time())
 
-    def _on_refused(self, routing_id: bytes, first: bytes, reason: str) -> None:
-        """A message over the frame limit: its connection is dropped (its client detached as
-        disconnected), as libzmq's ZMQ_MAXMSGSIZE would."""
+    def _on_refused(self, routing_id: bytes, refused: zmtp.Refused) -> None:
+        """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout.
+        A WRITE is refused by the core in its turn (WRITE_FAILED naming the limit), its chunk
+        let go as it arrives, never held; a frame over twice the limit, or anything else that
+        large, is no ZPIPES client's: its connection is dropped (its client detached)."""
+        first, size = refused.first, refused.size
+        if (size and size <= self._frame_limit and _WRITE_HEAD.startswith(first[:3])
+                and (len(first) < 7
+                     or int.from_bytes(first[3:7], "big") == size - FRAME_OVERHEAD)):
+            self.server.receive_withheld_write(routing_id, size - FRAME_OVERHEAD,
+                                               self._loop.time())
+            return
         client = self.server.clients.get(routing_id)
         self._log.warning("zpipes message refused; its connection is dropped",
-                          client=client.id if client is not None else None, reason=reason)
+                          client=client.id if client is not None else None,
+                          reason=refused.reason)
         self._ep.hang_up(routing_id)
 
     def _on_gone(self, routing_id: bytes) -> None:

@@ -56,14 +56,15 @@ class Endpoint:
     """Connections of ZMTP peers to a ROUTER, on ``loop``.
 
     ``on_message(routing_id, frames)`` is called for each message, in order;
-    ``on_refused(routing_id, first, reason)`` for one over the limits; ``on_gone(routing_id)``
+    ``on_refused(routing_id, refused)`` for one over the limits (:class:`zmtp.Refused`, in
+    its turn among the messages: the rest of it is skipped as it arrives); ``on_gone(routing_id)``
     when a connection that had a routing id ends; ``after_input()`` after each read's messages.
     ``admit(peer)`` says why a new connection is refused (None: taken), ``peer`` being its
     peer's credentials on an ipc endpoint, None on tcp."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, *,
                  on_message: Callable[[bytes, list[Any]], None],
-                 on_refused: Callable[[bytes, bytes, str], None],
+                 on_refused: Callable[[bytes, zmtp.Refused], None],
                  on_gone: Callable[[bytes], None],
                  after_input: Callable[[], None],
                  admit: Callable[[PeerCredentials | None], str | None],
@@ -225,7 +226,7 @@ class _Link(asyncio.BufferedProtocol):
             if kind is zmtp.Message:
                 e.on_message(self.routing_id, ev.frames)
             elif kind is zmtp.Refused:
-                e.on_refused(self.routing_id, ev.first, ev.reason)
+                e.on_refused(self.routing_id, ev)
             elif kind is zmtp.Ready:
                 self.routing_id = e.routing_id(ev.routing_id)
                 e.links[self.routing_id] = self
