@@ -230,3 +230,19 @@ def test_an_over_size_write_is_refused_as_its_head_arrives(start_broker, ctx):
     finally:
         reader.close()
         writer.sock.close()
+
+
+def test_a_raised_max_chunk_applies_to_connections_already_open(start_broker, ctx):
+    b = start_broker(config={"services": {"zpipes": {"max_chunk": "64KiB"}}})
+    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    try:
+        assert reader.call(input_(b"raised")) == (INPUT_OK, None)
+        assert writer.call(output(b"raised")) == (OUTPUT_OK, None)
+        r = run_zbroker(["set", "services.zpipes.max_chunk", "1MiB", b.name], cwd=b.dir)
+        assert r.returncode == 0, r.stderr
+        data = b"m" * (200 * KiB)  # over twice the old limit: it dropped the connection
+        assert writer.call(write(data, 0)) == (WRITE_OK, None)
+        assert reader.call(read(MiB, 0)) == (READ_OK, data)
+    finally:
+        reader.close()
+        writer.close()

@@ -87,6 +87,7 @@ class ZpipesService(Service):
         self._refused_users: OrderedDict[int, None] = OrderedDict()
         self._full = False  # at max_clients connections (logged once per episode)
         self._frame_limit = 0  # the largest frame whose connection is not dropped
+        self._serving: asyncio.Task | None = None  # a new endpoint's server, being started
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -152,16 +153,15 @@ class ZpipesService(Service):
         if section.endpoint != before.endpoint and section.endpoint not in self._bound:
             # listen on the new endpoint too; closing the old one would drop its clients
             sock = self._listen(self._ep, section.endpoint)
-            self._loop.create_task(self._ep.serve(sock))
+            self._serving = self._loop.create_task(self._ep.serve(sock))
             self._bound.append(section.endpoint)
             self._log.warning("zpipes bound to a new endpoint; the old one stays bound until "
                               "a restart, so that its clients are not dropped",
                               endpoints=self._bound)
         if section.max_chunk != before.max_chunk:
-            self._ep.max_bytes = section.max_chunk + FRAME_OVERHEAD
+            self._ep.set_max_bytes(section.max_chunk + FRAME_OVERHEAD)
             self._frame_limit = frame_limit(section.max_chunk)
-            self._log.info("zpipes max_chunk changed; it applies to connections made from now "
-                           "on", max_chunk=section.max_chunk)
+            self._log.info("zpipes max_chunk changed", max_chunk=section.max_chunk)
         self.server.reconfigure(server_config(new))
         self._max_connections = new.clients.max_clients
         policy = access_policy(new)

@@ -157,8 +157,15 @@ class Endpoint:
         dirty, self._dirty = self._dirty, []
         for link in dirty:
             out, link.out = link.out, []
-            if link.transport is not None:
-                link.transport.writelines(out)
+            transport = link.transport
+            if transport is not None and not transport.is_closing():
+                transport.writelines(out)
+
+    def set_max_bytes(self, max_bytes: int) -> None:
+        """The limit of a message, from now on, on every connection."""
+        self.max_bytes = max_bytes
+        for link in self._all:
+            link.conn.max_bytes = max_bytes
 
     def hang_up(self, routing_id: bytes) -> None:
         """Close ``routing_id``'s connection once what it was sent is written."""
