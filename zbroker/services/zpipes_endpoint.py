@@ -40,6 +40,8 @@ from zbroker.pzq.receiver import listen_address
 WRITE_HIGH = 4 << 20
 #: what one read from a connection may take; one buffer for all connections
 READ_SIZE = 1 << 20
+#: a frame this large that comes in several reads is read into its own buffer (no copies)
+DIRECT_MIN = 128 << 10
 # TCP keepalive, so that a client host that vanished without closing is noticed (~16 s)
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
@@ -190,7 +192,8 @@ class _Link(asyncio.BufferedProtocol):
     def __init__(self, endpoint: Endpoint):
         self.e = endpoint
         self.conn = zmtp.Connection(endpoint.max_frames, endpoint.max_bytes, keep_first=16,
-                                    writable=True)
+                                    writable=True, direct_min=DIRECT_MIN)
+        self.direct = False  # the last read went to the frame's own buffer
         self.transport: Any = None
         self.routing_id: bytes | None = None
         self.out: list[Any] = []
@@ -223,11 +226,16 @@ class _Link(asyncio.BufferedProtocol):
         transport.write(self.conn.data_to_send())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.e.scratch
+        direct = self.conn.frame_buffer()
+        self.direct = direct is not None
+        return self.e.scratch if direct is None else direct
 
     def buffer_updated(self, nbytes: int) -> None:
         e, conn = self.e, self.conn
-        conn.receive_data(e.scratch[:nbytes])
+        if self.direct:
+            conn.frame_filled(nbytes)
+        else:
+            conn.receive_data(e.scratch[:nbytes])
         for ev in conn.next_events():
             kind = type(ev)
             if kind is zmtp.Message:
