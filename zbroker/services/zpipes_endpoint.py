@@ -15,12 +15,15 @@ through libzmq for what that buys on this path:
   it is skipped as it comes, never held.
 
 Routing ids follow a ROUTER's: the one the peer asked for (ZMTP's Identity) when it is free and
-does not start with a zero byte, else one made here (a zero byte and four more).
+does not start with a zero byte, else one made here (a zero byte and four more). The security
+mechanism is NULL: a peer that asks for CURVE (no ZPIPES client does) is refused.
 
 Sends (:meth:`Endpoint.send`) are queued per connection and written at :meth:`Endpoint.flush`,
 one gathered write per connection, without copying the frames. A connection whose replies are
 not taken (its transport's buffer over ``WRITE_HIGH``) is not read until they are: what it can
-be sent is then bounded by what it asked for before, which the ZPIPES core bounds.
+still be sent is the answers to requests taken before, which the ZPIPES core bounds (one
+request and ``max_pipelined`` queued behind it; a READ's answer at most its size, and at most
+what the pipe holds).
 """
 
 from __future__ import annotations
