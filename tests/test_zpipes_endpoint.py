@@ -1,6 +1,6 @@
 """The broker's ZPIPES endpoint as libzmq clients and raw sockets see it: ROUTER routing ids,
 tcp connections (keepalive), ZMTP heartbeats, peers that do not speak ZMTP, endpoints it
-cannot serve, and a slow reader of replies."""
+cannot serve, a slow reader of replies, and over-size WRITEs answered as their head arrives."""
 
 from __future__ import annotations
 
