@@ -246,3 +246,25 @@ def test_a_raised_max_chunk_applies_to_connections_already_open(start_broker, ct
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_connection_that_never_says_hello_is_dropped_and_frees_its_place(start_broker, ctx):
+    """A connection that does not finish the ZMTP handshake within its timeout is closed, so
+    that silent connections cannot keep the places of clients (clients.max_clients)."""
+    from zbroker.services.zpipes_endpoint import HANDSHAKE_TIMEOUT_S
+
+    b = start_broker(config={"clients": {"max_clients": 2}})
+    silent = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+    try:
+        for s in silent:
+            s.settimeout(HANDSHAKE_TIMEOUT_S + 10)
+            s.connect("\0" + b.endpoint.removeprefix("ipc://@"))
+        t = time.monotonic()
+        for s in silent:
+            while s.recv(4096):  # the broker's greeting, then the end of the connection
+                pass
+        assert time.monotonic() - t >= HANDSHAKE_TIMEOUT_S - 1
+        lockstep(ctx, b.endpoint, b"after-silence", 4)
+    finally:
+        for s in silent:
+            s.close()

@@ -45,6 +45,9 @@ WRITE_HIGH = 4 << 20
 READ_SIZE = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
 DIRECT_MIN = 128 << 10
+#: seconds a connection may take to finish the ZMTP handshake (libzmq's ZMQ_HANDSHAKE_IVL
+#: does the same), so that connections that say nothing cannot keep the places of clients
+HANDSHAKE_TIMEOUT_S = 10.0
 # TCP keepalive, so that a client host that vanished without closing is noticed (~16 s)
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
@@ -197,6 +200,7 @@ class _Link(asyncio.BufferedProtocol):
         self.conn = zmtp.Connection(endpoint.max_frames, endpoint.max_bytes, keep_first=16,
                                     writable=True, direct_min=DIRECT_MIN)
         self.direct = False  # the last read went to the frame's own buffer
+        self.handshake: asyncio.TimerHandle | None = None  # drops it if the handshake lags
         self.transport: Any = None
         self.routing_id: bytes | None = None
         self.out: list[Any] = []
@@ -227,6 +231,14 @@ class _Link(asyncio.BufferedProtocol):
         e._all.add(self)
         transport.set_write_buffer_limits(high=WRITE_HIGH)
         transport.write(self.conn.data_to_send())
+        self.handshake = e.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
+
+    def _handshake_expired(self) -> None:
+        self.handshake = None
+        if self.transport is not None:
+            self.e.log.info("zpipes connection dropped: no ZMTP handshake within "
+                            f"{HANDSHAKE_TIMEOUT_S:g} s", peer=_peer_name(self.transport))
+            self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self.conn.frame_buffer()
@@ -248,6 +260,8 @@ class _Link(asyncio.BufferedProtocol):
             elif kind is zmtp.Ready:
                 self.routing_id = e.routing_id(ev.routing_id)
                 e.links[self.routing_id] = self
+                self.handshake.cancel()
+                self.handshake = None
             else:  # Closed: the peer broke the protocol
                 e.log.warning("zpipes connection dropped", peer=_peer_name(self.transport),
                               reason=ev.reason)
@@ -276,6 +290,9 @@ class _Link(asyncio.BufferedProtocol):
         e = self.e
         self.transport = None
         self.out = []
+        if self.handshake is not None:
+            self.handshake.cancel()
+            self.handshake = None
         if not self.taken:
             return
         self.taken = False
