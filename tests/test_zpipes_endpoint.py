@@ -268,3 +268,23 @@ def test_a_connection_that_never_says_hello_is_dropped_and_frees_its_place(start
     finally:
         for s in silent:
             s.close()
+
+
+def test_an_ipc_endpoint_in_the_file_system_is_taken_over_from_a_dead_broker_only(
+        start_broker, ctx, tmp_path):
+    """A socket file left by a broker that died is replaced; one that a live broker serves is
+    not taken, the second broker says why; a broker that stops removes its file."""
+    path = tmp_path / "zpipes.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a killed broker leaves
+    config = {"services": {"zpipes": {"endpoint": f"ipc://{path}"}}}
+    b = start_broker(config=config)
+    lockstep(ctx, b.endpoint, b"file", 4)
+    second = start_broker(config=config, wait=False)
+    assert second.wait() != 0
+    assert "in use" in second.stderr()
+    lockstep(ctx, b.endpoint, b"still", 4)
+    b.send_signal(15)
+    assert b.wait() == 0
+    assert not path.exists()

@@ -107,7 +107,6 @@ class Endpoint:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             if not address.startswith("\0"):
                 _remove_stale(address)
-                self._paths.append(address)
         try:
             sock.bind(address)
             sock.listen(256)
@@ -115,6 +114,8 @@ class Endpoint:
         except OSError:
             sock.close()
             raise
+        if kind == "ipc" and not address.startswith("\0"):
+            self._paths.append(address)  # ours now: removed at close
         return sock
 
     async def serve(self, sock: socket.socket) -> None:
