@@ -43,6 +43,8 @@ from zbroker.pzq.receiver import listen_address
 WRITE_HIGH = 4 << 20
 #: what one read from a connection may take; one buffer for all connections
 READ_SIZE = 1 << 20
+#: the send buffer of an ipc connection (Linux's default is 208 KiB)
+UNIX_SNDBUF = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
 DIRECT_MIN = 128 << 10
 #: seconds a connection may take to finish the ZMTP handshake (libzmq's ZMQ_HANDSHAKE_IVL
@@ -221,7 +223,11 @@ class _Link(asyncio.BufferedProtocol):
         if why is not None:
             transport.abort()
             return
-        if sock.family != socket.AF_UNIX:
+        if sock.family == socket.AF_UNIX:
+            # a READ_OK of 1 MiB goes out in one write, not five (each a wake-up of its own);
+            # the kernel caps it at net.core.wmem_max. TCP keeps its own sizing (autotuning)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SNDBUF)
+        else:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
