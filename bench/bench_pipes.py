@@ -10,9 +10,11 @@ request outstanding at a time, no PINGs): the writer sends a WRITE of one chunk 
 its WRITE_OK; the reader sends READ(chunk size, timeout 0) and waits for its READ_OK. Chunks of
 64 KiB and 1 MiB. Baseline: the same two clients against a minimal relay written with pyzmq
 alone (a ROUTER that acks WRITEs and answers READs from a buffer, no state machine, no logs):
-what any Python broker pays for the messages themselves. Printed beside the rates: the CPU
-seconds (user + system) that the broker (and the relay) spent per GiB moved, the median with
-the lowest and highest run in brackets.
+what any Python broker pays for the messages themselves on libzmq. A second baseline, the
+"zmtp relay": the same relay on asyncio (uvloop) over the broker's own ZMTP codec, with no
+libzmq on the server side. Printed beside the rates: the CPU seconds (user + system) that each
+spent per GiB moved, the median with the lowest and highest run in brackets, and its ratio to
+the pyzmq relay's.
 
 Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes read p >
 /dev/null``, against ``SOURCE | cat > FIFO`` into ``cat FIFO > /dev/null`` through a mkfifo
@@ -264,6 +266,91 @@ def relay(endpoint: str, capacity: int, ready) -> None:
             break
 
 
+def zmtp_relay(endpoint: str, capacity: int, ready) -> None:
+    """The second baseline: the same relay on asyncio (uvloop) over the broker's own ZMTP codec
+    (``zbroker/pzq/zmtp.py``) instead of libzmq: no I/O thread, reads of up to 1 MiB."""
+    import asyncio
+
+    import uvloop
+
+    from zbroker.pzq import zmtp
+
+    scratch = memoryview(bytearray(1 << 20))
+    chunks: list = []
+    state = {"queued": 0, "held_write": None, "held_read": None}
+
+    def read_ok(link, data) -> None:
+        n = len(data)
+        head = (b"\x02" + (n + 7).to_bytes(8, "big") if n + 7 > 255 else bytes([0, n + 7]))
+        link.transport.writelines([head + SIG + bytes([READ_OK]) + n.to_bytes(4, "big"), data])
+
+    def reply(link, mid: int) -> None:
+        link.transport.write(bytes([0, 3]) + SIG + bytes([mid]))
+
+    def take_write(link, buf) -> None:
+        chunks.append(buf[7:-4])
+        state["queued"] += len(buf) - 11
+        reply(link, WRITE_OK)
+
+    def pop() -> bytes:
+        data = chunks.pop(0)
+        state["queued"] -= len(data)
+        return data
+
+    def on_message(link, buf) -> None:
+        mid = buf[2]
+        if mid == WRITE:
+            if state["queued"] >= capacity:
+                state["held_write"] = (link, buf)
+                return
+            take_write(link, buf)
+            if state["held_read"] is not None:
+                read_ok(state["held_read"], pop())
+                state["held_read"] = None
+        elif mid == READ:
+            if not chunks:
+                state["held_read"] = link
+                return
+            read_ok(link, pop())
+            held = state["held_write"]
+            if held is not None and state["queued"] < capacity:
+                state["held_write"] = None
+                take_write(*held)
+        elif mid in (INPUT, OUTPUT):
+            reply(link, mid + 1)
+        elif mid == CLOSE:
+            reply(link, CLOSE_OK)
+
+    class Link(asyncio.BufferedProtocol):
+        def connection_made(self, transport) -> None:
+            self.transport = transport
+            self.conn = zmtp.Connection(4, 1 << 30)
+            transport.write(self.conn.data_to_send())
+
+        def get_buffer(self, sizehint: int) -> memoryview:
+            return scratch
+
+        def buffer_updated(self, nbytes: int) -> None:
+            conn = self.conn
+            conn.receive_data(scratch[:nbytes])
+            for ev in conn.next_events():
+                if type(ev) is zmtp.Message:
+                    on_message(self, memoryview(ev.frames[-1]))
+            out = conn.data_to_send()
+            if out:
+                self.transport.write(out)
+
+    async def main() -> None:
+        kind, address = endpoint.partition("://")[0], endpoint.partition("://")[2]
+        assert kind == "ipc"
+        path = "\0" + address[1:] if address.startswith("@") else address
+        await asyncio.get_running_loop().create_unix_server(Link, path)
+        ready.set()
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
 def raw_transfer(endpoint: str, pid: int, pipe: bytes, chunk: int, nbytes: int) -> tuple:
     """(seconds, CPU seconds of process ``pid``) for ``nbytes`` through ``endpoint``."""
     mp = multiprocessing.get_context("spawn")
@@ -286,33 +373,43 @@ def raw_transfer(endpoint: str, pid: int, pipe: bytes, chunk: int, nbytes: int) 
     return t, c
 
 
-def raw_wire(broker: subprocess.Popen, chunk: int, nbytes: int, runs: int) -> None:
+def raw_wire(broker: subprocess.Popen | None, chunk: int, nbytes: int, runs: int) -> None:
+    """The raw wire case through the two relays and the broker (``None``: the relays only),
+    interleaved run by run."""
     mp = multiprocessing.get_context("spawn")
-    relay_ep = f"ipc://@/zpipes-bench-relay/{uuid.uuid4().hex[:8]}"
-    ready = mp.Event()
-    relay_proc = mp.Process(target=relay, args=(relay_ep, 1 << 20, ready), daemon=True)
-    relay_proc.start()
-    ready.wait(10)
-    endpoint = zpipes.client.endpoint(broker.args[len(ZBROKER)])
-    base_s, base_cpu, pipe_s, pipe_cpu = [], [], [], []
+    targets: list[tuple[str, str, int]] = []  # (label, endpoint, pid)
+    relays = []
+    for label, target in (("relay", relay), ("zmtp relay", zmtp_relay)):
+        ep = f"ipc://@/zpipes-bench-relay/{uuid.uuid4().hex[:8]}"
+        ready = mp.Event()
+        proc = mp.Process(target=target, args=(ep, 1 << 20, ready), daemon=True)
+        proc.start()
+        ready.wait(10)
+        relays.append(proc)
+        targets.append((label, ep, proc.pid))
+    if broker is not None:
+        targets.append(("broker", zpipes.client.endpoint(broker.args[len(ZBROKER)]), broker.pid))
+    secs: dict[str, list[float]] = {label: [] for label, _, _ in targets}
+    cpu: dict[str, list[float]] = {label: [] for label, _, _ in targets}
     try:
         for i in range(runs):
-            t, c = raw_transfer(relay_ep, relay_proc.pid, b"relay", chunk, nbytes)
-            base_s.append(t)
-            base_cpu.append(c)
-            t, c = raw_transfer(endpoint, broker.pid, f"raw{chunk}-{i}".encode(), chunk, nbytes)
-            pipe_s.append(t)
-            pipe_cpu.append(c)
+            for label, ep, pid in targets:
+                t, c = raw_transfer(ep, pid, f"raw{chunk}-{i}".encode(), chunk, nbytes)
+                secs[label].append(t)
+                cpu[label].append(c)
     finally:
-        relay_proc.kill()
-        relay_proc.join()
-    b, z = statistics.median(base_s), statistics.median(pipe_s)
-    bc, zc = statistics.median(base_cpu) * GIB / nbytes, statistics.median(pipe_cpu) * GIB / nbytes
+        for proc in relays:
+            proc.kill()
+            proc.join()
     size = f"{chunk >> 10} KiB" if chunk < 1 << 20 else f"{chunk >> 20} MiB"
-    print(f"{f'raw wire, {size} WRITEs':<28} relay {nbytes / b / 1e6:7.0f} MB/s   zpipes "
-          f"{nbytes / z / 1e6:8.0f} MB/s   ratio {b / z:5.2f}x   CPU s/GiB: relay {bc:5.2f} "
-          f"{_spread(base_cpu, nbytes)}  broker {zc:5.2f} {_spread(pipe_cpu, nbytes)}  "
-          f"({zc / bc:4.2f}x)   (median of {runs})")
+    base = statistics.median(cpu["relay"])
+    parts = []
+    for label, _, _ in targets:
+        c = statistics.median(cpu[label])
+        parts.append(f"{label} {nbytes / statistics.median(secs[label]) / 1e6:5.0f} MB/s "
+                     f"{c * GIB / nbytes:5.2f} {_spread(cpu[label], nbytes)} ({c / base:4.2f}x)")
+    print(f"{f'raw wire, {size} WRITEs':<26} CPU s/GiB vs relay: " + "   ".join(parts)
+          + f"   (median of {runs})")
 
 
 def _spread(cpu: list[float], nbytes: int) -> str:

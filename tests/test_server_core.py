@@ -429,6 +429,26 @@ def test_an_over_size_write_is_refused_with_the_limit_and_cuts_the_stream():
     assert h.replies(R) == [p.ReadOk(b"12345678"), p.ReadFailed("writer lost: " + reason)]
 
 
+def test_a_withheld_write_is_refused_in_its_turn_and_holds_nothing_meanwhile():
+    """A WRITE that the transport let go as it arrived (over max_chunk) is refused like one that
+    arrived whole, after the requests before it, and counts for nothing while it waits."""
+    h = Harness(max_chunk=8, capacity=8)
+    open_pair(h)
+    h.send(W, p.Write(b"12345678", 0))
+    h.send(W, p.Write(b"abcdefgh", 0))  # waits for room: the reader holds its capacity
+    h.server.receive_withheld_write(W, 1 << 30, h.now)  # queued behind it
+    assert h.replies(W) == [p.WriteOk()]
+    assert h.server.held == 8 and h.server.clients[W].queued_bytes == 0
+    h.send(R, p.Read(100, 0))
+    reason = f"chunk of {1 << 30} bytes is over the broker's limit of 8 bytes (max_chunk)"
+    assert h.replies(W) == [p.WriteOk(), p.WriteFailed(reason)]
+    assert h.server.held == 0
+    h.send(R, p.Read(100, 0))
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"12345678"), p.ReadOk(b"abcdefgh"),
+                            p.ReadFailed("writer lost: " + reason)]
+
+
 def test_any_traffic_counts_as_liveness():
     h = Harness(client_timeout=1.0)
     open_pair(h)

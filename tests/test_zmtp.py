@@ -171,3 +171,46 @@ def test_an_error_command_from_the_peer_closes():
     v3_peer(conn)
     events = feed(conn, zmtp.command(b"ERROR", b"\x04oops"))
     assert events == [Closed("the peer said ERROR: oops")]
+
+
+def _direct_connection() -> zmtp.Connection:
+    conn = zmtp.Connection(100, 1 << 22, keep_first=8, writable=True, direct_min=1000)
+    v3_peer(conn)
+    return conn
+
+
+@pytest.mark.parametrize("step", [1, 999, 4096, 70_000])
+@pytest.mark.parametrize("into_buffer", [False, True], ids=["receive_data", "frame_buffer"])
+def test_a_large_frame_in_pieces_is_read_into_its_own_buffer(step, into_buffer):
+    """With ``direct_min``, the rest of a large frame goes to a buffer of its own, whether
+    the caller reads it there or hands it to receive_data: the same messages come out."""
+    conn = _direct_connection()
+    big = bytes(range(256)) * 800
+    data = zmtp.encode_message([b"id", big]) + zmtp.encode_message([b"small"]) \
+        + zmtp.encode_message([big])
+    events, pos = [], 0
+    while pos < len(data):
+        view = conn.frame_buffer()
+        if into_buffer and view is not None:
+            n = min(len(view), step, len(data) - pos)
+            view[:n] = data[pos:pos + n]
+            conn.frame_filled(n)
+        else:
+            n = min(step, len(data) - pos)
+            conn.receive_data(data[pos:pos + n])
+        pos += n
+        events += conn.next_events()
+    assert events == [Message([b"id", big]), Message([b"small"]), Message([big])]
+    assert all(type(f) is bytearray for ev in events for f in ev.frames)
+    assert conn.frame_buffer() is None and conn.buffered == 0
+
+
+def test_refuse_current_lets_go_of_a_large_frame_in_its_own_buffer():
+    conn = _direct_connection()
+    data = zmtp.encode_message([b"big-id", b"x" * 500_000])
+    feed(conn, data[:200_000])
+    assert conn.frame_buffer() is not None and conn.buffered > 190_000
+    assert conn.refuse_current("busy")
+    assert conn.next_events() == [Refused(b"big-id", "busy")] and conn.buffered == 0
+    assert conn.frame_buffer() is None
+    assert feed(conn, data[200_000:] + zmtp.encode_message([b"next"])) == [Message([b"next"])]

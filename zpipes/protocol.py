@@ -91,6 +91,23 @@ class Write:
     id = MessageId.WRITE
 
 
+class Withheld:
+    """The chunk of a WRITE that the broker's transport let go as it arrived, being over the
+    broker's limit: only its ``size`` is known. It holds no bytes (its ``len`` is 0), and the
+    server refuses it whenever it is tried."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"Withheld({self.size})"
+
+
 @dataclass(frozen=True, slots=True)
 class Close:
     id = MessageId.CLOSE

@@ -197,8 +197,16 @@ class ZpipesServer:
 
     def receive(self, routing_id: bytes, frames: Sequence[bytes | memoryview], now: float) -> None:
         """A message from a client (the frames after the routing id)."""
+        self._take(routing_id, p.decode_command(frames), now)
+
+    def receive_withheld_write(self, routing_id: bytes, size: int, now: float) -> None:
+        """A WRITE of ``size`` bytes that the transport let go as it arrived, being over the
+        limit (``max_chunk``): it is refused in its turn, as if it had arrived whole, and holds
+        nothing meanwhile."""
+        self._take(routing_id, p.Write(p.Withheld(size), 0), now)
+
+    def _take(self, routing_id: bytes, msg: Any, now: float) -> None:
         self._now = now
-        msg = p.decode_command(frames)
         client = self.clients.get(routing_id)
         if client is None:
             if len(self.clients) >= self.config.max_clients:
@@ -405,7 +413,10 @@ class ZpipesServer:
 
     def _try_write(self, client: Client) -> None:
         chunk = client.request.chunk
-        problem = self._write_problem(client, len(chunk))
+        if type(chunk) is p.Withheld:  # let go as it arrived: refused, whatever the limit now
+            problem = self._over_max_chunk(chunk.size)
+        else:
+            problem = self._write_problem(client, len(chunk))
         if problem:
             client.reason = problem
             self._break_stream(client, problem)
@@ -422,13 +433,16 @@ class ZpipesServer:
         A WRITE is checked against the broker-wide budget when it arrives: what it holds is
         counted from then on."""
         if size > self.config.max_chunk:
-            return (f"chunk of {size} bytes is over the broker's limit of "
-                    f"{self.config.max_chunk} bytes (max_chunk)")
+            return self._over_max_chunk(size)
         if client.request_serial != client.budget_serial:  # its first try
             client.budget_serial = client.request_serial
             if not client.dequeued and self._over_budget(size):  # (queued: admitted then)
                 return self._budget_reason()
         return None
+
+    def _over_max_chunk(self, size: int) -> str:
+        return (f"chunk of {size} bytes is over the broker's limit of "
+                f"{self.config.max_chunk} bytes (max_chunk)")
 
     def _over_budget(self, size: int) -> bool:
         return self.held + self.pipes.buffered + size > self.config.max_buffered

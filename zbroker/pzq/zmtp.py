@@ -19,7 +19,7 @@ No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_e
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MAJOR = 3
@@ -56,10 +56,12 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Refused:
     """A message past the limits: its first frame (cut to ``keep_first`` bytes) and why. The
-    rest of it is skipped as it arrives."""
+    rest of it is skipped as it arrives. ``size``: the length of the frame that passed the
+    limits, when it is a frame's size that did (0 otherwise)."""
 
     first: bytes
     reason: str
+    size: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +128,21 @@ class Connection:
 
     ``max_frames``/``max_bytes``: a message with more frames, or whose frames with
     ``frame_cost`` each come to more bytes, is refused (:class:`Refused`) as soon as it passes
-    the limit. ``buffered`` is what the connection holds of unfinished input."""
+    the limit. ``buffered`` is what the connection holds of unfinished input. Frames are
+    ``bytes``, or ``bytearray`` with ``writable`` (for a user that edits a frame in place).
+
+    With ``writable`` and ``direct_min``, a frame of at least ``direct_min`` bytes that has
+    begun to arrive gets a buffer of its own: :meth:`frame_buffer` says where the rest of it
+    goes, so that the caller can read it there (then :meth:`frame_filled`) instead of
+    handing it to :meth:`receive_data`, which copies it there."""
 
     def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
-                 keep_first: int = 256):
+                 keep_first: int = 256, writable: bool = False, direct_min: int = 0):
+        self._frame_type = bytearray if writable else bytes
+        self.direct_min = direct_min if writable else 0
+        self._direct: bytearray | None = None  # the large frame being received
+        self._direct_have = 0  # its bytes here
+        self._direct_more = False  # whether more frames of its message follow
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.frame_cost = frame_cost
@@ -151,7 +164,27 @@ class Connection:
     def buffered(self) -> int:
         """Bytes held of unfinished input: frames of the message being received, and what
         has arrived of the next frame."""
-        return len(self._in) + self._size
+        return len(self._in) + self._size + self._direct_have
+
+    def frame_buffer(self) -> memoryview | None:
+        """Where the rest of the large frame being received goes, or None."""
+        if self._direct is None:
+            return None
+        return memoryview(self._direct)[self._direct_have:]
+
+    def frame_filled(self, nbytes: int) -> None:
+        """``nbytes`` more of the large frame were written at :meth:`frame_buffer`."""
+        self._direct_have += nbytes
+        if self._direct_have == len(self._direct):
+            self._finish_direct()
+
+    def _finish_direct(self) -> None:
+        frame, self._direct, self._direct_have = self._direct, None, 0
+        self._frames.append(frame)
+        self._size += len(frame) + self.frame_cost
+        if not self._direct_more:
+            self._events.append(Message(self._frames))
+            self._frames, self._size = [], 0
 
     def data_to_send(self) -> bytes:
         out, self._out = bytes(self._out), bytearray()
@@ -179,6 +212,12 @@ class Connection:
             if not self.ready:
                 return
             data = b""  # what came after the handshake is in the input already
+        if self._direct is not None and data:
+            frame = self._direct
+            n = min(len(frame) - self._direct_have, len(data))
+            frame[self._direct_have:self._direct_have + n] = data[:n]
+            self.frame_filled(n)
+            data = data[n:]
         if self._in:  # the start of a frame came before: the rest goes after it
             self._in += data
             self._read_input()
@@ -200,6 +239,13 @@ class Connection:
         rest as it arrives. False if no message is under way."""
         if not self.ready or self.closed or self._skipping:
             return False
+        if self._direct is not None:  # the large frame under way is let go
+            first = self._frames[0] if self._frames else bytes(self._direct[:self.keep_first])
+            self._skip = len(self._direct) - self._direct_have
+            self._skip_more = self._direct_more
+            self._direct, self._direct_have = None, 0
+            self._refuse(first[:self.keep_first], reason)
+            return True
         head = self._frame_head(0)
         if head is not None and head[0] & COMMAND and self.version == 3:
             head = None  # a command is no part of a message
@@ -378,7 +424,7 @@ class Connection:
                         f"more than {self.max_frames} frames in a message"
                         if count > self.max_frames else
                         f"Message too large: more than {self.max_bytes} bytes with its "
-                        f"id and headers"))
+                        f"id and headers"), 0 if count > self.max_frames else n)
             if self._skipping:  # let the frame go, as much of it as is here
                 have = min(n, end - head)
                 pos = head + have
@@ -389,8 +435,14 @@ class Connection:
                     self._skipping = False
                 continue
             if end - head < n:
+                if self.direct_min and n >= self.direct_min:  # the rest goes to its own
+                    self._direct = frame = bytearray(n)
+                    self._direct_have = end - head
+                    self._direct_more = bool(flags & MORE)
+                    frame[:end - head] = buf[head:end]
+                    pos = end
                 break
-            self._frames.append(bytes(buf[head:head + n]))
+            self._frames.append(self._frame_type(buf[head:head + n]))
             self._size += n + self.frame_cost
             pos = head + n
             if not flags & MORE:
@@ -398,8 +450,8 @@ class Connection:
                 self._frames, self._size = [], 0
         return pos
 
-    def _refuse(self, first: bytes, reason: str) -> None:
-        self._events.append(Refused(first, reason))
+    def _refuse(self, first: bytes, reason: str, size: int = 0) -> None:
+        self._events.append(Refused(first, reason, size))
         self._frames, self._size = [], 0
         self._skipping = True
 
@@ -414,6 +466,7 @@ class Connection:
     def _close(self, reason: str) -> None:
         self.closed = True
         self._frames, self._size = [], 0
+        self._direct, self._direct_have = None, 0
         self._events.append(Closed(reason))
 
 

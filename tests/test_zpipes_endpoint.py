@@ -1,0 +1,290 @@
+"""The broker's ZPIPES endpoint as libzmq clients and raw sockets see it: ROUTER routing ids,
+tcp connections (keepalive), ZMTP heartbeats, peers that do not speak ZMTP, endpoints it
+cannot serve, a slow reader of replies, and over-size WRITEs answered as their head arrives."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import zmq
+from helpers import free_port, rss_bytes, run_zbroker, wait_for, write_config
+from pipe_stream import lockstep
+from wire import (
+    CLOSE_OK,
+    INPUT_OK,
+    OUTPUT_OK,
+    READ_FAILED,
+    READ_OK,
+    WRITE_FAILED,
+    WRITE_OK,
+    RawClient,
+    close,
+    input_,
+    output,
+    parse,
+    read,
+    write,
+)
+
+from zbroker.pzq import zmtp
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _client(ctx: zmq.Context, endpoint: str, routing_id: bytes | None = None,
+            **options: int) -> RawClient:
+    c = RawClient.__new__(RawClient)
+    c.sock = ctx.socket(zmq.DEALER)
+    c.sock.setsockopt(zmq.LINGER, 1000)
+    c.sock.setsockopt(zmq.RCVTIMEO, 5000)
+    if routing_id is not None:
+        c.sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    for name, value in options.items():
+        c.sock.setsockopt(getattr(zmq, name), value)
+    c.sock.connect(endpoint)
+    return c
+
+
+def test_clients_that_ask_for_the_same_routing_id_are_all_served(broker, ctx):
+    """A ROUTER gives a peer the routing id it asks for while that is free, and one of its own
+    otherwise: the second client that asks for a taken id is served all the same."""
+    reader = _client(ctx, broker.endpoint, b"same")
+    writer = _client(ctx, broker.endpoint, b"same")
+    try:
+        assert reader.call(input_(b"ids")) == (INPUT_OK, None)
+        assert writer.call(output(b"ids")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"hello", 0)) == (WRITE_OK, None)
+        assert reader.call(read(100, 0)) == (READ_OK, b"hello")
+        assert writer.call(close()) == (CLOSE_OK, None)
+        assert reader.call(close()) == (CLOSE_OK, None)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def _keepalive_on_accepted(port: int) -> bool:
+    """Whether the broker's end of a connection to ``port`` has its keepalive timer running
+    (/proc/net/tcp: the local port, state ESTABLISHED, timer 2 once nothing is unacked)."""
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, state, timer = fields[1], fields[3], fields[5].split(":")[0]
+            if int(local.split(":")[1], 16) == port and state == "01":
+                return timer == "02"
+    return False
+
+
+def test_a_tcp_endpoint_serves_the_original_client_with_keepalive(start_broker, ctx):
+    port = free_port()
+    b = start_broker(config={"services": {"zpipes": {"endpoint": f"tcp://127.0.0.1:{port}"}}})
+    lockstep(ctx, b.endpoint, b"over-tcp", 8, 64 * KiB)
+    c = RawClient(ctx, b.endpoint)
+    try:
+        assert c.call(input_(b"keep")) == (INPUT_OK, None)
+        wait_for(lambda: _keepalive_on_accepted(port), 5, "the keepalive timer to run")
+    finally:
+        c.close()
+
+
+def test_a_heartbeating_client_is_answered_and_kept(broker, ctx):
+    """A client that sends ZMTP PINGs (libzmq's ZMQ_HEARTBEAT_*) gets PONGs: it stays
+    connected, and its end with it, across a silence longer than its heartbeat timeout."""
+    reader = _client(ctx, broker.endpoint, HEARTBEAT_IVL=50, HEARTBEAT_TIMEOUT=200)
+    writer = RawClient(ctx, broker.endpoint)
+    try:
+        assert reader.call(input_(b"beat")) == (INPUT_OK, None)
+        assert writer.call(output(b"beat")) == (OUTPUT_OK, None)
+        time.sleep(1.0)
+        assert writer.call(write(b"still here", 0)) == (WRITE_OK, None)
+        assert reader.call(read(100, 0)) == (READ_OK, b"still here")
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_peer_that_does_not_speak_zmtp_is_dropped_and_others_go_on(broker, ctx):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect("\0" + broker.endpoint.removeprefix("ipc://@"))
+    try:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        got = b""
+        while True:  # what the broker says (its greeting), then the end of the connection
+            data = s.recv(4096)
+            if not data:
+                break
+            got += data
+    finally:
+        s.close()
+    lockstep(ctx, broker.endpoint, b"after-garbage", 4)
+
+
+def test_an_inproc_endpoint_is_refused_at_start_with_the_reason(tmp_path):
+    cfg = write_config(tmp_path / "zbroker.cfg",
+                       {"services": {"zpipes": {"endpoint": "inproc://zpipes-{name}"}}})
+    r = run_zbroker(["inproc-test", "--config", str(cfg)], cwd=tmp_path)
+    assert r.returncode != 0
+    assert "inproc://zpipes-inproc-test" in r.stderr and "tcp:// and ipc://" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_reader_that_does_not_take_its_replies_cannot_grow_the_broker(broker, ctx):
+    """A reader that keeps asking for data but stops taking it: once a few MiB of replies wait
+    on its connection, the broker stops reading its requests until it takes them, so it holds
+    that much for it, not the writer's stream; the reader gets all of it when it reads again."""
+    reader = _client(ctx, broker.endpoint, RCVHWM=1, SNDTIMEO=100)
+    writer = RawClient(ctx, broker.endpoint)
+    chunk = b"r" * MiB
+    try:
+        assert reader.call(input_(b"slow")) == (INPUT_OK, None)
+        assert writer.call(output(b"slow")) == (OUTPUT_OK, None)
+        before = rss_bytes(broker.pid)
+        written = 0
+        for _ in range(64):  # 64 MiB asked for and offered, while nothing is taken
+            try:
+                reader.send(read(MiB, 0))
+            except zmq.Again:
+                pass
+            if writer.call(write(chunk, 100)) == (WRITE_OK, None):
+                written += MiB
+        grown = rss_bytes(broker.pid) - before
+        assert grown < 32 * MiB, f"the broker grew by {grown >> 20} MiB"
+        got = 0
+        while got < written:
+            kind, data = reader.recv()
+            assert kind == READ_OK
+            got += len(data)
+            try:
+                reader.send(read(MiB, 0))
+            except zmq.Again:
+                pass
+        assert got == written
+    finally:
+        reader.close()
+        writer.close()
+
+
+class HandDealer:
+    """A DEALER written by hand (ZMTP 3.0, NULL) on a Unix socket: it sends what libzmq would,
+    but it can send a frame in parts, and wait in between."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(5)
+        self.sock.connect("\0" + endpoint.removeprefix("ipc://@"))
+        self.sock.sendall(zmtp.SIGNATURE + bytes((3, 0)) + b"NULL".ljust(20, b"\0")
+                          + bytes(32))
+        self._exactly(64)  # the broker's greeting
+        self.sock.sendall(zmtp.ready_command(b"DEALER"))
+        flags, _ = self._frame()  # its READY
+        assert flags & zmtp.COMMAND
+
+    def message(self, frame: bytes) -> bytes:
+        return zmtp.encode_message([frame])
+
+    def call(self, frame: bytes) -> tuple[int, bytes | str | None]:
+        self.sock.sendall(self.message(frame))
+        return self.recv()
+
+    def recv(self) -> tuple[int, bytes | str | None]:
+        flags, body = self._frame()
+        assert not flags & (zmtp.MORE | zmtp.COMMAND)
+        return parse(body)
+
+    def _frame(self) -> tuple[int, bytes]:
+        flags = self._exactly(1)[0]
+        size = (int.from_bytes(self._exactly(8), "big") if flags & zmtp.LONG
+                else self._exactly(1)[0])
+        return flags, self._exactly(size)
+
+    def _exactly(self, n: int) -> bytes:
+        got = b""
+        while len(got) < n:
+            data = self.sock.recv(n - len(got))
+            assert data, "the broker closed the connection"
+            got += data
+        return got
+
+
+def test_an_over_size_write_is_refused_as_its_head_arrives(start_broker, ctx):
+    """A WRITE over max_chunk is answered WRITE_FAILED (naming the limit) once its head has
+    come, before the rest of its chunk is even sent; the rest is let go as it comes, and the
+    connection goes on in step. The reader gets what came before it, then the reason."""
+    b = start_broker(config={"services": {"zpipes": {"max_chunk": "1MiB"}}})
+    reader, writer = RawClient(ctx, b.endpoint), HandDealer(b.endpoint)
+    try:
+        assert reader.call(input_(b"head")) == (INPUT_OK, None)
+        assert writer.call(output(b"head")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"a" * 1000, 0)) == (WRITE_OK, None)
+        size = MiB + MiB // 2
+        big = writer.message(write(b"b" * size, 0))
+        writer.sock.sendall(big[:64 * KiB])
+        reason = f"chunk of {size} bytes is over the broker's limit of {MiB} bytes (max_chunk)"
+        assert writer.recv() == (WRITE_FAILED, reason)
+        writer.sock.sendall(big[64 * KiB:])
+        assert writer.call(close()) == (CLOSE_OK, None)
+        assert reader.call(read(MiB, 0)) == (READ_OK, b"a" * 1000)
+        assert reader.call(read(MiB, 0)) == (READ_FAILED, "writer lost: " + reason)
+    finally:
+        reader.close()
+        writer.sock.close()
+
+
+def test_a_raised_max_chunk_applies_to_connections_already_open(start_broker, ctx):
+    b = start_broker(config={"services": {"zpipes": {"max_chunk": "64KiB"}}})
+    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    try:
+        assert reader.call(input_(b"raised")) == (INPUT_OK, None)
+        assert writer.call(output(b"raised")) == (OUTPUT_OK, None)
+        r = run_zbroker(["set", "services.zpipes.max_chunk", "1MiB", b.name], cwd=b.dir)
+        assert r.returncode == 0, r.stderr
+        data = b"m" * (200 * KiB)  # over twice the old limit: it dropped the connection
+        assert writer.call(write(data, 0)) == (WRITE_OK, None)
+        assert reader.call(read(MiB, 0)) == (READ_OK, data)
+    finally:
+        reader.close()
+        writer.close()
+
+
+def test_a_connection_that_never_says_hello_is_dropped_and_frees_its_place(start_broker, ctx):
+    """A connection that does not finish the ZMTP handshake within its timeout is closed, so
+    that silent connections cannot keep the places of clients (clients.max_clients)."""
+    from zbroker.services.zpipes_endpoint import HANDSHAKE_TIMEOUT_S
+
+    b = start_broker(config={"clients": {"max_clients": 2}})
+    silent = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+    try:
+        for s in silent:
+            s.settimeout(HANDSHAKE_TIMEOUT_S + 10)
+            s.connect("\0" + b.endpoint.removeprefix("ipc://@"))
+        t = time.monotonic()
+        for s in silent:
+            while s.recv(4096):  # the broker's greeting, then the end of the connection
+                pass
+        assert time.monotonic() - t >= HANDSHAKE_TIMEOUT_S - 1
+        lockstep(ctx, b.endpoint, b"after-silence", 4)
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_an_ipc_endpoint_in_the_file_system_is_taken_over_from_a_dead_broker_only(
+        start_broker, ctx, tmp_path):
+    """A socket file left by a broker that died is replaced; one that a live broker serves is
+    not taken, the second broker says why; a broker that stops removes its file."""
+    path = tmp_path / "zpipes.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a killed broker leaves
+    config = {"services": {"zpipes": {"endpoint": f"ipc://{path}"}}}
+    b = start_broker(config=config)
+    lockstep(ctx, b.endpoint, b"file", 4)
+    second = start_broker(config=config, wait=False)
+    assert second.wait() != 0
+    assert "in use" in second.stderr()
+    lockstep(ctx, b.endpoint, b"still", 4)
+    b.send_signal(15)
+    assert b.wait() == 0
+    assert not path.exists()
