@@ -74,7 +74,11 @@ def shell(start_broker, tmp_path) -> Shell:
     for q in cfg["services"]["pzq"]["queues"].values():
         for key in ("receive_endpoint", "stream_endpoint"):
             if key in q:
-                wait_for(lambda e=q[key]: endpoint_accepts(e), 10, f"pzq {key}")
+                def up(e=q[key]) -> bool:
+                    assert b.alive(), f"the broker died: {b.stderr()[-2000:]}"
+                    return endpoint_accepts(e)
+
+                wait_for(up, 30, f"pzq {key}")
     return sh
 
 
