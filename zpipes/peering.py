@@ -10,6 +10,12 @@ Every message is a list of frames, the first naming it. End ids are the sender's
     CREDIT  reader end, bytes                  the receiver's reader took that many more bytes
                                                of the sender's writers' data
 
+Fan-out (between brokers whose HELLO says ``"fanout": true``): one DATA carries a chunk for
+several readers of the receiver, named one after the other in its first frame (the chunk
+crosses the link once, whatever the number of readers there), and one CREDIT carries the
+credit of several readers, (reader end, bytes) one after the other. A broker of before is sent
+one reader end per DATA and per CREDIT: the frames it knows.
+
 The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
 adds three, between such brokers only; the four above are unchanged:
 
@@ -35,7 +41,8 @@ from dataclasses import dataclass
 _END = struct.Struct(">Q")
 _TWO = struct.Struct(">QQ")
 _ROLE_END = struct.Struct(">cQ")
-MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE
+MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE; readers of a
+# DATA or CREDIT
 MAX_MEMBER = 64  # bytes of a broker id in an INTRODUCE
 
 
@@ -55,15 +62,14 @@ class Detach:
 @dataclass(frozen=True, slots=True)
 class Data:
     writer_end: int
-    reader_end: int
+    reader_ends: tuple[int, ...]  # one, or (fan-out) several readers of the receiver
     first: bool
     chunk: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    reader_end: int
-    size: int
+    credits: tuple[tuple[int, int], ...]  # (reader end, bytes): one, or (fan-out) several
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +131,12 @@ def encode(msg: PeerMessage) -> list[bytes | memoryview]:
                        b"".join(_END.pack(end) for end in g.yours)]
         return frames
     if isinstance(msg, Data):
-        return [b"DATA", _TWO.pack(msg.writer_end, msg.reader_end),
-                b"\x01" if msg.first else b"\x00", msg.chunk]
+        ends = msg.reader_ends
+        head = (_TWO.pack(msg.writer_end, ends[0]) if len(ends) == 1
+                else struct.pack(f">{1 + len(ends)}Q", msg.writer_end, *ends))
+        return [b"DATA", head, b"\x01" if msg.first else b"\x00", msg.chunk]
     if isinstance(msg, Credit):
-        return [b"CREDIT", _TWO.pack(msg.reader_end, msg.size)]
+        return [b"CREDIT", b"".join(_TWO.pack(end, size) for end, size in msg.credits)]
     if isinstance(msg, Attach):
         return [b"ATTACH", _ROLE_CODE[msg.role], _END.pack(msg.end), msg.pipe]
     if msg.lost is None:
@@ -141,11 +149,17 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
         return PeerDecodeError("no frames")
     kind = bytes(frames[0])
     sizes = [len(f) for f in frames[1:]]
-    if kind == b"DATA" and sizes[:2] == [16, 1] and len(sizes) == 3:
-        writer_end, reader_end = _TWO.unpack(frames[1])
-        return Data(writer_end, reader_end, bytes(frames[2]) == b"\x01", frames[3])
-    if kind == b"CREDIT" and sizes == [16]:
-        return Credit(*_TWO.unpack(frames[1]))
+    if kind == b"DATA" and len(sizes) == 3 and sizes[1] == 1:
+        head = sizes[0]
+        if head == 16:
+            writer_end, reader_end = _TWO.unpack(frames[1])
+            return Data(writer_end, (reader_end,), bytes(frames[2]) == b"\x01", frames[3])
+        if head > 16 and head % 8 == 0 and head <= 8 * (1 + MAX_BATCH):
+            writer_end, *readers = struct.unpack(f">{head // 8}Q", frames[1])
+            return Data(writer_end, tuple(readers), bytes(frames[2]) == b"\x01", frames[3])
+    if kind == b"CREDIT" and len(sizes) == 1 and sizes[0] and sizes[0] % 16 == 0 \
+            and sizes[0] <= 16 * MAX_BATCH:
+        return Credit(tuple(_TWO.iter_unpack(frames[1])))
     if kind == b"ATTACH" and len(sizes) == 3 and sizes[1] == 8 and 1 <= sizes[2] <= 255:
         role = _CODE_ROLE.get(bytes(frames[1]))
         if role is not None:

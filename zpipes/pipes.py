@@ -26,6 +26,9 @@ rules above hold cluster-wide:
 
 * A remote reader is fed through ``outgoing``: each chunk accepted for it is handed to the caller
   to send, and counts against its capacity until the reader's broker gives ``credit`` back.
+  A chunk is handed over once, with every remote reader it is for (the caller sends it once
+  to each of their brokers); each of them still has a capacity and credit of its own, so the
+  slowest bounds what is in flight to all.
 * A remote writer's chunks arrive through ``deliver``; the first one to a reader says that the
   reader is in its audience. What local readers take of remote data is returned as ``credits``.
 * When a remote end's broker is lost (``detach(end, PEER_LOST)``), the ends whose stream it was
@@ -111,8 +114,9 @@ class PipeTable:
         self.pipes: dict[bytes, Pipe] = {}
         self._readers: dict[int, Reader] = {}
         self._writers: dict[int, Writer] = {}
-        # chunks for remote readers: (reader end, writer end, first chunk of the stream?, chunk)
-        self.outgoing: list[tuple[int, int, bool, memoryview]] = []
+        # chunks for remote readers: (writer end, first chunk of the stream?, chunk, the
+        # remote readers it is for)
+        self.outgoing: list[tuple[int, bool, memoryview, list[int]]] = []
         # bytes of remote writers' chunks taken by local readers: (writer end, reader end) -> n
         self.credits: dict[tuple[int, int], int] = {}
         #: bytes held for local readers (a chunk fanned out to N readers counts N times)
@@ -219,16 +223,18 @@ class PipeTable:
         view = memoryview(chunk)
         size = len(view)
         writer.bytes_in += size
+        remote: list[int] = []
         for reader in audience:
-            if reader.remote:  # the first chunk goes out even when empty: it starts the stream
-                if size or first:
-                    self.outgoing.append((reader.end, end, first, view))
+            if reader.remote:
+                remote.append(reader.end)
             elif size:
                 reader.chunks.append(view)
                 reader.origins.append(None)
                 self.buffered += size
             reader.queued += size
             reader.bytes_in += size
+        if remote and (size or first):  # the first chunk goes out even when empty: it starts
+            self.outgoing.append((end, first, view, remote))  # the stream
         return WriteResult.ACCEPTED, pipe.wake_all()
 
     def read(self, end: int, size: int) -> tuple[list[memoryview] | ReadEnd, set[int]]:
@@ -342,7 +348,7 @@ class PipeTable:
         reader.bytes_out += size
         return reader.pipe.wake_all() if was_full and reader.queued < self.capacity else set()
 
-    def take_outgoing(self) -> list[tuple[int, int, bool, memoryview]]:
+    def take_outgoing(self) -> list[tuple[int, bool, memoryview, list[int]]]:
         out, self.outgoing = self.outgoing, []
         return out
 

@@ -147,6 +147,11 @@ class ZpipesServer:
         self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self._proxy_of: dict[int, tuple[str, int]] = {}
+        self._fanout: set[str] = set()  # peers that take a DATA or CREDIT for several readers
+        #: what crossed the links to and from peer brokers (for status and metrics): DATA
+        #: messages and the bytes of their chunks, CREDIT messages
+        self.data_sent = self.data_bytes_sent = self.credit_sent = 0
+        self.data_received = self.data_bytes_received = 0
         # the pipe directory (zpipes/directory.py): peers that speak it, and what we hold
         self.member_id = ""  # this broker's id among the members (set by set_member)
         self.directory = Directory()  # the ends registered with us as their pipes' home
@@ -554,13 +559,16 @@ class ZpipesServer:
                 self._registered[end] = (member_id, role, pipe)
 
     def peer_up(self, peer: str, now: float, member: str = "",
-                directory: bool = False) -> None:
+                directory: bool = False, fanout: bool = False) -> None:
         """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
         its id among the members (the same for all of them); ``directory``: it speaks the
-        pipe directory. Then our ends whose home it now is register with it; otherwise it is
-        told of every end we have, so pipes opened before it came find their other ends."""
+        pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers. Then
+        our ends whose home it now is register with it; otherwise it is told of every end
+        we have, so pipes opened before it came find their other ends."""
         self._now = now
         self.peers.add(peer)
+        if fanout:
+            self._fanout.add(peer)
         if directory and member and member != self.member_id:
             self._members[member] = peer
             self._member_of[peer] = member
@@ -588,6 +596,7 @@ class ZpipesServer:
         if lost:
             self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
         self._legacy.discard(peer)
+        self._fanout.discard(peer)
         member = self._member_of.pop(peer, None)
         if member is not None:
             if self._members.get(member) == peer:
@@ -603,16 +612,21 @@ class ZpipesServer:
             return  # late traffic of a peer already declared lost
         msg = peering.decode(frames)
         if isinstance(msg, peering.Data):
+            self.data_received += 1
+            self.data_bytes_received += len(msg.chunk)
             key = (peer, msg.writer_end)
             proxy = self._proxies.get(key)
             if proxy is None and peer in self._member_of and key not in self._tombs:
-                proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_end)
+                proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_ends)
             if proxy is not None:
-                self._woken.extend(self.pipes.deliver(proxy, msg.reader_end, msg.first, msg.chunk))
+                for reader_end in msg.reader_ends:  # (fan-out: one chunk shared by them all)
+                    self._woken.extend(self.pipes.deliver(proxy, reader_end, msg.first,
+                                                          msg.chunk))
         elif isinstance(msg, peering.Credit):
-            proxy = self._proxies.get((peer, msg.reader_end))
-            if proxy is not None:
-                self._woken.extend(self.pipes.credit(proxy, msg.size))
+            for reader_end, size in msg.credits:
+                proxy = self._proxies.get((peer, reader_end))
+                if proxy is not None:
+                    self._woken.extend(self.pipes.credit(proxy, size))
         elif isinstance(msg, peering.Attach):
             if not pipe_name_problem(msg.pipe):
                 self._attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
@@ -676,14 +690,16 @@ class ZpipesServer:
             self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
                           remote_end=end, **({"lost": lost} if lost else {}))
 
-    def _adopt_writer(self, peer: str, writer_end: int, reader_end: int) -> int | None:
+    def _adopt_writer(self, peer: str, writer_end: int,
+                      reader_ends: Sequence[int]) -> int | None:
         """DATA of a writer we were not introduced to yet (the home's INTRODUCE to us is
-        slower than the writer's broker's DATA): the writer is on our reader's pipe."""
-        pipe = self.pipes.pipe_of(reader_end)
-        reader = pipe.readers.get(reader_end) if pipe is not None else None
-        if reader is None or reader.remote:
-            return None
-        return self._attach_remote(peer, "writer", writer_end, pipe.name)
+        slower than the writer's broker's DATA): the writer is on our readers' pipe."""
+        for reader_end in reader_ends:
+            pipe = self.pipes.pipe_of(reader_end)
+            reader = pipe.readers.get(reader_end) if pipe is not None else None
+            if reader is not None and not reader.remote:
+                return self._attach_remote(peer, "writer", writer_end, pipe.name)
+        return None
 
     # --- the pipe directory ------------------------------------------------------------------
 
@@ -899,17 +915,42 @@ class ZpipesServer:
             self._waiting_count -= len(dropped)
 
     def _to_peers(self) -> None:
-        """Turn what the pipe table has for remote ends into peer messages."""
-        for proxy, writer_end, first, chunk in self.pipes.take_outgoing():
-            owner = self._proxy_of.get(proxy)
-            if owner is not None:
-                self.peer_outbox.append((owner[0], peering.encode(
-                    peering.Data(writer_end, owner[1], first, chunk))))
+        """Turn what the pipe table has for remote ends into peer messages: each chunk goes
+        once to each broker of its remote readers (fan-out), or, to a broker of before, once
+        per reader there; the credits for one broker go in one CREDIT likewise."""
+        outbox, proxy_of, fanout = self.peer_outbox, self._proxy_of, self._fanout
+        for writer_end, first, chunk, proxies in self.pipes.take_outgoing():
+            if len(proxies) == 1:  # the common case: one remote reader
+                owner = proxy_of.get(proxies[0])
+                if owner is None:
+                    continue
+                outbox.append((owner[0], peering.encode(
+                    peering.Data(writer_end, (owner[1],), first, chunk))))
+                self.data_sent += 1
+                self.data_bytes_sent += len(chunk)
+                continue
+            by_peer: dict[str, list[int]] = {}
+            for proxy in proxies:
+                owner = proxy_of.get(proxy)
+                if owner is not None:
+                    by_peer.setdefault(owner[0], []).append(owner[1])
+            for peer, ends in by_peer.items():
+                step = peering.MAX_BATCH if peer in fanout else 1
+                for i in range(0, len(ends), step):
+                    outbox.append((peer, peering.encode(
+                        peering.Data(writer_end, tuple(ends[i:i + step]), first, chunk))))
+                    self.data_sent += 1
+                    self.data_bytes_sent += len(chunk)
+        credits: dict[str, list[tuple[int, int]]] = {}
         for (proxy, reader_end), size in self.pipes.take_credits().items():
-            owner = self._proxy_of.get(proxy)
+            owner = proxy_of.get(proxy)
             if owner is not None:
-                self.peer_outbox.append(
-                    (owner[0], peering.encode(peering.Credit(reader_end, size))))
+                credits.setdefault(owner[0], []).append((reader_end, size))
+        for peer, pairs in credits.items():
+            step = peering.MAX_BATCH if peer in fanout else 1
+            for i in range(0, len(pairs), step):
+                outbox.append((peer, peering.encode(peering.Credit(tuple(pairs[i:i + step])))))
+                self.credit_sent += 1
 
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""
@@ -920,9 +961,17 @@ class ZpipesServer:
 
     # --- questions ---------------------------------------------------------------------------
 
+    def link_counts(self) -> dict[str, int]:
+        """What crossed the links to peer brokers: DATA messages and their chunks' bytes,
+        CREDIT messages."""
+        return {"data_sent": self.data_sent, "data_bytes_sent": self.data_bytes_sent,
+                "credit_sent": self.credit_sent, "data_received": self.data_received,
+                "data_bytes_received": self.data_bytes_received}
+
     def status(self) -> dict[str, Any]:
         return {
             "clients": len(self.clients),
+            "link": self.link_counts(),
             "pipes": {
                 _name(name): {
                     "readers": len(pipe.readers), "writers": len(pipe.writers),
@@ -958,6 +1007,7 @@ class ZpipesServer:
                 "held_bytes": self.held, "bytes_written": written, "bytes_read": read,
                 "clients_expired": self.clients_expired,
                 "clients_disconnected": self.clients_disconnected,
+                "link": self.link_counts(),
                 "ends_failed": [(role, kind, n) for (role, kind), n in self.ends_failed.items()]}
 
 
