@@ -56,6 +56,7 @@ class PeerBroker:
     endpoint: str
     member: str = ""  # its start id: the same at every member, for as long as it runs
     directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
+    fanout: bool = False  # its ZPIPES takes a DATA for several readers (zpipes/peering.py)
 
 
 class Service(ABC):

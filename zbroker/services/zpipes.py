@@ -215,7 +215,7 @@ class ZpipesService(Service):
             if node is not None:
                 self.server.set_member(node.id)
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=peer.directory)
+                                directory=peer.directory, fanout=peer.fanout)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
