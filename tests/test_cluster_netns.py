@@ -4,6 +4,7 @@ zeroconf, and pipes that cross hosts (see netns.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import select
 import subprocess
@@ -114,6 +115,35 @@ def test_fan_out_to_readers_on_two_hosts(testbed):
     assert w.wait(30) == 0
     assert rb.communicate(timeout=30)[0] == data
     assert rc.communicate(timeout=30)[0] == data
+
+
+def link_counts(host):
+    """What the host's broker says crossed its links: DATA messages and bytes, CREDITs."""
+    return json.loads(host.zbroker("status", "--json"))["services"]["zpipes"]["link"]
+
+
+def test_fan_out_to_two_readers_on_one_host_crosses_the_link_once(testbed):
+    a, b, _ = testbed(3).hosts
+    readers = [b.popen(["sh", "-c", f"{netns.sys.executable} -m zpipes read fan2 | sha256sum"],
+                       stdout=subprocess.PIPE) for _ in range(2)]
+    wait_attached(a, "fan2", "reader", count=2)
+    before_a, before_b = link_counts(a), link_counts(b)
+    w = writer(a, "fan2")
+    digest = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    size = 0
+    for i in range(64):
+        chunk = block[i:] + block[:i]
+        digest.update(chunk)
+        w.stdin.write(chunk)
+        size += len(chunk)
+    w.stdin.close()
+    assert w.wait(120) == 0
+    for r in readers:
+        assert r.communicate(timeout=120)[0].split()[0].decode() == digest.hexdigest()
+    sent = link_counts(a)["data_bytes_sent"] - before_a["data_bytes_sent"]
+    received = link_counts(b)["data_bytes_received"] - before_b["data_bytes_received"]
+    assert sent == received == size  # once, not once per reader
 
 
 def test_256mib_cross_host_sha256_agrees(testbed):
