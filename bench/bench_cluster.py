@@ -78,7 +78,7 @@ def set_capacity(hosts, capacity: str) -> None:
 def zpipes(a, b, mib: int, run: int) -> float:
     pipe = f"bench{run}"
     r = b.popen(["sh", "-c", f"{sys.executable} -m zpipes read {pipe} > /dev/null"])
-    a.wait_for_log("remote end attached", 10, pipe=pipe, role="reader")
+    a.wait_findable(pipe, "reader", 10)
     t = time.perf_counter()
     w = a.popen(["sh", "-c", f"head -c {mib << 20} /dev/zero | "
                              f"{sys.executable} -m zpipes write {pipe}"])
