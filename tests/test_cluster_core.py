@@ -12,18 +12,24 @@ from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Cluster:
-    """``fanout``: the brokers that take a DATA for several readers (all, or some)."""
+    """``fanout``: the brokers that take a DATA for several readers (all, or some);
+    ``write_frames``: those that take a chunk in its WRITE frame; ``writable``: frames arrive
+    in writable buffers, as ZeroMQ's do (not bytes)."""
 
-    def __init__(self, names, fanout=(), **config):
+    def __init__(self, names, fanout=(), write_frames=(), writable=False, **config):
         self.servers = {n: ZpipesServer(ServerConfig(**config)) for n in names}
-        self.fanout = set(names) if fanout is True else set(fanout)
+        self.fanout = set(names) if fanout is True else set(fanout or ())
+        self.write_frames = set(names) if write_frames is True else set(write_frames or ())
+        self.frame = (lambda f: memoryview(bytearray(f))) if writable else bytes
         self.now = 0.0
         self.cut: set[frozenset] = set()
         self.sent: Counter[tuple[str, str, bytes]] = Counter()  # (from, to, kind) -> messages
 
     def join(self, a, b):
-        self.servers[a].peer_up(b, self.now, fanout=b in self.fanout)
-        self.servers[b].peer_up(a, self.now, fanout=a in self.fanout)
+        self.servers[a].peer_up(b, self.now, fanout=b in self.fanout,
+                                write_frames=b in self.write_frames)
+        self.servers[b].peer_up(a, self.now, fanout=a in self.fanout,
+                                write_frames=a in self.write_frames)
         self.pump()
 
     def join_all(self):
@@ -50,10 +56,11 @@ class Cluster:
                     moved = True
                     self.sent[name, peer, bytes(frames[0])] += 1
                     if peer in self.servers and frozenset((name, peer)) not in self.cut:
-                        self.servers[peer].peer_receive(name, [bytes(f) for f in frames], self.now)
+                        self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
+                                                        self.now)
 
     def send(self, broker, client, msg):
-        self.servers[broker].receive(client, [p.encode(msg)], self.now)
+        self.servers[broker].receive(client, [self.frame(p.encode(msg))], self.now)
         self.pump()
 
     def advance(self, seconds):
@@ -451,3 +458,40 @@ def test_data_and_credit_for_several_readers_round_trip():
                    [b"DATA", bytes(8 * 1026), b"\x00", b"x"], [b"CREDIT", bytes(24)],
                    [b"CREDIT", b""], [b"CREDIT", bytes(16 * 1025)]):
         assert isinstance(peering.decode(frames), peering.PeerDecodeError), frames
+
+
+@pytest.mark.parametrize("write_frames", [True, False])
+def test_a_big_chunk_crosses_in_its_write_frame_and_is_read_out_of_it(write_frames):
+    """To a broker that takes it, a chunk goes in the WRITE frame it came in, and that broker
+    answers its readers' READs with that very buffer (no copy), however many they are."""
+    c = Cluster("AB", fanout=True, write_frames=write_frames, writable=True)
+    c.join_all()
+    for client in (b"r1", b"r2"):
+        c.send("B", client, p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    big = bytes(range(256)) * 1024  # 256 KiB: sent to the clients without a copy
+    c.send("A", b"w", p.Write(big, 0))
+    c.send("A", b"w", p.Write(b"small", 0))
+    c.send("A", b"w", p.Close())
+    b = c.servers["B"]
+    frames = []
+    for client in (b"r1", b"r2"):
+        c.send("B", client, p.Read(len(big), 0))
+        frames.append(next(f for r, f in b.outbox if r == client and len(f) > len(big)))
+        assert read_all(c, "B", client) == (big + b"small", p.ReadEnd())
+    assert p.decode(frames[0]) == p.decode(frames[1]) == p.ReadOk(big)
+    shared = isinstance(frames[0], memoryview) and frames[0].obj is frames[1].obj
+    assert shared is write_frames
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk(), p.CloseOk()]
+
+
+def test_a_malformed_write_frame_in_a_data_is_dropped():
+    ok = p.encode(p.Write(b"abc", 0))
+    for frame in (ok[:-1], b"\x00" + ok[1:], ok[:7] + b"abcd" + ok[10:], b"short"):
+        msg = peering.decode([b"DATA", bytes(16), bytes((peering.FIRST | peering.FRAMED,)),
+                              frame])
+        assert isinstance(msg, peering.PeerDecodeError), frame
+    msg = peering.decode([b"DATA", bytes(16), bytes((peering.FRAMED,)), ok])
+    assert bytes(msg.chunk) == b"abc" and not msg.first
+    assert isinstance(peering.decode([b"DATA", bytes(16), b"\x04", b"x"]),
+                      peering.PeerDecodeError)

@@ -27,9 +27,9 @@ class DirectoryCluster(base.Cluster):
 
     def join(self, a, b):
         self.servers[a].peer_up(b, self.now, member=b, directory=True,
-                                fanout=b in self.fanout)
+                                fanout=b in self.fanout, write_frames=b in self.write_frames)
         self.servers[b].peer_up(a, self.now, member=a, directory=True,
-                                fanout=a in self.fanout)
+                                fanout=a in self.fanout, write_frames=a in self.write_frames)
         self.pump()
 
 

@@ -91,6 +91,9 @@ def test_hello_says_fan_out_and_a_broker_of_before_is_taken_without_it():
     old = {k: v for k, v in hello("c").to_dict().items() if k != "fanout"}
     assert Hello.from_dict(old).fanout is False
     assert m.hello(Hello.from_dict(old), 0).joined[0].fanout is False
+    assert h.to_dict()["write_frames"] is True and m.peers["b"].write_frames
+    old = {k: v for k, v in hello("d").to_dict().items() if k != "write_frames"}
+    assert m.hello(Hello.from_dict(old), 0).joined[0].write_frames is False
 
 
 def test_a_closed_connection_loses_the_peer_after_the_grace_not_the_timeout():

@@ -16,6 +16,12 @@ crosses the link once, whatever the number of readers there), and one CREDIT car
 credit of several readers, (reader end, bytes) one after the other. A broker of before is sent
 one reader end per DATA and per CREDIT: the frames it knows.
 
+Whole WRITE frames (between brokers whose HELLO says ``"write_frames": true``): a DATA whose
+flags have ``FRAMED`` carries the chunk inside the client's WRITE frame it came in (header,
+chunk, timeout: the chunk's length is in the header). Its sender sends that frame as it got it,
+and its receiver can answer a READ that takes the whole chunk with that very buffer, its header
+turned into READ_OK's (zpipes/protocol.py), instead of copying the chunk into a new one.
+
 The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
 adds three, between such brokers only; the four above are unchanged:
 
@@ -41,6 +47,8 @@ from dataclasses import dataclass
 _END = struct.Struct(">Q")
 _TWO = struct.Struct(">QQ")
 _ROLE_END = struct.Struct(">cQ")
+_WRITE_HEAD = struct.Struct(">2sBI")  # a WRITE frame's signature, id, chunk length
+FIRST, FRAMED = 1, 2  # flags of a DATA: the stream starts; the chunk is in its WRITE frame
 MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE; readers of a
 # DATA or CREDIT
 MAX_MEMBER = 64  # bytes of a broker id in an INTRODUCE
@@ -65,6 +73,8 @@ class Data:
     reader_ends: tuple[int, ...]  # one, or (fan-out) several readers of the receiver
     first: bool
     chunk: bytes | memoryview
+    #: (to send) the client's WRITE frame around ``chunk``, to be sent instead of it (FRAMED)
+    frame: bytes | memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +121,7 @@ class Introduce:
 PeerMessage = (Attach | Detach | Data | Credit | Register | Registered | Unregister
                | Introduce)
 
+_FLAGS = [bytes((i,)) for i in range(4)]
 _ROLE_CODE = {"reader": b"r", "writer": b"w"}
 _CODE_ROLE = {v: k for k, v in _ROLE_CODE.items()}
 
@@ -134,7 +145,9 @@ def encode(msg: PeerMessage) -> list[bytes | memoryview]:
         ends = msg.reader_ends
         head = (_TWO.pack(msg.writer_end, ends[0]) if len(ends) == 1
                 else struct.pack(f">{1 + len(ends)}Q", msg.writer_end, *ends))
-        return [b"DATA", head, b"\x01" if msg.first else b"\x00", msg.chunk]
+        if msg.frame is not None:
+            return [b"DATA", head, _FLAGS[FRAMED | msg.first], msg.frame]
+        return [b"DATA", head, _FLAGS[msg.first], msg.chunk]
     if isinstance(msg, Credit):
         return [b"CREDIT", b"".join(_TWO.pack(end, size) for end, size in msg.credits)]
     if isinstance(msg, Attach):
@@ -150,13 +163,7 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
     kind = bytes(frames[0])
     sizes = [len(f) for f in frames[1:]]
     if kind == b"DATA" and len(sizes) == 3 and sizes[1] == 1:
-        head = sizes[0]
-        if head == 16:
-            writer_end, reader_end = _TWO.unpack(frames[1])
-            return Data(writer_end, (reader_end,), bytes(frames[2]) == b"\x01", frames[3])
-        if head > 16 and head % 8 == 0 and head <= 8 * (1 + MAX_BATCH):
-            writer_end, *readers = struct.unpack(f">{head // 8}Q", frames[1])
-            return Data(writer_end, tuple(readers), bytes(frames[2]) == b"\x01", frames[3])
+        return _data(frames[1:], sizes)
     if kind == b"CREDIT" and len(sizes) == 1 and sizes[0] and sizes[0] % 16 == 0 \
             and sizes[0] <= 16 * MAX_BATCH:
         return Credit(tuple(_TWO.iter_unpack(frames[1])))
@@ -177,6 +184,27 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
     if kind == b"INTRODUCE":
         return _introduce(frames[1:])
     return PeerDecodeError(f"malformed peer message {kind[:20]!r} with frame sizes {sizes[:8]}")
+
+
+def _data(frames: Sequence[bytes | memoryview], sizes: list[int]) -> Data | PeerDecodeError:
+    head, flags, chunk = sizes[0], frames[1][0], frames[2]
+    if head == 16:
+        writer_end, reader_end = _TWO.unpack(frames[0])
+        readers: tuple[int, ...] = (reader_end,)
+    elif head > 16 and head % 8 == 0 and head <= 8 * (1 + MAX_BATCH):
+        writer_end, *ends = struct.unpack(f">{head // 8}Q", frames[0])
+        readers = tuple(ends)
+    else:
+        return PeerDecodeError(f"DATA with a head of {head} bytes")
+    if flags & ~(FIRST | FRAMED):
+        return PeerDecodeError(f"DATA with unknown flags {flags:#x}")
+    if flags & FRAMED:  # the chunk is in its WRITE frame: header (7), chunk, timeout (4)
+        size = sizes[2] - 11
+        if size < 0 or _WRITE_HEAD.unpack_from(chunk)[2] != size \
+                or bytes(chunk[:2]) != b"\xaa\xa0":
+            return PeerDecodeError("DATA with a malformed WRITE frame")
+        chunk = memoryview(chunk)[7:7 + size]
+    return Data(writer_end, readers, bool(flags & FIRST), chunk)
 
 
 def _register(frames: Sequence[bytes | memoryview]) -> Register | PeerDecodeError:

@@ -86,6 +86,9 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
 # kept only while a peer speaks the directory (only those introduce).
 MAX_TOMBS = 16384  # remote ends detached, remembered against late introductions of them
 MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions of them
+#: chunks smaller than this go to peers as they are, not in their WRITE frame: the reader's
+#: broker copies a READ_OK that small into ZeroMQ's message anyway
+FRAMED_MIN = 1 << 16
 MAX_WAITING = 10_000  # introductions to brokers we do not have as peers yet, kept a while
 INTRO_WAIT = 30.0  # seconds such an introduction is kept
 _UNKNOWN = "gone"  # what a late introduction of one of our writers we forgot is answered
@@ -148,6 +151,7 @@ class ZpipesServer:
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self._proxy_of: dict[int, tuple[str, int]] = {}
         self._fanout: set[str] = set()  # peers that take a DATA or CREDIT for several readers
+        self._write_frames: set[str] = set()  # peers that take a chunk in its WRITE frame
         #: what crossed the links to and from peer brokers (for status and metrics): DATA
         #: messages and the bytes of their chunks, CREDIT messages
         self.data_sent = self.data_bytes_sent = self.credit_sent = 0
@@ -559,16 +563,20 @@ class ZpipesServer:
                 self._registered[end] = (member_id, role, pipe)
 
     def peer_up(self, peer: str, now: float, member: str = "",
-                directory: bool = False, fanout: bool = False) -> None:
+                directory: bool = False, fanout: bool = False,
+                write_frames: bool = False) -> None:
         """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
         its id among the members (the same for all of them); ``directory``: it speaks the
-        pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers. Then
-        our ends whose home it now is register with it; otherwise it is told of every end
-        we have, so pipes opened before it came find their other ends."""
+        pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers;
+        ``write_frames``: a DATA whose chunk is in its WRITE frame. Then our ends whose home
+        it now is register with it; otherwise it is told of every end we have, so pipes
+        opened before it came find their other ends."""
         self._now = now
         self.peers.add(peer)
         if fanout:
             self._fanout.add(peer)
+        if write_frames:
+            self._write_frames.add(peer)
         if directory and member and member != self.member_id:
             self._members[member] = peer
             self._member_of[peer] = member
@@ -597,6 +605,7 @@ class ZpipesServer:
             self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
         self._legacy.discard(peer)
         self._fanout.discard(peer)
+        self._write_frames.discard(peer)
         member = self._member_of.pop(peer, None)
         if member is not None:
             if self._members.get(member) == peer:
@@ -919,13 +928,18 @@ class ZpipesServer:
         once to each broker of its remote readers (fan-out), or, to a broker of before, once
         per reader there; the credits for one broker go in one CREDIT likewise."""
         outbox, proxy_of, fanout = self.peer_outbox, self._proxy_of, self._fanout
+        framed = self._write_frames
         for writer_end, first, chunk, proxies in self.pipes.take_outgoing():
+            # a chunk that is a whole WRITE frame's goes in that frame, to peers that take it:
+            # they can then answer a READ with it as it is (no copy there)
+            frame = p.write_frame_of(chunk) if framed and len(chunk) >= FRAMED_MIN else None
             if len(proxies) == 1:  # the common case: one remote reader
                 owner = proxy_of.get(proxies[0])
                 if owner is None:
                     continue
-                outbox.append((owner[0], peering.encode(
-                    peering.Data(writer_end, (owner[1],), first, chunk))))
+                outbox.append((owner[0], peering.encode(peering.Data(
+                    writer_end, (owner[1],), first, chunk,
+                    frame if owner[0] in framed else None))))
                 self.data_sent += 1
                 self.data_bytes_sent += len(chunk)
                 continue
@@ -937,8 +951,9 @@ class ZpipesServer:
             for peer, ends in by_peer.items():
                 step = peering.MAX_BATCH if peer in fanout else 1
                 for i in range(0, len(ends), step):
-                    outbox.append((peer, peering.encode(
-                        peering.Data(writer_end, tuple(ends[i:i + step]), first, chunk))))
+                    outbox.append((peer, peering.encode(peering.Data(
+                        writer_end, tuple(ends[i:i + step]), first, chunk,
+                        frame if peer in framed else None))))
                     self.data_sent += 1
                     self.data_bytes_sent += len(chunk)
         credits: dict[str, list[tuple[int, int]]] = {}

@@ -80,12 +80,15 @@ class Hello:
     #: crosses the link once per broker, not once per reader; brokers of before are sent one
     #: reader's DATA at a time
     fanout: bool = True
+    #: its ZPIPES takes a DATA whose chunk is in the client's WRITE frame (zpipes/peering.py)
+    write_frames: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
-                "directory": self.directory, "fanout": self.fanout}
+                "directory": self.directory, "fanout": self.fanout,
+                "write_frames": self.write_frames}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -94,7 +97,7 @@ class Hello:
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, data.get("directory") is True,
-                        data.get("fanout") is True)
+                        data.get("fanout") is True, data.get("write_frames") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -130,6 +133,7 @@ class Peer:
     gossip: bool = False  # it takes MEMBERS
     directory: bool = False  # its ZPIPES speaks the pipe directory
     fanout: bool = False  # its ZPIPES takes a DATA for several readers
+    write_frames: bool = False  # and one whose chunk is in its WRITE frame
 
 
 class Named(Protocol):
@@ -271,7 +275,7 @@ class Membership:
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
                     now, gossip=hello.gossip, directory=hello.directory,
-                    fanout=hello.fanout)
+                    fanout=hello.fanout, write_frames=hello.write_frames)
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:

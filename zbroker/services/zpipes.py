@@ -215,7 +215,8 @@ class ZpipesService(Service):
             if node is not None:
                 self.server.set_member(node.id)
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=peer.directory, fanout=peer.fanout)
+                                directory=peer.directory, fanout=peer.fanout,
+                                write_frames=peer.write_frames)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
