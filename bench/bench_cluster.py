@@ -3,10 +3,16 @@
 seconds each broker spends per GiB moved. Needs root.
 
     python bench/bench_cluster.py [--mib 512] [--runs 3] [--capacities 1MiB,4MiB,16MiB]
+                                  [--floor]
 
 ``--capacities``: the ZPIPES capacity per reader (which is also a remote reader's credit
 window: the bytes in flight to it) to compare, set on both brokers in turn within each run
 (`zbroker set`), so that the machine's noise hits every one alike.
+
+``--floor``: also measure, in each run, the same hops with no Python in the middle: ``head |``
+a pyzmq PUSH over ipc to a C relay (``zmq.proxy``) on host A, over TCP to a C relay on host B,
+over ipc to a pyzmq PULL ``> /dev/null``. No broker can beat what that shape costs: it is the
+ceiling of a stream that goes client -> broker -> broker -> client.
 """
 
 from __future__ import annotations
@@ -42,6 +48,58 @@ s.close(linger=-1); ctx.term()
 """
 
 
+RELAY = r"""
+import sys, zmq
+ctx = zmq.Context(); a = ctx.socket(zmq.PULL); a.bind(sys.argv[1])
+b = ctx.socket(zmq.PUSH); b.connect(sys.argv[2])
+zmq.proxy(a, b)
+"""
+FLOOR_PUSH = r"""
+import zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.PUSH); s.connect("ipc://@bench-floor-in")
+src = open(0, "rb", buffering=0)
+while True:
+    buf = bytearray(1 << 20); n = src.readinto(buf)
+    while n and n < len(buf):
+        m = src.readinto(memoryview(buf)[n:])
+        if not m: break
+        n += m
+    if not n: break
+    s.send(memoryview(buf)[:n], copy=False)
+s.send(b""); s.close(linger=-1); ctx.term()
+"""
+FLOOR_PULL = r"""
+import zmq
+ctx = zmq.Context(); s = ctx.socket(zmq.PULL); s.bind("ipc://@bench-floor-out")
+print("ready", flush=True)
+out = open(1, "wb", buffering=0)
+while True:
+    frame = s.recv(copy=False)
+    if not len(frame): break
+    out.write(frame.buffer)
+"""
+
+
+def floor(a, b, mib: int) -> tuple[float, float, float, float]:
+    """The same hops as a ZPIPES stream with C relays in place of the brokers: seconds, and
+    the CPU seconds of relay A, relay B and the clients (head, sender, receiver)."""
+    pull = b.popen(["sh", "-c", f"{sys.executable} -c '{FLOOR_PULL}' > /dev/null; echo done"],
+                   stdout=subprocess.PIPE)
+    relay_b = b.python(RELAY, "tcp://*:6001", "ipc://@bench-floor-out")
+    relay_a = a.python(RELAY, "ipc://@bench-floor-in", f"tcp://{b.address}:6001")
+    time.sleep(1.0)  # (connected by then; the relays run until killed)
+    t = time.perf_counter()
+    push = a.popen(["sh", "-c", f"head -c {mib << 20} /dev/zero | "
+                                f"{sys.executable} -c '{FLOOR_PUSH}'"])
+    assert pull.stdout.readline().strip() == b"done"
+    dt = time.perf_counter() - t
+    relays = pid_cpu_seconds(relay_a.pid), pid_cpu_seconds(relay_b.pid)
+    for relay in (relay_a, relay_b):
+        relay.kill()
+        relay.wait()
+    return dt, relays[0], relays[1], finish(push) + finish(pull)
+
+
 def finish(proc: subprocess.Popen) -> float:
     """Wait for ``proc`` to exit successfully; the CPU seconds it and the children it waited
     for (a shell's pipeline) spent."""
@@ -64,7 +122,11 @@ def raw(a, b, mib: int) -> tuple[float, float]:
 
 def cpu_seconds(host) -> float:
     """User + system CPU time of ``host``'s broker so far (from /proc/PID/stat)."""
-    fields = Path(f"/proc/{host.broker_pid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return pid_cpu_seconds(host.broker_pid())
+
+
+def pid_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -93,6 +155,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--capacities", default="",
                     help="comma-separated capacities to compare (default: the brokers' own)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also measure the same hops with C relays in place of the brokers")
     args = ap.parse_args()
     capacities = [c.strip() for c in args.capacities.split(",") if c.strip()] or [""]
     why = netns.available()
@@ -106,12 +170,15 @@ def main() -> None:
                 host.start_broker()
             bed.wait_for_cluster()
             raws: list[tuple[float, float]] = []
+            floors: list[tuple[float, float, float, float]] = []
             # by position: a capacity named twice (A,B,A) is measured twice
             pipes: list[list[tuple[float, float]]] = [[] for _ in capacities]
             cpu: list[list[tuple[float, float]]] = [[] for _ in capacities]
             n = 0
             for _ in range(args.runs):  # interleaved: noise hits all alike
                 raws.append(raw(a, b, args.mib))
+                if args.floor:
+                    floors.append(floor(a, b, args.mib))
                 for i, capacity in enumerate(capacities):
                     if capacity:
                         set_capacity((a, b), capacity)
@@ -127,6 +194,16 @@ def main() -> None:
     raw_cpu = statistics.median(c for _, c in raws) / gib
     print(f"cross-host {args.mib} MiB, median of {args.runs}: raw pyzmq "
           f"{nbytes / r / 1e6:7.0f} MB/s, sender + receiver CPU {raw_cpu:.2f} s per GiB")
+    # each run against the raw pyzmq of its own run: the range of the ratios
+    ratios = [sorted(raws[k][0] / runs[k][0] for k in range(args.runs)) for runs in pipes]
+    if floors:
+        f = statistics.median(t for t, *_ in floors)
+        span = sorted(raws[k][0] / floors[k][0] for k in range(args.runs))
+        print(f"  C relays (head | push | relay A | relay B | pull): {nbytes / f / 1e6:7.0f} MB/s"
+              f"   ratio {r / f:.2f}x (runs {span[0]:.2f} to {span[-1]:.2f})   CPU per GiB: "
+              f"relay A {statistics.median(x[1] for x in floors) / gib:.2f} s, relay B "
+              f"{statistics.median(x[2] for x in floors) / gib:.2f} s, clients "
+              f"{statistics.median(x[3] for x in floors) / gib:.2f} s")
     for i, capacity in enumerate(capacities):
         z = statistics.median(t for t, _ in pipes[i])
         clients = statistics.median(c for _, c in pipes[i]) / gib
@@ -134,7 +211,8 @@ def main() -> None:
         cpu_b = statistics.median(c[1] for c in cpu[i]) / gib
         print(f"  zpipes (write | broker A | broker B | read)"
               f"{f', capacity {capacity}' if capacity else ''}: {nbytes / z / 1e6:7.0f} MB/s   "
-              f"ratio {r / z:.2f}x   CPU per GiB: broker A {cpu_a:.2f} s, broker B "
+              f"ratio {r / z:.2f}x (runs {ratios[i][0]:.2f} to {ratios[i][-1]:.2f})   "
+              f"CPU per GiB: broker A {cpu_a:.2f} s, broker B "
               f"{cpu_b:.2f} s, clients (head, zpipes write, zpipes read) {clients:.2f} s")
 
 
