@@ -495,3 +495,46 @@ def test_a_malformed_write_frame_in_a_data_is_dropped():
     assert bytes(msg.chunk) == b"abc" and not msg.first
     assert isinstance(peering.decode([b"DATA", bytes(16), b"\x04", b"x"]),
                       peering.PeerDecodeError)
+
+
+def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
+    """On a link with a long round trip, more than the capacity may be in flight to a remote
+    reader (the bandwidth-delay product), up to a bound: what a reader that does not read
+    costs its broker."""
+    from zpipes.server import MAX_WINDOW
+
+    c = Cluster("AB", fanout=True)
+    c.join_all()
+    a, b = c.servers["A"], c.servers["B"]
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    assert c.replies("A", b"w") == [p.OutputOk()]
+    chunk = bytes(64 << 10)
+
+    waiting = 0
+
+    def fill():
+        """Write until a WRITE waits; the bytes in flight to the reader then."""
+        nonlocal waiting
+        while True:
+            c.send("A", b"w", p.Write(chunk, 0))
+            waiting += 1 - c.replies("A", b"w").count(p.WriteOk())
+            if waiting:
+                return b.pipes.buffered_bytes()
+
+    assert fill() == 1 << 20  # a LAN: the capacity (1 MiB) in flight, no more
+    a.peer_rtt("B", 0.000_2)  # a window under the capacity changes nothing
+    assert fill() == 1 << 20
+    a.peer_rtt("B", 0.004)  # 4 ms: twice the round trip at 1 GiB/s
+    window = 2 * 0.004 * (1 << 30)
+    assert window <= fill() < window + (128 << 10)
+    a.peer_rtt("B", 0.5)  # however long the round trip, the window is bounded
+    assert fill() == MAX_WINDOW  # all the reader's broker holds for it
+    c.send("B", b"r", p.Read(1 << 20, 0))  # credit for 1 MiB lets as much more in
+    assert fill() == MAX_WINDOW
+    a.peer_rtt("B", 0.000_1)  # a short round trip again: what is in flight drains to the
+    for _ in range(15):  # capacity before anything more goes
+        c.send("B", b"r", p.Read(1 << 20, 0))
+    assert c.replies("A", b"w") == []
+    c.send("B", b"r", p.Read(1 << 20, 0))
+    assert c.replies("A", b"w") == [p.WriteOk()]

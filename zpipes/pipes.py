@@ -28,7 +28,9 @@ rules above hold cluster-wide:
   to send, and counts against its capacity until the reader's broker gives ``credit`` back.
   A chunk is handed over once, with every remote reader it is for (the caller sends it once
   to each of their brokers); each of them still has a capacity and credit of its own, so the
-  slowest bounds what is in flight to all.
+  slowest bounds what is in flight to all. A remote reader's *window* (``set_window``: sized
+  by the caller to its link) may let more than ``capacity`` be in flight to it: it bounds what
+  its broker holds for it, however slowly it reads.
 * A remote writer's chunks arrive through ``deliver``; the first one to a reader says that the
   reader is in its audience. What local readers take of remote data is returned as ``credits``.
 * When a remote end's broker is lost (``detach(end, PEER_LOST)``), the ends whose stream it was
@@ -74,6 +76,7 @@ class Reader:
     chunks: deque[memoryview] = field(default_factory=deque)
     origins: deque[int | None] = field(default_factory=deque)  # remote writer of each chunk
     queued: int = 0  # bytes buffered for this reader (remote: sent and not yet credited)
+    window: int = 0  # (remote) bytes that may be in flight to it, if more than the capacity
     saw_close: bool = False  # a writer closed while this reader was attached
     failure: str | None = None  # its stream broke: it fails once it has read what it holds
     bytes_in: int = 0  # bytes ever queued for this reader
@@ -213,7 +216,9 @@ class PipeTable:
             if not audience:
                 pipe.waiting.add(end)
                 return WriteResult.WAIT, set()
-        if any(reader.queued >= self.capacity for reader in audience):
+        capacity = self.capacity
+        if any(reader.queued >= capacity and reader.queued >= reader.window
+               for reader in audience):
             pipe.waiting.add(end)
             return WriteResult.WAIT, set()
         first = not writer.started
@@ -343,10 +348,21 @@ class PipeTable:
         reader = self._readers.get(reader_end)
         if reader is None or not reader.remote:
             return set()
-        was_full = reader.queued >= self.capacity
+        limit = max(self.capacity, reader.window)
+        was_full = reader.queued >= limit
         reader.queued = max(0, reader.queued - size)
         reader.bytes_out += size
-        return reader.pipe.wake_all() if was_full and reader.queued < self.capacity else set()
+        return reader.pipe.wake_all() if was_full and reader.queued < limit else set()
+
+    def set_window(self, reader_end: int, window: int) -> set[int]:
+        """How many bytes may be in flight to a remote reader (at least the capacity, whatever
+        this says): what its link needs to carry a stream at full speed."""
+        reader = self._readers.get(reader_end)
+        if reader is None or not reader.remote or reader.window == window:
+            return set()
+        grew = window > reader.window
+        reader.window = window
+        return reader.pipe.wake_all() if grew else set()
 
     def take_outgoing(self) -> list[tuple[int, bool, memoryview, list[int]]]:
         out, self.outgoing = self.outgoing, []

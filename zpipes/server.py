@@ -89,6 +89,12 @@ MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions
 #: chunks smaller than this go to peers as they are, not in their WRITE frame: the reader's
 #: broker copies a READ_OK that small into ZeroMQ's message anyway
 FRAMED_MIN = 1 << 16
+#: A remote reader's window (bytes in flight to it) is sized to its link: twice the round trip
+#: to its broker at LINK_RATE, at least the capacity and at most MAX_WINDOW, which bounds what
+#: a reader that does not read costs its broker. On a LAN (a round trip well under a
+#: millisecond) it is the capacity.
+LINK_RATE = 1 << 30  # bytes a second
+MAX_WINDOW = 16 << 20
 MAX_WAITING = 10_000  # introductions to brokers we do not have as peers yet, kept a while
 INTRO_WAIT = 30.0  # seconds such an introduction is kept
 _UNKNOWN = "gone"  # what a late introduction of one of our writers we forgot is answered
@@ -152,6 +158,7 @@ class ZpipesServer:
         self._proxy_of: dict[int, tuple[str, int]] = {}
         self._fanout: set[str] = set()  # peers that take a DATA or CREDIT for several readers
         self._write_frames: set[str] = set()  # peers that take a chunk in its WRITE frame
+        self._windows: dict[str, int] = {}  # peer -> window of its readers, if sized to its link
         #: what crossed the links to and from peer brokers (for status and metrics): DATA
         #: messages and the bytes of their chunks, CREDIT messages
         self.data_sent = self.data_bytes_sent = self.credit_sent = 0
@@ -590,6 +597,18 @@ class ZpipesServer:
                 self.peer_outbox.append((peer, peering.encode(peering.Attach(role, end, name))))
         self._wake()
 
+    def peer_rtt(self, peer: str, rtt: float) -> None:
+        """The round trip to ``peer`` (its heartbeat's, measured while the link was idle): the
+        windows of its readers are sized to it."""
+        window = min(MAX_WINDOW, (int(2 * rtt * LINK_RATE) | 0xFFFF) + 1)  # (by 64 KiB)
+        if peer not in self.peers or self._windows.get(peer, 0) == window:
+            return
+        self._windows[peer] = window
+        for (owner, _), proxy in self._proxies.items():
+            if owner == peer:
+                self._woken.extend(self.pipes.set_window(proxy, window))
+        self._wake()
+
     def peer_down(self, peer: str, now: float) -> None:
         """A peer broker was lost: the streams that ran through it break (*_FAILED "peer
         lost"), never end quietly. What it had registered with us is forgotten, and our ends
@@ -606,6 +625,7 @@ class ZpipesServer:
         self._legacy.discard(peer)
         self._fanout.discard(peer)
         self._write_frames.discard(peer)
+        self._windows.pop(peer, None)
         member = self._member_of.pop(peer, None)
         if member is not None:
             if self._members.get(member) == peer:
@@ -680,6 +700,8 @@ class ZpipesServer:
         self._proxy_of[proxy] = key
         attach = self.pipes.attach_reader if role == "reader" else self.pipes.attach_writer
         self._woken.extend(attach(pipe, proxy, remote=True))
+        if role == "reader" and peer in self._windows:
+            self.pipes.set_window(proxy, self._windows[peer])
         self.log.info("remote end attached", peer=peer, pipe=_name(pipe), role=role,
                       remote_end=end)
         return proxy

@@ -120,6 +120,7 @@ class ZpipesService(Service):
         self._refused: dict[str, int] = {"not allowed": 0, "too many clients": 0}
         self._refused_users: OrderedDict[int, None] = OrderedDict()
         self._full = False  # at max_clients connections (logged once per episode)
+        self._lives: dict[str, str] = {}  # peer broker's member id -> its life (PeerBroker.id)
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -214,12 +215,15 @@ class ZpipesService(Service):
             node = self._cluster.node if self._cluster is not None else None
             if node is not None:
                 self.server.set_member(node.id)
+            self._lives[peer.member] = peer.id
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
                                 directory=peer.directory, fanout=peer.fanout,
                                 write_frames=peer.write_frames)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
+        if self._lives.get(peer.member) == peer.id:
+            del self._lives[peer.member]
         if self.server is not None:
             self.server.peer_down(peer.id, self._loop.time())
             self._flush_outside()
@@ -311,6 +315,17 @@ class ZpipesService(Service):
             self._read_pending = True
             self._loop.call_soon(self._on_readable)
         self._schedule()
+
+    def _size_windows(self) -> None:
+        """Tell the core the round trip to each peer (the cluster's heartbeats measure it):
+        the windows of the remote readers are sized to their links."""
+        node = self._cluster.node if self._cluster is not None else None
+        rtts = getattr(node, "last_rtt", None)
+        if rtts:
+            for member, life in self._lives.items():
+                rtt = rtts.get(member)
+                if rtt is not None:
+                    self.server.peer_rtt(life, rtt)
 
     def _on_monitor(self) -> None:
         self._take_connection_events()
@@ -418,6 +433,7 @@ class ZpipesService(Service):
         if self.server is None or self._sock is None:
             return
         self.server.tick(self._loop.time())
+        self._size_windows()
         self._flush()
         self._schedule()
         if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
