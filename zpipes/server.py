@@ -91,9 +91,11 @@ MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions
 FRAMED_MIN = 1 << 16
 #: A remote reader's window (bytes in flight to it) is sized to its link: twice the round trip
 #: to its broker at LINK_RATE, at least the capacity and at most MAX_WINDOW, which bounds what
-#: a reader that does not read costs its broker. On a LAN (a round trip well under a
-#: millisecond) it is the capacity.
-LINK_RATE = 1 << 30  # bytes a second
+#: a reader that does not read costs its broker. So a stream may reach twice LINK_RATE on links
+#: of 2 to 32 ms, and on a LAN (a round trip under 2 ms) the window is the capacity: larger
+#: ones were measured to cost the reader's broker CPU there (data going cold between hops)
+#: and to gain nothing.
+LINK_RATE = 256 << 20  # bytes a second
 MAX_WINDOW = 16 << 20
 #: the round trip taken is the least of the last few reported: a heartbeat's echo also waits
 #: for both brokers' event loops, which a busy host delays by milliseconds (measured here: 0.4
@@ -1018,7 +1020,11 @@ class ZpipesServer:
     def status(self) -> dict[str, Any]:
         return {
             "clients": len(self.clients),
-            "link": self.link_counts(),
+            # the windows of the readers of each peer whose round trip is known (bytes in
+            # flight to one reader: at least the capacity)
+            "link": {**self.link_counts(),
+                     "windows": {peer: max(window, self.config.capacity)
+                                 for peer, window in self._windows.items()}},
             "pipes": {
                 _name(name): {
                     "readers": len(pipe.readers), "writers": len(pipe.writers),
