@@ -121,6 +121,7 @@ class ZpipesService(Service):
         self._refused_users: OrderedDict[int, None] = OrderedDict()
         self._full = False  # at max_clients connections (logged once per episode)
         self._lives: dict[str, str] = {}  # peer broker's member id -> its life (PeerBroker.id)
+        self._rtts: dict[str, float] = {}  # member id -> the round trip last told the core
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -224,6 +225,7 @@ class ZpipesService(Service):
     def peer_left(self, peer: PeerBroker) -> None:
         if self._lives.get(peer.member) == peer.id:
             del self._lives[peer.member]
+            self._rtts.pop(peer.member, None)
         if self.server is not None:
             self.server.peer_down(peer.id, self._loop.time())
             self._flush_outside()
@@ -317,14 +319,15 @@ class ZpipesService(Service):
         self._schedule()
 
     def _size_windows(self) -> None:
-        """Tell the core the round trip to each peer (the cluster's heartbeats measure it):
-        the windows of the remote readers are sized to their links."""
+        """Tell the core each new round trip to a peer (the cluster's heartbeats measure
+        them): the windows of the remote readers are sized to their links."""
         node = self._cluster.node if self._cluster is not None else None
         rtts = getattr(node, "last_rtt", None)
         if rtts:
             for member, life in self._lives.items():
                 rtt = rtts.get(member)
-                if rtt is not None:
+                if rtt is not None and rtt != self._rtts.get(member):
+                    self._rtts[member] = rtt
                     self.server.peer_rtt(life, rtt)
 
     def _on_monitor(self) -> None:
