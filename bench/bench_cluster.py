@@ -9,6 +9,9 @@ seconds each broker spends per GiB moved. Needs root.
 window: the bytes in flight to it) to compare, set on both brokers in turn within each run
 (`zbroker set`), so that the machine's noise hits every one alike.
 
+``--readers N``: N readers of the stream on host B (one copy of each chunk crosses the link:
+the bytes of pipe data the writer's broker sent, per byte of the stream, are printed).
+
 ``--floor``: also measure, in each run, the same hops with no Python in the middle: ``head |``
 a pyzmq PUSH over ipc to a C relay (``zmq.proxy``) on host A, over TCP to a C relay on host B,
 over ipc to a pyzmq PULL ``> /dev/null``. No broker can beat what that shape costs: it is the
@@ -18,6 +21,7 @@ ceiling of a stream that goes client -> broker -> broker -> client.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -137,15 +141,24 @@ def set_capacity(hosts, capacity: str) -> None:
         assert got.isdigit(), f"{host.name}: capacity not set: {got}"
 
 
-def zpipes(a, b, mib: int, run: int) -> float:
+def zpipes(a, b, mib: int, run: int, readers: int = 1) -> tuple[float, float]:
+    """Seconds to stream ``mib`` MiB from a writer on ``a`` to ``readers`` readers on ``b``,
+    and the CPU seconds of the clients."""
     pipe = f"bench{run}"
-    r = b.popen(["sh", "-c", f"{sys.executable} -m zpipes read {pipe} > /dev/null"])
-    a.wait_findable(pipe, "reader", 10)
+    rs = [b.popen(["sh", "-c", f"{sys.executable} -m zpipes read {pipe} > /dev/null"])
+          for _ in range(readers)]
+    a.wait_findable(pipe, "reader", 10, count=readers)
     t = time.perf_counter()
     w = a.popen(["sh", "-c", f"head -c {mib << 20} /dev/zero | "
                              f"{sys.executable} -m zpipes write {pipe}"])
-    clients = finish(w) + finish(r)
+    clients = finish(w) + sum(finish(r) for r in rs)
     return time.perf_counter() - t, clients
+
+
+def data_bytes_sent(host) -> int | None:
+    """Bytes of pipe data the broker sent to its peers (None: a broker that does not count)."""
+    status = json.loads(host.zbroker("status", "--json"))
+    return status["services"]["zpipes"].get("link", {}).get("data_bytes_sent")
 
 
 def main() -> None:
@@ -155,6 +168,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--capacities", default="",
                     help="comma-separated capacities to compare (default: the brokers' own)")
+    ap.add_argument("--readers", type=int, default=1,
+                    help="readers of the stream on host B (fan-out: one copy crosses the link)")
     ap.add_argument("--floor", action="store_true",
                     help="also measure the same hops with C relays in place of the brokers")
     args = ap.parse_args()
@@ -174,6 +189,7 @@ def main() -> None:
             # by position: a capacity named twice (A,B,A) is measured twice
             pipes: list[list[tuple[float, float]]] = [[] for _ in capacities]
             cpu: list[list[tuple[float, float]]] = [[] for _ in capacities]
+            link: list[list[float]] = [[] for _ in capacities]  # bytes over the link per byte
             n = 0
             for _ in range(args.runs):  # interleaved: noise hits all alike
                 raws.append(raw(a, b, args.mib))
@@ -183,9 +199,12 @@ def main() -> None:
                     if capacity:
                         set_capacity((a, b), capacity)
                     before = cpu_seconds(a), cpu_seconds(b)
+                    sent = data_bytes_sent(a)
                     n += 1
-                    pipes[i].append(zpipes(a, b, args.mib, n))
+                    pipes[i].append(zpipes(a, b, args.mib, n, args.readers))
                     cpu[i].append((cpu_seconds(a) - before[0], cpu_seconds(b) - before[1]))
+                    if sent is not None:
+                        link[i].append((data_bytes_sent(a) - sent) / (args.mib << 20))
         finally:
             bed.close()
     nbytes = args.mib << 20
@@ -209,11 +228,13 @@ def main() -> None:
         clients = statistics.median(c for _, c in pipes[i]) / gib
         cpu_a = statistics.median(c[0] for c in cpu[i]) / gib
         cpu_b = statistics.median(c[1] for c in cpu[i]) / gib
-        print(f"  zpipes (write | broker A | broker B | read)"
+        many = f" x {args.readers}" if args.readers > 1 else ""
+        print(f"  zpipes (write | broker A | broker B | read{many})"
               f"{f', capacity {capacity}' if capacity else ''}: {nbytes / z / 1e6:7.0f} MB/s   "
-              f"ratio {r / z:.2f}x (runs {ratios[i][0]:.2f} to {ratios[i][-1]:.2f})   "
-              f"CPU per GiB: broker A {cpu_a:.2f} s, broker B "
-              f"{cpu_b:.2f} s, clients (head, zpipes write, zpipes read) {clients:.2f} s")
+              f"ratio {r / z:.2f}x (runs {ratios[i][0]:.2f} to {ratios[i][-1]:.2f})"
+              f"{f'   link {statistics.median(link[i]):.2f}x the stream' if link[i] else ''}"
+              f"   CPU per GiB: broker A {cpu_a:.2f} s, broker B "
+              f"{cpu_b:.2f} s, clients (head, zpipes write, zpipes read{many}) {clients:.2f} s")
 
 
 if __name__ == "__main__":
