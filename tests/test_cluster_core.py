@@ -451,6 +451,8 @@ def test_data_and_credit_for_several_readers_round_trip():
         assert decoded == msg or (isinstance(decoded, peering.Data)
                                   and bytes(decoded.chunk) == msg.chunk
                                   and decoded.reader_ends == msg.reader_ends)
+    named_twice = peering.encode(peering.Data(7, (1, 2, 1), False, b"x"))
+    assert peering.decode(named_twice).reader_ends == (1, 2)
     # a single reader is the frame brokers of before know
     assert peering.encode(peering.Data(7, (1,), True, b"x")) == [
         b"DATA", bytes(7) + b"\x07" + bytes(7) + b"\x01", b"\x01", b"x"]

@@ -193,7 +193,7 @@ def _data(frames: Sequence[bytes | memoryview], sizes: list[int]) -> Data | Peer
         readers: tuple[int, ...] = (reader_end,)
     elif head > 16 and head % 8 == 0 and head <= 8 * (1 + MAX_BATCH):
         writer_end, *ends = struct.unpack(f">{head // 8}Q", frames[0])
-        readers = tuple(ends)
+        readers = tuple(dict.fromkeys(ends))  # a reader named twice takes the chunk once
     else:
         return PeerDecodeError(f"DATA with a head of {head} bytes")
     if flags & ~(FIRST | FRAMED):
