@@ -2,21 +2,34 @@
 link that carries their peer messages. The same scenarios run over real namespaces in
 test_cluster_netns.py."""
 
+from collections import Counter
+
 import pytest
 
+from zpipes import peering
 from zpipes import protocol as p
 from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Cluster:
-    def __init__(self, names, **config):
+    """``fanout``: the brokers that take a DATA for several readers (all, or some);
+    ``write_frames``: those that take a chunk in its WRITE frame; ``writable``: frames arrive
+    in writable buffers, as ZeroMQ's do (not bytes)."""
+
+    def __init__(self, names, fanout=(), write_frames=(), writable=False, **config):
         self.servers = {n: ZpipesServer(ServerConfig(**config)) for n in names}
+        self.fanout = set(names) if fanout is True else set(fanout or ())
+        self.write_frames = set(names) if write_frames is True else set(write_frames or ())
+        self.frame = (lambda f: memoryview(bytearray(f))) if writable else bytes
         self.now = 0.0
         self.cut: set[frozenset] = set()
+        self.sent: Counter[tuple[str, str, bytes]] = Counter()  # (from, to, kind) -> messages
 
     def join(self, a, b):
-        self.servers[a].peer_up(b, self.now)
-        self.servers[b].peer_up(a, self.now)
+        self.servers[a].peer_up(b, self.now, fanout=b in self.fanout,
+                                write_frames=b in self.write_frames)
+        self.servers[b].peer_up(a, self.now, fanout=a in self.fanout,
+                                write_frames=a in self.write_frames)
         self.pump()
 
     def join_all(self):
@@ -41,11 +54,13 @@ class Cluster:
                 out, s.peer_outbox = s.peer_outbox, []
                 for peer, frames in out:
                     moved = True
+                    self.sent[name, peer, bytes(frames[0])] += 1
                     if peer in self.servers and frozenset((name, peer)) not in self.cut:
-                        self.servers[peer].peer_receive(name, [bytes(f) for f in frames], self.now)
+                        self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
+                                                        self.now)
 
     def send(self, broker, client, msg):
-        self.servers[broker].receive(client, [p.encode(msg)], self.now)
+        self.servers[broker].receive(client, [self.frame(p.encode(msg))], self.now)
         self.pump()
 
     def advance(self, seconds):
@@ -295,3 +310,235 @@ def test_a_remote_reader_broken_by_one_writer_holds_back_no_writer_elsewhere(c):
     c.send("B", b"r", p.Read(100, 0))
     c.send("B", b"r", p.Read(100, 0))
     assert c.replies("B", b"r")[1:] == [p.ReadOk(b"122"), p.ReadFailed("writer lost: disconnected")]
+
+
+# --- fan-out: one DATA per remote broker per chunk -------------------------------------------
+
+
+def read_all(c, broker, client, size=1 << 20):
+    """Everything the reader gets until it would wait: its data, and how it ended (None: it
+    waits for more)."""
+    got, last = b"", None
+    while True:
+        c.send(broker, client, p.Read(size, 0))
+        replies = c.replies(broker, client)
+        for r in replies:
+            if isinstance(r, p.ReadOk):
+                got += r.chunk
+        last = replies[-1] if replies else None
+        if not isinstance(last, p.ReadOk):
+            return got, last
+
+
+def test_one_data_per_remote_broker_per_chunk_whatever_its_readers():
+    c = Cluster("ABC", fanout=True)
+    c.join_all()
+    for client in (b"r1", b"r2", b"r3"):
+        c.send("B", client, p.Input(b"fan"))
+    c.send("C", b"r", p.Input(b"fan"))
+    c.send("A", b"w", p.Output(b"fan"))
+    c.sent.clear()
+    chunks = [b"%d" % i * 100 for i in range(10)]
+    for chunk in chunks:
+        c.send("A", b"w", p.Write(chunk, 0))
+        for client in (b"r1", b"r2", b"r3"):
+            c.send("B", client, p.Read(1 << 20, 0))
+        c.send("C", b"r", p.Read(1 << 20, 0))
+    c.send("A", b"w", p.Close())
+    assert c.sent["A", "B", b"DATA"] == len(chunks)  # not one per reader there
+    assert c.sent["A", "C", b"DATA"] == len(chunks)
+    assert c.servers["A"].data_bytes_sent == 2 * sum(map(len, chunks))
+    assert c.servers["B"].data_bytes_received == sum(map(len, chunks))
+    for broker, client in (("B", b"r1"), ("B", b"r2"), ("B", b"r3"), ("C", b"r")):
+        got = b"".join(r.chunk for r in c.replies(broker, client) if isinstance(r, p.ReadOk))
+        rest, end = read_all(c, broker, client)
+        assert (got + rest, end) == (b"".join(chunks), p.ReadEnd())
+    assert c.replies("A", b"w") == [p.OutputOk()] + [p.WriteOk()] * len(chunks) + [p.CloseOk()]
+
+
+def test_a_broker_without_fan_out_gets_one_data_per_reader():
+    """B takes DATA for several readers, C is a broker of before: it gets the frames it
+    knows, one reader each."""
+    c = Cluster("ABC", fanout="AB")
+    c.join_all()
+    for broker in "BC":
+        for client in (b"r1", b"r2"):
+            c.send(broker, client, p.Input(b"mix"))
+    c.send("A", b"w", p.Output(b"mix"))
+    c.sent.clear()
+    for i in range(4):
+        c.send("A", b"w", p.Write(b"chunk %d;" % i, 0))
+    c.send("A", b"w", p.Close())
+    assert c.sent["A", "B", b"DATA"] == 4
+    assert c.sent["A", "C", b"DATA"] == 8
+    for broker in "BC":
+        for client in (b"r1", b"r2"):
+            assert read_all(c, broker, client) == (b"chunk 0;chunk 1;chunk 2;chunk 3;",
+                                                   p.ReadEnd())
+
+
+def test_the_slowest_reader_of_a_remote_broker_bounds_both_brokers():
+    c = Cluster("AB", fanout=True, capacity=10)
+    c.join_all()
+    c.send("B", b"fast", p.Input(b"x"))
+    c.send("B", b"slow", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    for _ in range(8):
+        c.send("A", b"w", p.Write(b"12345", 0))
+        c.send("B", b"fast", p.Read(100, 0))
+    # the slow reader holds 10 bytes: the writer waits, however fast the other reads
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk()]
+    b = c.servers["B"]
+    assert b.pipes.buffered_bytes() <= 10
+    assert b.data_bytes_received == 10
+    c.send("B", b"slow", p.Read(100, 0))
+    assert c.replies("B", b"slow") == [p.InputOk(), p.ReadOk(b"1234512345")]
+    assert c.replies("A", b"w") == [p.WriteOk(), p.WriteOk()]  # room for two more
+    assert b.pipes.buffered_bytes() <= 10
+
+
+@pytest.mark.parametrize("how", ["close", "disconnect"])
+def test_a_remote_reader_that_goes_stalls_no_other_reader_of_its_broker(how):
+    c = Cluster("AB", fanout=True, capacity=10)
+    c.join_all()
+    c.send("B", b"stays", p.Input(b"x"))
+    c.send("B", b"goes", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.send("A", b"w", p.Write(b"12345", 0))
+    c.send("A", b"w", p.Write(b"67890", 0))
+    c.send("A", b"w", p.Write(b"abcde", 0))  # waits: "goes" never reads
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk()]
+    if how == "close":
+        c.send("B", b"goes", p.Close())
+    else:
+        c.servers["B"].disconnected(b"goes", c.now)
+        c.pump()
+    got = b""
+    for chunk in (b"fghij", b"klmno", b"pqrst"):
+        rest, _ = read_all(c, "B", b"stays")
+        got += rest
+        c.send("A", b"w", p.Write(chunk, 0))
+    c.send("A", b"w", p.Close())
+    rest, end = read_all(c, "B", b"stays")
+    assert (got + rest, end) == (b"1234567890abcdefghijklmnopqrst", p.ReadEnd())
+    assert c.replies("A", b"w") == [p.WriteOk()] * 4 + [p.CloseOk()]
+
+
+def test_a_lost_broker_fails_only_the_streams_that_touch_it_with_fan_out():
+    c = Cluster("ABC", fanout=True)
+    c.join_all()
+    for client in (b"r1", b"r2"):
+        c.send("B", client, p.Input(b"to-b"))
+    c.send("C", b"r", p.Input(b"to-c"))
+    c.send("A", b"wb", p.Output(b"to-b"))
+    c.send("A", b"wc", p.Output(b"to-c"))
+    c.send("A", b"wb", p.Write(b"one", 0))
+    c.send("A", b"wc", p.Write(b"one", 0))
+    c.lose("C")
+    c.send("A", b"wb", p.Write(b"two", 0))
+    c.send("A", b"wb", p.Close())
+    c.send("A", b"wc", p.Write(b"two", 0))
+    assert c.replies("A", b"wb") == [p.OutputOk(), p.WriteOk(), p.WriteOk(), p.CloseOk()]
+    assert c.replies("A", b"wc") == [p.OutputOk(), p.WriteOk(), p.WriteFailed("peer lost")]
+    for client in (b"r1", b"r2"):
+        assert read_all(c, "B", client) == (b"onetwo", p.ReadEnd())
+
+
+def test_data_and_credit_for_several_readers_round_trip():
+    for msg in (peering.Data(7, (1,), True, b"x"), peering.Data(7, (1, 2, 3), False, b"yz"),
+                peering.Credit(((1, 10),)), peering.Credit(((1, 10), (2, 20)))):
+        decoded = peering.decode(peering.encode(msg))
+        assert decoded == msg or (isinstance(decoded, peering.Data)
+                                  and bytes(decoded.chunk) == msg.chunk
+                                  and decoded.reader_ends == msg.reader_ends)
+    named_twice = peering.encode(peering.Data(7, (1, 2, 1), False, b"x"))
+    assert peering.decode(named_twice).reader_ends == (1, 2)
+    # a single reader is the frame brokers of before know
+    assert peering.encode(peering.Data(7, (1,), True, b"x")) == [
+        b"DATA", bytes(7) + b"\x07" + bytes(7) + b"\x01", b"\x01", b"x"]
+    for frames in ([b"DATA", bytes(8), b"\x00", b"x"], [b"DATA", bytes(20), b"\x00", b"x"],
+                   [b"DATA", bytes(8 * 1026), b"\x00", b"x"], [b"CREDIT", bytes(24)],
+                   [b"CREDIT", b""], [b"CREDIT", bytes(16 * 1025)]):
+        assert isinstance(peering.decode(frames), peering.PeerDecodeError), frames
+
+
+@pytest.mark.parametrize("write_frames", [True, False])
+def test_a_big_chunk_crosses_in_its_write_frame_and_is_read_out_of_it(write_frames):
+    """To a broker that takes it, a chunk goes in the WRITE frame it came in, and that broker
+    answers its readers' READs with that very buffer (no copy), however many they are."""
+    c = Cluster("AB", fanout=True, write_frames=write_frames, writable=True)
+    c.join_all()
+    for client in (b"r1", b"r2"):
+        c.send("B", client, p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    big = bytes(range(256)) * 1024  # 256 KiB: sent to the clients without a copy
+    c.send("A", b"w", p.Write(big, 0))
+    c.send("A", b"w", p.Write(b"small", 0))
+    c.send("A", b"w", p.Close())
+    b = c.servers["B"]
+    frames = []
+    for client in (b"r1", b"r2"):
+        c.send("B", client, p.Read(len(big), 0))
+        frames.append(next(f for r, f in b.outbox if r == client and len(f) > len(big)))
+        assert read_all(c, "B", client) == (big + b"small", p.ReadEnd())
+    assert p.decode(frames[0]) == p.decode(frames[1]) == p.ReadOk(big)
+    shared = isinstance(frames[0], memoryview) and frames[0].obj is frames[1].obj
+    assert shared is write_frames
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk(), p.CloseOk()]
+
+
+def test_a_malformed_write_frame_in_a_data_is_dropped():
+    ok = p.encode(p.Write(b"abc", 0))
+    for frame in (ok[:-1], b"\x00" + ok[1:], ok[:7] + b"abcd" + ok[10:], b"short"):
+        msg = peering.decode([b"DATA", bytes(16), bytes((peering.FIRST | peering.FRAMED,)),
+                              frame])
+        assert isinstance(msg, peering.PeerDecodeError), frame
+    msg = peering.decode([b"DATA", bytes(16), bytes((peering.FRAMED,)), ok])
+    assert bytes(msg.chunk) == b"abc" and not msg.first
+    assert isinstance(peering.decode([b"DATA", bytes(16), b"\x04", b"x"]),
+                      peering.PeerDecodeError)
+
+
+def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
+    """On a link with a long round trip, more than the capacity may be in flight to a remote
+    reader (the bandwidth-delay product), up to a bound: what a reader that does not read
+    costs its broker."""
+    from zpipes.server import LINK_RATE, MAX_WINDOW, RTT_SAMPLES
+
+    c = Cluster("AB", fanout=True)
+    c.join_all()
+    a, b = c.servers["A"], c.servers["B"]
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    assert c.replies("A", b"w") == [p.OutputOk()]
+    chunk = bytes(64 << 10)
+
+    waiting = 0
+
+    def fill():
+        """Write until a WRITE waits; the bytes in flight to the reader then."""
+        nonlocal waiting
+        while True:
+            c.send("A", b"w", p.Write(chunk, 0))
+            waiting += 1 - c.replies("A", b"w").count(p.WriteOk())
+            if waiting:
+                return b.pipes.buffered_bytes()
+
+    assert fill() == 1 << 20  # a LAN: the capacity (1 MiB) in flight, no more
+    a.peer_rtt("B", 0.016)  # 16 ms: twice the round trip at LINK_RATE
+    window = 2 * 0.016 * LINK_RATE
+    assert window <= fill() < window + (128 << 10)
+    for _ in range(RTT_SAMPLES):  # however long the round trip, the window is bounded
+        a.peer_rtt("B", 0.5)
+    assert fill() == MAX_WINDOW  # all the reader's broker holds for it
+    c.send("B", b"r", p.Read(1 << 20, 0))  # credit for 1 MiB lets as much more in
+    assert fill() == MAX_WINDOW
+    a.peer_rtt("B", 0.000_2)  # a short round trip: the window is the capacity again, and
+    for _ in range(15):  # what is in flight drains to it before anything more goes
+        c.send("B", b"r", p.Read(1 << 20, 0))
+    assert c.replies("A", b"w") == []
+    c.send("B", b"r", p.Read(1 << 20, 0))
+    assert c.replies("A", b"w") == [p.WriteOk()]
+    waiting = 0
+    a.peer_rtt("B", 0.020)  # one slow echo (a busy host) is not a longer link: the least
+    assert fill() == 1 << 20  # of the last few round trips counts

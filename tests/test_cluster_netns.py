@@ -4,9 +4,11 @@ zeroconf, and pipes that cross hosts (see netns.py)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import select
 import subprocess
+import threading
 import time
 
 import netns
@@ -114,6 +116,74 @@ def test_fan_out_to_readers_on_two_hosts(testbed):
     assert w.wait(30) == 0
     assert rb.communicate(timeout=30)[0] == data
     assert rc.communicate(timeout=30)[0] == data
+
+
+def link_counts(host):
+    """What the host's broker says crossed its links: DATA messages and bytes, CREDITs."""
+    return json.loads(host.zbroker("status", "--json"))["services"]["zpipes"]["link"]
+
+
+def test_fan_out_to_two_readers_on_one_host_crosses_the_link_once(testbed):
+    a, b, _ = testbed(3).hosts
+    readers = [b.popen(["sh", "-c", f"{netns.sys.executable} -m zpipes read fan2 | sha256sum"],
+                       stdout=subprocess.PIPE) for _ in range(2)]
+    wait_attached(a, "fan2", "reader", count=2)
+    before_a, before_b = link_counts(a), link_counts(b)
+    w = writer(a, "fan2")
+    digest = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    size = 0
+    for i in range(64):
+        chunk = block[i:] + block[:i]
+        digest.update(chunk)
+        w.stdin.write(chunk)
+        size += len(chunk)
+    w.stdin.close()
+    assert w.wait(120) == 0
+    for r in readers:
+        assert r.communicate(timeout=120)[0].split()[0].decode() == digest.hexdigest()
+    sent = link_counts(a)["data_bytes_sent"] - before_a["data_bytes_sent"]
+    received = link_counts(b)["data_bytes_received"] - before_b["data_bytes_received"]
+    assert sent == received == size  # once, not once per reader
+    # the windows of its peers' readers are sized to the round trips its heartbeats measure
+    deadline = time.monotonic() + 20
+    while len(windows := link_counts(a)["windows"]) < 2:
+        assert time.monotonic() < deadline, windows
+        time.sleep(0.2)
+    assert all(1 << 20 <= w <= 16 << 20 for w in windows.values()), windows
+
+
+def test_a_reader_killed_beside_another_on_its_host_does_not_stall_it(testbed):
+    """Two readers of one stream on host b: the slow one holds the writer back (its window
+    is full) until it is killed; then the other gets the whole stream, and the writer ends."""
+    a, b, _ = testbed(3).hosts
+    fast = b.popen(["sh", "-c", f"{netns.sys.executable} -m zpipes read fan3 | sha256sum"],
+                   stdout=subprocess.PIPE)
+    slow = b.python("import sys, time, zpipes\n"
+                    "with zpipes.open('fan3', 'r') as r:\n"
+                    "    print(len(r.read1(1 << 16)), flush=True)\n"
+                    "    time.sleep(600)\n", stdout=subprocess.PIPE)
+    wait_attached(a, "fan3", "reader", count=2)
+    w = writer(a, "fan3")
+    digest = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    chunks = [block[i:] + block[:i] for i in range(32)]
+    for chunk in chunks:
+        digest.update(chunk)
+
+    def feed():
+        for chunk in chunks:
+            w.stdin.write(chunk)
+        w.stdin.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    assert int(slow.stdout.readline()) > 0  # it took some, and takes no more
+    time.sleep(1)  # the writer is held back by the slow reader's window
+    slow.kill()
+    feeder.join(120)
+    assert w.wait(120) == 0, w.stderr.read()
+    assert fast.communicate(timeout=120)[0].split()[0].decode() == digest.hexdigest()
 
 
 def test_256mib_cross_host_sha256_agrees(testbed):

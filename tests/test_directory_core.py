@@ -26,8 +26,10 @@ class DirectoryCluster(base.Cluster):
             server.set_member(name)
 
     def join(self, a, b):
-        self.servers[a].peer_up(b, self.now, member=b, directory=True)
-        self.servers[b].peer_up(a, self.now, member=a, directory=True)
+        self.servers[a].peer_up(b, self.now, member=b, directory=True,
+                                fanout=b in self.fanout, write_frames=b in self.write_frames)
+        self.servers[b].peer_up(a, self.now, member=a, directory=True,
+                                fanout=a in self.fanout, write_frames=a in self.write_frames)
         self.pump()
 
 

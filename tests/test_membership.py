@@ -83,6 +83,19 @@ def test_hello_wire_form_round_trips_and_rejects_junk():
     assert Hello.from_dict("junk") is None
 
 
+def test_hello_says_fan_out_and_a_broker_of_before_is_taken_without_it():
+    m = Membership(ME, secret=SECRET, timeout=3)
+    h = hello()
+    assert h.to_dict()["fanout"] is True and Hello.from_dict(h.to_dict()).fanout
+    assert m.hello(h, 0).joined[0].fanout
+    old = {k: v for k, v in hello("c").to_dict().items() if k != "fanout"}
+    assert Hello.from_dict(old).fanout is False
+    assert m.hello(Hello.from_dict(old), 0).joined[0].fanout is False
+    assert h.to_dict()["write_frames"] is True and m.peers["b"].write_frames
+    old = {k: v for k, v in hello("d").to_dict().items() if k != "write_frames"}
+    assert m.hello(Hello.from_dict(old), 0).joined[0].write_frames is False
+
+
 def test_a_closed_connection_loses_the_peer_after_the_grace_not_the_timeout():
     m = Membership(ME, secret=SECRET, timeout=10, interval=3, suspect_grace=1)
     m.hello(hello(), 0)

@@ -90,6 +90,19 @@ def _exposition(snap: dict) -> str:
     return generate_latest(registry).decode()
 
 
+def test_what_crossed_the_links_becomes_counters_by_direction():
+    snap = _snapshot()
+    snap["services"]["zpipes"]["link"] = {"data_sent": 3, "data_bytes_sent": 300,
+                                          "credit_sent": 2, "data_received": 1,
+                                          "data_bytes_received": 100}
+    _, samples = parse(_exposition(snap))
+    assert value(samples, "zbroker_zpipes_link_data_messages_total", direction="sent") == 3
+    assert value(samples, "zbroker_zpipes_link_data_bytes_total", direction="received") == 100
+    assert value(samples, "zbroker_zpipes_link_credit_messages_total") == 2
+    _, samples = parse(_exposition(_snapshot()))  # a broker that does not count: none
+    assert not any(name.startswith("zbroker_zpipes_link_") for name, _ in samples)
+
+
 def test_a_snapshot_becomes_conventional_metrics():
     types, samples = parse(_exposition(_snapshot()))
     for name, kind in types.items():

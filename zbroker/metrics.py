@@ -158,6 +158,21 @@ def _zpipes(z: dict[str, Any], pipe_series: int) -> list[Metric]:
                  z["bytes_read"]),
         failed,
     ]
+    link = z.get("link")
+    if link:
+        messages = _counter("zbroker_zpipes_link_data_messages",
+                            "DATA messages of pipes to and from peer brokers, by direction "
+                            "(sent, received): one per chunk per broker of its readers.",
+                            labels=["direction"])
+        data = _counter("zbroker_zpipes_link_data_bytes",
+                        "Bytes of pipe data in those DATA messages, by direction.",
+                        labels=["direction"])
+        for direction in ("sent", "received"):
+            messages.add_metric([direction], link[f"data_{direction}"])
+            data.add_metric([direction], link[f"data_bytes_{direction}"])
+        out += [messages, data,
+                _counter("zbroker_zpipes_link_credit_messages",
+                         "CREDIT messages sent to peer brokers.", link["credit_sent"])]
     if pipe_series > 0:
         written = _counter("zbroker_zpipes_pipe_written_bytes",
                            "Bytes written into the pipe by this broker's clients, for the "

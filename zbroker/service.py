@@ -56,6 +56,8 @@ class PeerBroker:
     endpoint: str
     member: str = ""  # its start id: the same at every member, for as long as it runs
     directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
+    fanout: bool = False  # its ZPIPES takes a DATA for several readers (zpipes/peering.py)
+    write_frames: bool = False  # and a DATA whose chunk is in its WRITE frame
 
 
 class Service(ABC):

@@ -10,6 +10,18 @@ Every message is a list of frames, the first naming it. End ids are the sender's
     CREDIT  reader end, bytes                  the receiver's reader took that many more bytes
                                                of the sender's writers' data
 
+Fan-out (between brokers whose HELLO says ``"fanout": true``): one DATA carries a chunk for
+several readers of the receiver, named one after the other in its first frame (the chunk
+crosses the link once, whatever the number of readers there), and one CREDIT carries the
+credit of several readers, (reader end, bytes) one after the other. A broker of before is sent
+one reader end per DATA and per CREDIT: the frames it knows.
+
+Whole WRITE frames (between brokers whose HELLO says ``"write_frames": true``): a DATA whose
+flags have ``FRAMED`` carries the chunk inside the client's WRITE frame it came in (header,
+chunk, timeout: the chunk's length is in the header). Its sender sends that frame as it got it,
+and its receiver can answer a READ that takes the whole chunk with that very buffer, its header
+turned into READ_OK's (zpipes/protocol.py), instead of copying the chunk into a new one.
+
 The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
 adds three, between such brokers only; the four above are unchanged:
 
@@ -35,7 +47,10 @@ from dataclasses import dataclass
 _END = struct.Struct(">Q")
 _TWO = struct.Struct(">QQ")
 _ROLE_END = struct.Struct(">cQ")
-MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE
+_WRITE_HEAD = struct.Struct(">2sBI")  # a WRITE frame's signature, id, chunk length
+FIRST, FRAMED = 1, 2  # flags of a DATA: the stream starts; the chunk is in its WRITE frame
+MAX_BATCH = 1024  # entries of a REGISTER or UNREGISTER, groups of an INTRODUCE; readers of a
+# DATA or CREDIT
 MAX_MEMBER = 64  # bytes of a broker id in an INTRODUCE
 
 
@@ -55,15 +70,16 @@ class Detach:
 @dataclass(frozen=True, slots=True)
 class Data:
     writer_end: int
-    reader_end: int
+    reader_ends: tuple[int, ...]  # one, or (fan-out) several readers of the receiver
     first: bool
     chunk: bytes | memoryview
+    #: (to send) the client's WRITE frame around ``chunk``, to be sent instead of it (FRAMED)
+    frame: bytes | memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    reader_end: int
-    size: int
+    credits: tuple[tuple[int, int], ...]  # (reader end, bytes): one, or (fan-out) several
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +121,7 @@ class Introduce:
 PeerMessage = (Attach | Detach | Data | Credit | Register | Registered | Unregister
                | Introduce)
 
+_FLAGS = [bytes((i,)) for i in range(4)]
 _ROLE_CODE = {"reader": b"r", "writer": b"w"}
 _CODE_ROLE = {v: k for k, v in _ROLE_CODE.items()}
 
@@ -125,10 +142,14 @@ def encode(msg: PeerMessage) -> list[bytes | memoryview]:
                        b"".join(_END.pack(end) for end in g.yours)]
         return frames
     if isinstance(msg, Data):
-        return [b"DATA", _TWO.pack(msg.writer_end, msg.reader_end),
-                b"\x01" if msg.first else b"\x00", msg.chunk]
+        ends = msg.reader_ends
+        head = (_TWO.pack(msg.writer_end, ends[0]) if len(ends) == 1
+                else struct.pack(f">{1 + len(ends)}Q", msg.writer_end, *ends))
+        if msg.frame is not None:
+            return [b"DATA", head, _FLAGS[FRAMED | msg.first], msg.frame]
+        return [b"DATA", head, _FLAGS[msg.first], msg.chunk]
     if isinstance(msg, Credit):
-        return [b"CREDIT", _TWO.pack(msg.reader_end, msg.size)]
+        return [b"CREDIT", b"".join(_TWO.pack(end, size) for end, size in msg.credits)]
     if isinstance(msg, Attach):
         return [b"ATTACH", _ROLE_CODE[msg.role], _END.pack(msg.end), msg.pipe]
     if msg.lost is None:
@@ -141,11 +162,11 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
         return PeerDecodeError("no frames")
     kind = bytes(frames[0])
     sizes = [len(f) for f in frames[1:]]
-    if kind == b"DATA" and sizes[:2] == [16, 1] and len(sizes) == 3:
-        writer_end, reader_end = _TWO.unpack(frames[1])
-        return Data(writer_end, reader_end, bytes(frames[2]) == b"\x01", frames[3])
-    if kind == b"CREDIT" and sizes == [16]:
-        return Credit(*_TWO.unpack(frames[1]))
+    if kind == b"DATA" and len(sizes) == 3 and sizes[1] == 1:
+        return _data(frames[1:], sizes)
+    if kind == b"CREDIT" and len(sizes) == 1 and sizes[0] and sizes[0] % 16 == 0 \
+            and sizes[0] <= 16 * MAX_BATCH:
+        return Credit(tuple(_TWO.iter_unpack(frames[1])))
     if kind == b"ATTACH" and len(sizes) == 3 and sizes[1] == 8 and 1 <= sizes[2] <= 255:
         role = _CODE_ROLE.get(bytes(frames[1]))
         if role is not None:
@@ -163,6 +184,27 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
     if kind == b"INTRODUCE":
         return _introduce(frames[1:])
     return PeerDecodeError(f"malformed peer message {kind[:20]!r} with frame sizes {sizes[:8]}")
+
+
+def _data(frames: Sequence[bytes | memoryview], sizes: list[int]) -> Data | PeerDecodeError:
+    head, flags, chunk = sizes[0], frames[1][0], frames[2]
+    if head == 16:
+        writer_end, reader_end = _TWO.unpack(frames[0])
+        readers: tuple[int, ...] = (reader_end,)
+    elif head > 16 and head % 8 == 0 and head <= 8 * (1 + MAX_BATCH):
+        writer_end, *ends = struct.unpack(f">{head // 8}Q", frames[0])
+        readers = tuple(dict.fromkeys(ends))  # a reader named twice takes the chunk once
+    else:
+        return PeerDecodeError(f"DATA with a head of {head} bytes")
+    if flags & ~(FIRST | FRAMED):
+        return PeerDecodeError(f"DATA with unknown flags {flags:#x}")
+    if flags & FRAMED:  # the chunk is in its WRITE frame: header (7), chunk, timeout (4)
+        size = sizes[2] - 11
+        if size < 0 or _WRITE_HEAD.unpack_from(chunk)[2] != size \
+                or bytes(chunk[:2]) != b"\xaa\xa0":
+            return PeerDecodeError("DATA with a malformed WRITE frame")
+        chunk = memoryview(chunk)[7:7 + size]
+    return Data(writer_end, readers, bool(flags & FIRST), chunk)
 
 
 def _register(frames: Sequence[bytes | memoryview]) -> Register | PeerDecodeError:

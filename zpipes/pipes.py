@@ -26,6 +26,11 @@ rules above hold cluster-wide:
 
 * A remote reader is fed through ``outgoing``: each chunk accepted for it is handed to the caller
   to send, and counts against its capacity until the reader's broker gives ``credit`` back.
+  A chunk is handed over once, with every remote reader it is for (the caller sends it once
+  to each of their brokers); each of them still has a capacity and credit of its own, so the
+  slowest bounds what is in flight to all. A remote reader's *window* (``set_window``: sized
+  by the caller to its link) may let more than ``capacity`` be in flight to it: it bounds what
+  its broker holds for it, however slowly it reads.
 * A remote writer's chunks arrive through ``deliver``; the first one to a reader says that the
   reader is in its audience. What local readers take of remote data is returned as ``credits``.
 * When a remote end's broker is lost (``detach(end, PEER_LOST)``), the ends whose stream it was
@@ -71,6 +76,7 @@ class Reader:
     chunks: deque[memoryview] = field(default_factory=deque)
     origins: deque[int | None] = field(default_factory=deque)  # remote writer of each chunk
     queued: int = 0  # bytes buffered for this reader (remote: sent and not yet credited)
+    window: int = 0  # (remote) bytes that may be in flight to it, if more than the capacity
     saw_close: bool = False  # a writer closed while this reader was attached
     failure: str | None = None  # its stream broke: it fails once it has read what it holds
     bytes_in: int = 0  # bytes ever queued for this reader
@@ -111,8 +117,9 @@ class PipeTable:
         self.pipes: dict[bytes, Pipe] = {}
         self._readers: dict[int, Reader] = {}
         self._writers: dict[int, Writer] = {}
-        # chunks for remote readers: (reader end, writer end, first chunk of the stream?, chunk)
-        self.outgoing: list[tuple[int, int, bool, memoryview]] = []
+        # chunks for remote readers: (writer end, first chunk of the stream?, chunk, the
+        # remote readers it is for)
+        self.outgoing: list[tuple[int, bool, memoryview, list[int]]] = []
         # bytes of remote writers' chunks taken by local readers: (writer end, reader end) -> n
         self.credits: dict[tuple[int, int], int] = {}
         #: bytes held for local readers (a chunk fanned out to N readers counts N times)
@@ -209,7 +216,9 @@ class PipeTable:
             if not audience:
                 pipe.waiting.add(end)
                 return WriteResult.WAIT, set()
-        if any(reader.queued >= self.capacity for reader in audience):
+        capacity = self.capacity
+        if any(reader.queued >= capacity and reader.queued >= reader.window
+               for reader in audience):
             pipe.waiting.add(end)
             return WriteResult.WAIT, set()
         first = not writer.started
@@ -219,16 +228,18 @@ class PipeTable:
         view = memoryview(chunk)
         size = len(view)
         writer.bytes_in += size
+        remote: list[int] = []
         for reader in audience:
-            if reader.remote:  # the first chunk goes out even when empty: it starts the stream
-                if size or first:
-                    self.outgoing.append((reader.end, end, first, view))
+            if reader.remote:
+                remote.append(reader.end)
             elif size:
                 reader.chunks.append(view)
                 reader.origins.append(None)
                 self.buffered += size
             reader.queued += size
             reader.bytes_in += size
+        if remote and (size or first):  # the first chunk goes out even when empty: it starts
+            self.outgoing.append((end, first, view, remote))  # the stream
         return WriteResult.ACCEPTED, pipe.wake_all()
 
     def read(self, end: int, size: int) -> tuple[list[memoryview] | ReadEnd, set[int]]:
@@ -337,12 +348,23 @@ class PipeTable:
         reader = self._readers.get(reader_end)
         if reader is None or not reader.remote:
             return set()
-        was_full = reader.queued >= self.capacity
+        limit = max(self.capacity, reader.window)
+        was_full = reader.queued >= limit
         reader.queued = max(0, reader.queued - size)
         reader.bytes_out += size
-        return reader.pipe.wake_all() if was_full and reader.queued < self.capacity else set()
+        return reader.pipe.wake_all() if was_full and reader.queued < limit else set()
 
-    def take_outgoing(self) -> list[tuple[int, int, bool, memoryview]]:
+    def set_window(self, reader_end: int, window: int) -> set[int]:
+        """How many bytes may be in flight to a remote reader (at least the capacity, whatever
+        this says): what its link needs to carry a stream at full speed."""
+        reader = self._readers.get(reader_end)
+        if reader is None or not reader.remote or reader.window == window:
+            return set()
+        grew = window > reader.window
+        reader.window = window
+        return reader.pipe.wake_all() if grew else set()
+
+    def take_outgoing(self) -> list[tuple[int, bool, memoryview, list[int]]]:
         out, self.outgoing = self.outgoing, []
         return out
 

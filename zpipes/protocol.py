@@ -294,7 +294,7 @@ def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes | memoryview:
     buffer: that frame's header is then turned into READ_OK's in place (both are signature, id,
     chunk length) and the answer is a view of the frame without the WRITE's timeout."""
     if len(chunks) == 1:
-        frame = _write_frame_of(chunks[0])
+        frame = write_frame_of(chunks[0])
         if frame is not None:
             frame[2] = MessageId.READ_OK
             return frame[: len(frame) - 4]
@@ -302,13 +302,14 @@ def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes | memoryview:
     return b"".join([_HEADER_CHUNK.pack(SIGNATURE, MessageId.READ_OK, size), *chunks])
 
 
-def _write_frame_of(chunk: bytes | memoryview) -> memoryview | None:
+def write_frame_of(chunk: bytes | memoryview) -> memoryview | None:
     """The whole WRITE frame (or one already turned into READ_OK) around ``chunk``, if
-    ``chunk`` is the chunk view that :func:`decode` made of a writable frame.
+    ``chunk`` is the chunk view that :func:`decode` made of a writable frame (or that
+    zpipes.peering made of a peer's DATA that carried its WRITE frame).
 
     decode's chunk view of a WRITE of n bytes is the only view of n bytes over a frame of
     n + 11 bytes that says n in its header: what the pipes cut from it is shorter, and a
-    peer's chunk is a frame of its own."""
+    peer's plain chunk is a frame of its own."""
     base = getattr(chunk, "obj", None)
     if base is None or type(base) is bytes:
         return None

@@ -86,6 +86,21 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
 # kept only while a peer speaks the directory (only those introduce).
 MAX_TOMBS = 16384  # remote ends detached, remembered against late introductions of them
 MAX_GONE = 16384  # our own ends closed, remembered to answer late introductions of them
+#: chunks smaller than this go to peers as they are, not in their WRITE frame: the reader's
+#: broker copies a READ_OK that small into ZeroMQ's message anyway
+FRAMED_MIN = 1 << 16
+#: A remote reader's window (bytes in flight to it) is sized to its link: twice the round trip
+#: to its broker at LINK_RATE, at least the capacity and at most MAX_WINDOW, which bounds what
+#: a reader that does not read costs its broker. So a stream may reach twice LINK_RATE on links
+#: of 2 to 32 ms, and on a LAN (a round trip under 2 ms) the window is the capacity: larger
+#: ones were measured to cost the reader's broker CPU there (data going cold between hops)
+#: and to gain nothing.
+LINK_RATE = 256 << 20  # bytes a second
+MAX_WINDOW = 16 << 20
+#: the round trip taken is the least of the last few reported: a heartbeat's echo also waits
+#: for both brokers' event loops, which a busy host delays by milliseconds (measured here: 0.4
+#: to 5 ms over one veth link), while the least is close to the link's own
+RTT_SAMPLES = 16
 MAX_WAITING = 10_000  # introductions to brokers we do not have as peers yet, kept a while
 INTRO_WAIT = 30.0  # seconds such an introduction is kept
 _UNKNOWN = "gone"  # what a late introduction of one of our writers we forgot is answered
@@ -147,6 +162,14 @@ class ZpipesServer:
         self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self._proxy_of: dict[int, tuple[str, int]] = {}
+        self._fanout: set[str] = set()  # peers that take a DATA or CREDIT for several readers
+        self._write_frames: set[str] = set()  # peers that take a chunk in its WRITE frame
+        self._windows: dict[str, int] = {}  # peer -> window of its readers, if sized to its link
+        self._rtts: dict[str, deque[float]] = {}  # peer -> the round trips last reported
+        #: what crossed the links to and from peer brokers (for status and metrics): DATA
+        #: messages and the bytes of their chunks, CREDIT messages
+        self.data_sent = self.data_bytes_sent = self.credit_sent = 0
+        self.data_received = self.data_bytes_received = 0
         # the pipe directory (zpipes/directory.py): peers that speak it, and what we hold
         self.member_id = ""  # this broker's id among the members (set by set_member)
         self.directory = Directory()  # the ends registered with us as their pipes' home
@@ -568,13 +591,20 @@ class ZpipesServer:
                 self._registered[end] = (member_id, role, pipe)
 
     def peer_up(self, peer: str, now: float, member: str = "",
-                directory: bool = False) -> None:
+                directory: bool = False, fanout: bool = False,
+                write_frames: bool = False) -> None:
         """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
         its id among the members (the same for all of them); ``directory``: it speaks the
-        pipe directory. Then our ends whose home it now is register with it; otherwise it is
-        told of every end we have, so pipes opened before it came find their other ends."""
+        pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers;
+        ``write_frames``: a DATA whose chunk is in its WRITE frame. Then our ends whose home
+        it now is register with it; otherwise it is told of every end we have, so pipes
+        opened before it came find their other ends."""
         self._now = now
         self.peers.add(peer)
+        if fanout:
+            self._fanout.add(peer)
+        if write_frames:
+            self._write_frames.add(peer)
         if directory and member and member != self.member_id:
             self._members[member] = peer
             self._member_of[peer] = member
@@ -586,6 +616,22 @@ class ZpipesServer:
             self._legacy.add(peer)
             for role, name, end in self.pipes.local_ends():
                 self.peer_outbox.append((peer, peering.encode(peering.Attach(role, end, name))))
+        self._wake()
+
+    def peer_rtt(self, peer: str, rtt: float) -> None:
+        """A round trip to ``peer`` (its heartbeat's, measured while the link was idle): the
+        windows of its readers are sized to the least of the last RTT_SAMPLES."""
+        if peer not in self.peers:
+            return
+        rtts = self._rtts.setdefault(peer, deque(maxlen=RTT_SAMPLES))
+        rtts.append(rtt)
+        window = min(MAX_WINDOW, (int(2 * min(rtts) * LINK_RATE) | 0xFFFF) + 1)  # (by 64 KiB)
+        if self._windows.get(peer, 0) == window:
+            return
+        self._windows[peer] = window
+        for (owner, _), proxy in self._proxies.items():
+            if owner == peer:
+                self._woken.extend(self.pipes.set_window(proxy, window))
         self._wake()
 
     def peer_down(self, peer: str, now: float) -> None:
@@ -602,6 +648,10 @@ class ZpipesServer:
         if lost:
             self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
         self._legacy.discard(peer)
+        self._fanout.discard(peer)
+        self._write_frames.discard(peer)
+        self._windows.pop(peer, None)
+        self._rtts.pop(peer, None)
         member = self._member_of.pop(peer, None)
         if member is not None:
             if self._members.get(member) == peer:
@@ -617,16 +667,21 @@ class ZpipesServer:
             return  # late traffic of a peer already declared lost
         msg = peering.decode(frames)
         if isinstance(msg, peering.Data):
+            self.data_received += 1
+            self.data_bytes_received += len(msg.chunk)
             key = (peer, msg.writer_end)
             proxy = self._proxies.get(key)
             if proxy is None and peer in self._member_of and key not in self._tombs:
-                proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_end)
+                proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_ends)
             if proxy is not None:
-                self._woken.extend(self.pipes.deliver(proxy, msg.reader_end, msg.first, msg.chunk))
+                for reader_end in msg.reader_ends:  # (fan-out: one chunk shared by them all)
+                    self._woken.extend(self.pipes.deliver(proxy, reader_end, msg.first,
+                                                          msg.chunk))
         elif isinstance(msg, peering.Credit):
-            proxy = self._proxies.get((peer, msg.reader_end))
-            if proxy is not None:
-                self._woken.extend(self.pipes.credit(proxy, msg.size))
+            for reader_end, size in msg.credits:
+                proxy = self._proxies.get((peer, reader_end))
+                if proxy is not None:
+                    self._woken.extend(self.pipes.credit(proxy, size))
         elif isinstance(msg, peering.Attach):
             if not pipe_name_problem(msg.pipe):
                 self._attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
@@ -671,6 +726,8 @@ class ZpipesServer:
         self._proxy_of[proxy] = key
         attach = self.pipes.attach_reader if role == "reader" else self.pipes.attach_writer
         self._woken.extend(attach(pipe, proxy, remote=True))
+        if role == "reader" and peer in self._windows:
+            self.pipes.set_window(proxy, self._windows[peer])
         self.log.info("remote end attached", peer=peer, pipe=_name(pipe), role=role,
                       remote_end=end)
         return proxy
@@ -690,14 +747,16 @@ class ZpipesServer:
             self.log.info("remote end detached", peer=peer, pipe=_name(pipe.name),
                           remote_end=end, **({"lost": lost} if lost else {}))
 
-    def _adopt_writer(self, peer: str, writer_end: int, reader_end: int) -> int | None:
+    def _adopt_writer(self, peer: str, writer_end: int,
+                      reader_ends: Sequence[int]) -> int | None:
         """DATA of a writer we were not introduced to yet (the home's INTRODUCE to us is
-        slower than the writer's broker's DATA): the writer is on our reader's pipe."""
-        pipe = self.pipes.pipe_of(reader_end)
-        reader = pipe.readers.get(reader_end) if pipe is not None else None
-        if reader is None or reader.remote:
-            return None
-        return self._attach_remote(peer, "writer", writer_end, pipe.name)
+        slower than the writer's broker's DATA): the writer is on our readers' pipe."""
+        for reader_end in reader_ends:
+            pipe = self.pipes.pipe_of(reader_end)
+            reader = pipe.readers.get(reader_end) if pipe is not None else None
+            if reader is not None and not reader.remote:
+                return self._attach_remote(peer, "writer", writer_end, pipe.name)
+        return None
 
     # --- the pipe directory ------------------------------------------------------------------
 
@@ -913,17 +972,48 @@ class ZpipesServer:
             self._waiting_count -= len(dropped)
 
     def _to_peers(self) -> None:
-        """Turn what the pipe table has for remote ends into peer messages."""
-        for proxy, writer_end, first, chunk in self.pipes.take_outgoing():
-            owner = self._proxy_of.get(proxy)
-            if owner is not None:
-                self.peer_outbox.append((owner[0], peering.encode(
-                    peering.Data(writer_end, owner[1], first, chunk))))
+        """Turn what the pipe table has for remote ends into peer messages: each chunk goes
+        once to each broker of its remote readers (fan-out), or, to a broker of before, once
+        per reader there; the credits for one broker go in one CREDIT likewise."""
+        outbox, proxy_of, fanout = self.peer_outbox, self._proxy_of, self._fanout
+        framed = self._write_frames
+        for writer_end, first, chunk, proxies in self.pipes.take_outgoing():
+            # a chunk that is a whole WRITE frame's goes in that frame, to peers that take it:
+            # they can then answer a READ with it as it is (no copy there)
+            frame = p.write_frame_of(chunk) if framed and len(chunk) >= FRAMED_MIN else None
+            if len(proxies) == 1:  # the common case: one remote reader
+                owner = proxy_of.get(proxies[0])
+                if owner is None:
+                    continue
+                outbox.append((owner[0], peering.encode(peering.Data(
+                    writer_end, (owner[1],), first, chunk,
+                    frame if owner[0] in framed else None))))
+                self.data_sent += 1
+                self.data_bytes_sent += len(chunk)
+                continue
+            by_peer: dict[str, list[int]] = {}
+            for proxy in proxies:
+                owner = proxy_of.get(proxy)
+                if owner is not None:
+                    by_peer.setdefault(owner[0], []).append(owner[1])
+            for peer, ends in by_peer.items():
+                step = peering.MAX_BATCH if peer in fanout else 1
+                for i in range(0, len(ends), step):
+                    outbox.append((peer, peering.encode(peering.Data(
+                        writer_end, tuple(ends[i:i + step]), first, chunk,
+                        frame if peer in framed else None))))
+                    self.data_sent += 1
+                    self.data_bytes_sent += len(chunk)
+        credits: dict[str, list[tuple[int, int]]] = {}
         for (proxy, reader_end), size in self.pipes.take_credits().items():
-            owner = self._proxy_of.get(proxy)
+            owner = proxy_of.get(proxy)
             if owner is not None:
-                self.peer_outbox.append(
-                    (owner[0], peering.encode(peering.Credit(reader_end, size))))
+                credits.setdefault(owner[0], []).append((reader_end, size))
+        for peer, pairs in credits.items():
+            step = peering.MAX_BATCH if peer in fanout else 1
+            for i in range(0, len(pairs), step):
+                outbox.append((peer, peering.encode(peering.Credit(tuple(pairs[i:i + step])))))
+                self.credit_sent += 1
 
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""
@@ -934,9 +1024,21 @@ class ZpipesServer:
 
     # --- questions ---------------------------------------------------------------------------
 
+    def link_counts(self) -> dict[str, int]:
+        """What crossed the links to peer brokers: DATA messages and their chunks' bytes,
+        CREDIT messages."""
+        return {"data_sent": self.data_sent, "data_bytes_sent": self.data_bytes_sent,
+                "credit_sent": self.credit_sent, "data_received": self.data_received,
+                "data_bytes_received": self.data_bytes_received}
+
     def status(self) -> dict[str, Any]:
         return {
             "clients": len(self.clients),
+            # the windows of the readers of each peer whose round trip is known (bytes in
+            # flight to one reader: at least the capacity)
+            "link": {**self.link_counts(),
+                     "windows": {peer: max(window, self.config.capacity)
+                                 for peer, window in self._windows.items()}},
             "pipes": {
                 _name(name): {
                     "readers": len(pipe.readers), "writers": len(pipe.writers),
@@ -972,6 +1074,7 @@ class ZpipesServer:
                 "held_bytes": self.held, "bytes_written": written, "bytes_read": read,
                 "clients_expired": self.clients_expired,
                 "clients_disconnected": self.clients_disconnected,
+                "link": self.link_counts(),
                 "ends_failed": [(role, kind, n) for (role, kind), n in self.ends_failed.items()]}
 
 

@@ -76,12 +76,19 @@ class Hello:
     #: its ZPIPES registers pipe ends with their home broker (zpipes/directory.py) instead of
     #: telling every peer; brokers of before say nothing of it and are told every end
     directory: bool = True
+    #: its ZPIPES takes a DATA for several readers at once (zpipes/peering.py): a chunk
+    #: crosses the link once per broker, not once per reader; brokers of before are sent one
+    #: reader's DATA at a time
+    fanout: bool = True
+    #: its ZPIPES takes a DATA whose chunk is in the client's WRITE frame (zpipes/peering.py)
+    write_frames: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
-                "directory": self.directory}
+                "directory": self.directory, "fanout": self.fanout,
+                "write_frames": self.write_frames}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -89,7 +96,8 @@ class Hello:
             hello = cls(str(data["id"]), str(data["name"]), str(data["cluster"]),
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
-                        data.get("gossip") is True, data.get("directory") is True)
+                        data.get("gossip") is True, data.get("directory") is True,
+                        data.get("fanout") is True, data.get("write_frames") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -124,6 +132,8 @@ class Peer:
     suspect_since: float | None = None  # our connection to it closed then
     gossip: bool = False  # it takes MEMBERS
     directory: bool = False  # its ZPIPES speaks the pipe directory
+    fanout: bool = False  # its ZPIPES takes a DATA for several readers
+    write_frames: bool = False  # and one whose chunk is in its WRITE frame
 
 
 class Named(Protocol):
@@ -264,7 +274,8 @@ class Membership:
             self._last_gossip = now  # one in turn only an interval later
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
-                    now, gossip=hello.gossip, directory=hello.directory)
+                    now, gossip=hello.gossip, directory=hello.directory,
+                    fanout=hello.fanout, write_frames=hello.write_frames)
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:

@@ -482,7 +482,8 @@ class ClusterNode:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
             life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
-                              directory=peer.directory)
+                              directory=peer.directory, fanout=peer.fanout,
+                              write_frames=peer.write_frames)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             if self._keys is None:  # said on every join: nothing proved who it is

@@ -88,6 +88,8 @@ class ZpipesService(Service):
         self._full = False  # at max_clients connections (logged once per episode)
         self._frame_limit = 0  # the largest frame whose connection is not dropped
         self._serving: asyncio.Task | None = None  # a new endpoint's server, being started
+        self._lives: dict[str, str] = {}  # peer broker's member id -> its life (PeerBroker.id)
+        self._rtts: dict[str, float] = {}  # member id -> the round trip last told the core
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
@@ -176,11 +178,16 @@ class ZpipesService(Service):
             node = self._cluster.node if self._cluster is not None else None
             if node is not None:
                 self.server.set_member(node.id)
+            self._lives[peer.member] = peer.id
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=peer.directory)
+                                directory=peer.directory, fanout=peer.fanout,
+                                write_frames=peer.write_frames)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
+        if self._lives.get(peer.member) == peer.id:
+            del self._lives[peer.member]
+            self._rtts.pop(peer.member, None)
         if self.server is not None:
             self.server.peer_down(peer.id, self._loop.time())
             self._flush_outside()
@@ -245,6 +252,18 @@ class ZpipesService(Service):
     def _on_gone(self, routing_id: bytes) -> None:
         self.server.disconnected(routing_id, self._loop.time())
         self._flush_outside()
+
+    def _size_windows(self) -> None:
+        """Tell the core each new round trip to a peer (the cluster's heartbeats measure
+        them): the windows of the remote readers are sized to their links."""
+        node = self._cluster.node if self._cluster is not None else None
+        rtts = getattr(node, "last_rtt", None)
+        if rtts:
+            for member, life in self._lives.items():
+                rtt = rtts.get(member)
+                if rtt is not None and rtt != self._rtts.get(member):
+                    self._rtts[member] = rtt
+                    self.server.peer_rtt(life, rtt)
 
     def _after_input(self) -> None:
         server = self.server
@@ -312,5 +331,6 @@ class ZpipesService(Service):
         if self.server is None or self._ep is None:
             return
         self.server.tick(self._loop.time())
+        self._size_windows()
         self._flush()
         self._schedule()
