@@ -99,15 +99,17 @@ def test_a_stopped_syslog_server_does_not_slow_a_pipe(rsyslog, start_broker, ctx
                                      "syslog": {"target": rsyslog.tcp, "queue": 200}}})
     lockstep(ctx, b.endpoint, b"warm-up", 200, size=1024)
     base = lockstep(ctx, b.endpoint, b"measured", 1000, size=1024)
-    assert status(b)["logs"]["syslog"]["dropped"] == 0
+    # (rsyslog reading keeps up on a quiet machine; with every core busy it may fall behind
+    # and records be dropped already: what follows counts from here)
+    dropped_reading = status(b)["logs"]["syslog"]["dropped"]
     rsyslog.pause()
     try:
         for _ in range(20):  # until dropping (about 2 MB of records here)
             lockstep(ctx, b.endpoint, b"filling", 500, size=1024)
-            if status(b)["logs"]["syslog"]["dropped"]:
+            if status(b)["logs"]["syslog"]["dropped"] > dropped_reading:
                 break
         dropped_before = status(b)["logs"]["syslog"]["dropped"]
-        assert dropped_before > 0, "the syslog link never filled"
+        assert dropped_before > dropped_reading, "the syslog link never filled"
         stopped = lockstep(ctx, b.endpoint, b"measured", 1000, size=1024)
         syslog = status(b)["logs"]["syslog"]
     finally:
