@@ -3,7 +3,8 @@
     receive  ROUTER, bound: producers (DEALER) send messages, get ACKs; read by receiver.py,
              which can refuse a message before all of it has arrived (libzmq cannot)
     send     DEALER, bound: consumers get messages pushed, send ACKs (consumers.py)
-    credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py)
+    credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py);
+             both read and written over zmtp.py too (consumer_endpoints.py)
     monitor  ROUTER, bound: MONITOR requests (REQ; monitor.py)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT (stream_endpoint.py)
     peers    DEALER, connected: the static peers our copies go to (sockets.StaticPeers)
@@ -171,6 +172,7 @@ class QueueServer:
         c = self._consumers
         return queue_counters(self.core, self.store, self.dropped, receiver=self._receiver,
                               consumers=c.connected if c is not None else 0,
+                              consumer_endpoints=c,
                               replication=self.replication, stream=self.stream,
                               credit=c is not None and c.credit is not None)
 
@@ -188,8 +190,9 @@ class QueueServer:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise QueueError(f"queue {s.name!r}: cannot bind its receive socket to "
                              f"{s.receive_endpoint}: {why}") from None
-        self._consumers = Consumers(self.core, s, socks, self._flush, self._soon, self.log,
-                                    self.dropped)
+        self._consumers = Consumers(self.core, s, self.loop, self._flush, self._soon,
+                                    self.log, self.dropped)
+        await self._consumers.start()
         if s.monitor_endpoint:
             Monitor(socks, s.monitor_endpoint, self.counters)
         if self.stream is not None:
@@ -200,6 +203,8 @@ class QueueServer:
     def _close_sockets(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
+        if self._consumers is not None:
+            self._consumers.close()
         self._sockets.close()
         self._consumers = self._stream_endpoint = None
         self._peers.clear()

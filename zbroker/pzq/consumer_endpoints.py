@@ -1,0 +1,164 @@
+"""A queue's consumers' endpoints, served on asyncio over zmtp.py (as the receive endpoint is,
+receiver.py), not by libzmq sockets:
+
+    send     a bound DEALER: consumers (DEALER or ROUTER sockets) connect and get messages
+             pushed, one connection after the other, skipping a connection that is full
+    credit   a bound ROUTER: consumers say READY with a window; deliveries go to the one
+             the dispatcher chose, by its routing id
+
+Why not libzmq: a consumer could make a libzmq socket hold a multipart message of any size
+before it could be looked at (here a message past the endpoint's limits is refused as its
+frames arrive, and let go of), and each message sent through libzmq costs a wake-up of its
+I/O thread; here the deliveries of one round go out with one write per connection.
+
+What consumers send (ACKs, READY) is small: a message past ``max_bytes`` or ``max_frames`` is
+counted as malformed and dropped, never held. A connection is full while more than
+``high`` bytes wait to be written to it (in our buffer and the transport's): it gets nothing
+more until they are written; :attr:`on_writable` is called when a full connection drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import zmtp
+from .receiver import FULL, GONE, SENT, Receiver, _Link
+
+#: frames at least this large are written from where they are, not copied into the framing
+LARGE_FRAME = 1 << 14
+#: bytes waiting to be written to one consumer's connection before it counts as full
+HIGH_WATER = 4 << 20
+MAX_ACK_FRAMES = 16  # [key][status]; READY [window][bytes]; ACK [id][packed keys]
+#: a consumer's message: an ACK of a batch of MAX_BATCH keys is about 4 MiB
+MAX_CONSUMER_MESSAGE = 8 << 20
+MAX_HELD = 64 << 20  # consumers' messages read and not yet taken, all connections
+
+_LONG_SIZE = struct.Struct(">Q")
+
+
+def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
+    """A message in ZMTP framing as buffers to write in order: the framing and small frames
+    joined, large frames as they are (no copy). Returns them and their size."""
+    parts: list[bytes] = []
+    out = bytearray()
+    size = 0
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        n = len(f)
+        more = zmtp.MORE if i < last else 0
+        if n > 255:
+            out.append(more | zmtp.LONG)
+            out += _LONG_SIZE.pack(n)
+            size += 9 + n
+        else:
+            out.append(more)
+            out.append(n)
+            size += 2 + n
+        if n >= LARGE_FRAME:
+            parts.append(bytes(out))
+            parts.append(f)
+            out = bytearray()
+        else:
+            out += f
+    if out:
+        parts.append(bytes(out))
+    return parts, size
+
+
+class _ConsumerEndpoint(Receiver):
+    """What both consumers' endpoints share: small input, large output, full connections."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None],
+                 on_writable: Callable[[], None], *, log: Any, name: str,
+                 connection: type[zmtp.Connection], high: int = HIGH_WATER):
+        super().__init__(loop, on_input, max_frames=MAX_ACK_FRAMES,
+                         max_bytes=MAX_CONSUMER_MESSAGE, frame_cost=0, keep_first=256,
+                         max_held=MAX_HELD, log=log, name=name, connection=connection,
+                         role="consumer")
+        self.on_writable = on_writable
+        self.high = high
+
+    def writable(self, link: _Link) -> None:
+        self.on_writable()
+
+    def _put(self, link: _Link, frames: Sequence[bytes]) -> None:
+        parts, size = encode_parts(frames)
+        link.pending += parts
+        link.queued += size
+        self._dirty.add(link)
+
+    def _full(self, link: _Link) -> bool:
+        if link.full:
+            return True
+        if link.queued <= self.high:
+            return False
+        t = link.transport
+        return t is None or link.queued + t.get_write_buffer_size() > self.high
+
+
+class SendEndpoint(_ConsumerEndpoint):
+    """The send endpoint: a bound DEALER. ``on_consumers(n)`` when the number of consumers
+    connected (their handshake done) changes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None],
+                 on_writable: Callable[[], None], on_consumers: Callable[[int], None], *,
+                 log: Any, name: str, high: int = HIGH_WATER):
+        super().__init__(loop, on_input, on_writable, log=log, name=name,
+                         connection=zmtp.DealerConnection, high=high)
+        self.on_consumers = on_consumers
+        self.ring: list[_Link] = []  # connected consumers, in the order they take turns
+        self._turn = 0
+
+    @property
+    def connected(self) -> int:
+        return len(self.ring)
+
+    def linked(self, link: _Link) -> None:
+        self.ring.append(link)
+        self.on_consumers(len(self.ring))
+
+    def unlinked(self, link: _Link) -> None:
+        self.ring.remove(link)
+        self.on_consumers(len(self.ring))
+
+    def send_any(self, frames: Sequence[bytes]) -> bool:
+        """Send ``frames`` (at :meth:`flush`) to the next connection that is not full, as a
+        libzmq DEALER does; False if every one is full (or none is there)."""
+        ring = self.ring
+        n = len(ring)
+        turn = self._turn
+        for _ in range(n):
+            if turn >= n:
+                turn = 0
+            link = ring[turn]
+            turn += 1
+            if not self._full(link):
+                self._turn = turn
+                self._put(link, frames)
+                return True
+        self._turn = turn
+        return False
+
+
+class CreditEndpoint(_ConsumerEndpoint):
+    """The credit endpoint: a bound ROUTER; deliveries and confirmations go to one consumer
+    by its routing id."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None],
+                 on_writable: Callable[[], None], *, log: Any, name: str,
+                 high: int = HIGH_WATER):
+        super().__init__(loop, on_input, on_writable, log=log, name=name,
+                         connection=zmtp.Connection, high=high)
+
+    def send(self, routing_id: bytes, frames: list[bytes]) -> str:
+        """Send ``frames`` to ``routing_id`` at :meth:`flush`: SENT, FULL or GONE."""
+        link = self._links.get(routing_id)
+        if link is None:
+            return GONE
+        if self._full(link):
+            return FULL
+        self._put(link, frames)
+        return SENT
