@@ -244,7 +244,9 @@ class QueueServer:
     def _flush(self) -> None:
         """Carry out what the cores asked for, send what waits, deliver."""
         if self.replication is not None:
-            self._execute(self.replication.take_output())
+            rep = self.replication
+            while actions := rep.take_output():  # carrying them out may make more
+                self._execute(actions)
         if self.stream is not None:
             self.stream.enforce_retention(time.time_ns() // 1000)
             self._execute(self.stream.take_output())
@@ -273,7 +275,10 @@ class QueueServer:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)
             elif t is Ack:
-                logs[a.log].ack(a.seq)
+                if (unwritten := logs[a.log].ack(a.seq)) is not None:
+                    core = self.replication.log_core(a.log)
+                    if core is not None:
+                        core.unwritten(unwritten)  # answers: taken by _flush's next round
             elif t is SendCluster:
                 if not self.port.send(a.life, peering.encode(a.message)) and a.recopy:
                     self.replication.peer_unreachable(a.life)
