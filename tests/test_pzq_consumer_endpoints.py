@@ -11,13 +11,22 @@ import struct
 import time
 
 import zmq
-from helpers import free_port, wait_for
+from helpers import endpoint_accepts, free_port, wait_for
 from pzq_helpers import dealer, recv, vm_kb, wait_counter
 
 from zbroker.pzq import zmtp
 from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
+V3_GREETING = zmtp.SIGNATURE + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
+
+
+def ready(socket_type: bytes, identity: bytes = b"") -> bytes:
+    """A ZMTP 3 READY command, as libzmq sends it."""
+    props = b""
+    for name, value in ((b"Socket-Type", socket_type), (b"Identity", identity)):
+        props += bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
+    return zmtp.command(b"READY", props)
 
 
 def round_trip(q, credit: str, n: int = 10) -> None:
@@ -152,22 +161,32 @@ def test_a_message_acked_before_it_is_written_is_answered_at_once(start_pzq, ctx
 
 
 def test_a_consumer_that_breaks_the_protocol_is_hung_up_on(start_pzq, ctx):
-    """A PUB socket, or bytes that are not ZMTP, on the send endpoint: hung up on, logged,
-    counted; the queue goes on serving its consumers."""
+    """Bytes that are not ZMTP on the send endpoint, a PUB socket's greeting on the credit
+    endpoint: hung up on, logged, counted; the queue goes on serving its consumers."""
     credit = f"tcp://127.0.0.1:{free_port()}"
     q = start_pzq(*FAST, "--credit-dsn", credit)
-    host, port = q.send[len("tcp://"):].rsplit(":", 1)
-    raw = socket.create_connection((host, int(port)), timeout=10)
-    raw.sendall(b"GET / HTTP/1.1\r\n\r\n")
-    wait_for(lambda: raw.recv(100) == b"", 10, "the hang up")  # after our signature
-    pub = ctx.socket(zmq.PUB)
-    pub.setsockopt(zmq.LINGER, 0)
-    pub.connect(credit)
-    wait_counter(q, "consumers_hung_up", lambda n: n >= 2)
-    assert "pzq consumer connection refused" in q.log()
-    pub.close()
-    raw.close()
+    wait_for(lambda: endpoint_accepts(credit), 10, "the credit endpoint")
+    for endpoint, data in ((q.send, b"GET / HTTP/1.1\r\n\r\n"),
+                           (credit, V3_GREETING + ready(b"PUB"))):
+        host, port = endpoint[len("tcp://"):].rsplit(":", 1)
+        raw = socket.create_connection((host, int(port)), timeout=10)
+        raw.sendall(data)
+        wait_for(lambda raw=raw: hung_up(raw), 10, "the hang up")
+        raw.close()
+    wait_counter(q, "consumers_hung_up", lambda n: n == 2)
+    log = q.log()
+    assert "pzq consumer connection refused" in log and "not a ZMTP 2.0 or 3.x peer" in log
+    assert "a PUB socket cannot talk to a ROUTER" in log
     round_trip(q, credit)
+
+
+def hung_up(raw: socket.socket) -> bool:
+    """Whether the other side closed (what it sent before, its greeting, is read and let
+    go)."""
+    try:
+        return raw.recv(1000) == b""
+    except ConnectionResetError:
+        return True
 
 
 def test_a_zmtp2_ready_of_a_dealer_side_codec_is_what_libzmq_sends():
@@ -175,11 +194,7 @@ def test_a_zmtp2_ready_of_a_dealer_side_codec_is_what_libzmq_sends():
     DEALER, and refuses a REQ (which cannot talk to a DEALER)."""
     conn = zmtp.DealerConnection(16, 1 << 20)
     assert conn.data_to_send() == zmtp.SIGNATURE
-    props = b""
-    for name, value in ((b"Socket-Type", b"ROUTER"), (b"Identity", b"")):
-        props += bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
-    conn.receive_data(zmtp.SIGNATURE + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
-                      + zmtp.command(b"READY", props))
+    conn.receive_data(V3_GREETING + ready(b"ROUTER"))
     assert conn.next_events() == [zmtp.Ready(b"ROUTER", b"")]
     assert conn.data_to_send().endswith(zmtp.ready_command(b"DEALER"))
     req = zmtp.DealerConnection(16, 1 << 20)

@@ -36,35 +36,44 @@ MAX_ACK_FRAMES = 16  # [key][status]; READY [window][bytes]; ACK [id][packed key
 MAX_CONSUMER_MESSAGE = 8 << 20
 MAX_HELD = 64 << 20  # consumers' messages read and not yet taken, all connections
 
-_LONG_SIZE = struct.Struct(">Q")
+
+
+_HEAD_MORE = [bytes((zmtp.MORE, n)) for n in range(256)]
+_HEAD_LAST = [bytes((0, n)) for n in range(256)]
+_LONG_MORE = struct.Struct(">BQ")
 
 
 def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
     """A message in ZMTP framing as buffers to write in order: the framing and small frames
     joined, large frames as they are (no copy). Returns them and their size."""
-    parts: list[bytes] = []
-    out = bytearray()
+    out: list[bytes] = []
+    large = False
     size = 0
     last = len(frames) - 1
     for i, f in enumerate(frames):
         n = len(f)
-        more = zmtp.MORE if i < last else 0
-        if n > 255:
-            out.append(more | zmtp.LONG)
-            out += _LONG_SIZE.pack(n)
-            size += 9 + n
-        else:
-            out.append(more)
-            out.append(n)
+        if n < 256:
+            out.append(_HEAD_MORE[n] if i < last else _HEAD_LAST[n])
             size += 2 + n
-        if n >= LARGE_FRAME:
-            parts.append(bytes(out))
-            parts.append(f)
-            out = bytearray()
         else:
-            out += f
-    if out:
-        parts.append(bytes(out))
+            out.append(_LONG_MORE.pack(zmtp.LONG | (zmtp.MORE if i < last else 0), n))
+            size += 9 + n
+            large = large or n >= LARGE_FRAME
+        out.append(f)
+    if not large:
+        return [b"".join(out)], size
+    parts: list[bytes] = []
+    run: list[bytes] = []
+    for b in out:
+        if len(b) >= LARGE_FRAME:
+            if run:
+                parts.append(b"".join(run))
+                run = []
+            parts.append(b)
+        else:
+            run.append(b)
+    if run:
+        parts.append(b"".join(run))
     return parts, size
 
 

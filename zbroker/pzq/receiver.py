@@ -291,7 +291,7 @@ class _Link(asyncio.BufferedProtocol):
 
 
 def _size(frames: list[bytes]) -> int:
-    return sum(len(f) for f in frames)
+    return sum(map(len, frames))
 
 
 def _peer_name(transport: Any) -> str:

@@ -308,7 +308,7 @@ class Store:
         return self._queue(first_seq, records.batch_parts(first_seq, key_base, packed), count)
 
     def _queue(self, seq: int, parts: list[bytes], count: int) -> int:
-        size = sum(len(p) for p in parts) + records.HEADER.size
+        size = sum(map(len, parts)) + records.HEADER.size
         now = time.monotonic()
         with self._cond:
             batch, wake = self._policy.record(size, now)
