@@ -71,6 +71,33 @@ def test_a_huge_message_from_a_consumer_is_let_go_as_it_arrives(start_pzq, ctx):
     round_trip(q, credit)
 
 
+def test_a_huge_request_to_the_monitor_or_stream_endpoint_is_let_go_as_it_arrives(
+        start_pzq, ctx):
+    """The same 384 MiB message as a MONITOR request and as a stream request: let go of as
+    it arrives (the stream counts it as an error); both endpoints answer on."""
+    q = start_pzq(*FAST, "--mode", "stream")
+    with Producer(q.receive) as p:
+        p.send(b"one")
+        p.flush(5)
+    base = vm_kb(q.pid, "VmHWM")
+    big = zmq.Frame(b"B" * (16 << 20))
+    mon = dealer(ctx, q.monitor)
+    mon.setsockopt(zmq.SNDHWM, 0)
+    mon.send_multipart([b"", b"MONITOR", *[big] * 24], copy=False)
+    mon.send_multipart([b"", b"MONITOR"])  # answered once all of the above has come
+    answer = recv(mon, 60)
+    assert answer[0] == b"" and b"messages: 1" in answer[1], answer
+    s = dealer(ctx, q.stream)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.send_multipart([b"", b"HEAD", *[big] * 24], copy=False)
+    s.send_multipart([b"", b"HEAD"])  # answered once all of the above has come
+    assert recv(s, 60) == [b"", b"OK", b"1", b"0"]
+    growth = (vm_kb(q.pid, "VmHWM") - base) << 10
+    assert growth < 32 << 20, f"grew {growth >> 20} MiB for messages of 384 MiB"
+    c = q.counters()
+    assert c["stream_errors"] == 1 and c["stream_requests"] == 2, c
+
+
 def test_a_consumer_of_libzmq_3_2_speaking_zmtp2_gets_its_messages(start_pzq):
     """ZMTP 2.0: the queue's greeting says DEALER and ends with its (empty) identity, as
     libzmq's does; then messages are pushed and ACKs taken."""

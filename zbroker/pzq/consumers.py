@@ -4,7 +4,7 @@
     credit   ROUTER, bound, optional: consumers that say READY with a window, send ACKs and
              get them confirmed (durable: ACKED, or UNKNOWN)
 
-Both are served over the queue's own ZMTP codec (consumer_endpoints.py), as the receive
+Both are served over the queue's own ZMTP codec (endpoints.py), as the receive
 endpoint is: what a consumer sends is limited as it arrives, and a round of deliveries leaves
 in one write per connection.
 
@@ -25,12 +25,11 @@ from typing import Any
 from ..zmq_reader import DRAIN_BUDGET
 from . import wire
 from .actions import Confirm
-from .consumer_endpoints import CreditEndpoint, SendEndpoint
 from .counters import Dropped
+from .endpoints import RouterEndpoint, SendEndpoint, bind
 from .queue import CONSUMERS, QueueCore
-from .receiver import FULL, GONE, SENT, EndpointError, Receiver
-from .settings import QueueError, QueueSettings
-from .sockets import make_ipc_dir
+from .receiver import FULL, GONE, SENT
+from .settings import QueueSettings
 
 
 class Consumers:
@@ -48,9 +47,9 @@ class Consumers:
         self._taking = False
         self.send = SendEndpoint(loop, self._arrived, soon, self._connected, log=log,
                                  name=s.name)
-        self.credit: CreditEndpoint | None = None
+        self.credit: RouterEndpoint | None = None
         if s.credit_endpoint and s.mode != "stream":
-            self.credit = CreditEndpoint(loop, self._arrived, soon, log=log, name=s.name)
+            self.credit = RouterEndpoint(loop, self._arrived, soon, log=log, name=s.name)
 
     @property
     def connected(self) -> int:
@@ -60,9 +59,9 @@ class Consumers:
     async def start(self) -> None:
         """Bind the endpoints (QueueError if one cannot be)."""
         s = self.settings
-        await _bind(self.send, s.send_endpoint, "send", s.name)
+        await bind(self.send, s.send_endpoint, "send", s.name)
         if self.credit is not None:
-            await _bind(self.credit, s.credit_endpoint, "credit", s.name)
+            await bind(self.credit, s.credit_endpoint, "credit", s.name)
 
     def close(self) -> None:
         self.send.close()
@@ -179,12 +178,3 @@ class Consumers:
         if credit is not None:
             credit.flush()
 
-
-async def _bind(endpoint: Receiver, address: str, role: str, name: str) -> None:
-    make_ipc_dir(address)
-    try:
-        await endpoint.start(address)
-    except (OSError, EndpointError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise QueueError(f"queue {name!r}: cannot bind its {role} socket to {address}: "
-                         f"{why}") from None

@@ -3,10 +3,10 @@
     receive  ROUTER, bound: producers (DEALER) send messages, get ACKs; read by receiver.py,
              which can refuse a message before all of it has arrived (libzmq cannot)
     send     DEALER, bound: consumers get messages pushed, send ACKs (consumers.py)
-    credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py);
-             both read and written over zmtp.py too (consumer_endpoints.py)
+    credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py)
     monitor  ROUTER, bound: MONITOR requests (REQ; monitor.py)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT (stream_endpoint.py)
+             (these four are served over zmtp.py too: endpoints.py)
     peers    DEALER, connected: the static peers our copies go to (sockets.StaticPeers)
 
 The decisions are the cores' (queue.py, stream.py, replication.py): the server feeds them what
@@ -89,6 +89,7 @@ class QueueServer:
         self._sockets = Sockets(zmq_context, loop, settings.name, settings.max_message_size)
         self._consumers: Consumers | None = None
         self._stream_endpoint: StreamEndpoint | None = None
+        self._monitor: Monitor | None = None
         self._peers = StaticPeers()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -194,19 +195,22 @@ class QueueServer:
                                     self.log, self.dropped)
         await self._consumers.start()
         if s.monitor_endpoint:
-            Monitor(socks, s.monitor_endpoint, self.counters)
+            self._monitor = Monitor(self.loop, self.counters, self.log, s.name)
+            await self._monitor.start(s.monitor_endpoint)
         if self.stream is not None:
-            self._stream_endpoint = StreamEndpoint(self.stream, s, socks, self._flush, self.log,
-                                                   self.dropped)
+            self._stream_endpoint = StreamEndpoint(self.stream, s, self.loop, self._flush,
+                                                   self.log, self.dropped)
+            await self._stream_endpoint.start()
         self._peers.connect(socks, s.peers[:s.replicas], self.replication.answer, self._flush)
 
     def _close_sockets(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
-        if self._consumers is not None:
-            self._consumers.close()
+        for endpoint in (self._consumers, self._monitor, self._stream_endpoint):
+            if endpoint is not None:
+                endpoint.close()
         self._sockets.close()
-        self._consumers = self._stream_endpoint = None
+        self._consumers = self._stream_endpoint = self._monitor = None
         self._peers.clear()
 
     # --- what comes in ---------------------------------------------------------------------
