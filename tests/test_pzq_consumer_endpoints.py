@@ -187,6 +187,30 @@ def test_a_message_acked_before_it_is_written_is_answered_at_once(start_pzq, ctx
     assert recv(p, 10) == [b"m2", b"1", b""]
 
 
+def test_what_a_credit_consumer_held_is_given_back_when_its_connection_closes(start_pzq):
+    """With an ACK timeout of 60 s: a credit consumer takes its window and closes its
+    connection without ACKing; another gets those messages at once, not a minute later."""
+    credit = f"tcp://127.0.0.1:{free_port()}"
+    q = start_pzq("--ack-timeout", "60000000", "--credit-dsn", credit)
+    wait_for(lambda: endpoint_accepts(credit), 10, "the credit endpoint")
+    with Producer(q.receive) as p:
+        for i in range(3):
+            p.send(b"m%d" % i)
+        p.flush(5)
+    first = Consumer(credit, credit=3)
+    held = [first.recv(5) for _ in range(3)]
+    assert None not in held
+    first.close()
+    wait_counter(q, "credit_consumers", lambda n: n == 0)
+    with Consumer(credit, credit=3) as second:
+        got = [second.recv(5) for _ in range(3)]
+        assert None not in got
+        assert sorted(m.body for m in got) == sorted(m.body for m in held)
+        for m in got:
+            second.ack(m)
+    assert q.counters()["redelivered"] == 3
+
+
 def test_a_consumer_that_breaks_the_protocol_is_hung_up_on(start_pzq, ctx):
     """Bytes that are not ZMTP on the send endpoint, a PUB socket's greeting on the credit
     endpoint: hung up on, logged, counted; the queue goes on serving its consumers."""

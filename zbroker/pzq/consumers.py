@@ -49,7 +49,8 @@ class Consumers:
                                  name=s.name)
         self.credit: RouterEndpoint | None = None
         if s.credit_endpoint and s.mode != "stream":
-            self.credit = RouterEndpoint(loop, self._arrived, soon, log=log, name=s.name)
+            self.credit = RouterEndpoint(loop, self._arrived, soon, log=log, name=s.name,
+                                         on_gone=self._credit_gone)
 
     @property
     def connected(self) -> int:
@@ -79,6 +80,14 @@ class Consumers:
         self.core.consumers_changed(n)
         self.log.debug("pzq consumers", queue=self.name, connected=n)
         self.soon()
+
+    def _credit_gone(self, cid: bytes) -> None:
+        """A credit consumer's connection closed: what it held is ready again at once (its
+        ACKs can only come on a new connection, which is honoured all the same)."""
+        if cid in self.core.dispatcher.consumers:
+            n = self.core.consumer_gone(cid)
+            self.log.debug("pzq credit consumer gone", queue=self.name, requeued=n)
+            self.soon()
 
     def _arrived(self) -> None:
         if not self._taking:

@@ -163,15 +163,22 @@ class SendEndpoint(_Endpoint):
 
 class RouterEndpoint(_Endpoint):
     """A bound ROUTER: what goes out goes to one peer by its routing id (credit consumers,
-    monitor requesters, stream readers: ``role``, as the log names them)."""
+    monitor requesters, stream readers: ``role``, as the log names them). ``on_gone(routing
+    id)`` when a peer's connection closes."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None],
                  on_writable: Callable[[], None] | None = None, *, log: Any, name: str,
                  role: str = "consumer", max_frames: int = MAX_ACK_FRAMES,
-                 max_bytes: int = MAX_CONSUMER_MESSAGE, high: int = HIGH_WATER):
+                 max_bytes: int = MAX_CONSUMER_MESSAGE, high: int = HIGH_WATER,
+                 on_gone: Callable[[bytes], None] | None = None):
         super().__init__(loop, on_input, on_writable or _nothing, log=log, name=name,
                          connection=zmtp.Connection, high=high, role=role,
                          max_frames=max_frames, max_bytes=max_bytes)
+        self.on_gone = on_gone
+
+    def unlinked(self, link: _Link) -> None:
+        if self.on_gone is not None:
+            self.on_gone(link.routing_id)
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         """Send ``frames`` to ``routing_id`` at :meth:`flush`: SENT, FULL or GONE."""
