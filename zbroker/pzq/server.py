@@ -86,7 +86,7 @@ class QueueServer:
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
         self._receiver: Receiver | None = None
-        self._sockets = Sockets(zmq_context, loop, settings.name, settings.max_message_size)
+        self._sockets = Sockets(zmq_context, loop, settings.name)
         self._consumers: Consumers | None = None
         self._stream_endpoint: StreamEndpoint | None = None
         self._monitor: Monitor | None = None
