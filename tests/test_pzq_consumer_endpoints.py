@@ -240,7 +240,7 @@ def hung_up(raw: socket.socket) -> bool:
         return True
 
 
-def test_a_zmtp2_ready_of_a_dealer_side_codec_is_what_libzmq_sends():
+def test_the_dealer_side_of_the_codec_says_dealer_and_refuses_a_req():
     """Sans I/O: the DEALER side of the codec greets a ZMTP 3 peer with a READY that says
     DEALER, and refuses a REQ (which cannot talk to a DEALER)."""
     conn = zmtp.DealerConnection(16, 1 << 20)
