@@ -5,6 +5,7 @@ process, beside a raw write+fdatasync baseline measured in the same run on the s
     python bench/bench_pzq.py --sync none --cases 100:64
     python bench/bench_pzq.py --dir /var/tmp        # where the data goes (default: a temp dir)
     python bench/bench_pzq.py --cases 65536:64 65536:64:1MiB 100:64
+    python bench/bench_pzq.py --cases 100:64 --rounds 5   # medians and ranges of 5 rounds
 
 Beside each plain case (SIZE:WINDOW) it runs two baselines on the same case, from
 pzq_baselines.py: a bare Python relay of the same wire, and Redis Streams with appendfsync
@@ -359,9 +360,10 @@ def run_case(base: Path, size: int, window: int, n: int, sync: str, window_us: i
     }
 
 
-def baselines(size: int, window: int, n: int, ours: dict, batch: bool = False) -> None:
+def baselines(size: int, window: int, n: int, ours: dict, batch: bool = False
+              ) -> dict[str, dict]:
     """The bare relay (of the original wire: not for the batch path) and Redis Streams on
-    the same case, and pzq's ratios against them."""
+    the same case, and pzq's ratios against them; returns their figures by name."""
     rows = [] if batch else [("relay", relay_case(size, window, n, producer, consumer))]
     why = redis_missing()
     if why is None:  # Redis pipelining at most 64 (the faster; more is slower here)
@@ -374,6 +376,26 @@ def baselines(size: int, window: int, n: int, ours: dict, batch: bool = False) -
         f"{name}: e2e {ours['e2e'] / b['e2e']:.2f}x, server CPU a message "
         f"{ours['cpu_us'] / b['cpu_us']:.2f}x" for name, b in rows)
         + ("" if why is None else f"  (Redis Streams skipped: {why})"))
+    return dict(rows)
+
+
+def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
+    """Medians and ranges over the rounds of one case: pzq's end-to-end rate and server CPU,
+    and its ratios to each baseline of the same round (the raw write of 1 MiB + fdatasync
+    measured just before it, for a case with a byte window)."""
+    def spread(values: list[float], fmt: str) -> str:
+        return (f"{statistics.median(values):{fmt}} "
+                f"[{min(values):{fmt}}-{max(values):{fmt}}]")
+
+    line = (f"{case}, median [range] of {len(rounds)} rounds: pzq e2e "
+            f"{spread([r['e2e'] for r, _ in rounds], ',.0f')} msg/s, "
+            f"{spread([r['mbps'] for r, _ in rounds], ',.1f')} MB/s, server CPU "
+            f"{spread([r['cpu_us'] for r, _ in rounds], '.1f')} µs a message")
+    for name in rounds[0][1]:
+        key = "mbps" if name == "raw" else "e2e"
+        line += f"; pzq/{name} " + spread([r[key] / b[name][key] for r, b in rounds],
+                                          ".2f") + "x"
+    print(line)
 
 
 def main() -> None:
@@ -390,6 +412,9 @@ def main() -> None:
     ap.add_argument("--metrics", action="store_true",
                     help="only: a broker-hosted queue with metrics off and on, in the same run")
     ap.add_argument("--metrics-runs", type=int, default=2, metavar="N")
+    ap.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="run each case N times, its baselines beside each run, and print "
+                         "the medians and ranges of pzq's figures and ratios")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="bench-pzq-", dir=args.dir))
     if args.metrics:
@@ -421,18 +446,28 @@ def main() -> None:
             max_bytes = parse_size(byte_window[0]) if byte_window else None
             n = int((2_000 if window == 1 else 60_000 if size < 4096 else 6_000)
                     * (4 if batch and size < 4096 else 1) * args.scale)
-            r = run_case(base, size, window, n, args.sync, args.sync_window, backlog,
-                         max_bytes, args.sync_max_bytes, batch)
-            per = r["n"] / r["syncs"] if r["syncs"] > 0 else float("nan")
-            mode = "backlog" if backlog else "batch" if batch else ""
-            flight = f"{window} msgs" + (f"/{byte_window[0]}" if byte_window else "")
-            print(f"{size:>6} {flight:>12} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
-                  f"{r['e2e']:>10,.0f} "
-                  f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} {r['syncs']:>7} "
-                  f"{per:>10.1f} {r['avoided']:>8} {r['cpu_us']:>10.1f}"
-                  + (f"  FAILED {r['failed']}" if r["failed"] else ""))
-            if not args.no_baselines and not backlog and not byte_window and window > 1:
-                baselines(size, window, n, r, batch)
+            rounds = []
+            for _ in range(max(1, args.rounds)):
+                theirs: dict[str, dict] = {}
+                if args.rounds > 1 and byte_window and not args.no_baselines:
+                    mbps, _, _ = write_baseline(base, 1 << 20)
+                    theirs["raw"] = {"mbps": mbps}
+                    print(f"raw write(1 MiB)+fdatasync: {mbps:,.0f} MB/s")
+                r = run_case(base, size, window, n, args.sync, args.sync_window, backlog,
+                             max_bytes, args.sync_max_bytes, batch)
+                per = r["n"] / r["syncs"] if r["syncs"] > 0 else float("nan")
+                mode = "backlog" if backlog else "batch" if batch else ""
+                flight = f"{window} msgs" + (f"/{byte_window[0]}" if byte_window else "")
+                print(f"{size:>6} {flight:>12} {mode:>7} {n:>7} {r['produce']:>10,.0f} "
+                      f"{r['e2e']:>10,.0f} "
+                      f"{r['mbps']:>9,.1f} {r['p50']:>10.2f} {r['p99']:>10.2f} "
+                      f"{r['syncs']:>7} {per:>10.1f} {r['avoided']:>8} {r['cpu_us']:>10.1f}"
+                      + (f"  FAILED {r['failed']}" if r["failed"] else ""))
+                if not args.no_baselines and not backlog and not byte_window and window > 1:
+                    theirs.update(baselines(size, window, n, r, batch))
+                rounds.append((r, theirs))
+            if args.rounds > 1:
+                summary(case, rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -1,16 +1,19 @@
-"""A queue's consumers' sockets: the core's deliveries go out there, the ACKs come in.
+"""A queue's consumers' endpoints: the core's deliveries go out there, the ACKs come in.
 
     send     DEALER, bound: consumers (DEALER or ROUTER) get messages pushed, send ACKs
     credit   ROUTER, bound, optional: consumers that say READY with a window, send ACKs and
              get them confirmed (durable: ACKED, or UNKNOWN)
 
-The send socket is a DEALER as in the original, so consumers need not say anything first.
-libzmq spreads messages over the connected consumers and skips one whose connection is full;
-each connection holds at most ``inflight_window`` unsent messages (SNDHWM), and the queue keeps
-at most ``inflight_window`` x connected consumers unACKed (counted from the socket's connect and
-disconnect events) and ``inflight_size`` bytes in flight. When every connection is full, the
-send socket is tried again once it is writable: its reader's drain (its FD fires) flushes the
-queue, or it is writable already when a round of deliveries ends.
+Both are served over the queue's own ZMTP codec (endpoints.py), as the receive
+endpoint is: what a consumer sends is limited as it arrives, and a round of deliveries leaves
+in one write per connection.
+
+The send endpoint is a DEALER as in the original, so consumers need not say anything first.
+Messages go to the connected consumers in turn, skipping one whose connection is full (more
+than a few MiB waiting to be written to it); the queue keeps at most ``inflight_window`` x
+connected consumers unACKed (counted as their handshakes finish and their connections close)
+and ``inflight_size`` bytes in flight. When every connection is full, deliveries wait until
+one drains.
 """
 
 from __future__ import annotations
@@ -19,56 +22,104 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-from zmq.utils.monitor import parse_monitor_message
-
+from ..zmq_reader import DRAIN_BUDGET
 from . import wire
 from .actions import Confirm
 from .counters import Dropped
+from .endpoints import RouterEndpoint, SendEndpoint, bind
 from .queue import CONSUMERS, QueueCore
+from .receiver import FULL, GONE, SENT
 from .settings import QueueSettings
-from .sockets import MORE_NOBLOCK, NOBLOCK, Sockets, send, send_frames
 
 
 class Consumers:
-    def __init__(self, core: QueueCore, settings: QueueSettings, sockets: Sockets,
+    def __init__(self, core: QueueCore, settings: QueueSettings, loop: Any,
                  flush: Callable[[], None], soon: Callable[[], None], log: Any,
                  dropped: Dropped):
-        """``flush`` after each drain of their sockets; ``soon``: flush at the next turn."""
+        """``flush`` after what consumers sent is taken; ``soon``: flush at the next turn.
+        The endpoints are bound by :meth:`start`."""
         s = settings
-        self.core, self.loop, self.log, self.name = core, sockets.loop, log, s.name
-        self.soon, self.dropped = soon, dropped
-        self.connected = 0  # to the send socket
-        self._blocked = False  # every send socket's connection was full
+        self.settings = s
+        self.core, self.loop, self.log, self.name = core, loop, log, s.name
+        self.flush, self.soon, self.dropped = flush, soon, dropped
+        self._blocked = False  # every send endpoint's connection was full
         self._credit_blocked: set[bytes] = set()  # credit consumers whose connection was full
-        self.sock = sockets.bind(zmq.DEALER, s.send_endpoint, "send", hwm=s.inflight_window)
-        self._reader = sockets.read(self.sock, core.consumer_ack, flush)
-        events = sockets.monitor(self.sock, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-        sockets.read(events, self._on_event, flush)
-        self.credit = self._credit_reader = None
+        self._taking = False
+        self.send = SendEndpoint(loop, self._arrived, soon, self._connected, log=log,
+                                 name=s.name)
+        self.credit: RouterEndpoint | None = None
         if s.credit_endpoint and s.mode != "stream":
-            self.credit = sockets.bind(zmq.ROUTER, s.credit_endpoint, "credit")
-            self.credit.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone consumer: an error
-            self.credit.setsockopt(zmq.SNDHWM, wire.MAX_WINDOW)
-            self._credit_reader = sockets.read(self.credit, self._on_credit, flush)
+            self.credit = RouterEndpoint(loop, self._arrived, soon, log=log, name=s.name,
+                                         on_gone=self._credit_gone)
 
-    def _on_event(self, msg: list[bytes]) -> None:
-        """A consumer connected to the send socket or left: the queue's window follows."""
-        event = parse_monitor_message(msg)["event"]
-        if event == zmq.EVENT_ACCEPTED:
-            self.connected += 1
-        elif event == zmq.EVENT_DISCONNECTED:
-            self.connected = max(0, self.connected - 1)
-        else:
-            return
-        self.core.consumers_changed(self.connected)
-        self.log.debug("pzq consumers", queue=self.name, connected=self.connected)
+    @property
+    def connected(self) -> int:
+        """Consumers connected to the send endpoint."""
+        return self.send.connected
 
-    def _on_credit(self, frames: list[bytes]) -> None:
+    async def start(self) -> None:
+        """Bind the endpoints (QueueError if one cannot be)."""
+        s = self.settings
+        await bind(self.send, s.send_endpoint, "send", s.name)
+        if self.credit is not None:
+            await bind(self.credit, s.credit_endpoint, "credit", s.name)
+
+    def close(self) -> None:
+        self.send.close()
+        if self.credit is not None:
+            self.credit.close()
+
+    def counters(self) -> dict[str, int]:
+        """Malformed or oversized messages are the core's ``malformed``; connections hung
+        up on for breaking the protocol are counted here."""
+        hung = self.send.hung_up + (self.credit.hung_up if self.credit is not None else 0)
+        return {"consumers_hung_up": hung}
+
+    def _connected(self, n: int) -> None:
+        """A consumer connected to the send endpoint or left: the queue's window follows."""
+        self.core.consumers_changed(n)
+        self.log.debug("pzq consumers", queue=self.name, connected=n)
+        self.soon()
+
+    def _credit_gone(self, cid: bytes) -> None:
+        """A credit consumer's connection closed: what it held is ready again at once (its
+        ACKs can only come on a new connection, which is honoured all the same)."""
+        if cid in self.core.dispatcher.consumers:
+            n = self.core.consumer_gone(cid)
+            self.log.debug("pzq credit consumer gone", queue=self.name, requeued=n)
+            self.soon()
+
+    def _arrived(self) -> None:
+        if not self._taking:
+            self._taking = True
+            self.loop.call_soon(self._take)
+
+    def _take(self) -> None:
+        """Carry out what consumers sent, then flush (deliveries and confirmations)."""
+        self._taking = False
+        core = self.core
+        for _, frames, refused in self.send.take(DRAIN_BUDGET):
+            if refused is None:
+                core.consumer_ack(frames)
+            else:
+                core.counters["malformed"] += 1
+        more = bool(self.send.inbox)
+        if self.credit is not None:
+            for cid, frames, refused in self.credit.take(DRAIN_BUDGET):
+                if refused is None:
+                    self._on_credit(cid, frames)
+                else:
+                    core.counters["malformed"] += 1
+            more = more or bool(self.credit.inbox)
+        self.flush()
+        if more:
+            self._arrived()
+
+    def _on_credit(self, cid: bytes, body: list[bytes]) -> None:
         """The credit endpoint: READY (a consumer's window) and ACKs."""
-        if len(frames) < 2:
+        if not body:
             return
-        core, cid, body = self.core, frames[0], frames[1:]
+        core = self.core
         if len(body) == 3:
             acks = wire.decode_ack_batch(body)
             if acks is not None:
@@ -91,21 +142,17 @@ class Consumers:
     def confirm(self, confirmations: list[Confirm]) -> None:
         """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it
         learns nothing and may ACK again, which is answered UNKNOWN)."""
-        sock = self.credit
-        if sock is None:
+        credit = self.credit
+        if credit is None:
             return
         for c in confirmations:
-            try:
-                send(sock, c.consumer, MORE_NOBLOCK, True)
-                send(sock, c.key, MORE_NOBLOCK, True)
-                send(sock, c.status, NOBLOCK, True)
-            except zmq.ZMQError:
+            if credit.send(c.consumer, [c.key, c.status]) is not SENT:
                 self.dropped.confirmations += 1
-        self._credit_reader.recheck()
+        credit.flush()
 
     def deliver(self) -> None:
         """Send what the core has ready for the consumers, as far as their connections take."""
-        core, sock, credit = self.core, self.sock, self.credit
+        core, send, credit = self.core, self.send, self.credit
         dispatcher = core.dispatcher
         if self._blocked:
             self._blocked = False
@@ -119,31 +166,24 @@ class Consumers:
         while nxt is not None:
             d, frames = nxt
             if d.consumer == CONSUMERS:
-                try:
-                    send_frames(sock, frames)
-                except zmq.Again:
-                    # every legacy consumer's connection is full (or none is there): the
-                    # others may still take it; tried again when the socket is writable
+                if not send.send_any(frames):
+                    # every consumer's connection is full (or none is there): credit
+                    # consumers may still take it; tried again when one drains
                     core.unsent(d)
                     dispatcher.pause(CONSUMERS)
                     self._blocked = True
             else:
-                try:
-                    send(credit, d.consumer, MORE_NOBLOCK, True)
-                    send_frames(credit, frames)
-                except zmq.Again:  # its connection is full: tried again at the next flush
+                status = credit.send(d.consumer, frames)
+                if status is FULL:  # tried again when its connection drains
                     core.unsent(d)
                     dispatcher.pause(d.consumer)
                     self._credit_blocked.add(d.consumer)
-                except zmq.ZMQError:  # EHOSTUNREACH: it has gone; what it held is ready again
+                elif status is GONE:  # what it held is ready again
                     core.unsent(d)
                     n = core.consumer_gone(d.consumer)
                     self.log.debug("pzq credit consumer gone", queue=self.name, requeued=n)
             nxt = core.next_delivery(now, now_us)
-        # sending may have taken the edge of what came meanwhile, or of the socket's
-        # becoming writable again
-        self._reader.recheck()
-        if self._credit_reader is not None:
-            self._credit_reader.recheck()
-        if self._blocked and sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
-            self.soon()
+        send.flush()
+        if credit is not None:
+            credit.flush()
+

@@ -18,9 +18,11 @@ class Dropped:
 
 
 def queue_counters(core: QueueCore, store: Any, dropped: Dropped, *, consumers: int,
-                   receiver: Any = None, replication: Any = None, stream: Any = None,
-                   credit: bool = False) -> dict[str, int]:
-    """The original's six counters, then ours. ``receiver``, ``replication``, ``stream``:
+                   receiver: Any = None, consumer_endpoints: Any = None,
+                   replication: Any = None, stream: Any = None, credit: bool = False
+                   ) -> dict[str, int]:
+    """The original's six counters, then ours. ``receiver``, ``consumer_endpoints``
+    (consumers.Consumers), ``replication``, ``stream``:
     those parts when the queue has them (running, stream mode); ``credit``: it has a credit
     endpoint."""
     dispatcher = core.dispatcher
@@ -33,6 +35,7 @@ def queue_counters(core: QueueCore, store: Any, dropped: Dropped, *, consumers: 
         "expired_messages": dispatcher.expired,
         "consumers": consumers,
         **(receiver.counters() if receiver is not None else {}),
+        **(consumer_endpoints.counters() if consumer_endpoints is not None else {}),
         "credit_consumers": core.credit_consumers,
         **({"dropped_confirmations": dropped.confirmations} if credit else {}),
         "redelivered": dispatcher.redelivered,

@@ -467,15 +467,7 @@ class QueueCore:
         so never written) ``acked``."""
         if self.ack_waiters:
             for seq in result.acked:
-                w = self.ack_waiters.pop(seq, None)
-                if w is None:
-                    continue
-                if type(w) is AckGroup:
-                    w.pending -= 1
-                    if w.pending == 0:
-                        self.out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
-                else:
-                    self.out.append(Confirm(w[0], w[1], wire.ACKED))
+                self._ack_durable(seq)
         if result.error is not None:
             for seq in result.failed:
                 m = self.messages.pop(seq, None)
@@ -503,24 +495,56 @@ class QueueCore:
                     if token is not None:
                         self.replication_out.append(Adopted(token, ok))
                 w = waiting.pop(seq, None)
-                if w is None:
-                    continue
-                for peer, msg_id, key in w:
-                    st = self.replicating.get(key) if key is not None else None
-                    if not ok:
-                        self._answer(peer, msg_id, False, result.error or "store failed")
-                        if st is not None:
-                            del self.replicating[key]
-                    elif st is None:
-                        self._answer(peer, msg_id, True, None)
-                        if now_us and key is not None:
-                            self._ack_latency(key, now_us)
-                    else:
-                        st.local = True
-                        st.waiters.append((peer, msg_id))
-                        self._replicated(key, st)
+                if w is not None:
+                    self._written(w, ok, result.error, now_us)
         if ok:
             self.counters["stored"] += len(result.placed)
+
+    def unwritten(self, seqs: Iterable[int]) -> None:
+        """The log let go of these messages' record before writing it: their consumers
+        ACKed them first (write avoidance), so nothing of them is left to make durable.
+        Their producers, and the credit consumers that wait for those ACKs, are answered
+        now, not when the batch they were in completes (which reports them again, in
+        ``acked``: answered once)."""
+        waiting, waiters = self.waiting, self.ack_waiters
+        now_us = self.clock_us() if self.clock_us is not None else 0
+        for seq in seqs:
+            w = waiting.pop(seq, None)
+            if w is not None:
+                self._written(w, True, None, now_us)
+            if waiters:
+                self._ack_durable(seq)
+
+    def _written(self, w: list[tuple[Any, bytes, bytes | None]], ok: bool,
+                 error: str | None, now_us: int) -> None:
+        """Answer the producers ``w`` that waited for one message's write (or failure)."""
+        for peer, msg_id, key in w:
+            st = self.replicating.get(key) if key is not None else None
+            if not ok:
+                self._answer(peer, msg_id, False, error or "store failed")
+                if st is not None:
+                    del self.replicating[key]
+            elif st is None:
+                self._answer(peer, msg_id, True, None)
+                if now_us and key is not None:
+                    self._ack_latency(key, now_us)
+            else:
+                st.local = True
+                st.waiters.append((peer, msg_id))
+                self._replicated(key, st)
+
+    def _ack_durable(self, seq: int) -> None:
+        """The consumer ACK of ``seq`` cannot be undone by a crash any more: confirm it to a
+        credit consumer waiting for that."""
+        w = self.ack_waiters.pop(seq, None)
+        if w is None:
+            return
+        if type(w) is AckGroup:
+            w.pending -= 1
+            if w.pending == 0:
+                self.out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
+        else:
+            self.out.append(Confirm(w[0], w[1], wire.ACKED))
 
     def compact(self, seqs: Iterable[int]) -> None:
         """The log wants these messages written again at its head (compaction): Move those

@@ -61,8 +61,13 @@ def listen_address(endpoint: str) -> tuple[str, Any]:
 class Receiver:
     def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None], *,
                  max_frames: int, max_bytes: int, frame_cost: int, keep_first: int,
-                 max_held: int, log: Any, name: str):
+                 max_held: int, log: Any, name: str,
+                 connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer"):
+        """``connection``: the ZMTP side the connections speak (a ROUTER's by default);
+        ``role``: who connects, as the log says it."""
         self.loop = loop
+        self.connection = connection
+        self.role = role
         self.on_input = on_input
         self.limits = (max_frames, max_bytes, frame_cost, keep_first)
         self.max_held = max_held
@@ -158,6 +163,15 @@ class Receiver:
         self._retry = None
         self.flush()
 
+    def linked(self, link: _Link) -> None:
+        """``link`` finished its handshake: it is in ``_links`` under its routing id."""
+
+    def unlinked(self, link: _Link) -> None:
+        """``link``, linked before, is gone."""
+
+    def writable(self, link: _Link) -> None:
+        """``link`` takes more again (its write buffer drained below the low mark)."""
+
     def routing_id(self, asked: bytes) -> bytes:
         """The id a ROUTER gives a peer: the one it asked for when that is free (and does not
         start with a zero byte, which marks ids made here), else a new one."""
@@ -175,10 +189,11 @@ class _Link(asyncio.BufferedProtocol):
 
     def __init__(self, receiver: Receiver):
         self.r = receiver
-        self.conn = zmtp.Connection(*receiver.limits)
+        self.conn = receiver.connection(*receiver.limits)
         self.transport: asyncio.Transport | None = None
         self.routing_id: bytes | None = None
         self.pending: list[bytes] = []
+        self.queued = 0  # bytes in pending (kept by the senders that need it)
         self.full = False
         self.held = 0  # this connection's part of receiver.unfinished
         self.paused = False
@@ -234,9 +249,10 @@ class _Link(asyncio.BufferedProtocol):
             elif type(ev) is zmtp.Ready:
                 self.routing_id = r.routing_id(ev.routing_id)
                 r._links[self.routing_id] = self
+                r.linked(self)
             else:  # Closed
                 r.hung_up += 1
-                self.r.log.warning("pzq producer connection refused", queue=r.name,
+                self.r.log.warning(f"pzq {r.role} connection refused", queue=r.name,
                                    peer=_peer_name(self.transport), reason=ev.reason)
         return got
 
@@ -247,14 +263,16 @@ class _Link(asyncio.BufferedProtocol):
 
     def write_pending(self) -> None:
         if self.pending and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.pending))
+            self.transport.writelines(self.pending)  # one writev (large frames not copied)
         self.pending.clear()
+        self.queued = 0
 
     def pause_writing(self) -> None:
         self.full = True
 
     def resume_writing(self) -> None:
         self.full = False
+        self.r.writable(self)
 
     def hang_up(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -264,6 +282,7 @@ class _Link(asyncio.BufferedProtocol):
         r = self.r
         if self.routing_id is not None and r._links.get(self.routing_id) is self:
             del r._links[self.routing_id]
+            r.unlinked(self)
         r.unfinished -= self.held
         self.held = 0
         r._paused.discard(self)
@@ -272,7 +291,7 @@ class _Link(asyncio.BufferedProtocol):
 
 
 def _size(frames: list[bytes]) -> int:
-    return sum(len(f) for f in frames)
+    return sum(map(len, frames))
 
 
 def _peer_name(transport: Any) -> str:

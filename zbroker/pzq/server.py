@@ -6,6 +6,7 @@
     credit   ROUTER, bound, optional: consumers that say READY with a window (consumers.py)
     monitor  ROUTER, bound: MONITOR requests (REQ; monitor.py)
     stream   ROUTER, bound, stream queues only: HEAD / RANGE / COMMIT (stream_endpoint.py)
+             (these four are served over zmtp.py too: endpoints.py)
     peers    DEALER, connected: the static peers our copies go to (sockets.StaticPeers)
 
 The decisions are the cores' (queue.py, stream.py, replication.py): the server feeds them what
@@ -85,9 +86,10 @@ class QueueServer:
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
         self._receiver: Receiver | None = None
-        self._sockets = Sockets(zmq_context, loop, settings.name, settings.max_message_size)
+        self._sockets = Sockets(zmq_context, loop, settings.name)
         self._consumers: Consumers | None = None
         self._stream_endpoint: StreamEndpoint | None = None
+        self._monitor: Monitor | None = None
         self._peers = StaticPeers()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
@@ -171,6 +173,7 @@ class QueueServer:
         c = self._consumers
         return queue_counters(self.core, self.store, self.dropped, receiver=self._receiver,
                               consumers=c.connected if c is not None else 0,
+                              consumer_endpoints=c,
                               replication=self.replication, stream=self.stream,
                               credit=c is not None and c.credit is not None)
 
@@ -188,20 +191,26 @@ class QueueServer:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise QueueError(f"queue {s.name!r}: cannot bind its receive socket to "
                              f"{s.receive_endpoint}: {why}") from None
-        self._consumers = Consumers(self.core, s, socks, self._flush, self._soon, self.log,
-                                    self.dropped)
+        self._consumers = Consumers(self.core, s, self.loop, self._flush, self._soon,
+                                    self.log, self.dropped)
+        await self._consumers.start()
         if s.monitor_endpoint:
-            Monitor(socks, s.monitor_endpoint, self.counters)
+            self._monitor = Monitor(self.loop, self.counters, self.log, s.name)
+            await self._monitor.start(s.monitor_endpoint)
         if self.stream is not None:
-            self._stream_endpoint = StreamEndpoint(self.stream, s, socks, self._flush, self.log,
-                                                   self.dropped)
+            self._stream_endpoint = StreamEndpoint(self.stream, s, self.loop, self._flush,
+                                                   self.log, self.dropped)
+            await self._stream_endpoint.start()
         self._peers.connect(socks, s.peers[:s.replicas], self.replication.answer, self._flush)
 
     def _close_sockets(self) -> None:
         if self._receiver is not None:
             self._receiver.close()
+        for endpoint in (self._consumers, self._monitor, self._stream_endpoint):
+            if endpoint is not None:
+                endpoint.close()
         self._sockets.close()
-        self._consumers = self._stream_endpoint = None
+        self._consumers = self._stream_endpoint = self._monitor = None
         self._peers.clear()
 
     # --- what comes in ---------------------------------------------------------------------
@@ -239,7 +248,9 @@ class QueueServer:
     def _flush(self) -> None:
         """Carry out what the cores asked for, send what waits, deliver."""
         if self.replication is not None:
-            self._execute(self.replication.take_output())
+            rep = self.replication
+            while actions := rep.take_output():  # carrying them out may make more
+                self._execute(actions)
         if self.stream is not None:
             self.stream.enforce_retention(time.time_ns() // 1000)
             self._execute(self.stream.take_output())
@@ -268,7 +279,10 @@ class QueueServer:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)
             elif t is Ack:
-                logs[a.log].ack(a.seq)
+                if (unwritten := logs[a.log].ack(a.seq)) is not None:
+                    core = self.replication.log_core(a.log)
+                    if core is not None:
+                        core.unwritten(unwritten)  # answers: taken by _flush's next round
             elif t is SendCluster:
                 if not self.port.send(a.life, peering.encode(a.message)) and a.recopy:
                     self.replication.peer_unreachable(a.life)

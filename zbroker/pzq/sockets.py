@@ -1,5 +1,7 @@
-"""The ZeroMQ sockets of a queue, each with its reader (zbroker.zmq_reader), the DEALERs to its
-static peers, and frames moved on them without blocking, at the least cost per frame."""
+"""The ZeroMQ sockets of a queue (the DEALERs to its static peers: its endpoints are served
+over its own ZMTP code, receiver.py and endpoints.py), each with its reader
+(zbroker.zmq_reader), and frames moved on them without blocking, at the least cost per
+frame."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from typing import Any
 import zmq
 
 from ..zmq_reader import DRAIN_BUDGET, SocketReader
-from .settings import QueueError
 
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).
@@ -19,9 +20,6 @@ send = zmq.backend.Socket.send
 NOBLOCK = int(zmq.NOBLOCK)
 MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 ZERO_COPY_MIN = 1 << 16  # frames this large are sent and received without a copy
-#: frames up to max_message_size + this get an answer on the sockets libzmq reads; larger
-#: ones are dropped with their connection
-MAXMSG_SLACK = 1 << 20
 PEER_HWM = 100_000  # messages queued to a static peer queue
 
 
@@ -32,32 +30,12 @@ def make_ipc_dir(endpoint: str) -> None:
 
 
 class Sockets:
-    """The ZeroMQ sockets of one queue (``name``): made, bound or connected, read, closed."""
+    """The ZeroMQ sockets of one queue (``name``): made, connected, read, closed."""
 
-    def __init__(self, ctx: zmq.Context, loop: asyncio.AbstractEventLoop, name: str,
-                 max_message_size: int):
+    def __init__(self, ctx: zmq.Context, loop: asyncio.AbstractEventLoop, name: str):
         self.ctx, self.loop, self.name = ctx, loop, name
-        self.max_message_size = max_message_size
         self.socks: list[zmq.Socket] = []
         self.readers: list[SocketReader] = []
-        self._monitored: list[zmq.Socket] = []
-
-    def bind(self, kind: int, endpoint: str, role: str, hwm: int | None = None) -> zmq.Socket:
-        """A socket of ``kind`` bound to ``endpoint`` (QueueError if it cannot)."""
-        sock = self.ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 500)
-        sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_size + MAXMSG_SLACK)
-        if hwm is not None:
-            sock.setsockopt(zmq.SNDHWM, hwm)
-        make_ipc_dir(endpoint)
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            raise QueueError(f"queue {self.name!r}: cannot bind its {role} socket to "
-                             f"{endpoint}: {exc.strerror}") from None
-        self.socks.append(sock)
-        return sock
 
     def connect_peer(self, endpoint: str) -> zmq.Socket:
         """A DEALER to a static peer queue's receive endpoint (our copies go there)."""
@@ -68,12 +46,6 @@ class Sockets:
         sock.connect(endpoint)
         self.socks.append(sock)
         return sock
-
-    def monitor(self, sock: zmq.Socket, events: int) -> zmq.Socket:
-        """A socket that gets ``sock``'s ``events`` (zmq.utils.monitor)."""
-        self.socks.append(sock.get_monitor_socket(events))
-        self._monitored.append(sock)
-        return self.socks[-1]
 
     def read(self, sock: zmq.Socket, handle: Callable[[list[Any]], None],
              after: Callable[[], None] | None, budget: int = DRAIN_BUDGET) -> SocketReader:
@@ -92,16 +64,10 @@ class Sockets:
 
     def close(self) -> None:
         self.stop()
-        for sock in self._monitored:
-            try:
-                sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
         for sock in reversed(self.socks):
             sock.close()
         self.socks.clear()
         self.readers.clear()
-        self._monitored.clear()
 
 
 class StaticPeers:

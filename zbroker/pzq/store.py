@@ -308,7 +308,7 @@ class Store:
         return self._queue(first_seq, records.batch_parts(first_seq, key_base, packed), count)
 
     def _queue(self, seq: int, parts: list[bytes], count: int) -> int:
-        size = sum(len(p) for p in parts) + records.HEADER.size
+        size = sum(map(len, parts)) + records.HEADER.size
         now = time.monotonic()
         with self._cond:
             batch, wake = self._policy.record(size, now)
@@ -324,9 +324,11 @@ class Store:
             self._pending_bytes += size
         return batch
 
-    def ack(self, seq: int) -> None:
+    def ack(self, seq: int) -> range | None:
         """The consumer is done with message ``seq``: make that durable (or, if its record
-        is still queued, drop the record: write avoidance)."""
+        is still queued, drop the record: write avoidance). Returns the seqs of the record
+        so dropped, which will never be written (a batch record: once all of it is ACKed),
+        or None."""
         moved = seq in self._live or seq in self._moving  # on disk already, being moved
         now = time.monotonic()
         with self._cond:
@@ -334,8 +336,7 @@ class Store:
                 self._cond.notify()
             entry = self._pending_by_seq.pop(seq, None)
             if entry is not None and entry.count > 1:
-                self._ack_in_batch(entry, seq)
-                return
+                return self._ack_in_batch(entry, seq)
             if entry is not None:
                 entry.alive = False
                 self._pending_bytes -= entry.size
@@ -343,7 +344,7 @@ class Store:
                     entry.avoided = True
                     self.avoided_messages += 1
                     self.avoided_bytes += entry.size
-                    return
+                    return range(seq, seq + 1)
             self._pending_acks.append(seq)
         segment = self._live.pop(seq, None)
         if segment is not None:
@@ -352,21 +353,23 @@ class Store:
             self._moving.discard(seq)
         elif segment is None or seq in self._moving:
             self._acked_writing.add(seq)  # being written now: placed by complete()
+        return None
 
-    def _ack_in_batch(self, entry: _Entry, seq: int) -> None:
+    def _ack_in_batch(self, entry: _Entry, seq: int) -> range | None:
         """(Under the lock.) ``seq`` of a BATCH record not yet taken by the writer is
         ACKed: an ACK record follows the batch in its write, unless every message of it is
         ACKed: then none of it is written (write avoidance)."""
         entry.acked.append(seq)
         if len(entry.acked) < entry.count:
             self._acked_writing.add(seq)  # written with its batch: placed by complete()
-            return
+            return None
         entry.alive = False
         entry.avoided = True
         self._pending_bytes -= entry.size
         self.avoided_messages += entry.count
         self.avoided_bytes += entry.size
         self._acked_writing.difference_update(entry.acked)
+        return entry.seqs()
 
     def move(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> None:
         """Write live message ``seq`` again at the head of the log (compaction), so that the

@@ -1,6 +1,8 @@
 """The stream endpoint of a stream queue: the readers' requests (HEAD, RANGE, COMMIT) go to
 the stream core (stream.py), its answers go back, and the groups' offsets it asks to keep are
-written to their file off the loop, then reported to it."""
+written to their file off the loop, then reported to it. A ROUTER served over the queue's ZMTP
+codec (endpoints.py): a request past 64 frames or 64 KiB is let go of as it arrives, and
+counted as a stream error."""
 
 from __future__ import annotations
 
@@ -10,34 +12,48 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import zmq
-
 from . import stream
 from .counters import Dropped
+from .endpoints import MAX_REQUEST, MAX_REQUEST_FRAMES, Drain, RouterEndpoint, bind
+from .receiver import SENT
 from .settings import QueueSettings
-from .sockets import Sockets, send_frames
 
 STREAM_BUDGET = 100  # requests served per turn of the loop (a RANGE answer can be large)
 
 
 class StreamEndpoint:
-    def __init__(self, core: stream.StreamCore, settings: QueueSettings, sockets: Sockets,
-                 flush: Callable[[], None], log: Any, dropped: Dropped):
+    def __init__(self, core: stream.StreamCore, settings: QueueSettings,
+                 loop: asyncio.AbstractEventLoop, flush: Callable[[], None], log: Any,
+                 dropped: Dropped):
         """``flush``: carry out what the core asks, after each drain and each offsets
-        write."""
-        self.core, self.loop, self.log, self.dropped = core, sockets.loop, log, dropped
+        write. Bound by :meth:`start`."""
+        self.core, self.loop, self.log, self.dropped = core, loop, log, dropped
         self.flush, self.data_dir, self.name = flush, settings.data_dir, settings.name
+        self.address = settings.stream_endpoint
         self.running = True  # False once the queue stops: late offsets writes are ignored
-        self.sock = sockets.bind(zmq.ROUTER, settings.stream_endpoint, "stream")
-        self._reader = sockets.read(self.sock, core.serve, flush, STREAM_BUDGET)
+        drain = Drain(loop, self._on_request, flush, STREAM_BUDGET)
+        self.endpoint = drain.endpoint = RouterEndpoint(
+            loop, drain, log=log, name=settings.name, role="stream reader",
+            max_frames=MAX_REQUEST_FRAMES, max_bytes=MAX_REQUEST)
+
+    async def start(self) -> None:
+        await bind(self.endpoint, self.address, "stream", self.name)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    def _on_request(self, rid: bytes, frames: list[bytes], refused: str | None) -> None:
+        if refused is None:
+            self.core.serve([rid, *frames])
+        else:  # too large to be a request: nothing to answer to
+            self.core.requests += 1
+            self.core.errors += 1
 
     def reply(self, frames: list[bytes]) -> None:
-        """A StreamReply."""
-        try:
-            send_frames(self.sock, frames)
-        except zmq.ZMQError:  # that reader's connection is full or gone: it asks again
-            self.dropped.stream_replies += 1
-        self._reader.recheck()
+        """A StreamReply (routing id first); sent at the flush that carries it out."""
+        if self.endpoint.send(frames[0], frames[1:]) is not SENT:
+            self.dropped.stream_replies += 1  # that reader's connection is full or gone
+        self.endpoint.flush()
 
     def write_committed(self, offsets: stream.Offsets) -> None:
         """A WriteCommitted: the file is written in an executor, then reported."""

@@ -131,7 +131,7 @@ def producer_ack(msg_id: bytes, ok: bool = True, text: str | None = None) -> lis
 def delivery(key: bytes, sent_us: int, ack_timeout_us: int,
              body: Iterable[bytes]) -> list[bytes]:
     """``[key][sent][ack timeout][""][body...]``."""
-    return [key, str(sent_us).encode(), str(ack_timeout_us).encode(), b"", *body]
+    return [key, b"%d" % sent_us, b"%d" % ack_timeout_us, b"", *body]
 
 
 READY = b"READY"

@@ -33,6 +33,9 @@ V2_TYPES = {0: b"PAIR", 1: b"PUB", 2: b"SUB", 3: b"REQ", 4: b"REP", 5: b"DEALER"
 ROUTER = b"ROUTER"
 V2_ROUTER = 6
 PEERS_OF_ROUTER = frozenset((b"DEALER", b"REQ", b"ROUTER"))
+DEALER = b"DEALER"
+V2_DEALER = 5
+PEERS_OF_DEALER = frozenset((b"DEALER", b"REP", b"ROUTER"))
 MAX_COMMAND = 1 << 16  # a READY with metadata is far smaller; a larger command is an attack
 MAX_ROUTING_ID = 255
 
@@ -160,6 +163,13 @@ class Connection:
         self._skip = 0  # bytes still to let go of the frame being skipped
         self._skip_more = False  # ... and whether more frames of its message follow
 
+    #: our socket type (ZMTP 3 name, ZMTP 2.0 number) and the peers it talks to; the
+    #: identity our ZMTP 2.0 greeting ends with (None: none)
+    socket_type = ROUTER
+    v2_socket_type = V2_ROUTER
+    peer_types = PEERS_OF_ROUTER
+    v2_identity: bytes | None = None
+
     @property
     def buffered(self) -> int:
         """Bytes held of unfinished input: frames of the message being received, and what
@@ -285,7 +295,9 @@ class Connection:
         revision = buf[10]
         if revision == V2_REVISION:
             self.version = 2
-            self._out.append(V2_ROUTER)
+            self._out.append(self.v2_socket_type)
+            if self.v2_identity is not None:
+                self._out += bytes([0, len(self.v2_identity)]) + self.v2_identity
             self._stage = self._v2_socket_type
         elif revision >= 3:
             self.version = 3
@@ -301,8 +313,9 @@ class Connection:
         if len(buf) < 12:
             return False
         self._peer_type = V2_TYPES.get(buf[11], b"")
-        if self._peer_type not in PEERS_OF_ROUTER:
-            self._close(f"a {_name(self._peer_type, buf[11])} socket cannot talk to a ROUTER")
+        if self._peer_type not in self.peer_types:
+            self._close(f"a {_name(self._peer_type, buf[11])} socket cannot talk to a "
+                        f"{self.socket_type.decode()}")
             return False
         del buf[:12]
         self._stage = self._v2_identity
@@ -333,7 +346,7 @@ class Connection:
                         f"offered here (NULL only)")
             return False
         del buf[:64]
-        self._out += ready_command()
+        self._out += ready_command(self.socket_type)
         self._stage = self._v3_ready
         return True
 
@@ -363,9 +376,10 @@ class Connection:
             self._close("malformed READY metadata")
             return False
         peer = props.get(b"socket-type", b"")
-        if peer not in PEERS_OF_ROUTER:
+        if peer not in self.peer_types:
             self._out += command(b"ERROR", _error_body("Invalid socket type"))
-            self._close(f"a {_name(peer, None)} socket cannot talk to a ROUTER")
+            self._close(f"a {_name(peer, None)} socket cannot talk to a "
+                        f"{self.socket_type.decode()}")
             return False
         self._become_ready(peer, props.get(b"identity", b""))
         return True
@@ -468,6 +482,16 @@ class Connection:
         self._frames, self._size = [], 0
         self._direct, self._direct_have = None, 0
         self._events.append(Closed(reason))
+
+
+class DealerConnection(Connection):
+    """The server side of a connection to a bound DEALER: its peers are DEALER, ROUTER or
+    REP sockets; messages go to them without a routing id."""
+
+    socket_type = DEALER
+    v2_socket_type = V2_DEALER
+    peer_types = PEERS_OF_DEALER
+    v2_identity = b""  # ZMTP 2.0's greeting ends with each side's identity frame
 
 
 def _split_command(body: bytes) -> tuple[bytes, bytes]:
