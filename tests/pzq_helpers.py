@@ -260,6 +260,7 @@ class RawProducer:
             self.sock.sendall(zmtp.SIGNATURE + b"\x01\x05"  # revision 1 (ZMTP 2.0), DEALER
                               + bytes([0, len(identity)]) + identity)
             assert self._read_exactly(12)[10:] == b"\x03\x06"  # major version 3, ROUTER
+            assert self.read_frame() == (0, b"")  # its identity, as libzmq 3.2 expects
 
     def send(self, frames: list[bytes]) -> None:
         self.sock.sendall(self._zmtp.encode_message(frames))

@@ -163,12 +163,10 @@ class Connection:
         self._skip = 0  # bytes still to let go of the frame being skipped
         self._skip_more = False  # ... and whether more frames of its message follow
 
-    #: our socket type (ZMTP 3 name, ZMTP 2.0 number) and the peers it talks to; the
-    #: identity our ZMTP 2.0 greeting ends with (None: none)
+    #: our socket type (ZMTP 3 name, ZMTP 2.0 number) and the peers it talks to
     socket_type = ROUTER
     v2_socket_type = V2_ROUTER
     peer_types = PEERS_OF_ROUTER
-    v2_identity: bytes | None = None
 
     @property
     def buffered(self) -> int:
@@ -295,9 +293,10 @@ class Connection:
         revision = buf[10]
         if revision == V2_REVISION:
             self.version = 2
-            self._out.append(self.v2_socket_type)
-            if self.v2_identity is not None:
-                self._out += bytes([0, len(self.v2_identity)]) + self.v2_identity
+            # ZMTP 2.0's greeting ends with each side's identity: a message that libzmq 3.2
+            # and 4 send first and take the first message of their peer for (a DEALER drops
+            # it); ours is empty, as a bound socket's is
+            self._out += bytes([self.v2_socket_type, 0, 0])
             self._stage = self._v2_socket_type
         elif revision >= 3:
             self.version = 3
@@ -491,7 +490,6 @@ class DealerConnection(Connection):
     socket_type = DEALER
     v2_socket_type = V2_DEALER
     peer_types = PEERS_OF_DEALER
-    v2_identity = b""  # ZMTP 2.0's greeting ends with each side's identity frame
 
 
 def _split_command(body: bytes) -> tuple[bytes, bytes]:
