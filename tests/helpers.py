@@ -271,10 +271,16 @@ def run_zbroker(args: Sequence[str], cwd: Path, timeout: float = 30.0
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+_HANDED_OUT: dict[int, None] = {}  # ports free_port gave lately, oldest first
+_HANDED_OUT_REMEMBERED = 1000
+
+
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
     """A loopback port free now, below the kernel's ephemeral range: a port the kernel hands
     out itself (bind to 0) can be taken meanwhile by an outgoing connection's local port,
-    and the queue's bind then fails with "Address already in use"."""
+    and the queue's bind then fails with "Address already in use". A port given lately is
+    not given again: a test that takes several before it starts what binds them must get
+    different ones."""
     low = 20000
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
@@ -292,10 +298,15 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         high = low + share
     for _ in range(200):
         port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT[port] = None
+        if len(_HANDED_OUT) > _HANDED_OUT_REMEMBERED:
+            del _HANDED_OUT[next(iter(_HANDED_OUT))]
+        return port
     raise RuntimeError("no free loopback port found")
