@@ -91,35 +91,6 @@ def peer_of(fd: int) -> PeerCredentials | None:
         sock.detach()
 
 
-def local_address(fd: int) -> bytes | str | None:
-    """The address ``fd`` is bound to (for an abstract Unix socket, bytes starting with NUL)."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return None
-    try:
-        return sock.getsockname()
-    except OSError:
-        return None
-    finally:
-        sock.detach()
-
-
-def hang_up(fd: int) -> None:
-    """End the connection on ``fd`` without closing the descriptor, which stays its owner's
-    (ZeroMQ's): the owner sees the connection end and closes it itself."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.detach()
-
-
 def user_id(value: int | str) -> int | str:
     """A uid for a user name or number; ``"*"`` stays as it is. KeyError for unknown names."""
     if isinstance(value, int) or value == "*":
