@@ -1,16 +1,18 @@
 """ZMTP, ZeroMQ's wire protocol, on the server side of one connection: bytes in, events out.
 
-pzq reads its producers with this instead of a libzmq ROUTER for one reason: libzmq hands a
-multipart message over only once all of it has arrived, so a producer could make the queue hold
-any number of bytes before it could refuse them. Here each frame is seen as it arrives; a
-message past the limits is refused at once and the rest of it is skipped as it comes, never
-kept.
+Every pzq endpoint and the ZPIPES client endpoint speak ZMTP with this instead of through a
+libzmq socket. First for safety: libzmq hands a multipart message over only once all of it has
+arrived, so a peer could make the broker hold any number of bytes before it could refuse them.
+Here each frame is seen as it arrives; a message past the limits is refused at once and the
+rest of it is skipped as it comes, never kept. Then for cost: no I/O thread, no thread
+switches, large reads.
 
 It speaks ZMTP 3.0 and 3.1 (libzmq 4) and ZMTP 2.0 (libzmq 3.2, the oldest the original pzq
-works with), with the NULL mechanism, as a ROUTER: its peers are DEALER, REQ or ROUTER
-sockets. The handshake follows libzmq's, which keeps older peers talking: the 10-byte
-signature first, the major version once the peer's signature is in, the rest once its
-revision is known (ZMTP 2.0: our socket type; 3.x: minor version, mechanism, filler).
+works with), with the NULL mechanism, as a ROUTER (:class:`Connection`: its peers are DEALER,
+REQ or ROUTER sockets) or a DEALER (:class:`DealerConnection`). The handshake follows
+libzmq's, which keeps older peers talking: the 10-byte signature first, the major version once
+the peer's signature is in, the rest once its revision is known (ZMTP 2.0: our socket type and
+our empty identity; 3.x: minor version, mechanism, filler).
 
 No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_events` and
 :meth:`Connection.data_to_send`; :func:`encode_message` makes the bytes of a message to send.
