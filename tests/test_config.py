@@ -209,7 +209,12 @@ BAD_VALUES = [
      '"512KiB" or "16 MiB"'),
     ("services: {zpipes: {enabled: 'no'}}", "services.zpipes.enabled", "'no'", "true or false"),
     ("services: {zpipes: {endpoint: 'udp://x:1'}}", "services.zpipes.endpoint", "'udp://x:1'",
-     "transport tcp, ipc, inproc"),
+     "transport tcp, ipc)"),
+    # served by the broker's own ZMTP code, which other processes reach by tcp or ipc only
+    ("services: {zpipes: {endpoint: 'inproc://zp'}}", "services.zpipes.endpoint",
+     "'inproc://zp'", "transport tcp, ipc)"),
+    ("cluster: {bind: 'udp://x:1'}", "cluster.bind", "'udp://x:1'",
+     "transport tcp, ipc, inproc)"),
     ("services: {zpipes: {endpoint: 'zpipes'}}", "services.zpipes.endpoint", "'zpipes'",
      "a ZeroMQ endpoint"),
     ("services: {zpipes: {endpoint: 'ipc://'}}", "services.zpipes.endpoint", "'ipc://'",
@@ -313,10 +318,16 @@ def test_an_override_does_not_hide_a_broken_section(tmp_path):
     assert "broker: got 5, expected a mapping of keys (name, run_dir)" in str(err)
 
 
+def test_a_queue_endpoint_is_tcp_or_ipc():
+    with pytest.raises(ConfigError, match=r"send_endpoint: got 'inproc://q', .*\(transport "
+                                          r"tcp, ipc\)"):
+        parse_config({"services": {"pzq": {"queues": {"q": {"send_endpoint": "inproc://q"}}}}})
+
+
 def test_parse_config_from_data():
-    c = parse_config({"services": {"zpipes": {"endpoint": "inproc://zp-{name}"}}},
+    c = parse_config({"services": {"zpipes": {"endpoint": "ipc://@/zp-{name}"}}},
                      {"broker": {"name": "n1"}})
-    assert c.services.zpipes.endpoint == "inproc://zp-n1"
+    assert c.services.zpipes.endpoint == "ipc://@/zp-n1"
     with pytest.raises(ConfigError, match=r"^config: clients.timeout"):
         parse_config({"clients": {"timeout": 0}})
 

@@ -51,6 +51,7 @@ LOG_FORMATS = ("console", "json")
 SYSLOG_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp",
                      "cron", "authpriv", "ftp", *(f"local{i}" for i in range(8)))
 ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
+SERVED_TRANSPORTS = ("tcp", "ipc")  # the endpoints served over the broker's own ZMTP code
 MAX_CHUNK_LIMIT = 2**32 - 1  # a ZPIPES chunk carries a 4-octet length
 
 
@@ -182,14 +183,24 @@ def _template(what: str, value: Any) -> str:
     return value
 
 
-def endpoint(value: Any) -> str:
+def endpoint(value: Any, transports: tuple[str, ...] = ENDPOINT_TRANSPORTS) -> str:
     what = ("a ZeroMQ endpoint such as 'ipc://@/zpipes/{name}' or 'tcp://*:5670' "
-            "(transport " + ", ".join(ENDPOINT_TRANSPORTS) + ")")
+            "(transport " + ", ".join(transports) + ")")
     value = _template(what, value)
     transport, sep, address = value.partition("://")
-    if not sep or transport not in ENDPOINT_TRANSPORTS or not address:
+    if not sep or transport not in transports or not address:
         raise _Invalid(what)
     return value
+
+
+def served_endpoint(value: Any) -> str:
+    """An endpoint the broker serves with its own ZMTP code (the ZPIPES client endpoint and
+    every pzq endpoint): tcp or ipc, which other processes can reach; not inproc."""
+    return endpoint(value, SERVED_TRANSPORTS)
+
+
+def optional_served_endpoint(value: Any) -> str | None:
+    return None if value is None else served_endpoint(value)
 
 
 def optional_path(value: Any) -> str | None:
@@ -328,7 +339,7 @@ class ZpipesAllowConfig:
 @dataclass(frozen=True)
 class ZpipesConfig:
     enabled: bool = setting(True, boolean)
-    endpoint: str = setting("ipc://@/zpipes/{name}", endpoint)
+    endpoint: str = setting("ipc://@/zpipes/{name}", served_endpoint)
     capacity: int = setting(1 << 20, size(minimum=1))  # bytes buffered per reader
     max_chunk: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
     allow: ZpipesAllowConfig = section(ZpipesAllowConfig)
@@ -453,17 +464,17 @@ class PzqQueueConfig:
     command and QueueSettings take theirs from here."""
 
     mode: str = setting(PZQ_MODES[0], choice(*PZQ_MODES))  # stream: read by offset (docs/pzq.md)
-    stream_endpoint: str = setting("tcp://127.0.0.1:11133", endpoint)  # stream queues only
+    stream_endpoint: str = setting("tcp://127.0.0.1:11133", served_endpoint)  # stream queues only
     #: stream queues: null, or the bytes of messages kept (past it the oldest go, read or not)
     retention_bytes: int | None = setting(None, optional(size(minimum=1)))
     #: stream queues: null, or the seconds messages are kept (then they go, read or not)
     retention_seconds: float | None = setting(None, optional(duration()))
-    receive_endpoint: str = setting("tcp://127.0.0.1:11131", endpoint)  # producers
-    send_endpoint: str = setting("tcp://127.0.0.1:11132", endpoint)  # consumers
+    receive_endpoint: str = setting("tcp://127.0.0.1:11131", served_endpoint)  # producers
+    send_endpoint: str = setting("tcp://127.0.0.1:11132", served_endpoint)  # consumers
     #: null: off. Consumers there say READY with a window and never get more (docs/pzq.md)
-    credit_endpoint: str | None = setting(None, optional_endpoint)
+    credit_endpoint: str | None = setting(None, optional_served_endpoint)
     #: null: ipc://<run_dir>/pzq/<queue>.monitor
-    monitor_endpoint: str | None = setting(None, optional_endpoint)
+    monitor_endpoint: str | None = setting(None, optional_served_endpoint)
     #: null: $XDG_DATA_HOME/zbroker/<name>/pzq/<queue> (~/.local/share/... without it)
     data_dir: str | None = setting(None, optional_path)
     sync: str = setting(DEFAULT_SYNC, choice(*PZQ_SYNC_MODES))
