@@ -27,6 +27,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..iovec import gather
 from . import zmtp
 from .receiver import FULL, GONE, SENT, EndpointError, Receiver, _Link
 from .settings import QueueError
@@ -70,19 +71,7 @@ def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
         out.append(f)
     if not large:
         return [b"".join(out)], size
-    parts: list[bytes] = []
-    run: list[bytes] = []
-    for b in out:
-        if len(b) >= LARGE_FRAME:
-            if run:
-                parts.append(b"".join(run))
-                run = []
-            parts.append(b)
-        else:
-            run.append(b)
-    if run:
-        parts.append(b"".join(run))
-    return parts, size
+    return gather(out, LARGE_FRAME)[0], size
 
 
 class _Endpoint(Receiver):

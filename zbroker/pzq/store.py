@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..iovec import gather
 from ..stats import BATCH_BOUNDS, Buckets
 from . import records
 from .actions import BatchResult
@@ -105,27 +106,6 @@ class Recovered:
     segments: int = 0
     truncated_bytes: int = 0
     acked: int = 0
-
-
-def _gather(parts: list[bytes]) -> tuple[list[bytes], int]:
-    """The buffers of one write: large parts as they are (no copy), runs of small ones
-    joined (few iovecs). Returns them and their total size."""
-    out: list[bytes] = []
-    run: list[bytes] = []
-    size = 0
-    for p in parts:
-        n = len(p)
-        size += n
-        if n >= GATHER_MIN:
-            if run:
-                out.append(b"".join(run))
-                run = []
-            out.append(p)
-        else:
-            run.append(p)
-    if run:
-        out.append(b"".join(run))
-    return out, size
 
 
 def _writev_all(fd: int, buffers: list[bytes]) -> None:
@@ -561,7 +541,7 @@ class Store:
         if not parts:
             return BatchResult(batches, self._segment, segment_bytes=self._segment_size_now,
                                acked=tuple(avoided), good_writes=self._good_writes)
-        buffers, size = _gather(parts)
+        buffers, size = gather(parts, GATHER_MIN)
         try:
             if self._dirty:
                 self._cut_tail()
