@@ -216,3 +216,12 @@ def test_refuse_current_lets_go_of_a_large_frame_in_its_own_buffer():
     assert conn.next_events() == [Refused(b"big-id", "busy")] and conn.buffered == 0
     assert conn.frame_buffer() is None
     assert feed(conn, data[200_000:] + zmtp.encode_message([b"next"])) == [Message([b"next"])]
+
+
+def test_routing_ids_as_a_router_gives_them():
+    ids = zmtp.RoutingIds(0xFFFFFFFE)
+    assert ids.pick(b"alice", set()) == b"alice"  # the one asked for, when free
+    made = ids.pick(b"alice", {b"alice"})  # taken: one made here, marked by a zero byte
+    assert made == b"\0\xff\xff\xff\xff"
+    assert ids.pick(b"\0abcd", set()) == b"\0\0\0\0\0"  # a zero byte is ours to give; wraps
+    assert ids.pick(b"", {b"\0\0\0\0\1"}) == b"\0\0\0\0\2"  # a made one that is taken: next

@@ -84,7 +84,7 @@ class Receiver:
         self._links: dict[bytes, _Link] = {}
         self._paused: set[_Link] = set()
         self._dirty: set[_Link] = set()
-        self._next_id = int.from_bytes(os.urandom(4), "big")
+        self._ids = zmtp.RoutingIds(int.from_bytes(os.urandom(4), "big"))
         self._server: asyncio.AbstractServer | None = None
         self.scratch = memoryview(bytearray(READ_SIZE))  # read into, taken out at once
 
@@ -175,13 +175,7 @@ class Receiver:
     def routing_id(self, asked: bytes) -> bytes:
         """The id a ROUTER gives a peer: the one it asked for when that is free (and does not
         start with a zero byte, which marks ids made here), else a new one."""
-        if asked and asked[0] != 0 and asked not in self._links:
-            return asked
-        while True:
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            rid = b"\0" + self._next_id.to_bytes(4, "big")
-            if rid not in self._links:
-                return rid
+        return self._ids.pick(asked, self._links)
 
 
 class _Link(asyncio.BufferedProtocol):

@@ -21,6 +21,7 @@ No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_e
 from __future__ import annotations
 
 import struct
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
@@ -126,6 +127,25 @@ def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
             out.append(n)
         out += f
     return bytes(out)
+
+
+class RoutingIds:
+    """The ids a ROUTER gives its peers: the one a peer asked for when no other peer has it
+    (and it does not start with a zero byte, which marks ids made here), else a new one, as
+    libzmq's ROUTER does. ``start``: where the made ones begin (random, so that a restarted
+    server does not hand out the ids of before)."""
+
+    def __init__(self, start: int) -> None:
+        self._next = start & 0xFFFFFFFF
+
+    def pick(self, asked: bytes, taken: Container[bytes]) -> bytes:
+        if asked and asked[0] != 0 and asked not in taken:
+            return asked
+        while True:
+            self._next = (self._next + 1) & 0xFFFFFFFF
+            made = b"\0" + self._next.to_bytes(4, "big")
+            if made not in taken:
+                return made
 
 
 class Connection:

@@ -89,7 +89,7 @@ class Endpoint:
         self._servers: list[asyncio.AbstractServer] = []
         self._paths: list[str] = []  # ipc endpoints' files, removed at close
         self._dirty: list[_Link] = []  # connections with sends queued
-        self._next_id = int.from_bytes(os.urandom(4), "big")
+        self._ids = zmtp.RoutingIds(int.from_bytes(os.urandom(4), "big"))
         self.scratch = memoryview(bytearray(READ_SIZE))  # read into, taken out at once
         self._all: set[_Link] = set()
         self._idle = asyncio.Event()  # set when no connection is left (see close)
@@ -186,13 +186,7 @@ class Endpoint:
             link.transport.close()
 
     def routing_id(self, asked: bytes) -> bytes:
-        if asked and asked[0] != 0 and asked not in self.links:
-            return asked
-        while True:
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-            rid = b"\0" + self._next_id.to_bytes(4, "big")
-            if rid not in self.links:
-                return rid
+        return self._ids.pick(asked, self.links)
 
 
 class _Link(asyncio.BufferedProtocol):
