@@ -248,14 +248,7 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
             ops.append((broker, cid, p.Write(b"", 0)))
         ops.append((broker, cid, p.Close()))
         lists.append(ops)
-    while lists:  # each client's commands in order, clients interleaved
-        ops = rng.choice(lists)
-        broker, cid, msg = ops.pop(0)
-        if not ops:
-            lists.remove(ops)
-        net.send(broker, cid, msg, pump=False)
-        for _ in range(rng.randrange(3)):
-            net.step(rng)
+    interleave(net, lists, rng)
     net.pump()
     assert all(s.pipes.pipes == {} for s in net.servers.values()), \
         {n: {k: (list(v.readers), list(v.writers)) for k, v in s.pipes.pipes.items()}
@@ -285,19 +278,12 @@ def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
     changes = [lambda: net.join("F"), lambda: net.lose("E")]
     rng.shuffle(changes)
     at = sorted(rng.sample(range(1, 40), 2))
-    n = 0
-    while lists:
-        ops = rng.choice(lists)
-        broker, client, msg = ops.pop(0)
-        if not ops:
-            lists.remove(ops)
-        net.send(broker, client, msg, pump=False)
-        for _ in range(rng.randrange(3)):
-            net.step(rng)
-        n += 1
+    def change_at(n):
         if at and n == at[0]:
             at.pop(0)
             changes.pop()()
+
+    interleave(net, lists, rng, after=change_at)
     while changes:
         changes.pop()()
     net.pump()
@@ -323,6 +309,24 @@ def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
     assert reached == {b"%d" % i for i in range(10)}
     assert all(s.pipes.pipes == {} for s in net.servers.values())
     assert all(s.directory.entries() == 0 for s in net.servers.values())
+
+
+def interleave(net, lists, rng, after=None):
+    """Send each client's commands (``lists`` of ``(broker, client, message)``) in order,
+    the clients interleaved at random, with 0-2 random link deliveries after each; ``after``
+    is called with the number of commands sent so far."""
+    n = 0
+    while lists:
+        ops = rng.choice(lists)
+        broker, client, msg = ops.pop(0)
+        if not ops:
+            lists.remove(ops)
+        net.send(broker, client, msg, pump=False)
+        for _ in range(rng.randrange(3)):
+            net.step(rng)
+        n += 1
+        if after is not None:
+            after(n)
 
 
 def deliver(net, src, dst):
