@@ -13,7 +13,7 @@ import uuid
 
 import zmq
 from helpers import endpoint_accepts, free_port, wait_for
-from pzq_helpers import dealer, recv, vm_kb, wait_counter
+from pzq_helpers import dealer, recv, spawn_pzq, vm_kb, wait_counter
 
 from zbroker.pzq import zmtp
 from zbroker.pzq.client import Consumer, Producer
@@ -257,3 +257,24 @@ def test_the_dealer_side_of_the_codec_says_dealer_and_refuses_a_req():
     (closed,) = req.next_events()
     assert isinstance(closed, zmtp.Closed) and "REQ socket cannot talk to a DEALER" in (
         closed.reason)
+
+
+def test_an_ipc_endpoint_file_of_a_live_queue_is_not_taken_over(start_pzq, tmp_path):
+    """A second queue given the monitor socket file of a running one fails to start with the
+    reason, and the first goes on answering there; once the first is SIGKILLed, its file is
+    taken over by the next start."""
+    from zbroker.pzq.client import monitor
+
+    path = f"ipc://{tmp_path}/shared.monitor"
+    first = start_pzq(monitor_=path)
+    second = spawn_pzq(tmp_path / "second", monitor_=path)
+    try:
+        assert second.proc.wait(timeout=30) != 0
+    finally:
+        second.kill()
+    assert "monitor socket" in second.log_path.read_text()
+    assert isinstance(monitor(path), dict)  # the first still answers there (else a timeout)
+    first.proc.kill()
+    first.proc.wait(timeout=10)
+    third = start_pzq(monitor_=path, database=tmp_path / "third")
+    assert isinstance(monitor(third.monitor), dict)

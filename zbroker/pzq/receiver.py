@@ -37,6 +37,54 @@ class EndpointError(ValueError):
     pass
 
 
+def listen_socket(endpoint: str) -> socket.socket:
+    """A non-blocking socket bound to ``endpoint`` and listening (OSError, or EndpointError
+    if it is not tcp://HOST:PORT or ipc://PATH). An ipc socket file that a process which
+    ended left behind is removed first; one that is still served is not (the bind fails):
+    asyncio's own bind would take the file of a live server."""
+    kind, address = listen_address(endpoint)
+    if kind == "tcp":
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    else:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if not address.startswith("\0"):
+            _remove_stale(address)
+    try:
+        sock.bind(address)
+        sock.listen(256)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _remove_stale(path: str) -> None:
+    """Remove the socket file a process that ended left at ``path`` (libzmq does the same
+    before it binds); one that is still served stays, and the bind fails."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
+def peer_name(transport: Any) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer or "local")
+
+
 def listen_address(endpoint: str) -> tuple[str, Any]:
     """``("tcp", (host, port))`` or ``("ipc", path)`` of a ZeroMQ endpoint to bind, as libzmq
     reads it: ``tcp://*:PORT`` is every IPv4 address, ``ipc://@NAME`` an abstract socket."""
@@ -95,14 +143,11 @@ class Receiver:
 
     async def start(self, endpoint: str) -> None:
         """Bind (OSError or EndpointError if it cannot)."""
-        kind, address = listen_address(endpoint)
-        if kind == "tcp":
-            host, port = address
-            self._server = await self.loop.create_server(
-                lambda: _Link(self), host, port, reuse_address=True, backlog=256)
+        sock = listen_socket(endpoint)
+        if sock.family == socket.AF_UNIX:
+            self._server = await self.loop.create_unix_server(lambda: _Link(self), sock=sock)
         else:
-            self._server = await self.loop.create_unix_server(lambda: _Link(self), address,
-                                                              backlog=256)
+            self._server = await self.loop.create_server(lambda: _Link(self), sock=sock)
 
     def close(self) -> None:
         if self._retry is not None:
@@ -247,7 +292,7 @@ class _Link(asyncio.BufferedProtocol):
             else:  # Closed
                 r.hung_up += 1
                 self.r.log.warning(f"pzq {r.role} connection refused", queue=r.name,
-                                   peer=_peer_name(self.transport), reason=ev.reason)
+                                   peer=peer_name(self.transport), reason=ev.reason)
         return got
 
     def resume(self) -> None:
@@ -286,10 +331,3 @@ class _Link(asyncio.BufferedProtocol):
 
 def _size(frames: list[bytes]) -> int:
     return sum(map(len, frames))
-
-
-def _peer_name(transport: Any) -> str:
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    if isinstance(peer, tuple):
-        return f"{peer[0]}:{peer[1]}"
-    return str(peer or "local")

@@ -37,7 +37,7 @@ from typing import Any
 
 from zbroker.local_access import PeerCredentials, peer_of
 from zbroker.pzq import zmtp
-from zbroker.pzq.receiver import listen_address
+from zbroker.pzq.receiver import listen_socket, peer_name
 
 #: bytes queued on a connection before it is no longer read (its replies are not taken)
 WRITE_HIGH = 4 << 20
@@ -99,24 +99,9 @@ class Endpoint:
     def listen(self, endpoint: str) -> socket.socket:
         """A socket bound to ``endpoint`` and listening (OSError, or ValueError if it is not
         tcp://HOST:PORT or ipc://PATH); :meth:`serve` it."""
-        kind, address = listen_address(endpoint)
-        if kind == "tcp":
-            host, port = address
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            if not address.startswith("\0"):
-                _remove_stale(address)
-        try:
-            sock.bind(address)
-            sock.listen(256)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        if kind == "ipc" and not address.startswith("\0"):
+        sock = listen_socket(endpoint)
+        address = sock.getsockname()
+        if sock.family == socket.AF_UNIX and isinstance(address, str) and address:
             self._paths.append(address)  # ours now: removed at close
         return sock
 
@@ -238,7 +223,7 @@ class _Link(asyncio.BufferedProtocol):
         self.handshake = None
         if self.transport is not None:
             self.e.log.info("zpipes connection dropped: no ZMTP handshake within "
-                            f"{HANDSHAKE_TIMEOUT_S:g} s", peer=_peer_name(self.transport))
+                            f"{HANDSHAKE_TIMEOUT_S:g} s", peer=peer_name(self.transport))
             self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -264,7 +249,7 @@ class _Link(asyncio.BufferedProtocol):
                 self.handshake.cancel()
                 self.handshake = None
             else:  # Closed: the peer broke the protocol
-                e.log.warning("zpipes connection dropped", peer=_peer_name(self.transport),
+                e.log.warning("zpipes connection dropped", peer=peer_name(self.transport),
                               reason=ev.reason)
         out = conn.data_to_send()
         if out:
@@ -305,27 +290,3 @@ class _Link(asyncio.BufferedProtocol):
         if rid is not None and e.links.get(rid) is self:
             del e.links[rid]
             e.on_gone(rid)
-
-
-def _remove_stale(path: str) -> None:
-    """Remove the socket file a process that ended left at ``path`` (libzmq does the same
-    before it binds); one that is still served stays, and the bind fails."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except ConnectionRefusedError:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-    except OSError:
-        pass
-    finally:
-        probe.close()
-
-
-def _peer_name(transport: Any) -> str:
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    if isinstance(peer, tuple):
-        return f"{peer[0]}:{peer[1]}"
-    return str(peer or "local")
