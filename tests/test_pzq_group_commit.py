@@ -10,7 +10,7 @@ from itertools import pairwise
 
 import pytest
 
-from zbroker.pzq.group_commit import BACKOFF_MAX, BACKOFF_MIN, GroupCommit
+from zbroker.pzq.group_commit import AVOIDING, BACKOFF_MAX, BACKOFF_MIN, GroupCommit
 
 WINDOW = 0.010
 LINGER = WINDOW / 10
@@ -38,17 +38,20 @@ class Writer:
         return batch, wake
 
     def wait(self, now: float, stopping: bool = False) -> float | None:
-        return self.policy.wait(self.waiting, now, stopping)
+        live = sum(r.size for r in self.waiting if r.alive)
+        return self.policy.wait(self.waiting, live, now, stopping)
 
-    def writes_at(self, now: float, arrivals: list[float] = ()) -> float:
+    def writes_at(self, now: float, arrivals: list[float] = (), avoided: list[float] = ()
+                  ) -> float:
         """The writer looks at ``now`` and sleeps as the policy says, while records come at
-        the times ``arrivals`` (one that says wake, wakes it): when it writes."""
-        arrivals = sorted(arrivals)
+        the times ``arrivals``, and consumers ACK records that wait at the times ``avoided``
+        (one that says wake, wakes it): when it writes."""
+        events = sorted([(at, "record") for at in arrivals] + [(at, "ack") for at in avoided])
         while (wait := self.wait(now)) != 0.0:
             wake = math.inf if wait is None else now + wait
-            while arrivals and arrivals[0] <= wake:
-                at = arrivals.pop(0)
-                if self.record(at)[1]:
+            while events and events[0][0] <= wake:
+                at, kind = events.pop(0)
+                if self.record(at)[1] if kind == "record" else self.policy.ack(at, True):
                     wake = at
                     break
             assert wake < math.inf, "the writer would sleep for ever"
@@ -81,6 +84,55 @@ def test_records_that_keep_coming_are_gathered_until_the_window_ends():
     steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(100)]  # 5 windows
     assert w.writes_at(1.0, steady) == pytest.approx(1.0 + WINDOW)
     assert len(w.write()) == 21  # one write for all that came within the window
+
+
+def test_while_consumers_ack_records_that_wait_a_batch_gathers_up_to_avoiding_windows():
+    w = Writer()
+    steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(200)]  # 10 windows
+    acks = [1.0 + LINGER / 3 + i * LINGER / 2 for i in range(200)]  # each consumed at once
+    written = w.writes_at(1.0, steady, acks)
+    assert written == pytest.approx(1.0 + AVOIDING * WINDOW)
+    assert written > 1.0 + 2 * WINDOW  # well past the window of a batch nobody consumes
+    assert len(w.write()) == 1 + 2 * AVOIDING * 10  # all that came within AVOIDING windows
+
+
+def test_the_longer_gathering_ends_a_window_after_the_last_consumer_ack():
+    w = Writer()
+    steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(200)]
+    acks = [1.0 + LINGER / 3 + i * LINGER / 2 for i in range(40)]  # for two windows
+    last = acks[-1]
+    # past its own window, the batch is written when the writer first looks a window
+    # after the last consumer ACK (it looks every linger)
+    written = w.writes_at(1.0, steady, acks)
+    assert last + WINDOW <= written < last + WINDOW + LINGER + 1e-9
+    assert written < 1.0 + AVOIDING * WINDOW
+
+
+def test_while_consumers_keep_up_closed_batches_wait_up_to_avoiding_times_their_bytes():
+    w = Writer(max_batch_bytes=300)
+    for _ in range(4):
+        w.record(1.0)  # the fourth closed batch 0
+    assert w.wait(1.0) == 0.0  # nobody consumes: a closed batch is written at once
+    w = Writer(max_batch_bytes=300)
+    w.policy.ack(1.0, True)  # a consumer ACKed a record that waited
+    for _ in range(3 * AVOIDING):
+        w.record(1.0)
+    assert w.waiting[-1].batch == AVOIDING - 1  # closed batches wait: AVOIDING x 300 B
+    assert w.wait(1.0) > 0
+    w.waiting[0].alive = False  # one of them consumed: never written, it costs no bytes
+    w.record(1.0)
+    assert w.wait(1.0) > 0
+    w.record(1.0)  # past AVOIDING x 300 B of live records: written now
+    assert w.wait(1.0) == 0.0
+    assert [r.batch for r in w.write()] == [0, 0, 0]  # one write: at most 300 B live
+
+
+def test_acks_that_avoid_nothing_do_not_lengthen_the_gathering():
+    w = Writer()
+    steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(100)]
+    for at in steady[:40]:
+        w.policy.ack(at)  # ACK records of messages written before: they must be written
+    assert w.writes_at(1.0, steady) == pytest.approx(1.0 + WINDOW)
 
 
 def test_the_writer_writes_once_a_linger_passed_without_anything_new():

@@ -6,9 +6,13 @@ arrival order and asks this policy, under the store's lock, what to do:
 
     batch, wake = policy.record(size, now)  # a record is queued: its batch number, and
                                             # whether the writer must look now
-    wake = policy.ack(now)                  # an ACK is queued (or a queued record ACKed)
-    policy.wait(waiting, now, stopping)     # the writer looks: 0, write now; None, nothing
-                                            # waits; else seconds to sleep (then look again)
+    wake = policy.ack(now, avoided)         # an ACK is queued; ``avoided``: a queued record
+                                            # was ACKed by its consumer (never written)
+    policy.wait(waiting, live, now, stopping)
+                                            # the writer looks (``live``: the bytes of the
+                                            # waiting records still to be written): 0, write
+                                            # now; None, nothing waits; else seconds to sleep
+                                            # (then look again)
     n = policy.take(waiting)                # the write starting now takes waiting[:n] and
                                             # every ACK queued
     policy.written(ok, now)                 # how that write went
@@ -26,6 +30,15 @@ Sync modes:
             one write takes whole batches of at most ``max_batch_bytes`` of live records
             together (one batch at least), so that the first messages of a burst are ACKed
             after their own part of it is synced, not after the whole burst.
+            While consumers ACK records that wait (write avoidance: such a record is never
+            written, and its producer is answered at once), the gathering grows AVOIDING
+            times: it may go on for up to AVOIDING windows, looking every AVOIDING lingers
+            (a writer that looks less often takes the GIL from the event loop less often),
+            and closed batches wait too until more than AVOIDING times ``max_batch_bytes``
+            of live records wait. With consumers that keep up, most records are then ACKed
+            before they are written, which saves their writes, the fdatasyncs and the CPU of
+            both. It ends a window after the last such ACK; a record nobody consumes still
+            waits at most AVOIDING windows.
     always  one fdatasync per message: each record is a batch of its own and one write takes
             one live record (records ACKed before they were written, and ACK records, ride
             along); no gathering.
@@ -38,6 +51,7 @@ written at once, whole batches of at most ``max_batch_bytes`` a write.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -47,6 +61,7 @@ DEFAULT_SYNC = "batch"
 DEFAULT_SYNC_WINDOW = 0.002  # seconds a batch gathers messages before its fdatasync
 DEFAULT_MAX_BATCH_BYTES = 1 << 20  # a batch closes there: one fdatasync covers at most this
 LINGER = 0.1  # of the window: written once nothing new came for that long
+AVOIDING = 5  # windows a batch may gather while consumers ACK the records that wait
 BACKOFF_MIN = 0.01  # seconds the writer waits after a failed write, doubling while it fails
 BACKOFF_MAX = 1.0
 
@@ -76,6 +91,7 @@ class GroupCommit:
         self.open_bytes = 0  # bytes queued in the open batch
         self.first_at: float | None = None  # when the oldest record or ACK waiting came
         self.arrivals = 0  # records and ACKs queued so far
+        self.avoided_at = -math.inf  # when a consumer last ACKed a record that waits
         self._look: tuple[float, int] | None = None  # gathering: when the writer last
         # looked, and the arrivals then
         self.backoff = 0.0  # how long the write after a failed one waits
@@ -95,9 +111,12 @@ class GroupCommit:
             self.open_bytes += size
         return batch, self._arrived(now) or closed
 
-    def ack(self, now: float) -> bool:
-        """An ACK record is queued, or a queued record ACKed (new records may follow):
-        whether the writer must look now (it is the first thing waiting)."""
+    def ack(self, now: float, avoided: bool = False) -> bool:
+        """An ACK record is queued, or (``avoided``) a record that waits was ACKed by its
+        consumer, so it will not be written (new records may follow): whether the writer
+        must look now (it is the first thing waiting)."""
+        if avoided:
+            self.avoided_at = now
         return self._arrived(now)
 
     def _arrived(self, now: float) -> bool:
@@ -107,28 +126,32 @@ class GroupCommit:
             return True
         return False
 
-    def wait(self, waiting: Sequence[Waiting], now: float, stopping: bool = False
+    def wait(self, waiting: Sequence[Waiting], live: int, now: float, stopping: bool = False
              ) -> float | None:
-        """The writer looks, at ``now``: how long it waits before its next write. 0.0,
-        write now; None, nothing waits (an arrival that needs the writer wakes it: record()
-        and ack() say so); else the seconds it may sleep, after which (or after a wake) it
-        looks again."""
+        """The writer looks, at ``now``, with ``live`` bytes of the waiting records still to
+        be written: how long it waits before its next write. 0.0, write now; None, nothing
+        waits (an arrival that needs the writer wakes it: record() and ack() say so); else
+        the seconds it may sleep, after which (or after a wake) it looks again."""
         if self.first_at is None:
             return None
         if stopping:
             return 0.0
         if now < self.retry_at:
             return self.retry_at - now
-        deadline = self.first_at + self.window
-        if not self.gathers or now >= deadline or (waiting and waiting[0].batch < self.batch):
+        deadline, linger = self.first_at + self.window, self.linger
+        closed = bool(waiting) and waiting[0].batch < self.batch
+        if now - self.avoided_at < self.window:  # consumers keep up: gather on
+            deadline, linger = self.first_at + self.window * AVOIDING, linger * AVOIDING
+            closed = closed and live > self.max_batch_bytes * AVOIDING
+        if not self.gathers or now >= deadline or closed:
             return 0.0
         look = self._look
-        if look is not None and now < look[0] + self.linger:
-            return min(deadline, look[0] + self.linger) - now  # woken before its linger
+        if look is not None and now < look[0] + linger:
+            return min(deadline, look[0] + linger) - now  # woken before its linger
         if look is not None and look[1] == self.arrivals:
             return 0.0  # nothing new for a linger
         self._look = (now, self.arrivals)
-        return min(deadline - now, self.linger)
+        return min(deadline - now, linger)
 
     def take(self, waiting: Sequence[Waiting]) -> int:
         """How many of the waiting records, oldest first, the write that starts now takes

@@ -312,9 +312,9 @@ class Store:
         moved = seq in self._live or seq in self._moving  # on disk already, being moved
         now = time.monotonic()
         with self._cond:
-            if self._policy.ack(now):
-                self._cond.notify()
             entry = self._pending_by_seq.pop(seq, None)
+            if self._policy.ack(now, entry is not None and not moved):
+                self._cond.notify()
             if entry is not None and entry.count > 1:
                 return self._ack_in_batch(entry, seq)
             if entry is not None:
@@ -459,7 +459,8 @@ class Store:
         while True:
             with cond:
                 while True:  # until the policy says write, or a stop or deletes want it
-                    wait = policy.wait(self._pending, time.monotonic(), self._stopping)
+                    wait = policy.wait(self._pending, self._pending_bytes, time.monotonic(),
+                                       self._stopping)
                     if wait == 0.0 or (wait is None and (self._stopping
                                                          or self._delete_below > 0)):
                         break
