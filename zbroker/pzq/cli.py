@@ -78,7 +78,8 @@ def parser() -> argparse.ArgumentParser:
     a("--sync", choices=PZQ_SYNC_MODES, default=None,
       help="batch (default: group commit, ACK after fdatasync), always, none (no fdatasync)")
     a("--sync-window", type=int, default=_us(d.sync_window), metavar="US",
-      help="how long a batch gathers messages before its fdatasync, µs (%(default)s)")
+      help="how long a batch gathers messages before its fdatasync, µs (%(default)s); up "
+           "to five times that while consumers ACK messages not yet written")
     a("--sync-max-bytes", type=_size, default=d.sync_max_bytes, metavar="BYTES",
       help="most bytes one fdatasync covers: a batch closes there and is written at once "
            "(%(default)s)")
