@@ -70,27 +70,31 @@ def relay(receive: str, send: str) -> None:
                 # else: a consumer's [key]["1"]: nothing to keep
 
 
-def relay_case(size: int, window: int, n: int, producer, consumer) -> dict:
+def relay_case(size: int, window: int, n: int, producer, consumer,
+               max_bytes: int | None = None) -> dict:
+    """The bare relay on one case (``max_bytes``: the producer's byte window, if any)."""
     receive = f"tcp://127.0.0.1:{free_port()}"
     send = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("fork")
     proc = ctx.Process(target=relay, args=(receive, send), daemon=True)
     proc.start()
     try:
-        return _windowed_case(proc.pid, receive, send, size, window, n, producer, consumer)
+        return _windowed_case(proc.pid, receive, send, size, window, n, producer, consumer,
+                              max_bytes)
     finally:
         proc.kill()
         proc.join()
 
 
 def _windowed_case(pid: int, receive: str, send: str, size: int, window: int, n: int,
-                   producer, consumer) -> dict:
+                   producer, consumer, max_bytes: int | None = None) -> dict:
     ctx = mp.get_context("fork")
     (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
     start = time.time() + 0.5
     cpu0 = cpu_seconds(pid)
     cons = ctx.Process(target=consumer, args=(send, n, c_out))
-    prod = ctx.Process(target=producer, args=(receive, n, size, window, None, start, p_out))
+    prod = ctx.Process(target=producer,
+                       args=(receive, n, size, window, max_bytes, start, p_out))
     cons.start()
     prod.start()
     try:
