@@ -227,12 +227,6 @@ class Connection:
     def receive_data(self, data: bytes | memoryview) -> None:
         if self.closed:
             return
-        if self._skip:
-            n = min(self._skip, len(data))
-            self._skip -= n
-            data = data[n:]
-            if not self._skip and not self._skip_more:
-                self._skipping = False
         if not self.ready:
             self._in += data
             while not self.ready and not self.closed and self._stage():
@@ -241,20 +235,40 @@ class Connection:
                 self._in.clear()
             if not self.ready:
                 return
-            data = b""  # what came after the handshake is in the input already
-        if self._direct is not None and data:
-            frame = self._direct
-            n = min(len(frame) - self._direct_have, len(data))
-            frame[self._direct_have:self._direct_have + n] = data[:n]
-            self.frame_filled(n)
-            data = data[n:]
-        if self._in:  # the start of a frame came before: the rest goes after it
-            self._in += data
-            self._read_input()
-        elif data:  # read where it lies; only a frame cut at its end is kept for later
-            used = self._read_frames(data)
-            if used < len(data) and not self.closed:
-                self._in += data[used:]
+            if self._in:  # what came after the handshake
+                self._read_input()
+            return
+        while data and not self.closed:
+            if self._skip:  # the rest of a frame of a refused message: let go
+                n = min(self._skip, len(data))
+                self._skip -= n
+                data = data[n:]
+                if not self._skip and not self._skip_more:
+                    self._skipping = False
+            elif self._direct is not None:  # a large frame under way: the rest goes there
+                frame = self._direct
+                n = min(len(frame) - self._direct_have, len(data))
+                frame[self._direct_have:self._direct_have + n] = data[:n]
+                self.frame_filled(n)
+                data = data[n:]
+            elif self._in:  # a frame begun before: only what completes it goes after it
+                n = max(1, self._wanted())
+                self._in += data[:n]
+                data = data[n:]
+                self._read_input()
+            else:  # read where it lies; only a frame cut at its end is kept for later
+                used = self._read_frames(data)
+                if used < len(data) and not self.closed:
+                    self._in += data[used:]
+                break
+
+    def _wanted(self) -> int:
+        """Bytes still to come of the frame begun in the input (or of its header, when
+        that is not all here)."""
+        head = self._frame_head(0)
+        if head is None:
+            return (9 if self._in[0] & LONG else 2) - len(self._in)
+        return head[2] + head[1] - len(self._in)
 
     def _read_input(self) -> None:
         with memoryview(self._in) as mv:
