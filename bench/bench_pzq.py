@@ -21,9 +21,9 @@ consumer ACKs each message); the queue is started fresh for each case, with an e
 directory. With ``backlog`` the consumer connects only after the last producer ACK, so every
 message is written and fsynced (no write avoidance); its end-to-end rate includes the drain.
 With ``batch`` the case runs the batch path: the client's Producer packs up to 256 messages a
-batch (at most WINDOW unACKed), the consumer takes batches on the credit endpoint and ACKs each
-batch in one message; Redis Streams runs beside it pipelining 64 (its best here; the bare
-relay speaks only the original wire).
+batch (and at most half of WINDOW, the most messages unACKed), the consumer takes batches on
+the credit endpoint and ACKs each batch in one message; Redis Streams runs beside it
+pipelining 64 (its best here; the bare relay speaks only the original wire).
 
 Metrics (``--metrics``): each case through a queue hosted by a broker, once without metrics
 and once with the broker's metrics endpoint scraped every second (as Prometheus would),
@@ -120,8 +120,9 @@ def producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | Non
 
 def batch_producer(endpoint: str, n: int, size: int, window: int, max_bytes: int | None,
                    start: float, out) -> None:
-    """The batch path: the client's Producer gathering up to BATCH messages a batch, at
-    most ``window`` messages unACKed; the ACK latency of each message is timed."""
+    """The batch path: the client's Producer gathering up to BATCH messages a batch (at
+    most half the window), at most ``window`` messages unACKed; the ACK latency of each
+    message is timed."""
     from zbroker.pzq.client import Producer
 
     sent_at: dict[bytes, float] = {}
@@ -134,7 +135,7 @@ def batch_producer(endpoint: str, n: int, size: int, window: int, max_bytes: int
         failed += not ok
 
     body = b"x" * size
-    with Producer(endpoint, window=window, batch=min(BATCH, window), on_ack=on_ack,
+    with Producer(endpoint, window=window, batch=BATCH, on_ack=on_ack,
                   max_inflight_bytes=max_bytes) as p:
         while time.time() < start:
             time.sleep(0.001)

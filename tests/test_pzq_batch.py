@@ -224,6 +224,32 @@ def test_batches_end_to_end_with_original_clients_beside_them(start_pzq):
     assert q.counters()["messages"] == 0
 
 
+def test_a_producer_batch_is_at_most_half_its_window(ctx):
+    """A batch as large as the window would wait for its ACK before the next could start:
+    the producer sends a batch once it holds half the window, so the next is made while the
+    queue stores it. Seen from a ROUTER standing in for the queue."""
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    with Producer(f"tcp://127.0.0.1:{port}", window=8, batch=8, linger=60) as p:
+        for i in range(4):
+            p.send(b"m%d" % i, msg_id=b"%d" % i)
+        assert router.poll(5000), "half the window made no batch"
+        peer, batch_id, header, empty, packed = router.recv_multipart()
+        assert header == wire.BATCH_HEADER and empty == b""
+        assert wire.unpack(packed) == ([b"0", b"1", b"2", b"3"], [b"m0", b"m1", b"m2", b"m3"])
+        for i in range(4, 7):  # the next batch is made while the first waits for its ACK
+            p.send(b"m%d" % i, msg_id=b"%d" % i)
+        assert not router.poll(300)
+        p.send(b"m7", msg_id=b"7")
+        assert router.poll(5000)
+        assert wire.unpack(router.recv_multipart()[4])[0] == [b"4", b"5", b"6", b"7"]
+        assert p.inflight == 8
+        router.send_multipart([peer, batch_id, b"1", b""])
+        p.poll(5)
+        assert p.inflight == 4
+    router.close(0)
+
+
 def test_a_batch_consumer_never_holds_more_than_its_windows(start_pzq):
     q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
     with Producer(q.receive, window=1000, batch=100) as p:

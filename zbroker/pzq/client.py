@@ -77,11 +77,14 @@ class Producer:
         for big messages a byte window bounds it where a message window cannot.
 
         ``batch``: send up to that many messages in one batch (0: one ZeroMQ message per
-        message, the original wire, which any pzq takes; batches need a queue of ours). A
-        batch goes when it holds ``batch`` messages or ``batch_bytes`` of bodies, when the
-        window is full, at :meth:`poll` and :meth:`flush`, or at the first :meth:`send`
-        ``linger`` seconds after its first message (the client has no thread of its own:
-        a last message waits for one of those calls). A message of several body frames
+        message, the original wire, which any pzq takes; batches need a queue of ours), and
+        at most half the window (rounded up), so that one batch is being made while the
+        last is being stored: a batch as large as the window would wait for its ACK before
+        the next could start (stop and wait). A batch goes when it holds that many messages
+        or ``batch_bytes`` of bodies, when the window is full, at :meth:`poll` and
+        :meth:`flush`, or at the first :meth:`send` ``linger`` seconds after its first
+        message (the client has no thread of its own: a last message waits for one of those
+        calls). A message of several body frames
         goes alone, on the original wire."""
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -89,7 +92,7 @@ class Producer:
             raise ValueError(f"max_inflight_bytes must be >= 1, got {max_inflight_bytes}")
         if not 0 <= batch <= wire.MAX_BATCH:
             raise ValueError(f"batch must be 0..{wire.MAX_BATCH}, got {batch}")
-        self.batch = batch
+        self.batch = min(batch, (window + 1) // 2)
         self.batch_bytes = batch_bytes
         self.linger = linger
         self._batch_ids: list[bytes] = []
