@@ -15,6 +15,7 @@ import pytest
 from zbroker.pzq import peering, wire
 from zbroker.pzq.actions import (
     Ack,
+    AckMany,
     Append,
     BatchResult,
     Confirm,
@@ -106,10 +107,12 @@ class Node:
             t = type(a)
             if t is Append:
                 self.logs[a.log].append(a)
-            elif t is Ack:
+            elif t is Ack or t is AckMany:
                 log = self.logs[a.log]
-                log.records.pop(a.seq, None)
-                log.pending = [r for r in log.pending if r.seq != a.seq]
+                seqs = {a.seq} if t is Ack else set(a.seqs)
+                for seq in seqs:
+                    log.records.pop(seq, None)
+                log.pending = [r for r in log.pending if r.seq not in seqs]
             elif t is OpenLog:
                 assert a.log not in self.logs
                 self.logs[a.log] = FakeLog()

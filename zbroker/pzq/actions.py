@@ -9,6 +9,7 @@ queue's own, a node id the log of the copies held for that node.
     Append, Ack, Move        the log: write a message, ACK one, write a live one again at the
                              head (compaction)
     AppendBatch              the log: write a producer's batch as one record
+    AckMany                  the log: ACK many (a batch consumer's ACK), in one go
     OpenLog                  open (create) the log of the copies of a new origin node
     Reply                    to a producer (or a static peer) on the receive endpoint
     Confirm                  to a consumer of the credit endpoint: its ACK is durable (ACKED)
@@ -73,6 +74,12 @@ class AppendBatch:
 @dataclass(slots=True)
 class Ack:
     seq: int
+    log: str | None = None
+
+
+@dataclass(slots=True)
+class AckMany:
+    seqs: Sequence[int]
     log: str | None = None
 
 

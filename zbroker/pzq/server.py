@@ -32,6 +32,7 @@ from ..zmq_reader import DRAIN_BUDGET
 from . import peering, stream, wire
 from .actions import (
     Ack,
+    AckMany,
     Append,
     AppendBatch,
     BatchResult,
@@ -278,6 +279,12 @@ class QueueServer:
             elif t is Reply:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)
+            elif t is AckMany:
+                if (dropped := logs[a.log].ack_many(a.seqs)):
+                    core = self.replication.log_core(a.log)
+                    if core is not None:
+                        for unwritten in dropped:
+                            core.unwritten(unwritten)  # answers: taken by _flush's next round
             elif t is Ack:
                 if (unwritten := logs[a.log].ack(a.seq)) is not None:
                     core = self.replication.log_core(a.log)

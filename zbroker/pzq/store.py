@@ -37,7 +37,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,31 +309,50 @@ class Store:
         is still queued, drop the record: write avoidance). Returns the seqs of the record
         so dropped, which will never be written (a batch record: once all of it is ACKed),
         or None."""
-        moved = seq in self._live or seq in self._moving  # on disk already, being moved
+        dropped = self.ack_many((seq,))
+        return dropped[0] if dropped else None
+
+    def ack_many(self, seqs: Iterable[int]) -> list[range]:
+        """:meth:`ack` for each of ``seqs``, under one taking of the lock: the seqs of the
+        records so dropped (never to be written)."""
+        live, moving, pending = self._live, self._moving, self._pending_by_seq
+        policy, acks = self._policy, self._pending_acks
+        dropped: list[range] = []
+        settle: list[tuple[int, _Entry | None]] = []  # ACK records: their segments' counts
+        wake = False
         now = time.monotonic()
         with self._cond:
-            entry = self._pending_by_seq.pop(seq, None)
-            if self._policy.ack(now, entry is not None and not moved):
+            for seq in seqs:
+                moved = seq in live or seq in moving  # on disk already, being moved
+                entry = pending.pop(seq, None)
+                if policy.ack(now, entry is not None and not moved):
+                    wake = True
+                if entry is not None and entry.count > 1:
+                    if (batch := self._ack_in_batch(entry, seq)) is not None:
+                        dropped.append(batch)
+                    continue
+                if entry is not None:
+                    entry.alive = False
+                    self._pending_bytes -= entry.size
+                    if not moved:
+                        entry.avoided = True
+                        self.avoided_messages += 1
+                        self.avoided_bytes += entry.size
+                        dropped.append(range(seq, seq + 1))
+                        continue
+                acks.append(seq)
+                settle.append((seq, entry))
+            if wake:
                 self._cond.notify()
-            if entry is not None and entry.count > 1:
-                return self._ack_in_batch(entry, seq)
-            if entry is not None:
-                entry.alive = False
-                self._pending_bytes -= entry.size
-                if not moved:
-                    entry.avoided = True
-                    self.avoided_messages += 1
-                    self.avoided_bytes += entry.size
-                    return range(seq, seq + 1)
-            self._pending_acks.append(seq)
-        segment = self._live.pop(seq, None)
-        if segment is not None:
-            self._seg_live[segment] -= 1
-        if entry is not None:  # a move not yet taken by the writer: dropped
-            self._moving.discard(seq)
-        elif segment is None or seq in self._moving:
-            self._acked_writing.add(seq)  # being written now: placed by complete()
-        return None
+        for seq, entry in settle:  # (the event loop's own bookkeeping: no lock needed)
+            segment = live.pop(seq, None)
+            if segment is not None:
+                self._seg_live[segment] -= 1
+            if entry is not None:  # a move not yet taken by the writer: dropped
+                moving.discard(seq)
+            elif segment is None or seq in moving:
+                self._acked_writing.add(seq)  # being written now: placed by complete()
+        return dropped
 
     def _ack_in_batch(self, entry: _Entry, seq: int) -> range | None:
         """(Under the lock.) ``seq`` of a BATCH record not yet taken by the writer is
