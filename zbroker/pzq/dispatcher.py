@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 READY = "ready"
@@ -41,7 +41,7 @@ class Consumer:
         return self.credit - len(self.inflight)
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     seq: int
     consumer: Hashable
@@ -125,23 +125,39 @@ class Dispatcher:
             return self._send(seq, size, consumer, now)
         return None
 
-    def next_delivery_to(self, cid: Hashable, now: float) -> Delivery | None:
-        """The next message for consumer ``cid`` (more of a batch to it), if its window and
-        the bytes in flight allow; marks it in flight as :meth:`next_delivery` does."""
+    def more_to(self, cid: Hashable, now: float, limit: int, alone: Callable[[int], bool]
+                ) -> list[Delivery]:
+        """More of a batch to consumer ``cid``: up to ``limit`` messages in ready order, while
+        its windows and the bytes in flight allow, stopping at one that must go alone
+        (``alone(seq)``); each marked in flight as :meth:`next_delivery` does."""
         consumer = self.consumers[cid]
-        ready, where = self._ready, self._where
-        while ready:
+        ready, where, sizes, attempts = self._ready, self._where, self._size, self._attempts
+        inflight, deadlines = consumer.inflight, self._deadlines
+        deadline = now + self.ack_timeout
+        out: list[Delivery] = []
+        while ready and len(out) < limit:
             seq = ready[0]
             if where.get(seq) != READY:
-                ready.popleft()
+                ready.popleft()  # ACKed or dropped meanwhile
                 continue
-            size = self._size[seq]
+            size = sizes[seq]
             if (self.inflight_bytes + size > self.max_inflight_bytes
-                    or len(consumer.inflight) >= consumer.credit
-                    or consumer.inflight_bytes + size > consumer.max_bytes):
-                return None
-            return self._send(seq, size, consumer, now)
-        return None
+                    or len(inflight) >= consumer.credit
+                    or consumer.inflight_bytes + size > consumer.max_bytes or alone(seq)):
+                break
+            ready.popleft()  # as _send does, for many
+            attempt = attempts[seq] + 1
+            attempts[seq] = attempt
+            if attempt > 1:
+                self.redelivered += 1
+            where[seq] = cid
+            inflight.add(seq)
+            consumer.inflight_bytes += size
+            self.inflight += 1
+            self.inflight_bytes += size
+            deadlines.append((deadline, seq, attempt))
+            out.append(Delivery(seq, cid, attempt))
+        return out
 
     def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
         """``seq``, first in the ready queue, goes to ``consumer``."""

@@ -43,6 +43,7 @@ from ..stats import Buckets
 from . import wire
 from .actions import (
     Ack,
+    AckMany,
     Adopted,
     Append,
     AppendBatch,
@@ -376,18 +377,23 @@ class QueueCore:
     def _add_batch(self, w: BatchWaiter, first: int, base: bytes, ids: list[bytes],
                    bodies: list[bytes], now: float) -> None:
         """Take the messages of a batch record with seqs from ``first`` on."""
-        messages, keys = self.messages, self.keys
+        messages, keys, known = self.messages, self.keys, self.ids
         dispatch = None if self.stream else self.dispatcher.add
         replicas = self.limits.replicas
         frame_cost = 2 * wire.FRAME_COST
-        total = 0
+        total = id_bytes = 0
         seq = first
+        mask = wire.KEY_SEQ_MASK
         for msg_id, body in zip(ids, bodies, strict=True):
-            key = wire.message_key(base, seq)
+            key = b"%s%012x" % (base, seq & mask)  # wire.message_key, inline: per message
             size = len(msg_id) + len(body) + frame_cost
             messages[seq] = Message(seq, key, msg_id, (body,), size, False)
             keys[key] = seq
-            self._remember(msg_id, seq)
+            if msg_id in known:  # (taken over again, or recovered twice: one entry)
+                self._remember(msg_id, seq)
+            else:  # as _remember does, trimming once for the whole batch (below)
+                known[msg_id] = seq
+                id_bytes += len(msg_id)
             if dispatch is not None:
                 dispatch(seq, size)
             if replicas:  # each message's copies are a part of the batch's answer
@@ -399,6 +405,8 @@ class QueueCore:
                 self.replication_out.append(Replicate(key, (body,)))
             total += size
             seq += 1
+        self.ids_bytes += id_bytes
+        self._trim_ids()
         self._count(total, len(ids))
         if not replicas:
             self.waiting[first] = [(w, b"", None)]  # the record: one part
@@ -607,12 +615,9 @@ class QueueCore:
             return d, wire.delivery(m.key, now_us, timeout_us, m.frames)
         cid = d.consumer
         batch, keys, bodies = [d], [m.key], [m.frames[0]]
-        more = dispatcher.next_delivery_to
-        while len(batch) < MAX_DELIVERY_BATCH and (d := more(cid, now)) is not None:
+        for d in dispatcher.more_to(cid, now, MAX_DELIVERY_BATCH - 1,
+                                    lambda seq: len(messages[seq].frames) != 1):
             m = messages[d.seq]
-            if len(m.frames) != 1:
-                dispatcher.unsent(d)
-                break
             batch.append(d)
             keys.append(m.key)
             bodies.append(m.frames[0])
@@ -655,22 +660,33 @@ class QueueCore:
             self.ack_waiters[seq] = (confirm_to, a.key)
 
     def consumer_acks(self, keys: list[bytes], cid: Hashable, ack_id: bytes) -> None:
-        """A batch consumer's ACK of ``keys``: each as :meth:`consumer_ack`; one Confirm
-        (``ack_id``, ACKED) once all those that were in the queue are durable."""
+        """A batch consumer's ACK of ``keys``: each as :meth:`consumer_ack` (the log ACKs
+        them in one AckMany); one Confirm (``ack_id``, ACKED) once all those that were in
+        the queue are durable."""
         group = AckGroup(cid, ack_id)
-        seqs, counters, waiters = self.keys, self.counters, self.ack_waiters
-        ack, drop = self.dispatcher.ack, self._drop
-        for key in keys:
-            seq = seqs.get(key)
-            if seq is None or self.stream:
-                counters["unknown_acks"] += 1
-                continue
-            ack(seq)
-            drop(seq)
-            waiters[seq] = group
-            group.pending += 1
-        counters["consumer_acks"] += group.pending
-        if group.pending == 0:
+        seq_of, messages, waiters = self.keys, self.messages, self.ack_waiters
+        ack = self.dispatcher.ack
+        copies = self.replication_out if self.limits.replicas else None
+        acked: list[int] = []
+        size = 0
+        if not self.stream:  # a stream queue is ACKed by COMMIT only
+            for key in keys:
+                seq = seq_of.pop(key, None)
+                if seq is None:
+                    continue  # already ACKed (a duplicate), or not ours
+                ack(seq)
+                size += messages.pop(seq).size
+                if copies is not None:
+                    copies.append(Unreplicate(key))
+                waiters[seq] = group
+                acked.append(seq)
+        self.counters["unknown_acks"] += len(keys) - len(acked)
+        if acked:
+            group.pending = len(acked)
+            self.counters["consumer_acks"] += group.pending
+            self._count(-size, -len(acked))
+            self.out.append(AckMany(acked, self.log_name))
+        else:
             self.out.append(Confirm(cid, ack_id, wire.ACKED))
 
     def _drop(self, seq: int) -> None:
@@ -782,7 +798,11 @@ class QueueCore:
             del ids[msg_id]
         ids[msg_id] = seq
         self.ids_bytes += len(msg_id)
-        limits = self.limits
+        self._trim_ids()
+
+    def _trim_ids(self) -> None:
+        """Forget the oldest ids past the idempotence window (in ids or in bytes)."""
+        ids, limits = self.ids, self.limits
         while ids and (len(ids) > limits.idempotence_window
                        or self.ids_bytes > limits.idempotence_bytes):
             old, _ = ids.popitem(last=False)
