@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 READY = "ready"
@@ -193,6 +193,23 @@ class Dispatcher:
             self._unflight(seq)
         self._forget(seq)
         return True
+
+    def ack_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack` for each of ``seqs`` (a batch consumer's ACK), in one loop."""
+        where, sizes, attempts, consumers = self._where, self._size, self._attempts, \
+            self.consumers
+        for seq in seqs:
+            at = where.pop(seq, None)
+            if at is None:
+                continue  # not known: a duplicate ACK
+            size = sizes.pop(seq)
+            attempts.pop(seq, None)
+            if at != READY:  # as _unflight does
+                if (c := consumers.get(at)) is not None:
+                    c.inflight.discard(seq)
+                    c.inflight_bytes -= size
+                self.inflight -= 1
+                self.inflight_bytes -= size
 
     def nack(self, seq: int) -> bool:
         """The consumer failed ``seq``: deliver it again now (at the front)."""

@@ -665,7 +665,6 @@ class QueueCore:
         the queue are durable."""
         group = AckGroup(cid, ack_id)
         seq_of, messages, waiters = self.keys, self.messages, self.ack_waiters
-        ack = self.dispatcher.ack
         copies = self.replication_out if self.limits.replicas else None
         acked: list[int] = []
         size = 0
@@ -674,7 +673,6 @@ class QueueCore:
                 seq = seq_of.pop(key, None)
                 if seq is None:
                     continue  # already ACKed (a duplicate), or not ours
-                ack(seq)
                 size += messages.pop(seq).size
                 if copies is not None:
                     copies.append(Unreplicate(key))
@@ -682,6 +680,7 @@ class QueueCore:
                 acked.append(seq)
         self.counters["unknown_acks"] += len(keys) - len(acked)
         if acked:
+            self.dispatcher.ack_many(acked)
             group.pending = len(acked)
             self.counters["consumer_acks"] += group.pending
             self._count(-size, -len(acked))
