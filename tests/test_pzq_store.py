@@ -7,6 +7,7 @@ import errno
 import os
 import queue
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -364,3 +365,24 @@ def test_reports_say_which_consumer_acks_a_crash_can_no_longer_undo(tmp_path):
     assert r.acked == (1,) and r.batches == ()
     h.close()
     assert seqs(recover(tmp_path)) == []
+
+
+def test_an_ack_waiting_for_the_lock_while_the_writer_takes_the_acks_is_written(tmp_path):
+    """The writer takes the queued ACKs, under the store's lock, by leaving a new list in
+    their place: an ACK that waited for that lock goes in the new list (and the next write),
+    never in the list already being written."""
+    h = Harness(tmp_path, sync="batch", sync_window=0.01)
+    h.append(0)
+    h.append(1)
+    h.settle()  # both written: an ACK of either needs an ACK record
+    store = h.store
+    with store._cond:  # as the writer holds it while it takes what waits
+        acking = threading.Thread(target=store.ack, args=(1,))
+        acking.start()
+        time.sleep(0.3)  # the ACK waits for the lock
+        taken, store._pending_acks = store._pending_acks, []  # as the writer's take does
+    acking.join(WAIT)
+    assert taken == []
+    h.settle()
+    h.close()
+    assert seqs(recover(tmp_path)) == [0]

@@ -316,12 +316,14 @@ class Store:
         """:meth:`ack` for each of ``seqs``, under one taking of the lock: the seqs of the
         records so dropped (never to be written)."""
         live, moving, pending = self._live, self._moving, self._pending_by_seq
-        policy, acks = self._policy, self._pending_acks
+        policy = self._policy
         dropped: list[range] = []
         settle: list[tuple[int, _Entry | None]] = []  # ACK records: their segments' counts
         wake = False
         now = time.monotonic()
         with self._cond:
+            acks = self._pending_acks  # (the writer takes this list and leaves a new one:
+            # read it under the lock, or an ACK may go to a list already written)
             for seq in seqs:
                 moved = seq in live or seq in moving  # on disk already, being moved
                 entry = pending.pop(seq, None)
