@@ -515,6 +515,23 @@ def test_the_broker_wide_buffer_budget_refuses_writes_past_it_and_cuts_their_str
     assert h.server.pipes.buffered == 0
 
 
+def test_answers_not_yet_taken_by_their_readers_count_in_the_budget():
+    """What the I/O layer holds for readers that do not take their answers (it says how
+    much, when asked) counts as pipe data does: a WRITE past the budget is refused."""
+    h = Harness(max_buffered=12)
+    unsent = [8]
+    h.server.unsent_bytes = lambda: unsent[0]
+    open_pair(h)
+    h.send(W, p.Write(b"1234", 0))
+    assert h.replies(W) == [p.WriteOk()]  # 8 + 4: at the budget
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadOk(b"1234")]
+    unsent[0] = 12  # that answer waits in the reader's connection too
+    h.send(W, p.Write(b"x", 0))
+    reason = "the broker's buffers for all clients are full (clients.max_buffered, 12 bytes)"
+    assert h.replies(W) == [p.WriteFailed(reason)]
+
+
 def test_client_limit():
     h = Harness(max_clients=1)
     h.send(R, p.Input(b"p"))

@@ -277,6 +277,73 @@ def test_zpipes_refuses_a_broker_name_squatted_by_another_user(tmp_path):
 # --- the broker-wide buffer budget ----------------------------------------------------------------
 
 
+def test_answers_waiting_for_readers_that_take_none_count_in_the_budget(start_broker, ctx):
+    """Four readers each ask for 65 chunks of 1 MiB (one READ and 64 queued behind it) and
+    never take the answers: their connections back up, and the broker holds what it
+    answered them. That counts in clients.max_buffered (32 MiB) as data in pipes does:
+    writers moving data into such connections are refused with the reason past the budget,
+    not let through 65 MiB a reader, and the broker's memory stays bounded."""
+    import zmq
+    from wire import (
+        INPUT_OK,
+        OUTPUT_OK,
+        WRITE_FAILED,
+        WRITE_OK,
+        RawClient,
+        input_,
+        output,
+        read,
+        write,
+    )
+
+    b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
+    before = rss_bytes(b.pid)
+    readers = []
+    for i in range(4):
+        r = ctx.socket(zmq.DEALER)
+        r.setsockopt(zmq.LINGER, 0)
+        r.setsockopt(zmq.RCVHWM, 1)  # libzmq stops reading the connection past one message
+        r.setsockopt(zmq.RCVBUF, 64 << 10)
+        r.connect(b.endpoint)
+        r.send(input_(b"slow %d" % i))
+        assert r.poll(5000) and r.recv()[:3] == b"\xaa\xa0" + bytes([INPUT_OK])
+        for _ in range(65):
+            r.send(read(1 << 20, 0))
+        readers.append(r)
+    writers = [RawClient(ctx, b.endpoint, 20_000) for _ in range(4)]
+    chunk = b"w" * (1 << 20)
+    accepted = refused = 0
+    for i, w in enumerate(writers):
+        assert w.call(output(b"slow %d" % i)) == (OUTPUT_OK, None)
+        for _ in range(65):
+            kind, reason = w.call(write(chunk, 0))
+            if kind == WRITE_FAILED:
+                assert "clients.max_buffered" in reason, reason
+                refused += 1
+                break
+            assert kind == WRITE_OK, (kind, reason)
+            accepted += 1
+    assert refused > 0
+    # the budget, and what left the broker for each reader (its socket buffers, libzmq's)
+    assert accepted <= 32 + 4 * 4, f"{accepted} MiB taken past a 32 MiB budget"
+    grown = rss_bytes(b.pid) - before
+    assert grown < 80 << 20, f"the broker grew by {grown >> 20} MiB"
+    for sock in readers:
+        sock.close()
+    for w in writers:
+        w.close()
+    wait_for(lambda: _status(b.name, b.dir)["clients"] == 0, 30, "the clients to go")
+    w, r = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    from wire import READ_OK
+
+    assert r.call(input_(b"after")) == (INPUT_OK, None)
+    assert w.call(output(b"after")) == (OUTPUT_OK, None)
+    assert w.call(write(b"x" * (1 << 20), 0)) == (WRITE_OK, None)  # the budget came back
+    assert r.call(read(1 << 20, 0)) == (READ_OK, b"x" * (1 << 20))
+    w.close()
+    r.close()
+
+
 def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_broker, ctx):
     """40 writers each hold a 4 MiB WRITE on pipes nobody reads (160 MiB asked): past
     clients.max_buffered (32 MiB) they are refused with the reason, the broker's memory stays

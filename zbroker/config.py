@@ -288,7 +288,8 @@ class ClientsConfig:
     max_clients: int = setting(10_000, integer(minimum=1))
     max_pipelined: int = setting(64, integer(minimum=1))  # queued commands per client
     max_pipelined_bytes: int = setting(8 << 20, size(minimum=1))
-    #: ZPIPES data held for all clients together (waiting and queued WRITEs, pipe buffers)
+    #: ZPIPES data held for all clients together (waiting and queued WRITEs, pipe buffers,
+    #: answers not yet taken by their readers)
     max_buffered: int = setting(256 << 20, size(minimum=1))
 
 

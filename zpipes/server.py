@@ -154,6 +154,9 @@ class ZpipesServer:
         self.peers: set[str] = set()
         self.peer_outbox: list[tuple[str, list[bytes | memoryview]]] = []
         self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
+        #: bytes answered to clients that have not taken them yet (their connections are
+        #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
+        self.unsent_bytes: Callable[[], int] = lambda: 0
         self._proxies: dict[tuple[str, int], int] = {}  # (peer, its end) -> our stand-in end
         #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
         self.clients_expired = 0  # clients expired (silent for client_timeout)
@@ -468,7 +471,8 @@ class ZpipesServer:
                 f"{self.config.max_chunk} bytes (max_chunk)")
 
     def _over_budget(self, size: int) -> bool:
-        return self.held + self.pipes.buffered + size > self.config.max_buffered
+        return (self.held + self.pipes.buffered + self.unsent_bytes() + size
+                > self.config.max_buffered)
 
     def _budget_reason(self) -> str:
         return (f"the broker's buffers for all clients are full (clients.max_buffered, "

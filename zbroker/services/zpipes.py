@@ -108,6 +108,7 @@ class ZpipesService(Service):
                       max_bytes=section.max_chunk + FRAME_OVERHEAD, max_frames=MAX_FRAMES,
                       log=ctx.log)
         self._receive = server.receive
+        server.unsent_bytes = ep.unsent_bytes  # held for readers that do not read: budgeted
         try:
             sock = self._listen(ep, self.endpoint, f"a broker named {ctx.broker_name!r} is "
                                 f"already running on this host ({self.endpoint} is in use)")

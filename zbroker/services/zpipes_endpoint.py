@@ -23,7 +23,8 @@ one gathered write per connection, without copying the frames. A connection whos
 not taken (its transport's buffer over ``WRITE_HIGH``) is not read until they are: what it can
 still be sent is the answers to requests taken before, which the ZPIPES core bounds (one
 request and ``max_pipelined`` queued behind it; a READ's answer at most its size, and at most
-what the pipe holds).
+what the pipe holds); what waits in the connections for their peers (:meth:`unsent_bytes`)
+counts in the broker-wide budget, ``clients.max_buffered``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Endpoint:
         self._servers: list[asyncio.AbstractServer] = []
         self._paths: list[str] = []  # ipc endpoints' files, removed at close
         self._dirty: list[_Link] = []  # connections with sends queued
+        self._backed_up: set[_Link] = set()  # connections with sends not yet written out
         self._ids = zmtp.RoutingIds(int.from_bytes(os.urandom(4), "big"))
         self.scratch = memoryview(bytearray(READ_SIZE))  # read into, taken out at once
         self._all: set[_Link] = set()
@@ -156,6 +158,21 @@ class Endpoint:
             transport = link.transport
             if transport is not None and not transport.is_closing():
                 transport.writelines(out)
+                if transport.get_write_buffer_size():  # its peer does not keep up
+                    self._backed_up.add(link)
+
+    def unsent_bytes(self) -> int:
+        """Bytes sent to connections whose peers have not taken them yet (held here, in
+        the transports' buffers): what the broker holds for readers that do not read."""
+        total = 0
+        for link in list(self._backed_up):
+            transport = link.transport
+            n = transport.get_write_buffer_size() if transport is not None else 0
+            if n:
+                total += n
+            else:
+                self._backed_up.discard(link)
+        return total
 
     def set_max_bytes(self, max_bytes: int) -> None:
         """The limit of a message, from now on, on every connection."""
@@ -284,6 +301,7 @@ class _Link(asyncio.BufferedProtocol):
         self.taken = False
         e.connections -= 1
         e._all.discard(self)
+        e._backed_up.discard(self)
         if not e._all:
             e._idle.set()
         rid = self.routing_id
