@@ -332,23 +332,14 @@ def test_answers_waiting_for_readers_that_take_none_count_in_the_budget(start_br
         sock.close()
     for w in writers:
         w.close()
-    wait_for(lambda: _status(b.name, b.dir)["clients"] == 0, 30, "the clients to go")
-    w, r = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
-    from wire import READ_OK
-
-    assert r.call(input_(b"after")) == (INPUT_OK, None)
-    assert w.call(output(b"after")) == (OUTPUT_OK, None)
-    assert w.call(write(b"x" * (1 << 20), 0)) == (WRITE_OK, None)  # the budget came back
-    assert r.call(read(1 << 20, 0)) == (READ_OK, b"x" * (1 << 20))
-    w.close()
-    r.close()
+    _the_budget_comes_back(b, ctx)
 
 
 def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_broker, ctx):
     """40 writers each hold a 4 MiB WRITE on pipes nobody reads (160 MiB asked): past
     clients.max_buffered (32 MiB) they are refused with the reason, the broker's memory stays
     bounded, and it comes back when they go."""
-    from wire import OUTPUT_OK, WRITE_FAILED, WRITE_OK, RawClient, output, write
+    from wire import OUTPUT_OK, WRITE_FAILED, RawClient, output, write
 
     b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
     before = rss_bytes(b.pid)
@@ -368,10 +359,15 @@ def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_bro
     assert grown < 64 << 20, f"the broker grew by {grown >> 20} MiB"
     for hog in hogs:
         hog.close()
-    wait_for(lambda: _status(b.name, b.dir)["clients"] == 0, 30, "the writers to go")
-    w, r = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
-    from wire import INPUT_OK, READ_OK, input_, read
+    _the_budget_comes_back(b, ctx)
 
+
+def _the_budget_comes_back(b, ctx) -> None:
+    """Once the clients that held the budget are gone: a 1 MiB WRITE is taken and read."""
+    from wire import INPUT_OK, OUTPUT_OK, READ_OK, WRITE_OK, RawClient, input_, output, read, write
+
+    wait_for(lambda: _status(b.name, b.dir)["clients"] == 0, 30, "the clients to go")
+    w, r = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
     assert r.call(input_(b"after")) == (INPUT_OK, None)
     assert w.call(output(b"after")) == (OUTPUT_OK, None)
     assert w.call(write(b"x" * (1 << 20), 0)) == (WRITE_OK, None)  # the budget came back
