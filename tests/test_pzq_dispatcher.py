@@ -66,33 +66,6 @@ def test_more_of_a_batch_stops_at_the_windows_and_at_a_message_that_goes_alone()
     assert d.redelivered == 2
 
 
-def test_acking_many_at_once_leaves_what_acking_each_leaves():
-    def setup() -> Dispatcher:
-        d = Dispatcher(ack_timeout=5)
-        d.set_consumer("a", 4)
-        d.set_consumer("b", 4)
-        for seq in range(12):
-            d.add(seq, 10 + seq)
-        for _ in range(8):
-            d.next_delivery(0)
-        d.expire(5)  # all 8 ready again
-        for _ in range(5):
-            d.next_delivery(6)
-        return d
-
-    one, many = setup(), setup()
-    seqs = [0, 3, 3, 7, 11, 99]  # in flight, twice, ready, never there
-    for seq in seqs:
-        one.ack(seq)
-    many.ack_many(seqs)
-    state = [(len(d), d.inflight, d.inflight_bytes, d.ready,
-              {c: (sorted(v.inflight), v.inflight_bytes) for c, v in d.consumers.items()})
-             for d in (one, many)]
-    assert state[0] == state[1]
-    assert 0 not in many and 11 not in many and len(many) == 8
-    assert [many.next_delivery(7) is not None for _ in range(4)] == [True] * 4
-
-
 def test_only_really_timed_out_messages_are_redelivered():
     d = Dispatcher(ack_timeout=1.0)
     d.set_consumer("a", 10)

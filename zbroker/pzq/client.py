@@ -84,8 +84,7 @@ class Producer:
         or ``batch_bytes`` of bodies, when the window is full, at :meth:`poll` and
         :meth:`flush`, or at the first :meth:`send` ``linger`` seconds after its first
         message (the client has no thread of its own: a last message waits for one of those
-        calls). A message of several body frames
-        goes alone, on the original wire."""
+        calls). A message of several body frames goes alone, on the original wire."""
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if max_inflight_bytes is not None and max_inflight_bytes < 1:

@@ -21,7 +21,7 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 READY = "ready"
@@ -131,9 +131,7 @@ class Dispatcher:
         its windows and the bytes in flight allow, stopping at one that must go alone
         (``alone(seq)``); each marked in flight as :meth:`next_delivery` does."""
         consumer = self.consumers[cid]
-        ready, where, sizes, attempts = self._ready, self._where, self._size, self._attempts
-        inflight, deadlines = consumer.inflight, self._deadlines
-        deadline = now + self.ack_timeout
+        ready, where, sizes = self._ready, self._where, self._size
         out: list[Delivery] = []
         while ready and len(out) < limit:
             seq = ready[0]
@@ -142,21 +140,10 @@ class Dispatcher:
                 continue
             size = sizes[seq]
             if (self.inflight_bytes + size > self.max_inflight_bytes
-                    or len(inflight) >= consumer.credit
+                    or len(consumer.inflight) >= consumer.credit
                     or consumer.inflight_bytes + size > consumer.max_bytes or alone(seq)):
                 break
-            ready.popleft()  # as _send does, for many
-            attempt = attempts[seq] + 1
-            attempts[seq] = attempt
-            if attempt > 1:
-                self.redelivered += 1
-            where[seq] = cid
-            inflight.add(seq)
-            consumer.inflight_bytes += size
-            self.inflight += 1
-            self.inflight_bytes += size
-            deadlines.append((deadline, seq, attempt))
-            out.append(Delivery(seq, cid, attempt))
+            out.append(self._send(seq, size, consumer, now))
         return out
 
     def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
@@ -193,23 +180,6 @@ class Dispatcher:
             self._unflight(seq)
         self._forget(seq)
         return True
-
-    def ack_many(self, seqs: Iterable[int]) -> None:
-        """:meth:`ack` for each of ``seqs`` (a batch consumer's ACK), in one loop."""
-        where, sizes, attempts, consumers = self._where, self._size, self._attempts, \
-            self.consumers
-        for seq in seqs:
-            at = where.pop(seq, None)
-            if at is None:
-                continue  # not known: a duplicate ACK
-            size = sizes.pop(seq)
-            attempts.pop(seq, None)
-            if at != READY:  # as _unflight does
-                if (c := consumers.get(at)) is not None:
-                    c.inflight.discard(seq)
-                    c.inflight_bytes -= size
-                self.inflight -= 1
-                self.inflight_bytes -= size
 
     def nack(self, seq: int) -> bool:
         """The consumer failed ``seq``: deliver it again now (at the front)."""

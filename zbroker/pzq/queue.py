@@ -383,9 +383,8 @@ class QueueCore:
         frame_cost = 2 * wire.FRAME_COST
         total = id_bytes = 0
         seq = first
-        mask = wire.KEY_SEQ_MASK
         for msg_id, body in zip(ids, bodies, strict=True):
-            key = b"%s%012x" % (base, seq & mask)  # wire.message_key, inline: per message
+            key = wire.message_key(base, seq)
             size = len(msg_id) + len(body) + frame_cost
             messages[seq] = Message(seq, key, msg_id, (body,), size, False)
             keys[key] = seq
@@ -665,6 +664,7 @@ class QueueCore:
         the queue are durable."""
         group = AckGroup(cid, ack_id)
         seq_of, messages, waiters = self.keys, self.messages, self.ack_waiters
+        ack = self.dispatcher.ack
         copies = self.replication_out if self.limits.replicas else None
         acked: list[int] = []
         size = 0
@@ -673,6 +673,7 @@ class QueueCore:
                 seq = seq_of.pop(key, None)
                 if seq is None:
                     continue  # already ACKed (a duplicate), or not ours
+                ack(seq)
                 size += messages.pop(seq).size
                 if copies is not None:
                     copies.append(Unreplicate(key))
@@ -680,7 +681,6 @@ class QueueCore:
                 acked.append(seq)
         self.counters["unknown_acks"] += len(keys) - len(acked)
         if acked:
-            self.dispatcher.ack_many(acked)
             group.pending = len(acked)
             self.counters["consumer_acks"] += group.pending
             self._count(-size, -len(acked))

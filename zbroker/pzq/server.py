@@ -279,17 +279,13 @@ class QueueServer:
             elif t is Reply:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)
-            elif t is AckMany:
-                if (dropped := logs[a.log].ack_many(a.seqs)):
+            elif t is Ack or t is AckMany:
+                seqs = (a.seq,) if t is Ack else a.seqs
+                if (dropped := logs[a.log].ack_many(seqs)):
                     core = self.replication.log_core(a.log)
                     if core is not None:
                         for unwritten in dropped:
                             core.unwritten(unwritten)  # answers: taken by _flush's next round
-            elif t is Ack:
-                if (unwritten := logs[a.log].ack(a.seq)) is not None:
-                    core = self.replication.log_core(a.log)
-                    if core is not None:
-                        core.unwritten(unwritten)  # answers: taken by _flush's next round
             elif t is SendCluster:
                 if not self.port.send(a.life, peering.encode(a.message)) and a.recopy:
                     self.replication.peer_unreachable(a.life)
