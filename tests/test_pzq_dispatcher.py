@@ -45,24 +45,24 @@ def test_more_of_a_batch_stops_at_the_windows_and_at_a_message_that_goes_alone()
     first = d.next_delivery(0)
     d.ack(1)  # ACKed while ready: skipped
     more = d.more_to("a", 0, 100, lambda seq: False)
-    assert [m.seq for m in more] == [2, 3, 4, 5, 6]  # its window: 6 messages
-    assert all(m.consumer == "a" and m.attempt == 1 for m in more)
+    assert more.seqs == [2, 3, 4, 5, 6]  # its window: 6 messages
+    assert more.consumer == "a" and more.attempts == [1] * 5
     assert d.inflight == 6 and d.inflight_bytes == 60
-    for m in (first, *more):
-        d.ack(m.seq)
-    assert [m.seq for m in d.more_to("a", 0, 100, lambda seq: seq == 9)] == [7, 8]
-    assert [m.seq for m in d.more_to("a", 0, 100, lambda seq: False)] == [9]
+    for seq in (first.seq, *more.seqs):
+        d.ack(seq)
+    assert d.more_to("a", 0, 100, lambda seq: seq == 9).seqs == [7, 8]
+    assert d.more_to("a", 0, 100, lambda seq: False).seqs == [9]
     d.set_consumer("b", 100, max_bytes=25)
     for seq in range(10, 20):
         d.add(seq, 10)
-    assert [m.seq for m in d.more_to("b", 0, 100, lambda seq: False)] == [10, 11]  # 25 B
-    assert [m.seq for m in d.more_to("b", 0, 1, lambda seq: False)] == []
+    assert d.more_to("b", 0, 100, lambda seq: False).seqs == [10, 11]  # 25 B
+    assert d.more_to("b", 0, 1, lambda seq: False).seqs == []
     d.set_consumer("c", 100)
-    assert [m.seq for m in d.more_to("c", 0, 3, lambda seq: False)] == [12, 13, 14]
+    assert d.more_to("c", 0, 3, lambda seq: False).seqs == [12, 13, 14]
     assert d.expire(4.9) == []
     assert d.expire(5) == list(range(7, 15))  # each has its deadline, as one by one
     again = d.more_to("c", 6, 2, lambda seq: False)
-    assert [(m.seq, m.attempt) for m in again] == [(7, 2), (8, 2)]
+    assert list(zip(again.seqs, again.attempts, strict=True)) == [(7, 2), (8, 2)]
     assert d.redelivered == 2
 
 

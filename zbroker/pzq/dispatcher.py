@@ -21,8 +21,9 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 READY = "ready"
 
@@ -46,6 +47,15 @@ class Delivery:
     seq: int
     consumer: Hashable
     attempt: int  # 1 for the first delivery
+
+
+@dataclass(slots=True)
+class Deliveries:
+    """Messages that go to one consumer together (a batch consumer's delivery), in order."""
+
+    consumer: Hashable
+    seqs: list[int]
+    attempts: list[int]  # each one's, as Delivery.attempt
 
 
 class Dispatcher:
@@ -88,7 +98,7 @@ class Dispatcher:
         back = sorted(c.inflight)
         for seq in reversed(back):
             self._unflight(seq)
-            self._to_ready(seq, front=True)
+            self._to_front(seq)
         return back
 
     # --- messages --------------------------------------------------------------------------
@@ -97,7 +107,15 @@ class Dispatcher:
         """A new message, ready for delivery."""
         self._size[seq] = size
         self._attempts[seq] = 0
-        self._to_ready(seq)
+        self._where[seq] = READY
+        self._ready.append(seq)
+
+    def add_many(self, seqs: Sequence[int], sizes: Sequence[int]) -> None:
+        """New messages (a producer's batch), ready for delivery in this order."""
+        self._size.update(zip(seqs, sizes, strict=True))
+        self._attempts.update(dict.fromkeys(seqs, 0))
+        self._where.update(dict.fromkeys(seqs, READY))
+        self._ready.extend(seqs)
 
     def __contains__(self, seq: int) -> bool:
         return seq in self._where
@@ -122,64 +140,88 @@ class Dispatcher:
             consumer = self._least_loaded(size)
             if consumer is None:
                 return None
-            return self._send(seq, size, consumer, now)
+            self._ready.popleft()
+            return Delivery(seq, consumer.id, self._send([seq], size, consumer, now)[0])
         return None
 
     def more_to(self, cid: Hashable, now: float, limit: int, alone: Callable[[int], bool]
-                ) -> list[Delivery]:
+                ) -> Deliveries:
         """More of a batch to consumer ``cid``: up to ``limit`` messages in ready order, while
         its windows and the bytes in flight allow, stopping at one that must go alone
-        (``alone(seq)``); each marked in flight as :meth:`next_delivery` does."""
+        (``alone(seq)``); marked in flight as :meth:`next_delivery` does."""
         consumer = self.consumers[cid]
         ready, where, sizes = self._ready, self._where, self._size
-        out: list[Delivery] = []
-        while ready and len(out) < limit:
+        room = min(limit, consumer.credit - len(consumer.inflight))
+        room_bytes = min(self.max_inflight_bytes - self.inflight_bytes,
+                         consumer.max_bytes - consumer.inflight_bytes)
+        seqs: list[int] = []
+        total = 0
+        while ready and len(seqs) < room:
             seq = ready[0]
             if where.get(seq) != READY:
                 ready.popleft()  # ACKed or dropped meanwhile
                 continue
             size = sizes[seq]
-            if (self.inflight_bytes + size > self.max_inflight_bytes
-                    or len(consumer.inflight) >= consumer.credit
-                    or consumer.inflight_bytes + size > consumer.max_bytes or alone(seq)):
+            if total + size > room_bytes or alone(seq):
                 break
-            out.append(self._send(seq, size, consumer, now))
-        return out
+            ready.popleft()
+            seqs.append(seq)
+            total += size
+        return Deliveries(cid, seqs, self._send(seqs, total, consumer, now))
 
-    def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
-        """``seq``, first in the ready queue, goes to ``consumer``."""
-        self._ready.popleft()
-        attempt = self._attempts[seq] + 1
-        self._attempts[seq] = attempt
-        if attempt > 1:
-            self.redelivered += 1
-        self._where[seq] = consumer.id
-        consumer.inflight.add(seq)
+    def _send(self, seqs: list[int], size: int, consumer: Consumer, now: float
+              ) -> list[int]:
+        """``seqs`` (``size`` bytes), taken from the ready queue, go to ``consumer``: their
+        attempts."""
+        attempts_of = self._attempts
+        attempts = [attempts_of[seq] + 1 for seq in seqs]
+        attempts_of.update(zip(seqs, attempts, strict=True))
+        self.redelivered += len(seqs) - attempts.count(1)
+        self._where.update(dict.fromkeys(seqs, consumer.id))
+        consumer.inflight.update(seqs)
         consumer.inflight_bytes += size
-        self.inflight += 1
+        self.inflight += len(seqs)
         self.inflight_bytes += size
-        self._deadlines.append((now + self.ack_timeout, seq, attempt))
-        return Delivery(seq, consumer.id, attempt)
+        self._deadlines.extend(zip(repeat(now + self.ack_timeout), seqs, attempts))
+        return attempts
 
-    def unsent(self, delivery: Delivery) -> None:
-        """``delivery`` could not be sent after all: back to the front, not counted."""
-        if self._where.get(delivery.seq) != delivery.consumer:
-            return
-        self._unflight(delivery.seq)
-        self._attempts[delivery.seq] -= 1
-        if delivery.attempt > 1:
-            self.redelivered -= 1
-        self._to_ready(delivery.seq, front=True)
+    def unsent(self, sent: Delivery | Deliveries) -> None:
+        """What was sent could not be after all: back to the front as it was, not counted."""
+        if type(sent) is Delivery:
+            sent = Deliveries(sent.consumer, [sent.seq], [sent.attempt])
+        for seq, attempt in zip(reversed(sent.seqs), reversed(sent.attempts), strict=True):
+            if self._where.get(seq) != sent.consumer:
+                continue
+            self._unflight(seq)
+            self._attempts[seq] -= 1
+            if attempt > 1:
+                self.redelivered -= 1
+            self._to_front(seq)
 
     def ack(self, seq: int) -> bool:
         """Done with ``seq``: forget it. False if it was not known (a duplicate ACK)."""
-        where = self._where.get(seq)
-        if where is None:
-            return False
-        if where != READY:
-            self._unflight(seq)
-        self._forget(seq)
-        return True
+        return self.ack_many((seq,)) == 1
+
+    def ack_many(self, seqs: Iterable[int]) -> int:
+        """:meth:`ack` each of ``seqs``; returns how many were known."""
+        where_of, size_of, attempts, consumers = (self._where, self._size, self._attempts,
+                                                  self.consumers)
+        known = 0
+        for seq in seqs:
+            where = where_of.pop(seq, None)
+            if where is None:
+                continue
+            known += 1
+            size = size_of.pop(seq)
+            del attempts[seq]
+            if where != READY:  # in flight
+                c = consumers.get(where)
+                if c is not None:
+                    c.inflight.discard(seq)
+                    c.inflight_bytes -= size
+                self.inflight -= 1
+                self.inflight_bytes -= size
+        return known
 
     def nack(self, seq: int) -> bool:
         """The consumer failed ``seq``: deliver it again now (at the front)."""
@@ -187,7 +229,7 @@ class Dispatcher:
         if where is None or where == READY:
             return where is not None
         self._unflight(seq)
-        self._to_ready(seq, front=True)
+        self._to_front(seq)
         return True
 
     def drop(self, seq: int) -> None:
@@ -205,7 +247,7 @@ class Dispatcher:
             self._unflight(seq)
             due.append(seq)
         for seq in reversed(due):
-            self._to_ready(seq, front=True)
+            self._to_front(seq)
         self.expired += len(due)
         return due
 
@@ -236,24 +278,18 @@ class Dispatcher:
                 best = c
         return best
 
-    def _to_ready(self, seq: int, front: bool = False) -> None:
+    def _to_front(self, seq: int) -> None:
+        """``seq`` is ready again, first in line."""
         self._where[seq] = READY
-        if front:
-            self._ready.appendleft(seq)
-        else:
-            self._ready.append(seq)
+        self._ready.appendleft(seq)
 
     def _unflight(self, seq: int) -> None:
-        cid = self._where[seq]
-        c = self.consumers.get(cid)
+        """``seq`` is in flight no more (it is ready again, or forgotten next)."""
+        size = self._size[seq]
+        c = self.consumers.get(self._where[seq])
         if c is not None:
             c.inflight.discard(seq)
-            c.inflight_bytes -= self._size[seq]
+            c.inflight_bytes -= size
         self.inflight -= 1
-        self.inflight_bytes -= self._size[seq]
+        self.inflight_bytes -= size
         self._where[seq] = READY
-
-    def _forget(self, seq: int) -> None:
-        self._where.pop(seq, None)
-        self._size.pop(seq, None)
-        self._attempts.pop(seq, None)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ from .actions import (
     Reply,
     Unreplicate,
 )
-from .dispatcher import Delivery, Dispatcher
+from .dispatcher import Deliveries, Delivery, Dispatcher
 from .records import MessageRecord
 
 QUEUE_FULL = "Queue full"
@@ -164,14 +164,6 @@ class AckGroup:
         self.consumer = consumer
         self.ack_id = ack_id
         self.pending = 0
-
-
-@dataclass(slots=True)
-class Deliveries:
-    """A batch of deliveries to one batch consumer, sent as one message."""
-
-    consumer: Hashable
-    deliveries: list[Delivery]
 
 
 class QueueCore:
@@ -378,23 +370,21 @@ class QueueCore:
                    bodies: list[bytes], now: float) -> None:
         """Take the messages of a batch record with seqs from ``first`` on."""
         messages, keys, known = self.messages, self.keys, self.ids
-        dispatch = None if self.stream else self.dispatcher.add
         replicas = self.limits.replicas
         frame_cost = 2 * wire.FRAME_COST
-        total = id_bytes = 0
-        seq = first
-        for msg_id, body in zip(ids, bodies, strict=True):
-            key = wire.message_key(base, seq)
-            size = len(msg_id) + len(body) + frame_cost
+        seqs = range(first, first + len(ids))
+        batch_keys = wire.message_keys(base, first, len(ids))
+        sizes = [len(msg_id) + len(body) + frame_cost
+                 for msg_id, body in zip(ids, bodies, strict=True)]
+        id_bytes = 0
+        for seq, key, msg_id, body, size in zip(seqs, batch_keys, ids, bodies, sizes,
+                                                    strict=True):
             messages[seq] = Message(seq, key, msg_id, (body,), size, False)
-            keys[key] = seq
             if msg_id in known:  # (taken over again, or recovered twice: one entry)
                 self._remember(msg_id, seq)
             else:  # as _remember does, trimming once for the whole batch (below)
                 known[msg_id] = seq
                 id_bytes += len(msg_id)
-            if dispatch is not None:
-                dispatch(seq, size)
             if replicas:  # each message's copies are a part of the batch's answer
                 self.waiting[seq] = [(w, msg_id, key)]
                 w.pending += 1
@@ -402,11 +392,12 @@ class QueueCore:
                 st.failed = self.replica_targets < replicas
                 self._replica_deadlines.append((now + self.limits.replication_timeout, key))
                 self.replication_out.append(Replicate(key, (body,)))
-            total += size
-            seq += 1
+        keys.update(zip(batch_keys, seqs, strict=True))
+        if not self.stream:
+            self.dispatcher.add_many(seqs, sizes)
         self.ids_bytes += id_bytes
         self._trim_ids()
-        self._count(total, len(ids))
+        self._count(sum(sizes), len(ids))
         if not replicas:
             self.waiting[first] = [(w, b"", None)]  # the record: one part
             w.pending += 1
@@ -473,8 +464,7 @@ class QueueCore:
         appended is in one result, in ``placed``, ``failed`` or (ACKed before it was written,
         so never written) ``acked``."""
         if self.ack_waiters:
-            for seq in result.acked:
-                self._ack_durable(seq)
+            self._acks_durable(result.acked)
         if result.error is not None:
             for seq in result.failed:
                 m = self.messages.pop(seq, None)
@@ -507,20 +497,20 @@ class QueueCore:
         if ok:
             self.counters["stored"] += len(result.placed)
 
-    def unwritten(self, seqs: Iterable[int]) -> None:
+    def unwritten(self, seqs: Sequence[int]) -> None:
         """The log let go of these messages' record before writing it: their consumers
         ACKed them first (write avoidance), so nothing of them is left to make durable.
         Their producers, and the credit consumers that wait for those ACKs, are answered
         now, not when the batch they were in completes (which reports them again, in
         ``acked``: answered once)."""
-        waiting, waiters = self.waiting, self.ack_waiters
+        waiting = self.waiting
         now_us = self.clock_us() if self.clock_us is not None else 0
         for seq in seqs:
             w = waiting.pop(seq, None)
             if w is not None:
                 self._written(w, True, None, now_us)
-            if waiters:
-                self._ack_durable(seq)
+        if self.ack_waiters:
+            self._acks_durable(seqs)
 
     def _written(self, w: list[tuple[Any, bytes, bytes | None]], ok: bool,
                  error: str | None, now_us: int) -> None:
@@ -540,18 +530,20 @@ class QueueCore:
                 st.waiters.append((peer, msg_id))
                 self._replicated(key, st)
 
-    def _ack_durable(self, seq: int) -> None:
-        """The consumer ACK of ``seq`` cannot be undone by a crash any more: confirm it to a
-        credit consumer waiting for that."""
-        w = self.ack_waiters.pop(seq, None)
-        if w is None:
-            return
-        if type(w) is AckGroup:
-            w.pending -= 1
-            if w.pending == 0:
-                self.out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
-        else:
-            self.out.append(Confirm(w[0], w[1], wire.ACKED))
+    def _acks_durable(self, seqs: Iterable[int]) -> None:
+        """The consumer ACKs of ``seqs`` cannot be undone by a crash any more: confirm them
+        to the credit consumers waiting for that."""
+        waiters, out = self.ack_waiters, self.out
+        for seq in seqs:
+            w = waiters.pop(seq, None)
+            if w is None:
+                continue
+            if type(w) is AckGroup:
+                w.pending -= 1
+                if w.pending == 0:
+                    out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
+            else:
+                out.append(Confirm(w[0], w[1], wire.ACKED))
 
     def compact(self, seqs: Iterable[int]) -> None:
         """The log wants these messages written again at its head (compaction): Move those
@@ -612,26 +604,19 @@ class QueueCore:
         if d.consumer not in self.batch_consumers or len(m.frames) != 1:
             counters["delivered"] += 1
             return d, wire.delivery(m.key, now_us, timeout_us, m.frames)
-        cid = d.consumer
-        batch, keys, bodies = [d], [m.key], [m.frames[0]]
-        for d in dispatcher.more_to(cid, now, MAX_DELIVERY_BATCH - 1,
-                                    lambda seq: len(messages[seq].frames) != 1):
-            m = messages[d.seq]
-            batch.append(d)
-            keys.append(m.key)
-            bodies.append(m.frames[0])
-        counters["delivered"] += len(batch)
-        return (Deliveries(cid, batch),
-                wire.batch_delivery(now_us, timeout_us, keys, bodies))
+        batch = dispatcher.more_to(d.consumer, now, MAX_DELIVERY_BATCH - 1,
+                                   lambda seq: len(messages[seq].frames) != 1)
+        batch.seqs.insert(0, d.seq)
+        batch.attempts.insert(0, d.attempt)
+        sent = [messages[seq] for seq in batch.seqs]
+        counters["delivered"] += len(sent)
+        return batch, wire.batch_delivery(now_us, timeout_us, [m.key for m in sent],
+                                          [m.frames[0] for m in sent])
 
     def unsent(self, delivery: Delivery | Deliveries) -> None:
         """``delivery`` (or a batch) could not be sent: ready again, as it was."""
-        if type(delivery) is Deliveries:
-            self.counters["delivered"] -= len(delivery.deliveries)
-            for d in reversed(delivery.deliveries):
-                self.dispatcher.unsent(d)
-            return
-        self.counters["delivered"] -= 1
+        self.counters["delivered"] -= (len(delivery.seqs) if type(delivery) is Deliveries
+                                       else 1)
         self.dispatcher.unsent(delivery)
 
     def consumer_ack(self, frames: list[bytes], confirm_to: Hashable | None = None) -> None:
@@ -663,8 +648,7 @@ class QueueCore:
         them in one AckMany); one Confirm (``ack_id``, ACKED) once all those that were in
         the queue are durable."""
         group = AckGroup(cid, ack_id)
-        seq_of, messages, waiters = self.keys, self.messages, self.ack_waiters
-        ack = self.dispatcher.ack
+        seq_of, messages = self.keys, self.messages
         copies = self.replication_out if self.limits.replicas else None
         acked: list[int] = []
         size = 0
@@ -673,20 +657,20 @@ class QueueCore:
                 seq = seq_of.pop(key, None)
                 if seq is None:
                     continue  # already ACKed (a duplicate), or not ours
-                ack(seq)
                 size += messages.pop(seq).size
+                acked.append(seq)
                 if copies is not None:
                     copies.append(Unreplicate(key))
-                waiters[seq] = group
-                acked.append(seq)
         self.counters["unknown_acks"] += len(keys) - len(acked)
-        if acked:
-            group.pending = len(acked)
-            self.counters["consumer_acks"] += group.pending
-            self._count(-size, -len(acked))
-            self.out.append(AckMany(acked, self.log_name))
-        else:
+        if not acked:
             self.out.append(Confirm(cid, ack_id, wire.ACKED))
+            return
+        self.dispatcher.ack_many(acked)
+        self.ack_waiters.update(dict.fromkeys(acked, group))
+        group.pending = len(acked)
+        self.counters["consumer_acks"] += group.pending
+        self._count(-size, -len(acked))
+        self.out.append(AckMany(acked, self.log_name))
 
     def _drop(self, seq: int) -> None:
         m = self.messages.pop(seq)

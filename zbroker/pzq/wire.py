@@ -338,6 +338,11 @@ def message_key(base: bytes, seq: int) -> bytes:
     return b"%s%012x" % (base, seq & KEY_SEQ_MASK)
 
 
+def message_keys(base: bytes, first: int, n: int) -> list[bytes]:
+    """The keys of ``n`` messages with the seqs from ``first`` on (:func:`message_key`)."""
+    return [b"%s%012x" % (base, seq & KEY_SEQ_MASK) for seq in range(first, first + n)]
+
+
 def key_time(key: bytes) -> bytes:
     """The µs since the epoch at which the queue received the message (the key's prefix)."""
     return key.partition(b"|")[0]
