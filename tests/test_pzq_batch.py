@@ -189,6 +189,27 @@ def test_acks_of_a_waiting_batch_follow_it_or_avoid_it(tmp_path):
     assert [m.seq for m in recover(tmp_path).messages] == [0, 2]
 
 
+def test_acks_taken_together_follow_or_avoid_each_waiting_batch(tmp_path):
+    """One ack_many over several waiting records (two batches and a message), and a batch
+    ACKed whole across two calls: what is returned as never to be written, and what comes
+    back after the writes, are as if each ACK came alone."""
+    h = Harness(tmp_path, sync="batch", sync_window=0.5)  # waits: the ACKs come first
+    b1 = h.store.append_batch(0, 3, b"1|x", wire.pack([b"a", b"b", b"c"], [b"1"] * 3))
+    h.store.append_batch(3, 2, b"1|x", wire.pack([b"d", b"e"], [b"2"] * 2))
+    h.store.append(5, b"1|x-5", b"f", [b"3"])
+    h.store.append_batch(6, 4, b"1|x", wire.pack([b"g", b"h", b"i", b"j"], [b"4"] * 4))
+    # 1 of the first batch (an ACK record follows it), all of the second, the message,
+    # and half of the last
+    assert h.store.ack_many([1, 3, 5, 4, 6, 8]) == [range(5, 6), range(3, 5)]
+    assert h.store.ack_many([7, 9]) == [range(6, 10)]  # the rest of the last: all of it
+    assert h.store.ack_many([2]) == []  # the first batch: two of three, still written
+    h.wait_batch(b1)
+    h.settle()
+    assert h.store.avoided_messages == 2 + 1 + 4
+    h.close()
+    assert [m.seq for m in recover(tmp_path).messages] == [0]
+
+
 # --- real pzq processes ------------------------------------------------------------------
 
 

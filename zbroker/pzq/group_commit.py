@@ -6,8 +6,9 @@ arrival order and asks this policy, under the store's lock, what to do:
 
     batch, wake = policy.record(size, now)  # a record is queued: its batch number, and
                                             # whether the writer must look now
-    wake = policy.ack(now, avoided)         # an ACK is queued; ``avoided``: a queued record
-                                            # was ACKed by its consumer (never written)
+    wake = policy.ack(now, avoided, count)  # ``count`` ACKs are queued; ``avoided``: queued
+                                            # records were ACKed by their consumer (never
+                                            # written)
     policy.wait(waiting, live, now, stopping)
                                             # the writer looks (``live``: the bytes of the
                                             # waiting records still to be written): 0, write
@@ -111,16 +112,16 @@ class GroupCommit:
             self.open_bytes += size
         return batch, self._arrived(now) or closed
 
-    def ack(self, now: float, avoided: bool = False) -> bool:
-        """An ACK record is queued, or (``avoided``) a record that waits was ACKed by its
-        consumer, so it will not be written (new records may follow): whether the writer
-        must look now (it is the first thing waiting)."""
+    def ack(self, now: float, avoided: bool = False, count: int = 1) -> bool:
+        """``count`` ACK records are queued, or (``avoided``) records that wait were ACKed
+        by their consumer, so they will not be written (new records may follow): whether
+        the writer must look now (they are the first thing waiting)."""
         if avoided:
             self.avoided_at = now
-        return self._arrived(now)
+        return self._arrived(now, count)
 
-    def _arrived(self, now: float) -> bool:
-        self.arrivals += 1
+    def _arrived(self, now: float, count: int = 1) -> bool:
+        self.arrivals += count
         if self.first_at is None:
             self.first_at = now
             return True

@@ -316,22 +316,26 @@ class Store:
         """:meth:`ack` for each of ``seqs``, under one taking of the lock: the seqs of the
         records so dropped (never to be written)."""
         live, moving, pending = self._live, self._moving, self._pending_by_seq
-        policy = self._policy
         dropped: list[range] = []
         settle: list[tuple[int, _Entry | None]] = []  # ACK records: their segments' counts
-        wake = False
+        batches: dict[int, tuple[_Entry, int]] = {}  # id -> a BATCH record waiting, and
+        # how many of its seqs were ACKed before
+        count = 0
+        avoiding = False
         now = time.monotonic()
         with self._cond:
             acks = self._pending_acks  # (the writer takes this list and leaves a new one:
             # read it under the lock, or an ACK may go to a list already written)
             for seq in seqs:
+                count += 1
                 moved = seq in live or seq in moving  # on disk already, being moved
                 entry = pending.pop(seq, None)
-                if policy.ack(now, entry is not None and not moved):
-                    wake = True
+                if entry is not None and not moved:
+                    avoiding = True
                 if entry is not None and entry.count > 1:
-                    if (batch := self._ack_in_batch(entry, seq)) is not None:
-                        dropped.append(batch)
+                    if id(entry) not in batches:
+                        batches[id(entry)] = (entry, len(entry.acked))
+                    entry.acked.append(seq)
                     continue
                 if entry is not None:
                     entry.alive = False
@@ -344,7 +348,10 @@ class Store:
                         continue
                 acks.append(seq)
                 settle.append((seq, entry))
-            if wake:
+            for entry, before in batches.values():
+                if (batch := self._acked_in_batch(entry, before)) is not None:
+                    dropped.append(batch)
+            if count and self._policy.ack(now, avoiding, count):
                 self._cond.notify()
         for seq, entry in settle:  # (the event loop's own bookkeeping: no lock needed)
             segment = live.pop(seq, None)
@@ -356,20 +363,20 @@ class Store:
                 self._acked_writing.add(seq)  # being written now: placed by complete()
         return dropped
 
-    def _ack_in_batch(self, entry: _Entry, seq: int) -> range | None:
-        """(Under the lock.) ``seq`` of a BATCH record not yet taken by the writer is
-        ACKed: an ACK record follows the batch in its write, unless every message of it is
-        ACKed: then none of it is written (write avoidance)."""
-        entry.acked.append(seq)
+    def _acked_in_batch(self, entry: _Entry, before: int) -> range | None:
+        """(Under the lock.) Seqs of a BATCH record not yet taken by the writer were ACKed
+        (``entry.acked`` past ``before``): an ACK record follows the batch in its write,
+        unless every message of it is ACKed: then none of it is written (write
+        avoidance), and its seqs are returned."""
         if len(entry.acked) < entry.count:
-            self._acked_writing.add(seq)  # written with its batch: placed by complete()
-            return None
+            self._acked_writing.update(entry.acked[before:])  # written with their batch:
+            return None  # placed by complete()
         entry.alive = False
         entry.avoided = True
         self._pending_bytes -= entry.size
         self.avoided_messages += entry.count
         self.avoided_bytes += entry.size
-        self._acked_writing.difference_update(entry.acked)
+        self._acked_writing.difference_update(entry.acked[:before])
         return entry.seqs()
 
     def move(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> None:
