@@ -15,14 +15,18 @@ the peer's signature is in, the rest once its revision is known (ZMTP 2.0: our s
 our empty identity; 3.x: minor version, mechanism, filler).
 
 No I/O: feed :meth:`Connection.receive_data`, then take :meth:`Connection.next_events` and
-:meth:`Connection.data_to_send`; :func:`encode_message` makes the bytes of a message to send.
+:meth:`Connection.data_to_send`; :func:`encode_parts` and :func:`encode_message` make the bytes
+of a message to send.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+
+from ..iovec import gather
 
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MAJOR = 3
@@ -112,21 +116,36 @@ def parse_properties(data: bytes) -> dict[bytes, bytes] | None:
     return props
 
 
-def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
-    """One message in ZMTP 2.0/3.x framing (the same bytes in both)."""
-    out = bytearray()
+_HEAD_MORE = [bytes((MORE, n)) for n in range(256)]  # a short frame's header, more follow
+_HEAD_LAST = [bytes((0, n)) for n in range(256)]  # ... the last frame's
+_LONG_HEAD = struct.Struct(">BQ")
+LARGE_FRAME = 1 << 14  # a frame this large is written as it is, not copied into the framing
+
+
+def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
+    """A message in ZMTP 2.0/3.x framing (the same bytes in both) as buffers to write in
+    order: the framing and small frames joined, frames of LARGE_FRAME bytes or more as they
+    are (no copy). Returns them and their size."""
+    lens = list(map(len, frames))
+    if max(lens) < 256:  # short frames only (most messages): one buffer
+        heads = list(map(_HEAD_MORE.__getitem__, lens))
+        heads[-1] = _HEAD_LAST[lens[-1]]
+        return ([b"".join(chain.from_iterable(zip(heads, frames, strict=True)))],
+                sum(lens) + 2 * len(lens))
+    out: list[bytes] = []
     last = len(frames) - 1
-    for i, f in enumerate(frames):
-        more = MORE if i < last else 0
-        n = len(f)
-        if n > 255:
-            out.append(more | LONG)
-            out += _LONG_SIZE.pack(n)
+    for i, (f, n) in enumerate(zip(frames, lens, strict=True)):
+        if n < 256:
+            out.append(_HEAD_MORE[n] if i < last else _HEAD_LAST[n])
         else:
-            out.append(more)
-            out.append(n)
-        out += f
-    return bytes(out)
+            out.append(_LONG_HEAD.pack(LONG | (MORE if i < last else 0), n))
+        out.append(f)
+    return gather(out, LARGE_FRAME)
+
+
+def encode_message(frames: Sequence[bytes]) -> bytes:
+    """One message in ZMTP 2.0/3.x framing, in one buffer."""
+    return b"".join(encode_parts(frames)[0])
 
 
 class RoutingIds:
@@ -440,9 +459,12 @@ class Connection:
 
     def _read_frames(self, buf: bytes | memoryview) -> int:
         """Take the frames that are whole in ``buf``; returns how many bytes of it were
-        used."""
+        used. (The message under way is kept in locals while frames come; they are written
+        back before anything that changes it.)"""
         pos, end = 0, len(buf)
         v3 = self.version == 3
+        frames, size = self._frames, self._size
+        cost, frame_type, events = self.frame_cost, self._frame_type, self._events
         while not self.closed:
             if end - pos < 2:
                 break
@@ -457,23 +479,24 @@ class Connection:
             if v3 and flags & COMMAND:
                 if n > MAX_COMMAND:
                     self._close(f"a command of {n} bytes")
+                    frames, size = self._frames, self._size
                     break
                 if end - head < n:
                     break
                 self._command(bytes(buf[head:head + n]))
+                frames, size = self._frames, self._size
                 pos = head + n
                 continue
-            if not self._skipping:
-                count = len(self._frames) + 1
-                size = self._size + n + self.frame_cost
-                if count > self.max_frames or size > self.max_bytes:
-                    first = (self._frames[0] if self._frames
-                             else bytes(buf[head:min(end, head + self.keep_first, head + n)]))
-                    self._refuse(first[:self.keep_first], (
-                        f"more than {self.max_frames} frames in a message"
-                        if count > self.max_frames else
-                        f"Message too large: more than {self.max_bytes} bytes with its "
-                        f"id and headers"), 0 if count > self.max_frames else n)
+            if not self._skipping and (len(frames) >= self.max_frames
+                                       or size + n + cost > self.max_bytes):
+                first = (frames[0] if frames
+                         else bytes(buf[head:min(end, head + self.keep_first, head + n)]))
+                self._refuse(first[:self.keep_first], (
+                    f"more than {self.max_frames} frames in a message"
+                    if len(frames) >= self.max_frames else
+                    f"Message too large: more than {self.max_bytes} bytes with its "
+                    f"id and headers"), 0 if len(frames) >= self.max_frames else n)
+                frames, size = self._frames, self._size
             if self._skipping:  # let the frame go, as much of it as is here
                 have = min(n, end - head)
                 pos = head + have
@@ -491,12 +514,13 @@ class Connection:
                     frame[:end - head] = buf[head:end]
                     pos = end
                 break
-            self._frames.append(self._frame_type(buf[head:head + n]))
-            self._size += n + self.frame_cost
+            frames.append(frame_type(buf[head:head + n]))
+            size += n + cost
             pos = head + n
             if not flags & MORE:
-                self._events.append(Message(self._frames))
-                self._frames, self._size = [], 0
+                events.append(Message(frames))
+                frames, size = [], 0
+        self._frames, self._size = frames, size
         return pos
 
     def _refuse(self, first: bytes, reason: str, size: int = 0) -> None:
