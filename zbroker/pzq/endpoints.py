@@ -23,18 +23,14 @@ connection drains.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..iovec import gather
 from . import zmtp
 from .receiver import FULL, GONE, SENT, EndpointError, Receiver, _Link
 from .settings import QueueError
 from .sockets import make_ipc_dir
 
-#: frames at least this large are written from where they are, not copied into the framing
-LARGE_FRAME = 1 << 14
 #: bytes waiting to be written to one consumer's connection before it counts as full
 HIGH_WATER = 4 << 20
 MAX_ACK_FRAMES = 16  # [key][status]; READY [window][bytes]; ACK [id][packed keys]
@@ -45,33 +41,6 @@ MAX_HELD = 64 << 20  # messages read and not yet taken, all connections of an en
 MAX_REQUEST_FRAMES = 64
 MAX_REQUEST = 64 << 10
 
-
-
-_HEAD_MORE = [bytes((zmtp.MORE, n)) for n in range(256)]
-_HEAD_LAST = [bytes((0, n)) for n in range(256)]
-_LONG_MORE = struct.Struct(">BQ")
-
-
-def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
-    """A message in ZMTP framing as buffers to write in order: the framing and small frames
-    joined, large frames as they are (no copy). Returns them and their size."""
-    out: list[bytes] = []
-    large = False
-    size = 0
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        n = len(f)
-        if n < 256:
-            out.append(_HEAD_MORE[n] if i < last else _HEAD_LAST[n])
-            size += 2 + n
-        else:
-            out.append(_LONG_MORE.pack(zmtp.LONG | (zmtp.MORE if i < last else 0), n))
-            size += 9 + n
-            large = large or n >= LARGE_FRAME
-        out.append(f)
-    if not large:
-        return [b"".join(out)], size
-    return gather(out, LARGE_FRAME)[0], size
 
 
 class _Endpoint(Receiver):
@@ -92,7 +61,7 @@ class _Endpoint(Receiver):
         self.on_writable()
 
     def _put(self, link: _Link, frames: Sequence[bytes]) -> None:
-        parts, size = encode_parts(frames)
+        parts, size = zmtp.encode_parts(frames)
         link.pending += parts
         link.queued += size
         self._dirty.add(link)

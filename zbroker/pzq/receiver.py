@@ -178,7 +178,7 @@ class Receiver:
             return GONE
         if link.full:
             return FULL
-        link.pending.append(zmtp.encode_message(frames))
+        link.pending += zmtp.encode_parts(frames)[0]
         self._dirty.add(link)
         return SENT
 
