@@ -70,7 +70,7 @@ def too_large(size: int, limit: int, more: bool = False) -> str:
 def cost(msg_id: bytes, body: Sequence[Frame]) -> int:
     """What a stored message counts for in the limits: its id and body bytes, and
     FRAME_COST for each of those frames (so empty frames and ids count too)."""
-    return len(msg_id) + sum(len(f) for f in body) + FRAME_COST * (len(body) + 1)
+    return len(msg_id) + sum(map(len, body)) + FRAME_COST * (len(body) + 1)
 
 Frame = bytes | bytearray | memoryview
 
@@ -85,7 +85,7 @@ class Produce:
 
     @property
     def size(self) -> int:
-        return sum(len(f) for f in self.body)
+        return sum(map(len, self.body))
 
     @property
     def is_replica(self) -> bool:
@@ -111,13 +111,20 @@ def decode_produce(frames: Sequence[Frame]) -> Produce | WireError:
     if not frames:
         return WireError(MALFORMED)
     msg_id = bytes(frames[0])
-    delimiter = next((i for i in range(1, len(frames)) if len(frames[i]) == 0), None)
-    if delimiter is None:
-        return WireError(MALFORMED, msg_id)
-    body = tuple(f if type(f) is memoryview else bytes(f) for f in frames[delimiter + 1:])
-    if not body:
+    if len(frames) > 1 and not frames[1]:  # no headers (most messages)
+        delimiter = 1
+    else:
+        delimiter = next((i for i in range(1, len(frames)) if len(frames[i]) == 0), None)
+        if delimiter is None:
+            return WireError(MALFORMED, msg_id)
+    rest = frames[delimiter + 1:]
+    if not rest:
         return WireError(EMPTY, msg_id)
-    return Produce(msg_id, tuple(bytes(f) for f in frames[1:delimiter]), body)
+    if memoryview in map(type, rest):  # (kept as they are: not copied)
+        body = tuple(f if type(f) is memoryview else bytes(f) for f in rest)
+    else:
+        body = tuple(map(bytes, rest))
+    return Produce(msg_id, tuple(map(bytes, frames[1:delimiter])), body)
 
 
 def producer_ack(msg_id: bytes, ok: bool = True, text: str | None = None) -> list[bytes]:
