@@ -73,7 +73,10 @@ def cluster(tmp_path):
                     "receive_endpoint": f"tcp://127.0.0.1:{free_port()}",
                     "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
                     "data_dir": str(tmp_path / f"data-{name}"),
-                    "ack_timeout": 2.0, "reaper_frequency": 0.1, **extra}}}},
+                    "ack_timeout": 2.0, "reaper_frequency": 0.1,
+                    # copies confirmed in time even on a loaded machine (the tests that
+                    # expect REPLICATION_FAILED have too few peers: answered at once)
+                    "replication_timeout": 5.0, **extra}}}},
             }
             nodes.append(Node(tmp_path, name, config, queue))
         for n in nodes[-len(settings):]:
