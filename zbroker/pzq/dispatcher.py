@@ -140,8 +140,7 @@ class Dispatcher:
             consumer = self._least_loaded(size)
             if consumer is None:
                 return None
-            self._ready.popleft()
-            return Delivery(seq, consumer.id, self._send([seq], size, consumer, now)[0])
+            return self._send(seq, size, consumer, now)
         return None
 
     def more_to(self, cid: Hashable, now: float, limit: int, alone: Callable[[int], bool]
@@ -167,12 +166,27 @@ class Dispatcher:
             ready.popleft()
             seqs.append(seq)
             total += size
-        return Deliveries(cid, seqs, self._send(seqs, total, consumer, now))
+        return Deliveries(cid, seqs, self._send_batch(seqs, total, consumer, now))
 
-    def _send(self, seqs: list[int], size: int, consumer: Consumer, now: float
-              ) -> list[int]:
-        """``seqs`` (``size`` bytes), taken from the ready queue, go to ``consumer``: their
-        attempts."""
+    def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
+        """``seq``, first in the ready queue, goes to ``consumer``."""
+        self._ready.popleft()
+        attempt = self._attempts[seq] + 1
+        self._attempts[seq] = attempt
+        if attempt > 1:
+            self.redelivered += 1
+        self._where[seq] = consumer.id
+        consumer.inflight.add(seq)
+        consumer.inflight_bytes += size
+        self.inflight += 1
+        self.inflight_bytes += size
+        self._deadlines.append((now + self.ack_timeout, seq, attempt))
+        return Delivery(seq, consumer.id, attempt)
+
+    def _send_batch(self, seqs: list[int], size: int, consumer: Consumer, now: float
+                    ) -> list[int]:
+        """:meth:`_send` for ``seqs`` (``size`` bytes), taken from the ready queue, with the
+        dict and set operations done over all of them: their attempts."""
         attempts_of = self._attempts
         attempts = [attempts_of[seq] + 1 for seq in seqs]
         attempts_of.update(zip(seqs, attempts, strict=True))
@@ -200,10 +214,17 @@ class Dispatcher:
 
     def ack(self, seq: int) -> bool:
         """Done with ``seq``: forget it. False if it was not known (a duplicate ACK)."""
-        return self.ack_many((seq,)) == 1
+        where = self._where.get(seq)
+        if where is None:
+            return False
+        if where != READY:
+            self._unflight(seq)
+        del self._where[seq], self._size[seq], self._attempts[seq]
+        return True
 
     def ack_many(self, seqs: Iterable[int]) -> int:
-        """:meth:`ack` each of ``seqs``; returns how many were known."""
+        """:meth:`ack` each of ``seqs`` (a batch consumer's ACK, in one loop); returns how
+        many were known."""
         where_of, size_of, attempts, consumers = (self._where, self._size, self._attempts,
                                                   self.consumers)
         known = 0
