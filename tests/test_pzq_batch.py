@@ -143,6 +143,28 @@ def test_a_batch_consumer_gets_batches_within_its_windows_and_acks_them_in_one()
     assert q.next_delivery(0.0, 10)[1][4:] == [b"f1", b"f2"]
 
 
+def test_a_batch_that_could_not_be_sent_is_ready_again_as_it_was():
+    q, _ = core(ack_timeout=5.0)
+    q.produce_batch(b"P", batch(b"B", [b"%d" % i for i in range(6)], [b"x"] * 6), 1)
+    assert q.credit_consumer(b"C", 100, 1 << 20)
+    d, frames = q.next_delivery(0.0, 7)
+    keys = wire.unpack(frames[3])[0]
+    assert len(keys) == 6 and d.attempts == [1] * 6
+    q.unsent(d)  # its connection was full
+    assert q.counters["delivered"] == 0
+    assert (q.dispatcher.inflight, q.dispatcher.inflight_bytes) == (0, 0)
+    d, frames = q.next_delivery(0.0, 8)
+    assert wire.unpack(frames[3])[0] == keys and d.attempts == [1] * 6  # same order
+    assert q.dispatcher.expire(5.0) == d.seqs  # not ACKed in time
+    d, frames = q.next_delivery(5.0, 9)
+    assert wire.unpack(frames[3])[0] == keys and d.attempts == [2] * 6
+    assert q.dispatcher.redelivered == 6
+    q.unsent(d)
+    assert q.dispatcher.redelivered == 0 and q.dispatcher.inflight == 0
+    d, _ = q.next_delivery(6.0, 10)
+    assert d.attempts == [2] * 6 and q.dispatcher.redelivered == 6
+
+
 # --- the store ---------------------------------------------------------------------------
 
 
