@@ -90,13 +90,18 @@ def fail_reason_within(reader: RawClient, seconds: float) -> str:
     return reason
 
 
+def transport_config(transport: str, client_timeout: float) -> dict:
+    """A broker's config with its ZPIPES endpoint on ipc or on loopback tcp."""
+    config: dict = {"clients": {"timeout": client_timeout}}
+    if transport == "tcp":
+        config["services"] = {"zpipes": {"endpoint": f"tcp://127.0.0.1:{free_port()}"}}
+    return config
+
+
 @pytest.fixture(params=["ipc", "tcp"])
 def transport_broker(request, start_broker):
     """A broker with a 1 s client timeout, its ZPIPES endpoint on ipc or on loopback tcp."""
-    config = {"clients": {"timeout": 1}}
-    if request.param == "tcp":
-        config["services"] = {"zpipes": {"endpoint": f"tcp://127.0.0.1:{free_port()}"}}
-    return start_broker(config=config)
+    return start_broker(config=transport_config(request.param, 1))
 
 
 # --- a writer that ends without CLOSE cuts its readers' stream -----------------------------------
@@ -177,8 +182,12 @@ def test_sigkilled_last_reader_fails_the_held_writer_within_a_second(transport_b
     writer.close()
 
 
-def test_status_counts_only_live_clients_after_kills(transport_broker, ctx):
-    b = transport_broker
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_status_counts_only_live_clients_after_kills(start_broker, ctx, transport):
+    # A long client timeout: the killed clients go because their connections end, not by
+    # expiry (with 1 s, the first of five clients started one after the other on a loaded
+    # machine could expire before they were counted).
+    b = start_broker(config=transport_config(transport, 60))
     live = RawClient(ctx, b.endpoint)
     assert live.call(input_(b"alive")) == (INPUT_OK, None)
     live.send(read(10, 0))  # held: a live client that is never expired
