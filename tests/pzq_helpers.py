@@ -190,7 +190,7 @@ class FakeStore:
         return core
 
     def pump(self) -> None:
-        from zbroker.pzq.actions import Ack, AckMany, Append, AppendBatch, Confirm, Move, Reply
+        from zbroker.pzq.actions import AckMany, Append, AppendBatch, Confirm, Move, Reply
         if self.core is None:
             return
         for a in self.core.take_output():
@@ -198,8 +198,6 @@ class FakeStore:
                 self._appended.append(a.seq)
             elif type(a) is AppendBatch:
                 self._appended.extend(range(a.first_seq, a.first_seq + a.count))
-            elif type(a) is Ack:
-                self._acked.append(a.seq)
             elif type(a) is AckMany:
                 self._acked.extend(a.seqs)
             elif type(a) is Reply:

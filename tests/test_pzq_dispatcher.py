@@ -271,3 +271,20 @@ def test_without_a_clock_no_latency_is_kept():
     q.produce(b"P", [b"m1", b"", b"x"], 1)
     q.batch_done(store.done(placed=(0,)))
     assert store.replies and q.ack_latency.count == 0
+
+
+def test_consumer_acks_one_after_the_other_go_to_the_log_in_one_action():
+    from zbroker.pzq.actions import AckMany, Append
+    q = QueueCore(Limits())
+    q.consumers_changed(1)
+    for i in range(3):
+        q.produce(b"P", [b"m%d" % i, b"", b"x"], 1)
+    q.take_output()
+    keys = [q.next_delivery(0.0, 1)[1][0] for _ in range(3)]
+    q.consumer_ack([keys[0], wire.OK])
+    q.consumer_ack([keys[1], wire.OK])
+    q.produce(b"P", [b"m3", b"", b"x"], 2)  # an action between: the ACKs after it are apart
+    q.consumer_ack([keys[2], wire.OK])
+    out = q.take_output()
+    assert [type(a) for a in out] == [AckMany, Append, AckMany]
+    assert out[0].seqs == [0, 1] and out[2].seqs == [2]  # in order, each once

@@ -14,7 +14,6 @@ import pytest
 
 from zbroker.pzq import peering, wire
 from zbroker.pzq.actions import (
-    Ack,
     AckMany,
     Append,
     BatchResult,
@@ -107,9 +106,9 @@ class Node:
             t = type(a)
             if t is Append:
                 self.logs[a.log].append(a)
-            elif t is Ack or t is AckMany:
+            elif t is AckMany:
                 log = self.logs[a.log]
-                seqs = {a.seq} if t is Ack else set(a.seqs)
+                seqs = set(a.seqs)
                 for seq in seqs:
                     log.records.pop(seq, None)
                 log.pending = [r for r in log.pending if r.seq not in seqs]

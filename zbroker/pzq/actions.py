@@ -6,10 +6,11 @@ takes them with ``take_output()`` and carries them out in that order, then repor
 log did with :class:`BatchResult` (``batch_done``). A log action names its log: ``None`` is the
 queue's own, a node id the log of the copies held for that node.
 
-    Append, Ack, Move        the log: write a message, ACK one, write a live one again at the
-                             head (compaction)
+    Append, Move             the log: write a message, write a live one again at the head
+                             (compaction)
     AppendBatch              the log: write a producer's batch as one record
-    AckMany                  the log: ACK many (a batch consumer's ACK), in one go
+    AckMany                  the log: ACK messages, in one go (a batch consumer's ACK, or the
+                             consumer ACKs that came one after the other)
     OpenLog                  open (create) the log of the copies of a new origin node
     Reply                    to a producer (or a static peer) on the receive endpoint
     Confirm                  to a consumer of the credit endpoint: its ACK is durable (ACKED)
@@ -72,14 +73,8 @@ class AppendBatch:
 
 
 @dataclass(slots=True)
-class Ack:
-    seq: int
-    log: str | None = None
-
-
-@dataclass(slots=True)
 class AckMany:
-    seqs: Sequence[int]
+    seqs: list[int]
     log: str | None = None
 
 

@@ -42,7 +42,6 @@ from typing import Any
 from ..stats import Buckets
 from . import wire
 from .actions import (
-    Ack,
     AckMany,
     Adopted,
     Append,
@@ -676,9 +675,18 @@ class QueueCore:
         m = self.messages.pop(seq)
         del self.keys[m.key]
         self._count(-m.size, -1)
-        self.out.append(Ack(seq, self.log_name))
+        self._log_ack(seq)
         if self.limits.replicas:
             self.replication_out.append(Unreplicate(m.key))
+
+    def _log_ack(self, seq: int) -> None:
+        """The log is to ACK ``seq``: with the ACKs just before it when they are the last
+        action (consumer ACKs read in one go: one AckMany, one taking of the log's lock)."""
+        out = self.out
+        if out and type(out[-1]) is AckMany and out[-1].log == self.log_name:
+            out[-1].seqs.append(seq)
+        else:
+            out.append(AckMany([seq], self.log_name))
 
     # --- stream reads -----------------------------------------------------------------------
 

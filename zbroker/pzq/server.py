@@ -31,7 +31,6 @@ import zmq
 from ..zmq_reader import DRAIN_BUDGET
 from . import peering, stream, wire
 from .actions import (
-    Ack,
     AckMany,
     Append,
     AppendBatch,
@@ -279,9 +278,8 @@ class QueueServer:
             elif t is Reply:
                 if receiver is not None:
                     receiver.answer(a.peer, a.frames)
-            elif t is Ack or t is AckMany:
-                seqs = (a.seq,) if t is Ack else a.seqs
-                if (dropped := logs[a.log].ack_many(seqs)):
+            elif t is AckMany:
+                if (dropped := logs[a.log].ack_many(a.seqs)):
                     core = self.replication.log_core(a.log)
                     if core is not None:
                         for unwritten in dropped:
