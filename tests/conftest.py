@@ -154,7 +154,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    # The JVM's quick compiler only: these small jobs end before the optimising one pays
+    # back its own work, which on two busy cores made the session start and the first jobs
+    # take a third longer.
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j} -XX:TieredStopAtLevel=1"
     session = (
         SparkSession.builder.master("local[2]")
         .appName("zbroker-tests")
