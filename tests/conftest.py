@@ -46,6 +46,24 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(REPO_ROOT / package, quiet=2)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (scripts/test), with one change: the Spark test files
+    (test_spark_*.py) are one unit, run by one worker, so that one JVM and SparkSession (the
+    session-scoped ``spark`` fixture) serve them all. Split over two workers, each worker
+    started a JVM of its own (~10-25 s) and paid its warm-up in its first jobs again, and
+    the two JVMs took both cores at once. Every other file is still a unit of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "spark" if Path(scope).name.startswith("test_spark_") else scope
+
+    return SparkFilesTogether(config, log)
+
+
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
     """A ZeroMQ context for the test's own sockets, destroyed (linger 0) at teardown."""
