@@ -29,6 +29,41 @@ from helpers import REPO_ROOT, BrokerProcess, spawn_broker  # noqa: E402
 StartBroker = Callable[..., BrokerProcess]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile zbroker and zpipes to bytecode once, before any test runs.
+
+    The tests start hundreds of Python processes (brokers, pzq, the command-line
+    tools, Spark's Python workers) that import these packages from this tree. Where
+    PYTHONDONTWRITEBYTECODE is set, none of them writes the bytecode cache, so each would
+    compile the packages again: about 0.3 s of CPU per process. Only what changed since the
+    last run is compiled; a file edited later is still read from its source (the cache is
+    checked against it). Done by the controlling process, not by each xdist worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import compileall
+
+    for package in ("zbroker", "zpipes"):
+        compileall.compile_dir(REPO_ROOT / package, quiet=2)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (scripts/test), with one change: the Spark test files
+    (test_spark_*.py) are one unit, run by one worker, so that one JVM and SparkSession (the
+    session-scoped ``spark`` fixture) serve them all. Split over two workers, each worker
+    started a JVM of its own (~10-25 s) and paid its warm-up in its first jobs again, and
+    the two JVMs took both cores at once. Every other file is still a unit of its own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "spark" if Path(scope).name.startswith("test_spark_") else scope
+
+    return SparkFilesTogether(config, log)
+
+
 @pytest.fixture
 def ctx() -> Iterator[zmq.Context]:
     """A ZeroMQ context for the test's own sockets, destroyed (linger 0) at teardown."""
@@ -137,7 +172,10 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    # The JVM's quick compiler only: these small jobs end before the optimising one pays
+    # back its own work, which on two busy cores made the session start and the first jobs
+    # take a third longer.
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j} -XX:TieredStopAtLevel=1"
     session = (
         SparkSession.builder.master("local[2]")
         .appName("zbroker-tests")

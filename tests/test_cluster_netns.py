@@ -28,8 +28,12 @@ def testbed(tmp_path):
         bed = netns.Testbed(hosts, tmp_path)
         made.append(bed)
         if start:
+            # all at once, as hosts booting together would (each broker's zeroconf
+            # registration takes over a second: one after the other, that adds up)
             for host in bed.hosts:
-                host.start_broker(config)
+                host.start_broker(config, wait=False)
+            for host in bed.hosts:
+                host.wait_for_log("broker started", timeout=15)
             wait_for_cluster(bed.hosts)
         return bed
 

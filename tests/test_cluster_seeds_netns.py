@@ -102,10 +102,12 @@ def test_zeroconf_inside_a_subnet_one_seed_across_and_a_partition_heals(two_subn
     """Zeroconf finds the broker beside each one; one broker only has a seed, in the other
     subnet; the router's link to one subnet is then cut and brought back."""
     a, b, c, d = two_subnets.hosts
-    for host in (a, b, c, d):
+    for host in (a, b, c, d):  # all at once: each zeroconf registration takes over a second
         seed = [c.endpoint] if host is a else []
         host.start_broker({"cluster": {"discovery": True, "peers": seed,
-                                       "peer_timeout": PEER_TIMEOUT}})
+                                       "peer_timeout": PEER_TIMEOUT}}, wait=False)
+    for host in (a, b, c, d):
+        host.wait_for_log("broker started", timeout=15)
     two_subnets.wait_for_cluster(timeout=30)
     two_subnets.router_link(1, up=False)
     cut = time.monotonic()
