@@ -222,17 +222,14 @@ class Dispatcher:
         del self._where[seq], self._size[seq], self._attempts[seq]
         return True
 
-    def ack_many(self, seqs: Iterable[int]) -> int:
-        """:meth:`ack` each of ``seqs`` (a batch consumer's ACK, in one loop); returns how
-        many were known."""
+    def ack_many(self, seqs: Iterable[int]) -> None:
+        """:meth:`ack` each of ``seqs`` (a batch consumer's ACK), in one loop."""
         where_of, size_of, attempts, consumers = (self._where, self._size, self._attempts,
                                                   self.consumers)
-        known = 0
         for seq in seqs:
             where = where_of.pop(seq, None)
             if where is None:
-                continue
-            known += 1
+                continue  # not known: a duplicate ACK
             size = size_of.pop(seq)
             del attempts[seq]
             if where != READY:  # in flight
@@ -242,7 +239,6 @@ class Dispatcher:
                     c.inflight_bytes -= size
                 self.inflight -= 1
                 self.inflight_bytes -= size
-        return known
 
     def nack(self, seq: int) -> bool:
         """The consumer failed ``seq``: deliver it again now (at the front)."""

@@ -334,6 +334,7 @@ def range_entry(offset: int, key: bytes, frames: Sequence[bytes]) -> list[bytes]
 
 
 KEY_SEQ_MASK = 0xFFFFFFFFFFFF  # the key shows the low 48 bits of a message's seq
+_KEY = b"%s%012x"  # a key: its key base, then the low bits of its seq in hex
 
 
 def key_base(now_us: int, prefix: bytes) -> bytes:
@@ -344,12 +345,12 @@ def key_base(now_us: int, prefix: bytes) -> bytes:
 
 def message_key(base: bytes, seq: int) -> bytes:
     """A message's key: its key base and its seq as the uuid's last 12 hex digits."""
-    return b"%s%012x" % (base, seq & KEY_SEQ_MASK)
+    return _KEY % (base, seq & KEY_SEQ_MASK)
 
 
 def message_keys(base: bytes, first: int, n: int) -> list[bytes]:
     """The keys of ``n`` messages with the seqs from ``first`` on (:func:`message_key`)."""
-    return [b"%s%012x" % (base, seq & KEY_SEQ_MASK) for seq in range(first, first + n)]
+    return [_KEY % (base, seq & KEY_SEQ_MASK) for seq in range(first, first + n)]
 
 
 def key_time(key: bytes) -> bytes:
