@@ -229,6 +229,34 @@ def test_a_broker_that_lost_its_peer_starts_afresh_without_a_new_challenge():
     assert change.joined and change.reply_hello_to == a_at
 
 
+def test_a_loss_right_after_the_meeting_still_starts_afresh_on_both_sides():
+    """A broker that loses its peer within a heartbeat interval of meeting it (a link that
+    came back flaps, a send fails): its new HELLO carries a new session, so the peer ends the
+    old life instead of taking the HELLO for one that crossed at the meeting, and neither
+    keeps pipe ends the other has forgotten."""
+    a_at, b_at = "tcp://10.0.0.1:5670", "tcp://10.0.0.2:5670"
+    a = Membership(Hello("a", "ha", "prod", a_at), timeout=3, interval=1)
+    b = Membership(Hello("b", "hb", "prod", b_at), timeout=3, interval=1)
+    a.add_contact(b_at, 0)
+    exchange(a, b, a_at, b_at, [(b_at, a.greeting(b_at, reply=False))])
+    life = b.peers["a"].life
+    crossing = a.greeting(b_at, reply=False)  # said again before a saw b's answer
+    assert b.hello(crossing, 0.2, sender="a").left == []
+    a.bye("b", 0.3)
+    change = b.hello(a.greeting(b_at, reply=False), 0.3, sender="a")
+    assert [p.life for p, _ in change.left] == [life]
+    assert change.joined and change.reply_hello_to == a_at
+
+
+def test_the_session_crosses_the_wire_and_a_broker_of_before_sends_none():
+    m = Membership(ME, secret=SECRET, timeout=3)
+    m.add_contact("tcp://b:5670", 0)
+    h = m.greeting("tcp://b:5670", reply=False)
+    assert h.session and Hello.from_dict(h.to_dict()).session == h.session
+    old = {k: v for k, v in h.to_dict().items() if k != "session"}
+    assert Hello.from_dict(old).session == ""
+
+
 def test_only_our_own_hello_makes_us_give_up_a_contact_that_is_ourselves():
     m = Membership(ME, secret=SECRET, timeout=3)
     m.add_contact("tcp://10.0.0.1:5670", 0)  # a static list that names us too

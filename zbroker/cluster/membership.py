@@ -16,7 +16,12 @@ act on a new one.
 A HELLO that is not a reply asks the receiver to start afresh with the sender: it is sent by a
 broker that does not have the receiver as a peer (first contact, or after it lost it). If the
 receiver still had the sender as a peer (it did not notice the partition), that old life ends
-first, so both sides start from the same state.
+first, so both sides start from the same state. Each HELLO names the sender's *session* with
+the receiver, a token made anew each time the sender loses the peer there: the HELLOs that
+cross when two brokers meet carry the session that the receiver admitted, a HELLO after a loss
+a new one. So a loss is told from a crossing however soon after the meeting it comes (a broker
+of before sends no session: its HELLO within a heartbeat interval of its admission is taken
+as a crossing).
 
 A HELLO proves nothing by itself: anyone who reaches the peer socket can send one, with any id
 and any endpoint. So a broker is admitted only once it *answers at the endpoint it claims*:
@@ -82,13 +87,15 @@ class Hello:
     fanout: bool = True
     #: its ZPIPES takes a DATA whose chunk is in the client's WRITE frame (zpipes/peering.py)
     write_frames: bool = True
+    #: the sender's session with the receiver: new each time the sender lost the peer there
+    session: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
                 "directory": self.directory, "fanout": self.fanout,
-                "write_frames": self.write_frames}
+                "write_frames": self.write_frames, "session": self.session}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -97,7 +104,8 @@ class Hello:
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, data.get("directory") is True,
-                        data.get("fanout") is True, data.get("write_frames") is True)
+                        data.get("fanout") is True, data.get("write_frames") is True,
+                        str(data.get("session", "")))
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -134,6 +142,7 @@ class Peer:
     directory: bool = False  # its ZPIPES speaks the pipe directory
     fanout: bool = False  # its ZPIPES takes a DATA for several readers
     write_frames: bool = False  # and one whose chunk is in its WRITE frame
+    session: str = ""  # its session with us, from the HELLO that admitted it
 
 
 class Named(Protocol):
@@ -155,6 +164,8 @@ class Contact:
     their_nonce: str = ""  # echoed in our HELLOs to it
     last_said: float = float("-inf")  # when we last said HELLO to it (kept by the caller)
     learned: bool = False  # named by gossip (not by a HELLO): bounded by ``max_learned``
+    #: our session with the peer there: made anew when a peer there leaves
+    session: str = field(default_factory=lambda: secrets.token_hex(8))
 
 
 @dataclass
@@ -210,7 +221,8 @@ class Membership:
         contact = self.contacts.get(endpoint)
         me = self.me
         return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
-                     nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "")
+                     nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "",
+                     session=contact.session if contact else "")
 
     def own_contact(self, hello: Hello) -> str | None:
         """The contact at which ``hello``, naming this broker, was said by this broker itself
@@ -246,9 +258,11 @@ class Membership:
         if contact is not None and hello.nonce:
             contact.their_nonce = hello.nonce
         known = self.peers.get(hello.id)
-        if known is not None and known.endpoint == hello.endpoint \
-                and (hello.reply or now - known.joined < self.interval):
-            # a reply, or both sides said HELLO at once when they met: nothing to start afresh
+        if known is not None and known.endpoint == hello.endpoint and (
+                hello.reply or (hello.session == known.session if hello.session
+                                else now - known.joined < self.interval)):
+            # a reply, or both sides said HELLO at once when they met (the session we
+            # admitted): nothing to start afresh
             known.last_heard = now
             if not hello.reply:
                 change.reply_hello_to = hello.endpoint
@@ -275,7 +289,8 @@ class Membership:
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
                     now, gossip=hello.gossip, directory=hello.directory,
-                    fanout=hello.fanout, write_frames=hello.write_frames)
+                    fanout=hello.fanout, write_frames=hello.write_frames,
+                    session=hello.session)
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:
@@ -341,6 +356,7 @@ class Membership:
         contact = self.contacts.get(peer.endpoint)
         if contact is not None and peer.endpoint not in self._up():
             contact.since = now
+            contact.session = secrets.token_hex(8)  # what we say there now is a new session
 
     def heard(self, peer_id: str, now: float) -> bool:
         """Traffic from ``peer_id``: True if it is a peer (else the traffic is to be ignored)."""
