@@ -11,7 +11,6 @@ one, write it and register it in COMMANDS. (So a broker cannot be named like a s
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,12 +61,28 @@ def _error(message: str) -> None:
 
 
 def version() -> str:
+    import importlib.metadata  # here: a tenth of a second of every start otherwise
+
     try:
         return importlib.metadata.version("zbroker")
     except importlib.metadata.PackageNotFoundError:
         import zbroker
 
         return getattr(zbroker, "__version__", "(version unknown: not installed)")
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default,
+                         help=help or "show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"zbroker {version()}")  # on standard output, as argparse's own
+        parser.exit()
 
 
 def broker_parser() -> argparse.ArgumentParser:
@@ -95,7 +110,7 @@ def broker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics", metavar="ADDR",
                         help="serve Prometheus metrics over HTTP on ADDR: PORT (on 127.0.0.1), "
                              "HOST:PORT or [IPv6]:PORT (key metrics.bind; off by default)")
-    parser.add_argument("--version", action="version", version=f"zbroker {version()}")
+    parser.add_argument("--version", action=_VersionAction)
     return parser
 
 
