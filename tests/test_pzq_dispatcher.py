@@ -274,7 +274,7 @@ def test_without_a_clock_no_latency_is_kept():
 
 
 def test_consumer_acks_one_after_the_other_go_to_the_log_in_one_action():
-    from zbroker.pzq.actions import AckMany, Append
+    from zbroker.pzq.actions import AckMany, Append, Reply
     q = QueueCore(Limits())
     q.consumers_changed(1)
     for i in range(3):
@@ -286,5 +286,44 @@ def test_consumer_acks_one_after_the_other_go_to_the_log_in_one_action():
     q.produce(b"P", [b"m3", b"", b"x"], 2)  # an action between: the ACKs after it are apart
     q.consumer_ack([keys[2], wire.OK])
     out = q.take_output()
-    assert [type(a) for a in out] == [AckMany, Append, AckMany]
-    assert out[0].seqs == [0, 1] and out[2].seqs == [2]  # in order, each once
+    log = [a for a in out if type(a) is not Reply]  # (the producers, answered at the ACKs)
+    assert [type(a) for a in log] == [AckMany, Append, AckMany]
+    assert log[0].seqs == [0, 1] and log[2].seqs == [2]  # in order, each once
+    assert [a.frames[0] for a in out if type(a) is Reply] == [b"m0", b"m1", b"m2"]
+
+
+def test_a_consumer_ack_answers_the_producer_whatever_the_log_does_with_the_record():
+    """A message consumed and ACKed owes its producer nothing more: its "1" goes out at the
+    consumer's ACK, whether its record still waits (the log will drop it), is being written
+    (the log will report it placed) or fails to be written. Each producer is answered once."""
+    q, store = core()
+    q.consumers_changed(1)
+    for i in range(3):
+        q.produce(b"P", [b"m%d" % i, b"", b"x"], 1)
+    keys = [q.next_delivery(0.0, 1)[1][0] for _ in range(3)]
+    assert store.replies == []
+    for key in keys:
+        q.consumer_ack([key, wire.OK])
+    assert store.replies == [(b"P", wire.producer_ack(b"m%d" % i)) for i in range(3)]
+    q.unwritten([0])  # the log let go of one record before writing it
+    q.batch_done(store.done(placed=(1,), acked=(0,)))  # wrote one
+    q.batch_done(store.done(failed=(2,), error="store failed: EIO"))  # failed the last
+    assert len(store.replies) == 3 and store.acked == [0, 1, 2]
+    q.produce(b"P", [b"m1", b"", b"x"], 1)  # a retry of a consumed one: answered, not stored
+    assert store.replies[-1] == (b"P", wire.producer_ack(b"m1")) and len(q.messages) == 0
+
+
+def test_a_consumer_ack_leaves_a_producer_batch_to_its_record():
+    """A producer batch is answered once its record is durable or every message of it was
+    let go of by the log: one consumed message does not answer it."""
+    q, store = core()
+    q.credit_consumer(b"C", 10)
+    packed = wire.pack([b"i1", b"i2"], [b"x", b"y"])
+    q.produce_batch(b"P", [b"b1", wire.BATCH_HEADER, b"", packed], 1)
+    keys = [q.next_delivery(0.0, 1)[1][0] for _ in range(2)]
+    q.consumer_ack([keys[0], wire.OK])
+    assert store.replies == []
+    q.consumer_acks([keys[1]], b"C", b"a1")
+    assert store.replies == []
+    q.batch_done(store.done(placed=(0, 1)))
+    assert [frames[0] for _, frames in store.replies] == [b"b1"]

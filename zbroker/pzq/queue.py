@@ -10,7 +10,8 @@ the seqs it placed or failed). The core has a dispatcher (dispatcher.py) and kee
 - the idempotence window: the last ``idempotence_window`` producer message ids (and at most
   ``idempotence_bytes`` of them), so that a retried id is answered, not stored twice,
 - the producers waiting for their message to be written (the producer ACK goes out when
-  the log reports its seq written and synced; refused input is answered at once).
+  the log reports its seq written and synced, or when a consumer ACKed the message first,
+  whatever the log is doing with it; refused input is answered at once).
 
 With ``replicas``, each new message is also handed to the replication core (replication.py)
 through :meth:`QueueCore.take_replication`, and its ACK waits for the copies' confirmations.
@@ -184,6 +185,9 @@ class QueueCore:
         self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}
         self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
         self.out: list[Any] = []  # actions for the I/O (take_output)
+        #: the AckMany that the next consumer ACK joins, while only its producers' answers
+        #: came after it: (that AckMany, the list it is in, the length of that list then)
+        self._open_ack: tuple[AckMany, list[Any], int] | None = None
         #: for the replication core: Replicate, Unreplicate, Adopted (take_replication)
         self.replication_out: list[Any] = []
         self.replicating: dict[bytes, Replicating] = {}
@@ -665,6 +669,10 @@ class QueueCore:
             self.out.append(Confirm(cid, ack_id, wire.ACKED))
             return
         self.dispatcher.ack_many(acked)
+        if copies is None and self.waiting:
+            for seq in acked:
+                if seq in self.waiting:
+                    self._consumed(seq)
         self.ack_waiters.update(dict.fromkeys(acked, group))
         group.pending = len(acked)
         self.counters["consumer_acks"] += group.pending
@@ -678,15 +686,40 @@ class QueueCore:
         self._log_ack(seq)
         if self.limits.replicas:
             self.replication_out.append(Unreplicate(m.key))
+        elif seq in self.waiting:
+            self._consumed(seq)
+
+    def _consumed(self, seq: int) -> None:
+        """A consumer ACKed message ``seq`` before the log said it was durable: its
+        producers are answered now. Delivered and ACKed, it owes them nothing more, whether
+        its record still waits (write avoidance), is being written, or fails to be. (A
+        producer batch's record waits for all of its batch: the log says when.)"""
+        waiting, out = self.waiting, self.out
+        w = waiting.pop(seq)
+        if len(w) > 1:  # (a producer's retries, or a batch's record and a retry)
+            if [e for e in w if e[2] is None]:
+                waiting[seq] = [e for e in w if e[2] is None]
+                w = [e for e in w if e[2] is not None]
+        elif w[0][2] is None:
+            waiting[seq] = w
+            return
+        before = len(out)
+        self._written(w, True, None, self.clock_us() if self.clock_us is not None else 0)
+        if self._open_ack is not None and self._open_ack[1] is out \
+                and self._open_ack[2] == before:  # answers: the next ACK may still join
+            self._open_ack = (self._open_ack[0], out, len(out))
 
     def _log_ack(self, seq: int) -> None:
-        """The log is to ACK ``seq``: with the ACKs just before it when they are the last
-        action (consumer ACKs read in one go: one AckMany, one taking of the log's lock)."""
-        out = self.out
-        if out and type(out[-1]) is AckMany and out[-1].log == self.log_name:
-            out[-1].seqs.append(seq)
+        """The log is to ACK ``seq``: with the ACKs just before it when nothing but their
+        producers' answers came after them (consumer ACKs read in one go: one AckMany, one
+        taking of the log's lock)."""
+        out, open_ack = self.out, self._open_ack
+        if open_ack is not None and open_ack[1] is out and open_ack[2] == len(out):
+            open_ack[0].seqs.append(seq)
         else:
-            out.append(AckMany([seq], self.log_name))
+            acks = AckMany([seq], self.log_name)
+            out.append(acks)
+            self._open_ack = (acks, out, len(out))
 
     # --- stream reads -----------------------------------------------------------------------
 
