@@ -313,6 +313,18 @@ def test_a_consumer_ack_answers_the_producer_whatever_the_log_does_with_the_reco
     assert store.replies[-1] == (b"P", wire.producer_ack(b"m1")) and len(q.messages) == 0
 
 
+def test_a_batch_consumers_ack_answers_the_producers_of_single_messages():
+    q, store = core()
+    q.credit_consumer(b"C", 10)
+    for i in range(2):
+        q.produce(b"P", [b"m%d" % i, b"", b"x"], 1)
+    keys = [q.next_delivery(0.0, 1)[1][0] for _ in range(2)]
+    q.consumer_acks(keys, b"C", b"a1")
+    assert store.replies == [(b"P", wire.producer_ack(b"m%d" % i)) for i in range(2)]
+    q.batch_done(store.done(placed=(0, 1)))
+    assert len(store.replies) == 2  # answered once
+
+
 def test_a_consumer_ack_leaves_a_producer_batch_to_its_record():
     """A producer batch is answered once its record is durable or every message of it was
     let go of by the log: one consumed message does not answer it."""
