@@ -54,7 +54,7 @@ from pathlib import Path
 
 import zmq
 from pzq_baselines import cpu_seconds, redis_case, redis_missing, relay_case
-from pzq_load import free_port, produce_windowed
+from pzq_load import ack_arrived, free_port, produce_windowed
 
 from zbroker.config import parse_size
 from zbroker.pzq.group_commit import DEFAULT_SYNC, SYNC_MODES
@@ -176,13 +176,7 @@ def consumer(endpoint: str, n: int, out) -> None:
     while got < n:
         if not s.poll(20_000):
             raise SystemExit(f"consumer: nothing for 20 s after {got} messages")
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            s.send_multipart([frames[0].bytes, b"1"])
-            got += 1
+        got += len(ack_arrived(s))
         last = time.monotonic()
     s.close()
     ctx.term()

@@ -27,6 +27,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pzq import monitor, start_pzq  # noqa: E402
+from pzq_load import ack_arrived  # noqa: E402
 
 
 def produce(endpoint: str, n: int, size: int, window: int, out) -> None:
@@ -69,14 +70,7 @@ def consume(endpoint: str, n: int, out) -> None:
         if not s.poll(20_000):
             raise SystemExit(f"consumer: nothing for 20 s after {len(got)} messages")
         now = time.time()
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            key = frames[0].bytes
-            s.send_multipart([key, b"1"])
-            got.append((int(key[:key.index(b"|")]) * 1e-6, now))
+        got.extend((int(key[:key.index(b"|")]) * 1e-6, now) for key in ack_arrived(s))
     s.close(linger=200)
     ctx.term()
     out.send(got)

@@ -33,6 +33,20 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port")
 
 
+def ack_arrived(s: zmq.Socket) -> list[bytes]:
+    """An original-wire consumer's turn: take every delivery waiting on ``s`` (a DEALER on
+    the queue's send endpoint) and ACK each; returns their keys."""
+    keys = []
+    while True:
+        try:
+            frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return keys
+        key = frames[0].bytes
+        s.send_multipart([key, b"1"])
+        keys.append(key)
+
+
 @dataclass
 class Produced:
     t0: float  # the first send
