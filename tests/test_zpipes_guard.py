@@ -356,7 +356,10 @@ def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_bro
             refused += 1
     assert 40 - refused <= 9  # at most the budget's worth (and one) is held
     grown = rss_bytes(b.pid) - before
-    assert grown < 64 << 20, f"the broker grew by {grown >> 20} MiB"
+    # 36 MiB held; the resident size also keeps some of the refused WRITEs' buffers that
+    # malloc has not given back yet (36-48 MiB alone, once 64.5 under the whole suite): half
+    # of the 160 MiB asked for is the bound
+    assert grown < 80 << 20, f"the broker grew by {grown >> 20} MiB"
     for hog in hogs:
         hog.close()
     _the_budget_comes_back(b, ctx)
