@@ -177,6 +177,31 @@ def test_peer_lost_fails_the_writer_pending_write(c):
     assert c.replies("A", b"w") == [p.WriteFailed("peer lost")]
 
 
+def test_a_writer_whose_reader_was_lost_after_its_write_fails_its_close(c):
+    """The seed of a heal that flapped: the WRITE was taken (WRITE_OK) but its DATA never
+    reached the reader's broker, which was lost before the writer's CLOSE. Its stream did not
+    reach its end: the CLOSE says so (CLOSE_FAILED, the original protocol's), never OK."""
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.cut.add(frozenset("AB"))  # the DATA is lost on the way
+    c.send("A", b"w", p.Write(b"works again", 0))
+    c.lose("B")
+    c.send("A", b"w", p.Close())
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseFailed("peer lost")]
+    c.send("A", b"w", p.Output(b"x"))  # the client may open again: a close all the same
+    assert c.replies("A", b"w") == [p.OutputOk()]
+
+
+def test_a_writer_that_only_lost_a_reader_outside_its_stream_closes_fine(c):
+    c.send("B", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Output(b"x"))
+    c.lose("B")  # before the stream started: no reader of it was lost
+    c.send("C", b"r", p.Input(b"x"))
+    c.send("A", b"w", p.Write(b"x", 0))
+    c.send("A", b"w", p.Close())
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseOk()]
+
+
 def test_peer_lost_fails_the_reader_not_end_of_stream(c):
     c.send("B", b"r", p.Input(b"x"))
     c.send("A", b"w", p.Output(b"x"))

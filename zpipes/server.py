@@ -135,6 +135,8 @@ class Client:
     read_data: list[memoryview] | None = None
     terminated: bool = False
     failed_end: int | None = None  # the end whose failure was counted (once per end)
+    #: why the stream of the writer end it just closed broke (its CLOSE answers CLOSE_FAILED)
+    close_failure: str | None = None
 
 
 class ZpipesServer:
@@ -209,7 +211,7 @@ class ZpipesServer:
             "send WRITE_OK": self._reply(p.WriteOk),
             "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
             "send WRITE_FAILED": self._reply_failed(p.WriteFailed, "writer"),
-            "send CLOSE_OK": self._reply(p.CloseOk),
+            "send CLOSE_OK": self._send_close_ok,
             "send PING_OK": self._reply(p.PingOk),
             "send INVALID": self._reply(p.Invalid),
             "queue command": self._queue_command,
@@ -396,6 +398,9 @@ class ZpipesServer:
         # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
         # only shrinks its writers' audience, wherever they are
         failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
+        if failure is not None and client.event is Event.CLOSE and not cut \
+                and client.failed_end != end:  # (a WRITE_FAILED told it already)
+            client.close_failure = failure  # its stream never reached its end: say so
         told = self._told_of(end)
         self._woken.extend(self.pipes.detach(end, lost))
         del self._by_end[end]
@@ -519,6 +524,16 @@ class ZpipesServer:
             self.outbox.append((client.routing_id, frame))
 
         return send
+
+    def _send_close_ok(self, client: Client) -> None:
+        """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
+        taken (the broker of a reader of it was lost): its data may not all have arrived,
+        and no end-of-stream did."""
+        if client.close_failure is None:
+            self.outbox.append((client.routing_id, _ENCODED[p.CloseOk]))
+            return
+        reason, client.close_failure = client.close_failure, None
+        self.outbox.append((client.routing_id, p.encode(p.CloseFailed(p.reason_text(reason)))))
 
     def _reply_failed(self, cls: Callable[[str], Any],
                       role: str | None = None) -> Callable[[Client], None]:
