@@ -13,7 +13,9 @@ Rules that hold everywhere:
 * Every command not listed for a state has one defined answer, ``UNEXPECTED[state]``: INVALID,
   and any pipe end the client had is detached (no dangling readers or writers). An internal
   event not listed (a timer or wake-up that no longer applies) changes nothing. Nothing asserts.
-* Every command gets exactly one reply.
+* Every command gets exactly one reply. CLOSE's is CLOSE_OK, or CLOSE_FAILED for a writer
+  whose stream broke without its client being told (the broker of a reader of it was lost
+  after its last WRITE_OK): the state after it is the same.
 * A client is expired only while the broker holds nothing of it (the "processing" states have
   no EXPIRED: a client waiting for our answer is not silent). A client whose connection is gone
   (DISCONNECTED) gets no reply: its end is detached as lost, so the other ends learn the truth.
@@ -94,7 +96,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
     S.READING: {
         E.READ: _r(S.PROCESSING_READ, "start request", "try read"),
         E.PING: _r(S.READING, "send PING_OK"),
-        E.CLOSE: _r(S.START, "close pipe end", "send CLOSE_OK"),
+        E.CLOSE: _r(S.START, "close pipe end", "answer CLOSE"),
         E.EXPIRED: _r(S.START, "close pipe end", "terminate"),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(S.START, "close pipe end", "terminate"),
@@ -114,7 +116,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.PING: _r(S.PROCESSING_READ, "send PING_OK"),
         E.CLOSE: _r(
             S.START, "send READ_FAILED", "finish request", "fail queued commands",
-            "close pipe end", "send CLOSE_OK",
+            "close pipe end", "answer CLOSE",
         ),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(
@@ -128,7 +130,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
     S.WRITING: {
         E.WRITE: _r(S.PROCESSING_WRITE, "start request", "try write"),
         E.PING: _r(S.WRITING, "send PING_OK"),
-        E.CLOSE: _r(S.START, "close pipe end", "send CLOSE_OK"),
+        E.CLOSE: _r(S.START, "close pipe end", "answer CLOSE"),
         E.EXPIRED: _r(S.START, "close pipe end", "terminate"),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(S.START, "close pipe end", "terminate"),
@@ -148,7 +150,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
         E.PING: _r(S.PROCESSING_WRITE, "send PING_OK"),
         E.CLOSE: _r(  # the WRITEs it drops were part of its stream: the stream is cut
             S.START, "send WRITE_FAILED", "finish request", "fail queued commands",
-            "cut pipe end", "send CLOSE_OK",
+            "cut pipe end", "answer CLOSE",
         ),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(

@@ -211,7 +211,7 @@ class ZpipesServer:
             "send WRITE_OK": self._reply(p.WriteOk),
             "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
             "send WRITE_FAILED": self._reply_failed(p.WriteFailed, "writer"),
-            "send CLOSE_OK": self._send_close_ok,
+            "answer CLOSE": self._answer_close,
             "send PING_OK": self._reply(p.PingOk),
             "send INVALID": self._reply(p.Invalid),
             "queue command": self._queue_command,
@@ -525,7 +525,7 @@ class ZpipesServer:
 
         return send
 
-    def _send_close_ok(self, client: Client) -> None:
+    def _answer_close(self, client: Client) -> None:
         """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
         taken (the broker of a reader of it was lost): its data may not all have arrived,
         and no end-of-stream did."""
