@@ -185,9 +185,9 @@ class QueueCore:
         self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}
         self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
         self.out: list[Any] = []  # actions for the I/O (take_output)
-        #: the AckMany that the next consumer ACK joins, while only its producers' answers
-        #: came after it: (that AckMany, the list it is in, the length of that list then)
-        self._open_ack: tuple[AckMany, list[Any], int] | None = None
+        #: the AckMany of ``out`` that the next consumer ACK joins while ``out`` still ends
+        #: where it did after it and its producers' answers: (that AckMany, that length)
+        self._open_ack: tuple[AckMany, int] | None = None
         #: for the replication core: Replicate, Unreplicate, Adopted (take_replication)
         self.replication_out: list[Any] = []
         self.replicating: dict[bytes, Replicating] = {}
@@ -221,6 +221,7 @@ class QueueCore:
     def take_output(self) -> list[Any]:
         """The actions recorded since the last call, in order (actions.py)."""
         out, self.out = self.out, []
+        self._open_ack = None
         return out
 
     def take_replication(self) -> list[Any]:
@@ -694,32 +695,30 @@ class QueueCore:
         producers are answered now. Delivered and ACKed, it owes them nothing more, whether
         its record still waits (write avoidance), is being written, or fails to be. (A
         producer batch's record waits for all of its batch: the log says when.)"""
-        waiting, out = self.waiting, self.out
-        w = waiting.pop(seq)
-        if len(w) > 1:  # (a producer's retries, or a batch's record and a retry)
-            if [e for e in w if e[2] is None]:
-                waiting[seq] = [e for e in w if e[2] is None]
+        w = self.waiting.pop(seq)
+        if len(w) > 1 or w[0][2] is None:  # (retries, or a batch's record)
+            record = [e for e in w if e[2] is None]
+            if record:
+                self.waiting[seq] = record
                 w = [e for e in w if e[2] is not None]
-        elif w[0][2] is None:
-            waiting[seq] = w
+        if not w:
             return
-        before = len(out)
+        open_ack, before = self._open_ack, len(self.out)
         self._written(w, True, None, self.clock_us() if self.clock_us is not None else 0)
-        if self._open_ack is not None and self._open_ack[1] is out \
-                and self._open_ack[2] == before:  # answers: the next ACK may still join
-            self._open_ack = (self._open_ack[0], out, len(out))
+        if open_ack is not None and open_ack[1] == before:  # answers only: the next ACK
+            self._open_ack = (open_ack[0], len(self.out))  # may still join it
 
     def _log_ack(self, seq: int) -> None:
         """The log is to ACK ``seq``: with the ACKs just before it when nothing but their
         producers' answers came after them (consumer ACKs read in one go: one AckMany, one
         taking of the log's lock)."""
         out, open_ack = self.out, self._open_ack
-        if open_ack is not None and open_ack[1] is out and open_ack[2] == len(out):
+        if open_ack is not None and open_ack[1] == len(out):
             open_ack[0].seqs.append(seq)
         else:
             acks = AckMany([seq], self.log_name)
             out.append(acks)
-            self._open_ack = (acks, out, len(out))
+            self._open_ack = (acks, len(out))
 
     # --- stream reads -----------------------------------------------------------------------
 
