@@ -128,6 +128,11 @@ def endpoint_problem(endpoint: str, transport: str) -> str | None:
     return None
 
 
+def new_session() -> str:
+    """A token for our session with a peer (HELLO's ``session``)."""
+    return secrets.token_hex(8)
+
+
 @dataclass
 class Peer:
     id: str
@@ -165,7 +170,7 @@ class Contact:
     last_said: float = float("-inf")  # when we last said HELLO to it (kept by the caller)
     learned: bool = False  # named by gossip (not by a HELLO): bounded by ``max_learned``
     #: our session with the peer there: made anew when a peer there leaves
-    session: str = field(default_factory=lambda: secrets.token_hex(8))
+    session: str = field(default_factory=new_session)
 
 
 @dataclass
@@ -356,7 +361,7 @@ class Membership:
         contact = self.contacts.get(peer.endpoint)
         if contact is not None and peer.endpoint not in self._up():
             contact.since = now
-            contact.session = secrets.token_hex(8)  # what we say there now is a new session
+            contact.session = new_session()  # what we say there now is a new session
 
     def heard(self, peer_id: str, now: float) -> bool:
         """Traffic from ``peer_id``: True if it is a peer (else the traffic is to be ignored)."""
