@@ -58,6 +58,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .numbering import Numbering, session_bytes
+
 PROTOCOL_VERSION = 2  # 2: HELLOs carry a nonce and its echo (admission by answer)
 MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
 MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
@@ -89,13 +91,17 @@ class Hello:
     write_frames: bool = True
     #: the sender's session with the receiver: new each time the sender lost the peer there
     session: str = ""
+    #: the sender numbers its service messages within a life (numbering.py); brokers of
+    #: before say nothing of it and are sent the plain ones
+    numbered: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
                 "directory": self.directory, "fanout": self.fanout,
-                "write_frames": self.write_frames, "session": self.session}
+                "write_frames": self.write_frames, "session": self.session,
+                "numbered": self.numbered}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -105,7 +111,7 @@ class Hello:
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, data.get("directory") is True,
                         data.get("fanout") is True, data.get("write_frames") is True,
-                        str(data.get("session", "")))
+                        str(data.get("session", "")), data.get("numbered") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -148,6 +154,8 @@ class Peer:
     fanout: bool = False  # its ZPIPES takes a DATA for several readers
     write_frames: bool = False  # and one whose chunk is in its WRITE frame
     session: str = ""  # its session with us, from the HELLO that admitted it
+    #: its service messages' numbers and ours in this life (None: a broker of before)
+    numbering: Numbering | None = None
 
 
 class Named(Protocol):
@@ -280,7 +288,8 @@ class Membership:
             change.challenge = hello.endpoint
             return change
         if contact is None:  # it answered a HELLO of a contact given up since
-            self.contacts[hello.endpoint] = Contact(hello.endpoint, False, now, hello.nonce)
+            contact = Contact(hello.endpoint, False, now, hello.nonce)
+            self.contacts[hello.endpoint] = contact
         if known is not None:  # it starts afresh with us: so do we
             self._leave(known, now)
             change.left.append((known, "restarted its session with us"))
@@ -296,6 +305,9 @@ class Membership:
                     now, gossip=hello.gossip, directory=hello.directory,
                     fanout=hello.fanout, write_frames=hello.write_frames,
                     session=hello.session)
+        if hello.numbered and hello.session:
+            peer.numbering = Numbering(session_bytes(contact.session),
+                                       session_bytes(hello.session))
         self.peers[hello.id] = peer
         change.joined.append(peer)
         if not hello.reply:

@@ -7,16 +7,22 @@ message is ``[kind, ...]``:
 
     HELLO  json(Hello)        admission (see membership.py): a broker is admitted once it
                               answers our HELLO at the endpoint it claims
-    PING [?t | !t]            sent only when nothing else went to that peer for a while;
+    PING [?t | !t [count]]    sent only when nothing else went to that peer for a while;
                               "?" + the sender's clock asks for an echo, "!" + the same
                               is the echo (a PING too): the heartbeat's round trip. A
                               broker that knows no echo just takes a PING with more frames
-                              as a PING.
-    BYE                       the sender is stopping: drop it now rather than at its timeout
+                              as a PING. ``count``: to a peer whose HELLO says
+                              "numbered", the service messages sent in this life
+                              (numbering.py): those that did not all arrive were lost
+    BYE [why]                 the sender is stopping, or ended its life of the receiver
+                              (``why``): drop it now rather than at its timeout
     MEMBERS json(members)     whom the sender has as peers (gossip.py): to a peer that joins
                               it, and to one peer in turn every peer_timeout; only to peers
                               whose HELLO says they take it
     SVC    service, frames... a service's own message (e.g. ZPIPES pipe traffic)
+    SVCN   tag, service, frames...   the same, numbered within the life, to a peer whose
+                              HELLO says "numbered" (numbering.py): a message missing, or
+                              one of a session the receiver did not admit, ends the life
 
 Peers are found by zeroconf (discovery.py), by the static ``cluster.peers`` list (seeds: one is
 enough, the others are learned from it), by what peers say of whom they know, and by the HELLOs
@@ -53,7 +59,8 @@ from . import gossip
 from .membership import Change, Hello, Membership, Peer
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
-KIND_MEMBERS = b"MEMBERS"
+KIND_MEMBERS, KIND_SVCN = b"MEMBERS", b"SVCN"
+MAX_WHY = 200  # characters of a BYE's reason logged
 CONTACT_RETRY = 0.25  # seconds between HELLOs to a contact that has not answered
 #: seconds a link to a contact may stay unconnected before it is made anew: libzmq gives up
 #: on a link after some handshake failures (e.g. the other side had a key and we have none),
@@ -207,7 +214,10 @@ class ClusterNode:
         if known is None or known.id != life:
             return False
         peer = self.membership.peers[peer_id]
-        if self._send_raw(peer.endpoint, [KIND_SVC, service.encode(), *frames]):
+        numbering = peer.numbering
+        head = [KIND_SVC, service.encode()] if numbering is None else \
+            [KIND_SVCN, numbering.next_tag(), service.encode()]
+        if self._send_raw(peer.endpoint, [*head, *frames]):
             self.membership.sent(peer_id, self._loop.time())
             return True
         # tell the services on the next turn of the loop, not from inside their own send
@@ -366,30 +376,63 @@ class ClusterNode:
         sender = frames[0].bytes.decode("ascii", "replace")
         kind = frames[1].bytes
         self.bytes_received += sum(map(len, frames))
-        if kind == KIND_SVC and len(frames) >= 3:
+        if kind == KIND_SVCN and len(frames) >= 4:
+            if self.membership.heard(sender, now):
+                numbering = self.membership.peers[sender].numbering
+                problem = numbering.take(frames[2].bytes) if numbering is not None \
+                    else "it numbered a message though its HELLO did not say so"
+                if problem is not None:
+                    self._end_life(sender, problem, now)
+                    return
+                self._on_message(self._lives[sender], frames[3].bytes.decode("ascii", "replace"),
+                                 [f.buffer for f in frames[4:]])
+        elif kind == KIND_SVC and len(frames) >= 3:
             if self.membership.heard(sender, now):
                 peer = self._lives[sender]
                 self._on_message(peer, frames[2].bytes.decode("ascii", "replace"),
                                  [f.buffer for f in frames[3:]])
         elif kind == KIND_PING:
-            if self.membership.heard(sender, now) and len(frames) == 3:
+            if self.membership.heard(sender, now) and len(frames) in (3, 4):
+                numbering = self.membership.peers[sender].numbering
+                if len(frames) == 4 and numbering is not None:
+                    problem = numbering.check_count(frames[3].bytes)
+                    if problem is not None:
+                        self._end_life(sender, problem, now)
+                        return
                 self._echo(sender, frames[2].bytes, now)
         elif kind == KIND_HELLO and len(frames) == 3:
             self._hello(frames, now)
         elif kind == KIND_BYE:
-            self._apply(self.membership.bye(sender, now))
+            why = frames[2].bytes[:MAX_WHY].decode("utf-8", "replace") if len(frames) > 2 \
+                else ""
+            self._apply(self.membership.bye(sender, now),
+                        f"it ended its life of us: {why}" if why else None)
         elif kind == KIND_MEMBERS and len(frames) == 3:
             self._members(sender, frames[2], now)
         else:
             self._log.warning("invalid cluster message", address=_address(frames[1]),
                               sender=sender[:40], kind=kind[:16])
 
+    def _end_life(self, sender: str, why: str, now: float) -> None:
+        """Our life of peer ``sender`` cannot go on (its messages did not all arrive): end
+        it, and tell the peer so (it ends its own; both then start afresh)."""
+        peer = self.membership.peers[sender]
+        self._send_raw(peer.endpoint, [KIND_BYE, why.encode()])
+        self._apply(self.membership.bye(sender, now), why)
+
+    def _ping(self, peer: Peer, payload: bytes) -> bool:
+        """Send a PING to ``peer``: with the count of our messages if it numbers them."""
+        frames = [KIND_PING, payload]
+        if peer.numbering is not None:
+            frames.append(peer.numbering.count_tag())
+        return self._send_raw(peer.endpoint, frames)
+
     def _echo(self, sender: str, payload: bytes, now: float) -> None:
         """A PING with a payload: answer the sender's "?t" with "!t"; our own "!t" come back
         is a round trip."""
         if payload[:1] == b"?":
             peer = self.membership.peers.get(sender)
-            if peer is not None and self._send_raw(peer.endpoint, [KIND_PING, b"!" + payload[1:]]):
+            if peer is not None and self._ping(peer, b"!" + payload[1:]):
                 self.membership.sent(sender, now)
         elif payload[:1] == b"!" and len(payload) == 9:
             # (time.monotonic: a loop's clock may tick in whole milliseconds, as libuv's does)
@@ -525,9 +568,9 @@ class ClusterNode:
         now = self._loop.time()
         to_ping, change = self.membership.due(now)
         self._apply(change)
-        ping = [KIND_PING, b"?" + struct.pack("<d", time.monotonic())]
+        ping = b"?" + struct.pack("<d", time.monotonic())
         for peer in to_ping:
-            if self._send_raw(peer.endpoint, ping):
+            if self._ping(peer, ping):
                 self.membership.sent(peer.id, now)
         told = self.membership.gossip_due(now)
         if told is not None:  # whom we know, to one peer in turn
