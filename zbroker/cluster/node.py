@@ -211,9 +211,11 @@ class ClusterNode:
         whose messages cannot be queued is declared lost at once (nothing is dropped silently)."""
         peer_id = life.partition("#")[0]
         known = self._lives.get(peer_id)
-        if known is None or known.id != life:
+        # (a send refused earlier in this turn of the loop ended the life in membership; the
+        # services learn of it on the next turn)
+        peer = self.membership.peers.get(peer_id)
+        if known is None or known.id != life or peer is None:
             return False
-        peer = self.membership.peers[peer_id]
         numbering = peer.numbering
         head = [KIND_SVC, service.encode()] if numbering is None else \
             [KIND_SVCN, numbering.next_tag(), service.encode()]
