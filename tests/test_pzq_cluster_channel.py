@@ -86,7 +86,8 @@ async def start(tmp_path, name: str, port: LinkedPort, **queue: Any) -> PzqServi
 async def pair(tmp_path):
     loop = asyncio.get_running_loop()
     pa, pb = LinkedPort(loop), LinkedPort(loop)
-    a = await start(tmp_path, "a", pa, replicas=1)
+    # (the copies are confirmed at once; a loaded machine must not make them late)
+    a = await start(tmp_path, "a", pa, replicas=1, replication_timeout=5)
     b = await start(tmp_path, "b", pb)
     peer_a, peer_b = PeerBroker("a-life", "a", "tcp://a"), PeerBroker("b-life", "b", "tcp://b")
     pa.me, pb.me = peer_a, peer_b
