@@ -13,13 +13,18 @@ from zpipes.server import ServerConfig, ZpipesServer
 
 class Cluster:
     """``fanout``: the brokers that take a DATA for several readers (all, or some);
-    ``write_frames``: those that take a chunk in its WRITE frame; ``writable``: frames arrive
-    in writable buffers, as ZeroMQ's do (not bytes)."""
+    ``write_frames``: those that take a chunk in its WRITE frame; ``confirm``: those that
+    answer CONFIRM; ``writable``: frames arrive in writable buffers, as ZeroMQ's do (not
+    bytes). Messages from one broker to another wait while that direction is ``paused``."""
 
-    def __init__(self, names, fanout=(), write_frames=(), writable=False, **config):
+    def __init__(self, names, fanout=(), write_frames=(), confirm=(), writable=False,
+                 **config):
         self.servers = {n: ZpipesServer(ServerConfig(**config)) for n in names}
         self.fanout = set(names) if fanout is True else set(fanout or ())
         self.write_frames = set(names) if write_frames is True else set(write_frames or ())
+        self.confirm = set(names) if confirm is True else set(confirm or ())
+        self.paused: set[tuple[str, str]] = set()
+        self.waiting: list[tuple[str, str, list]] = []
         self.frame = (lambda f: memoryview(bytearray(f))) if writable else bytes
         self.now = 0.0
         self.cut: set[frozenset] = set()
@@ -27,9 +32,9 @@ class Cluster:
 
     def join(self, a, b):
         self.servers[a].peer_up(b, self.now, fanout=b in self.fanout,
-                                write_frames=b in self.write_frames)
+                                write_frames=b in self.write_frames, confirm=b in self.confirm)
         self.servers[b].peer_up(a, self.now, fanout=a in self.fanout,
-                                write_frames=a in self.write_frames)
+                                write_frames=a in self.write_frames, confirm=a in self.confirm)
         self.pump()
 
     def join_all(self):
@@ -55,9 +60,22 @@ class Cluster:
                 for peer, frames in out:
                     moved = True
                     self.sent[name, peer, bytes(frames[0])] += 1
-                    if peer in self.servers and frozenset((name, peer)) not in self.cut:
+                    if (name, peer) in self.paused:
+                        self.waiting.append((name, peer, frames))
+                    elif peer in self.servers and frozenset((name, peer)) not in self.cut:
                         self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
                                                         self.now)
+
+    def resume(self, a, b):
+        """Messages from ``a`` to ``b`` go again: those that waited arrive first."""
+        self.paused.discard((a, b))
+        waited = [w for w in self.waiting if w[:2] == (a, b)]
+        self.waiting = [w for w in self.waiting if w[:2] != (a, b)]
+        for name, peer, frames in waited:
+            if peer in self.servers:
+                self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
+                                                self.now)
+        self.pump()
 
     def send(self, broker, client, msg):
         self.servers[broker].receive(client, [self.frame(p.encode(msg))], self.now)
@@ -567,3 +585,114 @@ def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
     waiting = 0
     a.peer_rtt("B", 0.020)  # one slow echo (a busy host) is not a longer link: the least
     assert fill() == 1 << 20  # of the last few round trips counts
+
+
+# --- a writer's CLOSE waits for its readers' brokers to confirm its end (CONFIRM) -------------
+
+
+def confirming():
+    """Three brokers that answer CONFIRM (test_directory_core runs these with its own)."""
+    cl = Cluster("ABC", confirm=True, client_timeout=1.0)
+    cl.join_all()
+    return cl
+
+
+def test_a_writers_close_is_answered_once_its_readers_broker_has_the_end():
+    cc = confirming()
+    cc.send("B", b"r", p.Input(b"x"))
+    cc.send("A", b"w", p.Output(b"x"))
+    cc.send("A", b"w", p.Write(b"all of it", 0))
+    cc.send("B", b"r", p.Read(100, 0))
+    cc.send("B", b"r", p.Read(100, 0))  # pending: its client is not silent either
+    cc.paused.add(("B", "A"))  # B's answer is on its way
+    cc.send("A", b"w", p.Close())
+    cc.send("A", b"w", p.Ping())  # answered at once
+    cc.send("A", b"w", p.Output(b"y"))  # queued behind the CLOSE: answered after it
+    assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.PingOk()]
+    cc.advance(5.0)  # waiting for its answer, the client is not silent: never expired
+    assert cc.replies("A", b"w") == []
+    cc.resume("B", "A")
+    assert cc.replies("A", b"w") == [p.CloseOk(), p.OutputOk()]
+    assert cc.sent["A", "B", b"CONFIRM"] == 1 and cc.sent["A", "C", b"CONFIRM"] == 0
+    assert cc.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"all of it"), p.ReadEnd()]
+
+
+def test_a_readers_broker_lost_before_it_confirmed_fails_the_close():
+    cc = confirming()
+    """The DATA and the DETACH went, but nothing says they arrived before the link (a reset
+    one, that lost them) ended: the writer is told, never OK."""
+    cc.send("B", b"r", p.Input(b"x"))
+    cc.send("A", b"w", p.Output(b"x"))
+    cc.send("A", b"w", p.Write(b"gone", 0))
+    cc.cut.add(frozenset("AB"))
+    cc.send("A", b"w", p.Close())
+    assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
+    cc.lose("B")
+    assert cc.replies("A", b"w") == [p.CloseFailed("peer lost")]
+    assert not cc.servers["A"]._closing
+
+
+def test_the_close_waits_for_every_readers_broker_and_only_for_them():
+    cc = confirming()
+    cc.send("B", b"r", p.Input(b"x"))
+    cc.send("C", b"r", p.Input(b"x"))
+    cc.send("A", b"r", p.Input(b"x"))  # a local reader needs no confirmation
+    cc.send("A", b"w", p.Output(b"x"))
+    cc.send("A", b"w", p.Write(b"both", 0))
+    cc.paused |= {("B", "A"), ("C", "A")}
+    cc.send("A", b"w", p.Close())
+    cc.resume("B", "A")
+    assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
+    cc.resume("C", "A")
+    assert cc.replies("A", b"w") == [p.CloseOk()]
+
+
+def test_a_close_before_the_stream_started_waits_for_the_remote_readers_too():
+    cc = confirming()
+    """An empty stream ends for its readers too: its end must get there."""
+    cc.send("B", b"r", p.Input(b"x"))
+    cc.send("A", b"w", p.Output(b"x"))
+    cc.paused.add(("B", "A"))
+    cc.send("A", b"w", p.Close())
+    assert cc.replies("A", b"w") == [p.OutputOk()]
+    cc.resume("B", "A")
+    assert cc.replies("A", b"w") == [p.CloseOk()]
+    cc.send("B", b"r", p.Read(10, 0))
+    assert cc.replies("B", b"r") == [p.InputOk(), p.ReadEnd()]
+
+
+def test_a_broker_that_does_not_confirm_is_not_waited_for():
+    cl = Cluster("AB", confirm="A")  # B is a broker of before
+    cl.join_all()
+    cl.send("B", b"r", p.Input(b"x"))
+    cl.send("A", b"w", p.Output(b"x"))
+    cl.send("A", b"w", p.Write(b"x", 0))
+    cl.paused.add(("B", "A"))
+    cl.send("A", b"w", p.Close())
+    assert cl.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseOk()]
+    assert cl.sent["A", "B", b"CONFIRM"] == 0
+
+
+def test_a_client_gone_or_a_broker_stopping_while_its_close_waits():
+    cc = confirming()
+    for client in (b"w1", b"w2"):
+        cc.send("B", b"r" + client, p.Input(b"x" + client))
+        cc.send("A", client, p.Output(b"x" + client))
+        cc.send("A", client, p.Write(b"x", 0))
+    cc.paused.add(("B", "A"))
+    cc.send("A", b"w1", p.Close())
+    cc.send("A", b"w2", p.Close())
+    cc.servers["A"].disconnected(b"w1", cc.now)  # gone: nothing to answer
+    cc.resume("B", "A")  # its late confirmation finds nobody
+    assert cc.replies("A", b"w1") == [p.OutputOk(), p.WriteOk()]
+    assert cc.replies("A", b"w2") == [p.OutputOk(), p.WriteOk(), p.CloseOk()]
+    cc.send("A", b"w2", p.Output(b"xw2"))
+    cc.send("A", b"w2", p.Write(b"y", 0))
+    cc.paused.add(("B", "A"))
+    cc.send("A", b"w2", p.Close())
+    cc.send("A", b"w2", p.Read(1, 0))  # queued behind it
+    cc.servers["A"].shutdown(cc.now)
+    assert cc.replies("A", b"w2") == [p.OutputOk(), p.WriteOk(),
+                                      p.CloseFailed("broker stopping"),
+                                      p.ReadFailed("broker stopping")]
+    assert not cc.servers["A"]._closing

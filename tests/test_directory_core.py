@@ -27,9 +27,11 @@ class DirectoryCluster(base.Cluster):
 
     def join(self, a, b):
         self.servers[a].peer_up(b, self.now, member=b, directory=True,
-                                fanout=b in self.fanout, write_frames=b in self.write_frames)
+                                fanout=b in self.fanout, write_frames=b in self.write_frames,
+                                confirm=b in self.confirm)
         self.servers[b].peer_up(a, self.now, member=a, directory=True,
-                                fanout=a in self.fanout, write_frames=a in self.write_frames)
+                                fanout=a in self.fanout, write_frames=a in self.write_frames,
+                                confirm=a in self.confirm)
         self.pump()
 
 

@@ -58,6 +58,7 @@ class PeerBroker:
     directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
     fanout: bool = False  # its ZPIPES takes a DATA for several readers (zpipes/peering.py)
     write_frames: bool = False  # and a DATA whose chunk is in its WRITE frame
+    confirm: bool = False  # and answers CONFIRM, on a link that numbers messages
 
 
 class Service(ABC):

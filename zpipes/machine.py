@@ -16,9 +16,14 @@ Rules that hold everywhere:
 * Every command gets exactly one reply. CLOSE's is CLOSE_OK, or CLOSE_FAILED for a writer
   whose stream broke without its client being told (the broker of a reader of it was lost
   after its last WRITE_OK): the state after it is the same.
-* A client is expired only while the broker holds nothing of it (the "processing" states have
-  no EXPIRED: a client waiting for our answer is not silent). A client whose connection is gone
-  (DISCONNECTED) gets no reply: its end is detached as lost, so the other ends learn the truth.
+* A writer's CLOSE is answered once its stream's end is where its readers are: at once for
+  readers of this broker; for readers of other brokers that confirm (peering.py, CONFIRM),
+  once each of their brokers said it has the end (CLOSING; commands meanwhile queue as
+  behind a pending request). A broker lost before it said so fails the CLOSE.
+* A client is expired only while the broker holds nothing of it (the "processing" states and
+  CLOSING have no EXPIRED: a client waiting for our answer is not silent). A client whose
+  connection is gone (DISCONNECTED) gets no reply: its end is detached as lost, so the other
+  ends learn the truth.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class State(StrEnum):
     BEFORE_WRITING = "before writing"
     WRITING = "writing"
     PROCESSING_WRITE = "processing write"
+    CLOSING = "closing"  # a writer's end closed: its CLOSE waits for its readers' brokers
 
 
 class Event(StrEnum):
@@ -57,6 +63,7 @@ class Event(StrEnum):
     WAIT = "wait"  # the active request cannot be answered yet
     PIPE_CHANGED = "pipe changed"  # the pipe may now answer the active request
     TIMEOUT = "timeout"  # the active request's timeout passed
+    CONFIRMED = "confirmed"  # a closed writer's readers' brokers have its end (or one was lost)
     EXPIRED = "expired"  # the client was silent for too long, with nothing of it held
     DISCONNECTED = "disconnected"  # its connection is gone (or its replies cannot be delivered)
     SHUTDOWN = "shutdown"  # the broker is stopping
@@ -130,7 +137,7 @@ TABLE: dict[State, dict[Event, Rule]] = {
     S.WRITING: {
         E.WRITE: _r(S.PROCESSING_WRITE, "start request", "try write"),
         E.PING: _r(S.WRITING, "send PING_OK"),
-        E.CLOSE: _r(S.START, "close pipe end", "answer CLOSE"),
+        E.CLOSE: _r(S.CLOSING, "close pipe end", "await confirmation"),
         E.EXPIRED: _r(S.START, "close pipe end", "terminate"),
         E.DISCONNECTED: _r(S.START, "close pipe end", "terminate"),
         E.SHUTDOWN: _r(S.START, "close pipe end", "terminate"),
@@ -157,10 +164,24 @@ TABLE: dict[State, dict[Event, Rule]] = {
             S.START, "send WRITE_FAILED", "fail queued commands", "close pipe end", "terminate",
         ),
     },
+    S.CLOSING: {
+        E.CONFIRMED: _r(S.START, "answer CLOSE"),
+        E.READ: _r(S.CLOSING, "queue command"),
+        E.WRITE: _r(S.CLOSING, "queue command"),
+        E.INPUT: _r(S.CLOSING, "queue command"),
+        E.OUTPUT: _r(S.CLOSING, "queue command"),
+        E.MALFORMED: _r(S.CLOSING, "queue command"),
+        E.CLOSE: _r(S.CLOSING, "queue command"),
+        E.PING: _r(S.CLOSING, "send PING_OK"),
+        E.DISCONNECTED: _r(S.START, "stop awaiting", "terminate"),
+        E.SHUTDOWN: _r(S.START, "stop awaiting", "answer CLOSE", "fail queued commands",
+                       "terminate"),
+    },
 }
 
 # The one answer to every command the table does not list for a state. The "processing" states
-# list every command (they queue them), and commands are never taken in the "before" states.
+# and CLOSING list every command (they queue them), and commands are never taken in the
+# "before" states.
 UNEXPECTED: dict[State, Rule] = {
     S.START: _r(S.START, "send INVALID"),
     S.READING: _r(S.START, "send INVALID", "close pipe end"),

@@ -36,6 +36,15 @@ adds three, between such brokers only; the four above are unchanged:
                                                ``member`` is told at the same time
 
 Each is a batch of at most ``MAX_BATCH`` entries or groups.
+
+Confirmation (to brokers whose HELLO says ``"confirm": true``; they number their messages, so
+that nothing sent before a message can be missing once it arrived, see
+zbroker/cluster/numbering.py):
+
+    CONFIRM    end                             after a writer's DETACH, to the brokers of its
+                                               stream's readers: say when it has arrived
+    CONFIRMED  end                             the answer: that DETACH and all the stream's
+                                               DATA before it are here
 """
 
 from __future__ import annotations
@@ -118,8 +127,18 @@ class Introduce:
     groups: tuple[Group, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    end: int  # a writer end of the sender, just detached
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    end: int  # the sender's writer end that a CONFIRM named
+
+
 PeerMessage = (Attach | Detach | Data | Credit | Register | Registered | Unregister
-               | Introduce)
+               | Introduce | Confirm | Confirmed)
 
 _FLAGS = [bytes((i,)) for i in range(4)]
 _ROLE_CODE = {"reader": b"r", "writer": b"w"}
@@ -150,6 +169,8 @@ def encode(msg: PeerMessage) -> list[bytes | memoryview]:
         return [b"DATA", head, _FLAGS[msg.first], msg.chunk]
     if isinstance(msg, Credit):
         return [b"CREDIT", b"".join(_TWO.pack(end, size) for end, size in msg.credits)]
+    if isinstance(msg, (Confirm, Confirmed)):
+        return [b"CONFIRM" if isinstance(msg, Confirm) else b"CONFIRMED", _END.pack(msg.end)]
     if isinstance(msg, Attach):
         return [b"ATTACH", _ROLE_CODE[msg.role], _END.pack(msg.end), msg.pipe]
     if msg.lost is None:
@@ -175,6 +196,9 @@ def decode(frames: Sequence[bytes | memoryview]) -> PeerMessage | PeerDecodeErro
                                                and 1 <= sizes[1] <= 255)):
         lost = bytes(frames[2]).decode("utf-8", "replace") if len(sizes) == 2 else None
         return Detach(_END.unpack(frames[1])[0], lost)
+    if kind in (b"CONFIRM", b"CONFIRMED") and sizes == [8]:
+        end = _END.unpack(frames[1])[0]
+        return Confirm(end) if kind == b"CONFIRM" else Confirmed(end)
     if kind == b"REGISTER":
         return _register(frames[1:])
     if kind in (b"UNREGISTER", b"REGISTERED") and len(sizes) == 1 and sizes[0] \

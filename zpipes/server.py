@@ -137,6 +137,10 @@ class Client:
     failed_end: int | None = None  # the end whose failure was counted (once per end)
     #: why the stream of the writer end it just closed broke (its CLOSE answers CLOSE_FAILED)
     close_failure: str | None = None
+    #: the writer end it closed, while its CLOSE waits for ``awaiting``: the peers (lives)
+    #: with readers of its stream that are to confirm they have its end
+    closing_end: int | None = None
+    awaiting: set[str] = field(default_factory=set)
 
 
 class ZpipesServer:
@@ -169,6 +173,8 @@ class ZpipesServer:
         self._proxy_of: dict[int, tuple[str, int]] = {}
         self._fanout: set[str] = set()  # peers that take a DATA or CREDIT for several readers
         self._write_frames: set[str] = set()  # peers that take a chunk in its WRITE frame
+        self._confirming: set[str] = set()  # peers that answer CONFIRM (and number messages)
+        self._closing: dict[int, Client] = {}  # writer end closed -> its client, awaiting
         self._windows: dict[str, int] = {}  # peer -> window of its readers, if sized to its link
         self._rtts: dict[str, deque[float]] = {}  # peer -> the round trips last reported
         #: what crossed the links to and from peer brokers (for status and metrics): DATA
@@ -212,6 +218,8 @@ class ZpipesServer:
             "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
             "send WRITE_FAILED": self._reply_failed(p.WriteFailed, "writer"),
             "answer CLOSE": self._answer_close,
+            "await confirmation": self._await_confirmation,
+            "stop awaiting": self._stop_awaiting,
             "send PING_OK": self._reply(p.PingOk),
             "send INVALID": self._reply(p.Invalid),
             "queue command": self._queue_command,
@@ -402,11 +410,19 @@ class ZpipesServer:
                 and client.failed_end != end:  # (a WRITE_FAILED told it already)
             client.close_failure = failure  # its stream never reached its end: say so
         told = self._told_of(end)
+        confirming = (self._readers_brokers(end) & self._confirming
+                      if role == "writer" and failure is None else set())
         self._woken.extend(self.pipes.detach(end, lost))
         del self._by_end[end]
         frames = peering.encode(peering.Detach(end, failure))
         for peer in told:
             self.peer_outbox.append((peer, frames))
+        if confirming:  # its CLOSE waits until the brokers of its readers have its end
+            confirm = peering.encode(peering.Confirm(end))
+            for peer in confirming:
+                self.peer_outbox.append((peer, confirm))
+            client.closing_end, client.awaiting = end, confirming
+            self._closing[end] = client
         self._unregister(end, failure)
         self.log.info("pipe closed", client=client.id, pipe=_name(client.pipe), role=role,
                       why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
@@ -525,6 +541,34 @@ class ZpipesServer:
 
         return send
 
+    def _readers_brokers(self, end: int) -> set[str]:
+        """The peers with readers of writer ``end``'s stream (its audience; before the
+        stream started, every remote reader of its pipe)."""
+        pipe = self.pipes.pipe_of(end)
+        if pipe is None:
+            return set()
+        writer = self.pipes.writer(end)
+        readers = writer.audience if writer.started else pipe.readers.keys()
+        return {self._proxy_of[r][0] for r in readers if r in self._proxy_of}
+
+    def _await_confirmation(self, client: Client) -> None:
+        """The CLOSE is answered (CONFIRMED) now, unless its end is awaited elsewhere."""
+        if not client.awaiting:
+            client.next_event = Event.CONFIRMED
+
+    def _stop_awaiting(self, client: Client) -> None:
+        """The client goes before its readers' brokers confirmed its end: if it is to be
+        answered, it learns that its end may not have arrived."""
+        if client.awaiting and client.close_failure is None:
+            client.close_failure = client.reason or "closed before its end was confirmed"
+        self._confirmed(client)
+
+    def _confirmed(self, client: Client) -> None:
+        """Nothing more is awaited for the client's CLOSE."""
+        if client.closing_end is not None:
+            self._closing.pop(client.closing_end, None)
+        client.closing_end, client.awaiting = None, set()
+
     def _answer_close(self, client: Client) -> None:
         """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
         taken (the broker of a reader of it was lost): its data may not all have arrived,
@@ -611,11 +655,13 @@ class ZpipesServer:
 
     def peer_up(self, peer: str, now: float, member: str = "",
                 directory: bool = False, fanout: bool = False,
-                write_frames: bool = False) -> None:
+                write_frames: bool = False, confirm: bool = False) -> None:
         """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
         its id among the members (the same for all of them); ``directory``: it speaks the
         pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers;
-        ``write_frames``: a DATA whose chunk is in its WRITE frame. Then our ends whose home
+        ``write_frames``: a DATA whose chunk is in its WRITE frame; ``confirm``: it answers
+        CONFIRM, and its link numbers messages (what came before a CONFIRMED did arrive). Then
+        our ends whose home
         it now is register with it; otherwise it is told of every end we have, so pipes
         opened before it came find their other ends."""
         self._now = now
@@ -624,6 +670,8 @@ class ZpipesServer:
             self._fanout.add(peer)
         if write_frames:
             self._write_frames.add(peer)
+        if confirm:
+            self._confirming.add(peer)
         if directory and member and member != self.member_id:
             self._members[member] = peer
             self._member_of[peer] = member
@@ -669,6 +717,12 @@ class ZpipesServer:
         self._legacy.discard(peer)
         self._fanout.discard(peer)
         self._write_frames.discard(peer)
+        self._confirming.discard(peer)
+        for client in [c for c in self._closing.values() if peer in c.awaiting]:
+            # its stream's end may not have arrived there: its CLOSE says so
+            client.close_failure = client.close_failure or PEER_LOST
+            self._confirmed(client)
+            self._execute(client, Event.CONFIRMED)
         self._windows.pop(peer, None)
         self._rtts.pop(peer, None)
         member = self._member_of.pop(peer, None)
@@ -706,6 +760,15 @@ class ZpipesServer:
                 self._attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
         elif isinstance(msg, peering.Detach):
             self._detach_remote(peer, msg.end, msg.lost)
+        elif isinstance(msg, peering.Confirm):  # what came before it is here: say so
+            self.peer_outbox.append((peer, peering.encode(peering.Confirmed(msg.end))))
+        elif isinstance(msg, peering.Confirmed):
+            client = self._closing.get(msg.end)
+            if client is not None and peer in client.awaiting:
+                client.awaiting.discard(peer)
+                if not client.awaiting:
+                    self._confirmed(client)
+                    self._execute(client, Event.CONFIRMED)
         elif isinstance(msg, (peering.Register, peering.Registered, peering.Unregister,
                               peering.Introduce)):
             if peer not in self._member_of:

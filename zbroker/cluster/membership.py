@@ -94,6 +94,8 @@ class Hello:
     #: the sender numbers its service messages within a life (numbering.py); brokers of
     #: before say nothing of it and are sent the plain ones
     numbered: bool = True
+    #: its ZPIPES answers CONFIRM (zpipes/peering.py): a writer's CLOSE there waits for it
+    confirm: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
@@ -101,7 +103,7 @@ class Hello:
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
                 "directory": self.directory, "fanout": self.fanout,
                 "write_frames": self.write_frames, "session": self.session,
-                "numbered": self.numbered}
+                "numbered": self.numbered, "confirm": self.confirm}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -111,7 +113,8 @@ class Hello:
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, data.get("directory") is True,
                         data.get("fanout") is True, data.get("write_frames") is True,
-                        str(data.get("session", "")), data.get("numbered") is True)
+                        str(data.get("session", "")), data.get("numbered") is True,
+                        data.get("confirm") is True)
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -153,6 +156,7 @@ class Peer:
     directory: bool = False  # its ZPIPES speaks the pipe directory
     fanout: bool = False  # its ZPIPES takes a DATA for several readers
     write_frames: bool = False  # and one whose chunk is in its WRITE frame
+    confirm: bool = False  # and answers CONFIRM
     session: str = ""  # its session with us, from the HELLO that admitted it
     #: its service messages' numbers and ours in this life (None: a broker of before)
     numbering: Numbering | None = None
@@ -304,7 +308,7 @@ class Membership:
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
                     now, gossip=hello.gossip, directory=hello.directory,
                     fanout=hello.fanout, write_frames=hello.write_frames,
-                    session=hello.session)
+                    confirm=hello.confirm, session=hello.session)
         if hello.numbered and hello.session:
             peer.numbering = Numbering(session_bytes(contact.session),
                                        session_bytes(hello.session))

@@ -528,7 +528,9 @@ class ClusterNode:
         for peer in change.joined:
             life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
                               directory=peer.directory, fanout=peer.fanout,
-                              write_frames=peer.write_frames)
+                              write_frames=peer.write_frames,
+                              # (a CONFIRMED proves what came before it only on a numbered link)
+                              confirm=peer.confirm and peer.numbering is not None)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             if self._keys is None:  # said on every join: nothing proved who it is

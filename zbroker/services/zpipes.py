@@ -182,7 +182,7 @@ class ZpipesService(Service):
             self._lives[peer.member] = peer.id
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
                                 directory=peer.directory, fanout=peer.fanout,
-                                write_frames=peer.write_frames)
+                                write_frames=peer.write_frames, confirm=peer.confirm)
             self._flush_outside()
 
     def peer_left(self, peer: PeerBroker) -> None:
