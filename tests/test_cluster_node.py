@@ -46,3 +46,75 @@ async def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise
     finally:
         await node.stop()
         ctx.destroy(linger=0)
+
+
+class Node:
+    """A cluster node on 127.0.0.1 in this process, with what its services saw."""
+
+    def __init__(self, ctx, name, peers=()):
+        self.joined, self.left, self.messages = [], [], []
+        config = ClusterConfig(enabled=True, bind="tcp://127.0.0.1:0", discovery=False,
+                               insecure=True, peers=tuple(peers), peer_timeout=2.0)
+        self.node = ClusterNode(config, name, ctx, asyncio.get_running_loop(),
+                                structlog.get_logger(), on_join=self.joined.append,
+                                on_leave=lambda peer, why: self.left.append(why),
+                                on_message=lambda peer, service, frames:
+                                self.messages.append([bytes(f) for f in frames]))
+
+
+async def until(condition, timeout=5.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "not within the time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_message_lost_on_the_way_ends_the_life_on_both_sides():
+    """Two nodes on real sockets: a message that never left (its number skipped, as a reset
+    connection would lose it) is noticed by the next one; the receiver ends its life of the
+    sender and says why, and the sender ends its own."""
+    ctx = zmq.Context()
+    b = Node(ctx, "b")
+    await b.node.start()
+    a = Node(ctx, "a", peers=[b.node.endpoint])
+    await a.node.start()
+    try:
+        await until(lambda: a.joined and b.joined)
+        life = a.joined[0].id
+        assert a.node.send(life, "svc", [b"one"])
+        await until(lambda: b.messages == [[b"one"]])
+        a.node.membership.peers[b.node.id].numbering.next_tag()  # lost with a reset
+        assert a.node.send(life, "svc", [b"three"])
+        await until(lambda: a.left and b.left)
+        assert b.messages == [[b"one"]]  # not taken: it came after a hole
+        assert b.left == ["1 of its messages were lost on the way (#2 came, #1 expected)"]
+        assert a.left == ["it ended its life of us: 1 of its messages were lost on the way "
+                          "(#2 came, #1 expected)"]
+        await until(lambda: len(a.joined) == 2 and len(b.joined) == 2)  # both start afresh
+        assert a.node.send(a.joined[1].id, "svc", [b"again"])
+        await until(lambda: b.messages[-1:] == [[b"again"]])
+    finally:
+        await a.node.stop()
+        await b.node.stop()
+        ctx.destroy(linger=0)
+
+
+async def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
+    ctx = zmq.Context()
+    b = Node(ctx, "b")
+    await b.node.start()
+    a = Node(ctx, "a", peers=[b.node.endpoint])
+    await a.node.start()
+    try:
+        await until(lambda: a.joined and b.joined)
+        assert a.node.send(a.joined[0].id, "svc", [b"one"])
+        a.node.membership.peers[b.node.id].numbering.next_tag()  # lost; nothing comes after
+        await until(lambda: b.left, timeout=3.0)  # a PING within peer_timeout / 3
+        assert b.left == ["the last 1 of its messages were lost on the way (2 sent, 1 came)"]
+        await until(lambda: a.left)
+        assert b.messages == [[b"one"]]
+    finally:
+        await a.node.stop()
+        await b.node.stop()
+        ctx.destroy(linger=0)

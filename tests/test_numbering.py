@@ -43,7 +43,7 @@ def test_the_last_messages_lost_are_noticed_by_the_ping():
     out.next_tag()
     out.next_tag()  # nothing came after them
     problem = into.check_count(out.count_tag())
-    assert problem and "last 2 messages were lost" in problem
+    assert problem and "the last 2 of its messages were lost" in problem
 
 
 def test_a_message_again_or_out_of_order_is_refused():

@@ -67,7 +67,7 @@ class Numbering:
         if number == self.received:
             return None
         if what == "count" and number > self.received:
-            return (f"its last {number - self.received} messages were lost on the way "
+            return (f"the last {number - self.received} of its messages were lost on the way "
                     f"({number} sent, {self.received} came)")
         if number > self.received:
             return (f"{number - self.received} of its messages were lost on the way "
