@@ -218,33 +218,6 @@ def test_refuse_current_lets_go_of_a_large_frame_in_its_own_buffer():
     assert feed(conn, data[200_000:] + zmtp.encode_message([b"next"])) == [Message([b"next"])]
 
 
-def test_a_large_frame_of_a_read_only_connection_is_a_view_of_its_own_buffer():
-    """Without ``writable``, a large frame read into its own buffer (its header and body in
-    several pieces) is given as a read-only view of that buffer, not copied into bytes; the
-    other frames are bytes. The whole frame counts in ``buffered`` once its header is in."""
-    conn = zmtp.Connection(100, 1 << 22, keep_first=8, direct_min=1000)
-    v3_peer(conn)
-    big = bytes(range(256)) * 800
-    data = zmtp.encode_message([b"id", b"", big]) + zmtp.encode_message([b"small"])
-    head = len(zmtp.encode_message([b"id", b""]))
-    events = feed(conn, data[:head + 4])  # the long header cut after 4 of its 9 bytes
-    assert events == [] and conn.frame_buffer() is None
-    events = feed(conn, data[head + 4:head + 9 + 10])  # the header's rest, 10 body bytes
-    assert events == [] and conn.buffered >= len(big)
-    pos = head + 9 + 10
-    while (view := conn.frame_buffer()) is not None:
-        n = min(len(view), 7_000)
-        view[:n] = data[pos:pos + n]
-        conn.frame_filled(n)
-        pos += n
-    events = conn.next_events() + feed(conn, data[pos:])
-    assert events == [Message([b"id", b"", big]), Message([b"small"])]
-    frame = events[0].frames[2]
-    assert type(frame) is memoryview and frame.readonly and frame.nbytes == len(big)
-    assert [type(f) for f in events[0].frames[:2] + events[1].frames] == [bytes] * 3
-    assert conn.buffered == 0
-
-
 def test_a_huge_length_header_is_refused_before_anything_is_allocated():
     """A frame header that claims more than the limit is refused as it arrives: no buffer
     of its size is made, and the rest of it would be let go as it came."""

@@ -31,9 +31,6 @@ RETRY_HELD = 0.01  # seconds before held answers are tried again
 #: what one read from a connection may take: large enough that a window of big messages
 #: comes in a few reads (each read is a wake-up); one buffer for all connections
 READ_SIZE = 1 << 20
-#: a producer's frame this large that has begun to arrive is read into a buffer of its own,
-#: the size of the frame, and kept as it is: not copied out of the shared read buffer
-DIRECT_MIN = 16 << 10
 
 
 class EndpointError(ValueError):
@@ -113,17 +110,14 @@ class Receiver:
     def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None], *,
                  max_frames: int, max_bytes: int, frame_cost: int, keep_first: int,
                  max_held: int, log: Any, name: str,
-                 connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer",
-                 direct_min: int = 0):
+                 connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer"):
         """``connection``: the ZMTP side the connections speak (a ROUTER's by default);
-        ``role``: who connects, as the log says it; ``direct_min``: frames this large are
-        read into buffers of their own (zmtp.Connection), 0: never."""
+        ``role``: who connects, as the log says it."""
         self.loop = loop
         self.connection = connection
         self.role = role
         self.on_input = on_input
         self.limits = (max_frames, max_bytes, frame_cost, keep_first)
-        self.direct_min = direct_min
         self.max_held = max_held
         self.log = log
         self.name = name
@@ -234,8 +228,7 @@ class _Link(asyncio.BufferedProtocol):
 
     def __init__(self, receiver: Receiver):
         self.r = receiver
-        self.conn = receiver.connection(*receiver.limits, direct_min=receiver.direct_min)
-        self.direct = False  # the last read went to the large frame's own buffer
+        self.conn = receiver.connection(*receiver.limits)
         self.transport: asyncio.Transport | None = None
         self.routing_id: bytes | None = None
         self.pending: list[bytes] = []
@@ -253,16 +246,11 @@ class _Link(asyncio.BufferedProtocol):
         transport.write(self.conn.data_to_send())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        direct = self.conn.frame_buffer()
-        self.direct = direct is not None
-        return self.r.scratch if direct is None else direct
+        return self.r.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         conn, r = self.conn, self.r
-        if self.direct:
-            conn.frame_filled(nbytes)
-        else:
-            conn.receive_data(r.scratch[:nbytes])
+        conn.receive_data(r.scratch[:nbytes])
         got = self._take_events()
         r.unfinished += conn.buffered - self.held
         self.held = conn.buffered

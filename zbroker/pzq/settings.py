@@ -13,7 +13,7 @@ from zbroker.config import PzqQueueConfig
 
 from . import wire
 from .queue import MODES, Limits
-from .receiver import DIRECT_MIN, Receiver
+from .receiver import Receiver
 from .replication import ReplicationSettings
 from .store import Store
 
@@ -110,8 +110,7 @@ class QueueSettings:
             max_bytes=(self.max_message_size + ENVELOPE_ALLOWANCE
                        + wire.FRAME_COST * self.max_frames),
             frame_cost=wire.FRAME_COST, keep_first=wire.MAX_ID + 1,
-            max_held=max(self.max_backlog, 2 * self.max_message_size), log=log, name=self.name,
-            direct_min=DIRECT_MIN)
+            max_held=max(self.max_backlog, 2 * self.max_message_size), log=log, name=self.name)
 
 
 def default_data_dir(broker: str, queue: str) -> Path:

@@ -177,19 +177,15 @@ class Connection:
     the limit. ``buffered`` is what the connection holds of unfinished input. Frames are
     ``bytes``, or ``bytearray`` with ``writable`` (for a user that edits a frame in place).
 
-    With ``direct_min``, a frame of at least ``direct_min`` bytes that has begun to arrive
-    gets a buffer of its own: :meth:`frame_buffer` says where the rest of it goes, so that
-    the caller can read it there (then :meth:`frame_filled`) instead of handing it to
-    :meth:`receive_data`, which copies it there. Without ``writable`` such a frame is given
-    as a read-only memoryview of that buffer (no copy into bytes). Its buffer is allocated
-    whole once the frame's header is in (after the limits passed it), and ``buffered``
-    counts all of it from then on."""
+    With ``writable`` and ``direct_min``, a frame of at least ``direct_min`` bytes that has
+    begun to arrive gets a buffer of its own: :meth:`frame_buffer` says where the rest of it
+    goes, so that the caller can read it there (then :meth:`frame_filled`) instead of
+    handing it to :meth:`receive_data`, which copies it there."""
 
     def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
                  keep_first: int = 256, writable: bool = False, direct_min: int = 0):
         self._frame_type = bytearray if writable else bytes
-        self._writable = writable
-        self.direct_min = direct_min
+        self.direct_min = direct_min if writable else 0
         self._direct: bytearray | None = None  # the large frame being received
         self._direct_have = 0  # its bytes here
         self._direct_more = False  # whether more frames of its message follow
@@ -219,8 +215,7 @@ class Connection:
     def buffered(self) -> int:
         """Bytes held of unfinished input: frames of the message being received, and what
         has arrived of the next frame."""
-        return len(self._in) + self._size + (len(self._direct) if self._direct is not None
-                                              else 0)
+        return len(self._in) + self._size + self._direct_have
 
     def frame_buffer(self) -> memoryview | None:
         """Where the rest of the large frame being received goes, or None."""
@@ -236,7 +231,7 @@ class Connection:
 
     def _finish_direct(self) -> None:
         frame, self._direct, self._direct_have = self._direct, None, 0
-        self._frames.append(frame if self._writable else memoryview(frame).toreadonly())
+        self._frames.append(frame)
         self._size += len(frame) + self.frame_cost
         if not self._direct_more:
             self._events.append(Message(self._frames))
