@@ -219,6 +219,38 @@ def test_an_oversized_message_is_refused_before_it_has_arrived(start_pzq, ctx):
         assert sorted(c.recv(5).body for _ in range(6)) == [b"ok"] * 6
 
 
+def test_large_frames_in_many_pieces_and_a_huge_length_header(start_pzq):
+    """Large frames that come in many small pieces (headers cut too) are read into buffers
+    of their own and arrive whole, stored and delivered byte for byte; a frame header that
+    claims 2^62 bytes gets its "0" at once, with nothing of that size made, and the queue
+    goes on."""
+    q = start_pzq(*FAST, "--max-message-size", "1MiB")
+    base = vm_kb(q.pid, "VmHWM")
+    bodies = [os.urandom(300_000), os.urandom(70_000)]
+    p = RawProducer(q.receive)
+    for k, body in enumerate(bodies):
+        data = zmtp.encode_message([b"piece%d" % k, b"", body, b"tail"])
+        for pos in range(0, len(data), 4099):
+            p.send_raw(data[pos:pos + 4099])
+            if pos // 4099 % 8 == 0:
+                time.sleep(0.001)  # each a read of its own, sometimes
+        assert p.recv() == [b"piece%d" % k, b"1", b""]
+    with Consumer(q.send) as c:
+        got = []
+        for _ in bodies:
+            m = c.recv(5)
+            got.append(m.frames)
+            c.ack(m)
+    assert sorted(got) == sorted((b, b"tail") for b in bodies)
+    hostile = RawProducer(q.receive)
+    hostile.send_raw(bytes([zmtp.MORE, 4]) + b"huge" + bytes([zmtp.MORE, 0])
+                     + bytes([zmtp.LONG]) + (1 << 62).to_bytes(8, "big") + b"x" * 1000)
+    answer = hostile.recv()
+    assert answer[:3] == [b"huge", b"0", b""] and b"too large" in answer[3], answer
+    legit_round_trip(q)
+    assert (vm_kb(q.pid, "VmHWM") - base) << 10 < 32 << 20
+
+
 def test_unfinished_messages_together_are_bounded(start_pzq):
     """Producers that start big messages and never finish them: together they hold at most
     max_backlog bytes; the message that would pass it is refused ("Server busy"), and the

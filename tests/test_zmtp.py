@@ -218,6 +218,16 @@ def test_refuse_current_lets_go_of_a_large_frame_in_its_own_buffer():
     assert feed(conn, data[200_000:] + zmtp.encode_message([b"next"])) == [Message([b"next"])]
 
 
+def test_a_huge_length_header_is_refused_before_anything_is_allocated():
+    """A frame header that claims more than the limit is refused as it arrives: no buffer
+    of its size is made, and the rest of it would be let go as it came."""
+    conn = zmtp.Connection(100, 1 << 20, keep_first=8, direct_min=1000)
+    v3_peer(conn)
+    events = feed(conn, bytes([zmtp.LONG]) + (1 << 62).to_bytes(8, "big") + b"x" * 100)
+    assert len(events) == 1 and type(events[0]) is Refused and b"x" * 8 == events[0].first
+    assert conn.frame_buffer() is None and conn.buffered == 0 and not conn.closed
+
+
 def test_routing_ids_as_a_router_gives_them():
     ids = zmtp.RoutingIds(0xFFFFFFFE)
     assert ids.pick(b"alice", set()) == b"alice"  # the one asked for, when free

@@ -18,7 +18,7 @@ from pathlib import Path
 import structlog
 import zmq
 
-from zbroker import event_loop
+from zbroker import event_loop, heap
 from zbroker.config import (
     LOG_LEVELS,
     PZQ_MODES,
@@ -194,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     log = structlog.get_logger(service="pzq")
+    heap.keep_freed_memory()  # large bodies come and go: no page faults for each new one
     try:
         return event_loop.run(serve(settings, log))
     except KeyboardInterrupt:

@@ -1,0 +1,31 @@
+"""The C heap of a process that moves large messages: freed memory is kept for the next ones.
+
+Every large message body is a malloc of its own (a 64 KiB frame is a bytes object of 64 KiB).
+glibc gives the top of its heap back to the system as soon as 128 KiB of it is free, so with
+messages arriving and being dropped all the time it keeps giving pages back and taking them
+again: each new body then faults in fresh pages, which the kernel zeroes first, only for the
+body to be written over them. :func:`keep_freed_memory` has glibc keep up to ``trim`` bytes
+free at the top of its heap instead, and serve allocations below ``mmap`` bytes from the heap
+(the most its own adaptive threshold reaches; setting one threshold turns that adaptation
+off, so both are set). Where the C library is not glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+TRIM_THRESHOLD = 64 << 20
+MMAP_THRESHOLD = 32 << 20
+
+
+def keep_freed_memory(trim: int = TRIM_THRESHOLD, mmap: int = MMAP_THRESHOLD) -> bool:
+    """Set glibc's heap thresholds for this process; False where there are none to set."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_TRIM_THRESHOLD, trim)) and bool(mallopt(M_MMAP_THRESHOLD, mmap))
