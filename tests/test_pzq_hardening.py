@@ -220,8 +220,8 @@ def test_an_oversized_message_is_refused_before_it_has_arrived(start_pzq, ctx):
 
 
 def test_large_frames_in_many_pieces_and_a_huge_length_header(start_pzq):
-    """Large frames that come in many small pieces (headers cut too) are read into buffers
-    of their own and arrive whole, stored and delivered byte for byte; a frame header that
+    """Large frames that come in many small pieces (headers cut too) arrive whole, stored
+    and delivered byte for byte; a frame header that
     claims 2^62 bytes gets its "0" at once, with nothing of that size made, and the queue
     goes on."""
     q = start_pzq(*FAST, "--max-message-size", "1MiB")
