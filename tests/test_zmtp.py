@@ -235,3 +235,20 @@ def test_routing_ids_as_a_router_gives_them():
     assert made == b"\0\xff\xff\xff\xff"
     assert ids.pick(b"\0abcd", set()) == b"\0\0\0\0\0"  # a zero byte is ours to give; wraps
     assert ids.pick(b"", {b"\0\0\0\0\1"}) == b"\0\0\0\0\2"  # a made one that is taken: next
+
+
+def test_a_large_frame_is_asked_for_before_its_buffer_is_made_and_counted_whole():
+    """``admit`` is asked with the frame's size as its head arrives: refused, the message is
+    let go as it comes (nothing of its size made); taken, its buffer counts whole in
+    ``buffered`` from then on."""
+    asked = []
+    conn = _direct_connection()
+    conn.admit = lambda size: (asked.append(size), "no room" if size > 400_000 else None)[1]
+    big = zmtp.encode_message([b"big-id", b"x" * 500_000])
+    assert feed(conn, big[:1000]) == [Refused(b"big-id", "no room", 500_000)]
+    assert asked == [500_000] and conn.frame_buffer() is None and conn.buffered == 0
+    small = zmtp.encode_message([b"id2", b"y" * 300_000])
+    assert feed(conn, big[1000:] + small[:1000]) == []
+    assert asked == [500_000, 300_000] and conn.buffered >= 300_000
+    assert feed(conn, small[1000:]) == [Message([b"id2", b"y" * 300_000])]
+    assert conn.buffered == 0

@@ -289,3 +289,44 @@ def test_an_ipc_endpoint_in_the_file_system_is_taken_over_from_a_dead_broker_onl
     b.send_signal(15)
     assert b.wait() == 0
     assert not path.exists()
+
+
+def test_writes_begun_and_never_finished_cannot_grow_the_broker_past_its_budget(start_broker,
+                                                                               ctx):
+    """30 connections each send the head of an 8 MiB WRITE and a little of its chunk, then
+    stall (240 MiB announced, 30 KiB sent): what the broker holds for them counts in
+    clients.max_buffered (32 MiB), so past it such WRITEs are refused as their head arrives
+    (WRITE_FAILED, the budget's reason), the broker's memory stays bounded, and a writer
+    with a small chunk beside them is still served once they go."""
+    b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
+    before = rss_bytes(b.pid)
+    size = 8 * MiB
+    hogs = [HandDealer(b.endpoint) for _ in range(30)]
+    refused = []
+    try:
+        for i, hog in enumerate(hogs):
+            assert hog.call(output(b"stalled %d" % i)) == (OUTPUT_OK, None)
+            hog.sock.sendall(hog.message(write(b"s" * size, 0))[:KiB])
+        for hog in hogs:
+            hog.sock.settimeout(0.3)
+            try:
+                refused.append(hog.recv())
+            except TimeoutError:
+                pass
+        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
+                   for kind, reason in refused), refused
+        assert 30 - len(refused) <= 5  # at most the budget's worth is held (and one)
+        grown = rss_bytes(b.pid) - before
+        assert grown < 64 * MiB, f"the broker grew by {grown >> 20} MiB"
+    finally:
+        for hog in hogs:
+            hog.sock.close()
+    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    try:
+        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
+        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"w" * MiB, 0)) == (WRITE_OK, None)
+        assert reader.call(read(MiB, 0)) == (READ_OK, b"w" * MiB)
+    finally:
+        reader.close()
+        writer.close()

@@ -93,13 +93,14 @@ class Write:
 
 class Withheld:
     """The chunk of a WRITE that the broker's transport let go as it arrived, being over the
-    broker's limit: only its ``size`` is known. It holds no bytes (its ``len`` is 0), and the
-    server refuses it whenever it is tried."""
+    broker's limit (or for ``reason``: over its budget): only its ``size`` is known. It holds
+    no bytes (its ``len`` is 0), and the server refuses it whenever it is tried."""
 
-    __slots__ = ("size",)
+    __slots__ = ("size", "reason")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, reason: str | None = None) -> None:
         self.size = size
+        self.reason = reason
 
     def __len__(self) -> int:
         return 0

@@ -163,6 +163,8 @@ class ZpipesServer:
         #: bytes answered to clients that have not taken them yet (their connections are
         #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
         self.unsent_bytes: Callable[[], int] = lambda: 0
+        #: bytes of messages still arriving from clients (the I/O layer's count): budgeted too
+        self.incoming_bytes: Callable[[], int] = lambda: 0
         self._proxies: dict[tuple[str, int], int] = {}  # (peer, its end) -> our stand-in end
         #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
         self.clients_expired = 0  # clients expired (silent for client_timeout)
@@ -235,11 +237,12 @@ class ZpipesServer:
         """A message from a client (the frames after the routing id)."""
         self._take(routing_id, p.decode_command(frames), now)
 
-    def receive_withheld_write(self, routing_id: bytes, size: int, now: float) -> None:
+    def receive_withheld_write(self, routing_id: bytes, size: int, now: float,
+                               reason: str | None = None) -> None:
         """A WRITE of ``size`` bytes that the transport let go as it arrived, being over the
-        limit (``max_chunk``): it is refused in its turn, as if it had arrived whole, and holds
-        nothing meanwhile."""
-        self._take(routing_id, p.Write(p.Withheld(size), 0), now)
+        limit (``max_chunk``), or for ``reason`` (it did not fit the budget): it is refused in
+        its turn, as if it had arrived whole, and holds nothing meanwhile."""
+        self._take(routing_id, p.Write(p.Withheld(size, reason), 0), now)
 
     def _take(self, routing_id: bytes, msg: Any, now: float) -> None:
         self._now = now
@@ -461,7 +464,7 @@ class ZpipesServer:
     def _try_write(self, client: Client) -> None:
         chunk = client.request.chunk
         if type(chunk) is p.Withheld:  # let go as it arrived: refused, whatever the limit now
-            problem = self._over_max_chunk(chunk.size)
+            problem = chunk.reason or self._over_max_chunk(chunk.size)
         else:
             problem = self._write_problem(client, len(chunk))
         if problem:
@@ -492,8 +495,13 @@ class ZpipesServer:
                 f"{self.config.max_chunk} bytes (max_chunk)")
 
     def _over_budget(self, size: int) -> bool:
-        return (self.held + self.pipes.buffered + self.unsent_bytes() + size
-                > self.config.max_buffered)
+        return (self.held + self.pipes.buffered + self.unsent_bytes() + self.incoming_bytes()
+                + size > self.config.max_buffered)
+
+    def budget_problem(self, size: int) -> str | None:
+        """Why ``size`` more bytes of a client's cannot be held (the broker-wide budget,
+        ``max_buffered``), or None."""
+        return self._budget_reason() if self._over_budget(size) else None
 
     def _budget_reason(self) -> str:
         return (f"the broker's buffers for all clients are full (clients.max_buffered, "

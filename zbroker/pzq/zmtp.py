@@ -22,7 +22,7 @@ of a message to send.
 from __future__ import annotations
 
 import struct
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from ..iovec import gather
@@ -180,7 +180,10 @@ class Connection:
     With ``writable`` and ``direct_min``, a frame of at least ``direct_min`` bytes that has
     begun to arrive gets a buffer of its own: :meth:`frame_buffer` says where the rest of it
     goes, so that the caller can read it there (then :meth:`frame_filled`) instead of
-    handing it to :meth:`receive_data`, which copies it there."""
+    handing it to :meth:`receive_data`, which copies it there. That buffer is made (and
+    counted in :attr:`buffered`) whole as the frame's head arrives, so ``admit``, if set, is
+    asked first: given the frame's size, it returns why it cannot be held (the message is
+    then refused, and let go as it arrives) or None."""
 
     def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
                  keep_first: int = 256, writable: bool = False, direct_min: int = 0):
@@ -189,6 +192,7 @@ class Connection:
         self._direct: bytearray | None = None  # the large frame being received
         self._direct_have = 0  # its bytes here
         self._direct_more = False  # whether more frames of its message follow
+        self.admit: Callable[[int], str | None] | None = None
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self.frame_cost = frame_cost
@@ -214,8 +218,9 @@ class Connection:
     @property
     def buffered(self) -> int:
         """Bytes held of unfinished input: frames of the message being received, and what
-        has arrived of the next frame."""
-        return len(self._in) + self._size + self._direct_have
+        has arrived of the next frame (a large frame's own buffer: all of it)."""
+        return len(self._in) + self._size + (len(self._direct) if self._direct is not None
+                                             else 0)
 
     def frame_buffer(self) -> memoryview | None:
         """Where the rest of the large frame being received goes, or None."""
@@ -499,6 +504,14 @@ class Connection:
                     f"Message too large: more than {self.max_bytes} bytes with its "
                     f"id and headers"), 0 if len(frames) >= self.max_frames else n)
                 frames, size = self._frames, self._size
+            elif (self.admit is not None and not self._skipping and self.direct_min
+                  and n >= self.direct_min and end - head < n):
+                problem = self.admit(n)  # before its buffer is made
+                if problem is not None:
+                    first = (frames[0] if frames
+                             else bytes(buf[head:min(end, head + self.keep_first)]))
+                    self._refuse(first[:self.keep_first], problem, n)
+                    frames, size = self._frames, self._size
             if self._skipping:  # let the frame go, as much of it as is here
                 have = min(n, end - head)
                 pos = head + have

@@ -106,9 +106,10 @@ class ZpipesService(Service):
         ep = Endpoint(ctx.loop, on_message=self._on_message, on_refused=self._on_refused,
                       on_gone=self._on_gone, after_input=self._after_input, admit=self._admit,
                       max_bytes=section.max_chunk + FRAME_OVERHEAD, max_frames=MAX_FRAMES,
-                      log=ctx.log)
+                      log=ctx.log, admit_frame=server.budget_problem)
         self._receive = server.receive
         server.unsent_bytes = ep.unsent_bytes  # held for readers that do not read: budgeted
+        server.incoming_bytes = ep.incoming_bytes  # WRITEs arriving: their buffers, budgeted
         try:
             sock = self._listen(ep, self.endpoint, f"a broker named {ctx.broker_name!r} is "
                                 f"already running on this host ({self.endpoint} is in use)")
@@ -233,16 +234,20 @@ class ZpipesService(Service):
         self._receive(routing_id, frames, self._loop.time())
 
     def _on_refused(self, routing_id: bytes, refused: zmtp.Refused) -> None:
-        """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout.
-        A WRITE is refused by the core in its turn (WRITE_FAILED naming the limit), its chunk
-        let go as it arrives, never held; a frame over twice the limit, or anything else that
-        large, is no ZPIPES client's: its connection is dropped (its client detached)."""
+        """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout,
+        or a WRITE whose chunk does not fit the broker's budget (clients.max_buffered) as its
+        head arrives. A WRITE is refused by the core in its turn (WRITE_FAILED naming the limit
+        or the budget), its chunk let go as it arrives, never held; a frame over twice the
+        limit, or anything else that large, is no ZPIPES client's: its connection is dropped
+        (its client detached)."""
         first, size = refused.first, refused.size
         if (size and size <= self._frame_limit and _WRITE_HEAD.startswith(first[:3])
                 and (len(first) < 7
                      or int.from_bytes(first[3:7], "big") == size - FRAME_OVERHEAD)):
-            self.server.receive_withheld_write(routing_id, size - FRAME_OVERHEAD,
-                                               self._loop.time())
+            chunk = size - FRAME_OVERHEAD
+            over_budget = chunk <= self.server.config.max_chunk  # (not over the limit)
+            self.server.receive_withheld_write(routing_id, chunk, self._loop.time(),
+                                               refused.reason if over_budget else None)
             return
         client = self.server.clients.get(routing_id)
         self._log.warning("zpipes message refused; its connection is dropped",

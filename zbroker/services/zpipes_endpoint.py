@@ -12,7 +12,10 @@ through libzmq for what that buys on this path:
   closed before a byte of it is read;
 - dead clients: a connection's end is a ``connection_lost`` naming its routing id, at once;
 - limits: a message over ``max_bytes`` is refused as its frame header arrives, and the rest of
-  it is skipped as it comes, never held.
+  it is skipped as it comes, never held. What is held of messages still arriving (a large
+  frame's buffer is made whole as its head arrives) is :meth:`Endpoint.incoming_bytes`, and a
+  large frame is taken only if ``admit_frame`` says it fits (the service's budget), else
+  refused as its head arrives like one over the limit.
 
 Routing ids follow a ROUTER's: the one the peer asked for (ZMTP's Identity) when it is free and
 does not start with a zero byte, else one made here (a zero byte and four more). The security
@@ -79,10 +82,12 @@ class Endpoint:
                  on_gone: Callable[[bytes], None],
                  after_input: Callable[[], None],
                  admit: Callable[[PeerCredentials | None], str | None],
-                 max_bytes: int, max_frames: int, log: Any):
+                 max_bytes: int, max_frames: int, log: Any,
+                 admit_frame: Callable[[int], str | None] | None = None):
         self.loop = loop
         self.on_message, self.on_refused, self.on_gone = on_message, on_refused, on_gone
-        self.after_input, self.admit = after_input, admit
+        self.after_input, self.admit, self.admit_frame = after_input, admit, admit_frame
+        self.incoming = 0  # bytes held of messages still arriving, all connections
         self.max_bytes, self.max_frames = max_bytes, max_frames
         self.log = log
         self.links: dict[bytes, _Link] = {}  # by routing id, once the handshake is done
@@ -161,6 +166,10 @@ class Endpoint:
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 
+    def incoming_bytes(self) -> int:
+        """Bytes held of messages still arriving, on all connections."""
+        return self.incoming
+
     def unsent_bytes(self) -> int:
         """Bytes sent to connections whose peers have not taken them yet (held here, in
         the transports' buffers): what the broker holds for readers that do not read."""
@@ -198,6 +207,8 @@ class _Link(asyncio.BufferedProtocol):
         self.e = endpoint
         self.conn = zmtp.Connection(endpoint.max_frames, endpoint.max_bytes, keep_first=16,
                                     writable=True, direct_min=DIRECT_MIN)
+        self.conn.admit = endpoint.admit_frame
+        self.incoming = 0  # what this connection counts in the endpoint's ``incoming``
         self.direct = False  # the last read went to the frame's own buffer
         self.handshake: asyncio.TimerHandle | None = None  # drops it if the handshake lags
         self.transport: Any = None
@@ -254,6 +265,9 @@ class _Link(asyncio.BufferedProtocol):
             conn.frame_filled(nbytes)
         else:
             conn.receive_data(e.scratch[:nbytes])
+        # (counted before the messages are handed on: a whole one is the core's to count)
+        e.incoming += conn.buffered - self.incoming
+        self.incoming = conn.buffered
         for ev in conn.next_events():
             kind = type(ev)
             if kind is zmtp.Message:
@@ -300,6 +314,8 @@ class _Link(asyncio.BufferedProtocol):
             return
         self.taken = False
         e.connections -= 1
+        e.incoming -= self.incoming
+        self.incoming = 0
         e._all.discard(self)
         e._backed_up.discard(self)
         if not e._all:
