@@ -118,3 +118,44 @@ async def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
         await a.node.stop()
         await b.node.stop()
         ctx.destroy(linger=0)
+
+
+async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
+    """Anything that reaches the peer socket (an insecure cluster's) could have had the broker
+    hold a message of any size, streamed in (1 GB took 950 MiB): a message that claims more
+    than the limit drops its connection as its head arrives; a peer is still heard."""
+    import socket
+
+    from zbroker.pzq import zmtp
+
+    ctx = zmq.Context()
+    b = Node(ctx, "b")
+    b.node.max_message = 1 << 20
+    await b.node.start()
+    a = Node(ctx, "a", peers=[b.node.endpoint])
+    await a.node.start()
+    loop = asyncio.get_running_loop()
+    try:
+        host, port = b.node.endpoint.removeprefix("tcp://").rsplit(":", 1)
+        raw = socket.create_connection((host, int(port)))
+        raw.setblocking(False)
+        await loop.sock_sendall(raw, zmtp.SIGNATURE + bytes((3, 0)) + b"NULL".ljust(20, b"\0")
+                                + bytes(32) + zmtp.ready_command(b"DEALER"))
+        await loop.sock_sendall(raw, bytes([zmtp.LONG]) + (2 << 20).to_bytes(8, "big")
+                                + b"x" * 1000)
+
+        async def closed() -> bool:
+            while True:
+                data = await loop.sock_recv(raw, 65536)  # its greeting and READY, then EOF
+                if not data:
+                    return True
+
+        assert await asyncio.wait_for(closed(), 5)
+        raw.close()
+        await until(lambda: a.joined and b.joined)
+        assert a.node.send(a.joined[0].id, "svc", [b"y" * (512 << 10)])
+        await until(lambda: len(b.messages) == 1)
+    finally:
+        await a.node.stop()
+        await b.node.stop()
+        ctx.destroy(linger=0)

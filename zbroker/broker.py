@@ -182,8 +182,14 @@ class Broker:
             await self.stop()
             raise
 
+    def _largest_payload(self) -> int:
+        """The largest payload a service here takes: a pipe's chunk, a queue's message."""
+        services = self.config.services
+        queues = services.pzq.queue_configs().values() if services.pzq.enabled else ()
+        return max([services.zpipes.max_chunk, *(q.max_message_size for q in queues)])
+
     async def _start_cluster(self) -> None:
-        from .cluster.node import ClusterError, ClusterNode
+        from .cluster.node import ClusterError, ClusterNode, message_limit
 
         by_name = {service.name: service for service in self.services}
 
@@ -197,7 +203,7 @@ class Broker:
             logs.get_logger(component="cluster"),
             on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
-            on_message=on_message)
+            on_message=on_message, max_message=message_limit(self._largest_payload()))
         try:
             await node.start()
         except ClusterError as exc:

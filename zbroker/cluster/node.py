@@ -73,6 +73,7 @@ _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: our key was refused",
 }
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
+MIN_MESSAGE_LIMIT = 64 << 20  # the least a peer's message may be (MAXMSGSIZE)
 ZERO_COPY_MIN = 1 << 16
 # pyzmq's backend socket methods with int flags: several times cheaper per frame than the
 # convenience layer, which converts flag enums and checks arguments on every call
@@ -85,13 +86,24 @@ class ClusterError(Exception):
     pass
 
 
+def message_limit(largest_payload: int) -> int:
+    """The largest message a peer may send us (libzmq drops a connection whose message claims
+    more, as its head arrives): twice the largest payload a service here takes (a pipe's chunk,
+    a queue's message), with room for headers, and at least MIN_MESSAGE_LIMIT, so that peers
+    whose limits were raised a little more than ours are still heard; without it, anything
+    that reaches the peer socket could have the broker hold a message of any size."""
+    return max(MIN_MESSAGE_LIMIT, 2 * largest_payload + (1 << 20))
+
+
 class ClusterNode:
     def __init__(self, config: Any, broker_name: str, zmq_context: zmq.Context,
                  loop: asyncio.AbstractEventLoop, log: Any,
                  on_join: Callable[[PeerBroker], None],
                  on_leave: Callable[[PeerBroker, str], None],
-                 on_message: Callable[[PeerBroker, str, list[Any]], None]) -> None:
+                 on_message: Callable[[PeerBroker, str, list[Any]], None],
+                 max_message: int = MIN_MESSAGE_LIMIT) -> None:
         self.config = config
+        self.max_message = max_message
         self.id = uuid.uuid4().hex
         self.broker_name = broker_name
         self._ctx, self._loop, self._log = zmq_context, loop, log
@@ -155,6 +167,7 @@ class ClusterNode:
         router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.RCVHWM, 0)
+        router.setsockopt(zmq.MAXMSGSIZE, self.max_message)
         self._secure(router, server=True)
         try:
             router.bind(cfg.bind)
