@@ -155,6 +155,8 @@ async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
         await until(lambda: a.joined and b.joined)
         assert a.node.send(a.joined[0].id, "svc", [b"y" * (512 << 10)])
         await until(lambda: len(b.messages) == 1)
+        b.node.set_max_message(4 << 20)  # (a reload raised a limit: new links take it)
+        assert b.node._router.getsockopt(zmq.MAXMSGSIZE) == 4 << 20
     finally:
         await a.node.stop()
         await b.node.stop()

@@ -359,6 +359,10 @@ class Broker:
                           **({"url": new_metrics.url} if new_metrics else {}))
             if new.metrics.bind is not None:
                 self._warn_if_exposed(new.metrics.bind)
+        if self.cluster is not None:  # a pipe's chunk or a queue's message may be larger now
+            from .cluster.node import message_limit
+
+            self.cluster.set_max_message(message_limit(self._largest_payload()))
         if what == "config reload":
             self.log.info("config reloaded",
                           config=str(new.source) if new.source else "defaults", changed=changed)

@@ -240,6 +240,13 @@ class ClusterNode:
                              "unreachable (its send queue is full or its link is down)")
         return False
 
+    def set_max_message(self, max_message: int) -> None:
+        """The largest message a peer may send (see message_limit), from now on: for links
+        that peers make from now on (libzmq gives each connection the limit it had then)."""
+        self.max_message = max_message
+        if self._router is not None:
+            self._router.setsockopt(zmq.MAXMSGSIZE, max_message)
+
     def peers(self) -> list[dict[str, Any]]:
         now = self._loop.time()
         return [{"id": p.id, "name": p.name, "endpoint": p.endpoint,
