@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import structlog
 import zmq
@@ -62,6 +63,24 @@ class Node:
                                 self.messages.append([bytes(f) for f in frames]))
 
 
+@contextlib.asynccontextmanager
+async def two_nodes(b_max_message=None):
+    """Nodes a and b on 127.0.0.1, a with b as its seed (not waited for to meet)."""
+    ctx = zmq.Context()
+    b = Node(ctx, "b")
+    if b_max_message is not None:
+        b.node.max_message = b_max_message
+    await b.node.start()
+    a = Node(ctx, "a", peers=[b.node.endpoint])
+    await a.node.start()
+    try:
+        yield a, b
+    finally:
+        await a.node.stop()
+        await b.node.stop()
+        ctx.destroy(linger=0)
+
+
 async def until(condition, timeout=5.0):
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -74,12 +93,7 @@ async def test_a_message_lost_on_the_way_ends_the_life_on_both_sides():
     """Two nodes on real sockets: a message that never left (its number skipped, as a reset
     connection would lose it) is noticed by the next one; the receiver ends its life of the
     sender and says why, and the sender ends its own."""
-    ctx = zmq.Context()
-    b = Node(ctx, "b")
-    await b.node.start()
-    a = Node(ctx, "a", peers=[b.node.endpoint])
-    await a.node.start()
-    try:
+    async with two_nodes() as (a, b):
         await until(lambda: a.joined and b.joined)
         life = a.joined[0].id
         assert a.node.send(life, "svc", [b"one"])
@@ -94,19 +108,10 @@ async def test_a_message_lost_on_the_way_ends_the_life_on_both_sides():
         await until(lambda: len(a.joined) == 2 and len(b.joined) == 2)  # both start afresh
         assert a.node.send(a.joined[1].id, "svc", [b"again"])
         await until(lambda: b.messages[-1:] == [[b"again"]])
-    finally:
-        await a.node.stop()
-        await b.node.stop()
-        ctx.destroy(linger=0)
 
 
 async def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
-    ctx = zmq.Context()
-    b = Node(ctx, "b")
-    await b.node.start()
-    a = Node(ctx, "a", peers=[b.node.endpoint])
-    await a.node.start()
-    try:
+    async with two_nodes() as (a, b):
         await until(lambda: a.joined and b.joined)
         assert a.node.send(a.joined[0].id, "svc", [b"one"])
         a.node.membership.peers[b.node.id].numbering.next_tag()  # lost; nothing comes after
@@ -114,10 +119,6 @@ async def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
         assert b.left == ["the last 1 of its messages were lost on the way (2 sent, 1 came)"]
         await until(lambda: a.left)
         assert b.messages == [[b"one"]]
-    finally:
-        await a.node.stop()
-        await b.node.stop()
-        ctx.destroy(linger=0)
 
 
 async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
@@ -128,14 +129,8 @@ async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
 
     from zbroker.pzq import zmtp
 
-    ctx = zmq.Context()
-    b = Node(ctx, "b")
-    b.node.max_message = 1 << 20
-    await b.node.start()
-    a = Node(ctx, "a", peers=[b.node.endpoint])
-    await a.node.start()
     loop = asyncio.get_running_loop()
-    try:
+    async with two_nodes(b_max_message=1 << 20) as (a, b):
         host, port = b.node.endpoint.removeprefix("tcp://").rsplit(":", 1)
         raw = socket.create_connection((host, int(port)))
         raw.setblocking(False)
@@ -157,7 +152,3 @@ async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
         await until(lambda: len(b.messages) == 1)
         b.node.set_max_message(4 << 20)  # (a reload raised a limit: new links take it)
         assert b.node._router.getsockopt(zmq.MAXMSGSIZE) == 4 << 20
-    finally:
-        await a.node.stop()
-        await b.node.stop()
-        ctx.destroy(linger=0)
