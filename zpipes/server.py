@@ -668,10 +668,9 @@ class ZpipesServer:
         its id among the members (the same for all of them); ``directory``: it speaks the
         pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers;
         ``write_frames``: a DATA whose chunk is in its WRITE frame; ``confirm``: it answers
-        CONFIRM, and its link numbers messages (what came before a CONFIRMED did arrive). Then
-        our ends whose home
-        it now is register with it; otherwise it is told of every end we have, so pipes
-        opened before it came find their other ends."""
+        CONFIRM, and its link numbers messages (what came before a CONFIRMED did arrive).
+        Then our ends whose home it now is register with it; otherwise it is told of every end
+        we have, so pipes opened before it came find their other ends."""
         self._now = now
         self.peers.add(peer)
         if fanout:
@@ -726,11 +725,6 @@ class ZpipesServer:
         self._fanout.discard(peer)
         self._write_frames.discard(peer)
         self._confirming.discard(peer)
-        for client in [c for c in self._closing.values() if peer in c.awaiting]:
-            # its stream's end may not have arrived there: its CLOSE says so
-            client.close_failure = client.close_failure or PEER_LOST
-            self._confirmed(client)
-            self._execute(client, Event.CONFIRMED)
         self._windows.pop(peer, None)
         self._rtts.pop(peer, None)
         member = self._member_of.pop(peer, None)
@@ -739,6 +733,13 @@ class ZpipesServer:
                 del self._members[member]
             self.directory.drop_owner(peer)
             self._rehome(lost=member)
+        # (last: a CLOSE answered takes the client's queued commands, which must find the
+        # peer gone everywhere)
+        for client in [c for c in self._closing.values() if peer in c.awaiting]:
+            # its stream's end may not have arrived there: its CLOSE says so
+            client.close_failure = client.close_failure or PEER_LOST
+            self._confirmed(client)
+            self._execute(client, Event.CONFIRMED)
         self._wake()
 
     def peer_receive(self, peer: str, frames: Sequence[bytes | memoryview], now: float) -> None:
