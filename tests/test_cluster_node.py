@@ -31,8 +31,9 @@ async def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise
         with zmq.Context().socket(zmq.ROUTER) as nobody:  # a port nobody listens on
             port = nobody.bind_to_random_port("tcp://127.0.0.1")
         endpoint = f"tcp://127.0.0.1:{port}"
+        # (a broker of before: its messages are not numbered, so none are held)
         peer_hello = Hello("p" * 32, "other", "default", endpoint, nonce="n",
-                           echo=node.membership.nonce(endpoint), session="s")
+                           echo=node.membership.nonce(endpoint), session="s", numbered=False)
         node.membership.add_contact(endpoint, loop.time())
         change = node.membership.hello(peer_hello, loop.time(), sender=peer_hello.id)
         node._apply(change)
@@ -152,3 +153,34 @@ async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
         await until(lambda: len(b.messages) == 1)
         b.node.set_max_message(4 << 20)  # (a reload raised a limit: new links take it)
         assert b.node._router.getsockopt(zmq.MAXMSGSIZE) == 4 << 20
+
+
+async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_order():
+    """A link made again (a reset connection) refuses sends until it is connected: what is
+    sent meanwhile is held and goes, in order, once it is; the life goes on (what a reset
+    took is noticed by the numbers, not by a refused send)."""
+    async with two_nodes() as (a, b):
+        await until(lambda: a.joined and b.joined)
+        life = a.joined[0].id
+        b.node._router.unbind(b.node.endpoint)  # (for a moment: nobody listens there)
+        a.node._close_link(b.node.endpoint)  # made again at the next send
+        assert all(a.node.send(life, "svc", [b"%d" % i]) for i in range(3))
+        await asyncio.sleep(0.2)
+        assert len(a.node._held[b.node.id][1]) == 3  # refused by the new link: held
+        b.node._router.bind(b.node.endpoint)
+        await until(lambda: len(b.messages) == 3)
+        assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node._held
+        assert a.left == [] and b.left == []
+
+
+async def test_a_link_that_stays_down_while_messages_are_held_loses_the_peer():
+    async with two_nodes() as (a, b):
+        await until(lambda: a.joined and b.joined)
+        life = a.joined[0].id
+        b.node._reader.stop()  # b's process is gone without a word
+        b.node._router.close(linger=0)
+        b.node._router = None
+        a.node._close_link(b.node.endpoint)
+        assert a.node.send(life, "svc", [b"held"])
+        await until(lambda: a.left, timeout=3.0)
+        assert not a.node._held and a.node.send(life, "svc", [b"late"]) is False

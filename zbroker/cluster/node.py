@@ -37,6 +37,7 @@ bounded number of sockets.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import itertools
@@ -73,6 +74,12 @@ _HANDSHAKE_FAILED = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: our key was refused",
 }
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
+#: a numbered peer's messages refused while its link is made again (a reset connection) are
+#: held, in order, for at most this long and this many, then the peer counts as unreachable;
+#: what the reset took is noticed by the numbers (numbering.py), not by a refused send
+HOLD_SECONDS = 1.0
+HOLD_MESSAGES = 10_000
+HOLD_RETRY = 0.01  # seconds between tries to send what is held
 MIN_MESSAGE_LIMIT = 64 << 20  # the least a peer's message may be (MAXMSGSIZE)
 ZERO_COPY_MIN = 1 << 16
 # pyzmq's backend socket methods with int flags: several times cheaper per frame than the
@@ -117,6 +124,8 @@ class ClusterNode:
         self._link_made: dict[str, float] = {}  # endpoint -> when our link there was made
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
+        #: peer id -> (since when, messages refused while its link was made again, in order)
+        self._held: dict[str, tuple[float, collections.deque[list[Any]]]] = {}
         self._timer: asyncio.Handle | None = None
         self._timer_at = float("inf")
         self.discovery: Any = None
@@ -232,8 +241,16 @@ class ClusterNode:
         numbering = peer.numbering
         head = [KIND_SVC, service.encode()] if numbering is None else \
             [KIND_SVCN, numbering.next_tag(), service.encode()]
-        if self._send_raw(peer.endpoint, [*head, *frames]):
+        held = self._held.get(peer_id)
+        if held is not None and len(held[1]) < HOLD_MESSAGES:  # after those, in order
+            held[1].append([*head, *frames])
+            return True
+        if held is None and self._send_raw(peer.endpoint, [*head, *frames]):
             self.membership.sent(peer_id, self._loop.time())
+            return True
+        if held is None and numbering is not None:  # its link is being made again?
+            self._held[peer_id] = (self._loop.time(), collections.deque([[*head, *frames]]))
+            self._schedule(HOLD_RETRY)
             return True
         # tell the services on the next turn of the loop, not from inside their own send
         self._loop.call_soon(self._apply, self.membership.bye(peer_id, self._loop.time()),
@@ -376,6 +393,25 @@ class ClusterNode:
             return False
         return True
 
+    def _send_held(self, now: float) -> None:
+        """Send what is held for peers whose links are back; a peer whose link stays down
+        past HOLD_SECONDS, or with HOLD_MESSAGES held, is unreachable."""
+        for peer_id, (since, held) in list(self._held.items()):
+            peer = self.membership.peers.get(peer_id)
+            if peer is None:
+                del self._held[peer_id]
+                continue
+            while held and self._send_raw(peer.endpoint, held[0]):
+                held.popleft()
+            if not held:
+                del self._held[peer_id]
+                self.membership.sent(peer_id, now)
+            elif now - since >= HOLD_SECONDS or len(held) >= HOLD_MESSAGES:
+                del self._held[peer_id]
+                self._apply(self.membership.bye(peer_id, now),
+                            f"unreachable (its link stayed down for {now - since:.1f} s, or "
+                            f"{len(held)} messages waited for it)")
+
     def _writable(self, endpoint: str) -> bool:
         """True once our link to ``endpoint`` is connected (IMMEDIATE: no queue before)."""
         dealer = self._dealer(endpoint)
@@ -443,7 +479,10 @@ class ClusterNode:
         self._apply(self.membership.bye(sender, now), why)
 
     def _ping(self, peer: Peer, payload: bytes) -> bool:
-        """Send a PING to ``peer``: with the count of our messages if it numbers them."""
+        """Send a PING to ``peer``: with the count of our messages if it numbers them (none
+        while messages are held for it: they are counted, not sent yet)."""
+        if peer.id in self._held:
+            return False
         frames = [KIND_PING, payload]
         if peer.numbering is not None:
             frames.append(peer.numbering.count_tag())
@@ -539,6 +578,7 @@ class ClusterNode:
             self._close_link(endpoint)
         for peer, why in change.left:
             life = self._lives.pop(peer.id, None)
+            self._held.pop(peer.id, None)
             self.peer_losses += 1
             self.last_rtt.pop(peer.id, None)
             self._log.warning("peer left", peer=peer.name, id=peer.id, life=peer.life,
@@ -580,6 +620,8 @@ class ClusterNode:
         if self.membership is None:
             return
         at = self.membership.next_deadline()
+        if self._held:
+            at = min(at, self._loop.time() + HOLD_RETRY)
         if self.membership.unanswered():
             at = min(at, self._loop.time() + CONTACT_RETRY)
         if at != float("inf"):
@@ -590,6 +632,7 @@ class ClusterNode:
         if self.membership is None or self._router is None:
             return
         now = self._loop.time()
+        self._send_held(now)
         to_ping, change = self.membership.due(now)
         self._apply(change)
         ping = b"?" + struct.pack("<d", time.monotonic())
