@@ -316,3 +316,26 @@ def test_real_registry_has_zpipes():
     assert SERVICES["zpipes"].name == "zpipes"
     for name in SERVICES:  # every registered service has a config section with `enabled`
         assert isinstance(getattr(Config().services, name).enabled, bool)
+
+
+async def test_an_exception_nothing_caught_is_in_the_brokers_log_with_its_traceback(setup):
+    """A callback of the loop that raises (a connection's handler: the loop then closes that
+    connection) was only on standard error; the broker's log says it."""
+    b = setup()
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    b.loop = loop
+    b._log_loop_errors()  # as run() does
+
+    def failing() -> None:
+        raise KeyError("a peer gone")
+
+    try:
+        loop.call_soon(failing)
+        await asyncio.sleep(0.01)
+    finally:
+        loop.set_exception_handler(previous)
+    logs.flush_repeats(everything=True)
+    events = [e for e in setup.events() if e["event"] == "unexpected error"]
+    assert len(events) == 1 and "failing" in events[0]["what"]
+    assert "KeyError" in events[0]["exception"] and "a peer gone" in events[0]["exception"]

@@ -118,8 +118,20 @@ class Broker:
         Raises StartupError or ServiceError if it cannot start."""
         return event_loop.run(self.run())
 
+    def _log_loop_errors(self) -> None:
+        """Exceptions no code of ours caught (in a protocol's callback the loop then closes
+        that connection) go to the broker's log, with their traceback, not only to standard
+        error."""
+        def log_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            exc = context.get("exception")
+            self.log.error("unexpected error", what=str(context.get("message", ""))[:200],
+                           **({"exc_info": exc} if exc is not None else {}))
+
+        self.loop.set_exception_handler(log_error)
+
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
+        self._log_loop_errors()
         self._stop_requested = asyncio.Event()
         self._install_signal_handlers()
         try:
