@@ -229,8 +229,10 @@ class ClusterNode:
     # --- what services use -----------------------------------------------------------------------
 
     def send(self, life: str, service: str, frames: list[Any]) -> bool:
-        """Send a service message to one life of a peer. False if that life has ended; a peer
-        whose messages cannot be queued is declared lost at once (nothing is dropped silently)."""
+        """Send a service message to one life of a peer. False if that life has ended. A
+        message that cannot be queued (the link is down, or the peer's queue full) is held,
+        in order, for a numbered peer (see HOLD_SECONDS); a peer of before is declared lost at
+        once: nothing is dropped silently."""
         peer_id = life.partition("#")[0]
         known = self._lives.get(peer_id)
         # (a send refused earlier in this turn of the loop ended the life in membership; the
@@ -239,18 +241,19 @@ class ClusterNode:
         if known is None or known.id != life or peer is None:
             return False
         numbering = peer.numbering
-        head = [KIND_SVC, service.encode()] if numbering is None else \
-            [KIND_SVCN, numbering.next_tag(), service.encode()]
+        message = ([KIND_SVC, service.encode(), *frames] if numbering is None else
+                   [KIND_SVCN, numbering.next_tag(), service.encode(), *frames])
         held = self._held.get(peer_id)
-        if held is not None and len(held[1]) < HOLD_MESSAGES:  # after those, in order
-            held[1].append([*head, *frames])
-            return True
-        if held is None and self._send_raw(peer.endpoint, [*head, *frames]):
-            self.membership.sent(peer_id, self._loop.time())
-            return True
-        if held is None and numbering is not None:  # its link is being made again?
-            self._held[peer_id] = (self._loop.time(), collections.deque([[*head, *frames]]))
-            self._schedule(HOLD_RETRY)
+        if held is None:
+            if self._send_raw(peer.endpoint, message):
+                self.membership.sent(peer_id, self._loop.time())
+                return True
+            if numbering is not None:  # its link is being made again?
+                self._held[peer_id] = (self._loop.time(), collections.deque([message]))
+                self._schedule(HOLD_RETRY)
+                return True
+        elif len(held[1]) < HOLD_MESSAGES:  # after those, in order
+            held[1].append(message)
             return True
         # tell the services on the next turn of the loop, not from inside their own send
         self._loop.call_soon(self._apply, self.membership.bye(peer_id, self._loop.time()),
