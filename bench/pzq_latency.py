@@ -27,38 +27,14 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_pzq import monitor, start_pzq  # noqa: E402
-from pzq_load import ack_arrived  # noqa: E402
+from pzq_load import ack_arrived, produce_windowed  # noqa: E402
 
 
 def produce(endpoint: str, n: int, size: int, window: int, out) -> None:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.connect(endpoint)
-    body = b"x" * size
-    sent: dict[bytes, float] = {}
-    times = []
-    i = 0
-    time.sleep(0.5)  # the consumer connects
-    while i < n or sent:
-        while i < n and len(sent) < window:
-            mid = b"%d" % i
-            sent[mid] = time.time()
-            s.send_multipart([mid, b"", body], copy=size < 65536)
-            i += 1
-        if not s.poll(10_000):
-            raise SystemExit(f"producer: no ACK for 10 s ({len(sent)} outstanding)")
-        now = time.time()
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            t = sent.pop(frames[0], None)
-            if t is not None:
-                times.append((t, now))
-    s.close(linger=0)
-    ctx.term()
-    out.send(times)
+    """Wall-clock stamps, to compare with the queue's and the consumer's."""
+    produced = produce_windowed(endpoint, n, size, window, start=time.time() + 0.5,
+                                clock=time.time)  # (the consumer connects meanwhile)
+    out.send(produced.stamps)
 
 
 def consume(endpoint: str, n: int, out) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
@@ -52,14 +53,19 @@ class Produced:
     t0: float  # the first send
     t_end: float  # the last ACK
     lat: list[float] = field(default_factory=list)  # seconds from send to ACK, each message
+    #: (sent, ACKed) of each message, on the clock the producer was given
+    stamps: list[tuple[float, float]] = field(default_factory=list)
     failed: int = 0  # "0" ACKs
     repl_failed: int = 0  # "1" ACKs with REPLICATION_FAILED
 
 
 def produce_windowed(endpoint: str, n: int, size: int, window: int, tag: bytes = b"",
-                     start: float = 0.0, ack_wait: float = 30.0) -> Produced:
+                     start: float = 0.0, ack_wait: float = 30.0,
+                     clock: Callable[[], float] = time.monotonic) -> Produced:
     """Send ``n`` messages of ``size`` bytes keeping at most ``window`` unACKed (from
-    wall-clock time ``start`` on); raise RuntimeError if no ACK comes for ``ack_wait`` s."""
+    wall-clock time ``start`` on); raise RuntimeError if no ACK comes for ``ack_wait`` s.
+    Each message's send and ACK are stamped on ``clock`` (the wall clock: to compare with
+    another process's stamps)."""
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.SNDHWM, 0)
@@ -76,13 +82,13 @@ def produce_windowed(endpoint: str, n: int, size: int, window: int, tag: bytes =
         while i < n or sent_at:
             while i < n and len(sent_at) < window:
                 mid = b"%s%d" % (tag, i)
-                sent_at[mid] = time.monotonic()
+                sent_at[mid] = clock()
                 s.send_multipart([mid, b"", body], copy=copy)
                 i += 1
             if not s.poll(int(ack_wait * 1000)):
                 raise RuntimeError(f"producer: no ACK for {ack_wait:g} s "
                                    f"({len(sent_at)} outstanding)")
-            now = time.monotonic()
+            now = clock()
             while True:
                 try:
                     frames = s.recv_multipart(zmq.NOBLOCK)
@@ -91,6 +97,7 @@ def produce_windowed(endpoint: str, n: int, size: int, window: int, tag: bytes =
                 t = sent_at.pop(frames[0], None)
                 if t is not None:
                     out.lat.append(now - t)
+                    out.stamps.append((t, now))
                     out.failed += frames[1] != b"1"
                     out.repl_failed += frames[3:4] == [REPLICATION_FAILED]
         out.t_end = time.monotonic()
