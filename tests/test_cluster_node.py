@@ -166,7 +166,7 @@ async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_ord
         a.node._close_link(b.node.endpoint)  # made again at the next send
         assert all(a.node.send(life, "svc", [b"%d" % i]) for i in range(3))
         await asyncio.sleep(0.2)
-        assert len(a.node._held[b.node.id][1]) == 3  # refused by the new link: held
+        assert len(a.node._held[b.node.id].messages) == 3  # refused by the new link: held
         b.node._router.bind(b.node.endpoint)
         await until(lambda: len(b.messages) == 3)
         assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node._held
@@ -184,3 +184,14 @@ async def test_a_link_that_stays_down_while_messages_are_held_loses_the_peer():
         assert a.node.send(life, "svc", [b"held"])
         await until(lambda: a.left, timeout=3.0)
         assert not a.node._held and a.node.send(life, "svc", [b"late"]) is False
+
+
+def test_what_is_held_for_a_peer_is_bounded_in_messages_and_bytes():
+    from zbroker.cluster.node import HOLD_BYTES, HOLD_MESSAGES, _Held
+
+    held = _Held(0.0)
+    big = [b"SVCN", b"t" * 16, b"svc", b"x" * (HOLD_BYTES // 2)]
+    assert held.add(big) and held.add(big) and not held.add([b"SVCN"])
+    assert len(held.messages) == 2 and held.size == 2 * sum(map(len, big))
+    small = _Held(0.0)
+    assert all(small.add([b"m"]) for _ in range(HOLD_MESSAGES)) and not small.add([b"m"])

@@ -75,10 +75,12 @@ _HANDSHAKE_FAILED = {
 }
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 #: a numbered peer's messages refused while its link is made again (a reset connection) are
-#: held, in order, for at most this long and this many, then the peer counts as unreachable;
-#: what the reset took is noticed by the numbers (numbering.py), not by a refused send
+#: held, in order, for at most this long and this many (and bytes), then the peer counts as
+#: unreachable; what the reset took is noticed by the numbers (numbering.py), not by a
+#: refused send
 HOLD_SECONDS = 1.0
 HOLD_MESSAGES = 10_000
+HOLD_BYTES = 64 << 20
 HOLD_RETRY = 0.01  # seconds between tries to send what is held
 MIN_MESSAGE_LIMIT = 64 << 20  # the least a peer's message may be (MAXMSGSIZE)
 ZERO_COPY_MIN = 1 << 16
@@ -91,6 +93,24 @@ _MORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 class ClusterError(Exception):
     pass
+
+
+@dataclasses.dataclass
+class _Held:
+    """A peer's messages refused while its link was made again, in order."""
+
+    since: float
+    messages: collections.deque[list[Any]] = dataclasses.field(
+        default_factory=collections.deque)
+    size: int = 0  # their bytes
+
+    def add(self, message: list[Any]) -> bool:
+        """Hold ``message`` after the others; False if that is past the bounds."""
+        if len(self.messages) >= HOLD_MESSAGES or self.size >= HOLD_BYTES:
+            return False
+        self.messages.append(message)
+        self.size += sum(map(len, message))
+        return True
 
 
 def message_limit(largest_payload: int) -> int:
@@ -125,7 +145,7 @@ class ClusterNode:
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
         #: peer id -> (since when, messages refused while its link was made again, in order)
-        self._held: dict[str, tuple[float, collections.deque[list[Any]]]] = {}
+        self._held: dict[str, _Held] = {}  # peer id -> what waits for its link
         self._timer: asyncio.Handle | None = None
         self._timer_at = float("inf")
         self.discovery: Any = None
@@ -249,11 +269,11 @@ class ClusterNode:
                 self.membership.sent(peer_id, self._loop.time())
                 return True
             if numbering is not None:  # its link is being made again?
-                self._held[peer_id] = (self._loop.time(), collections.deque([message]))
+                held = self._held[peer_id] = _Held(self._loop.time())
+                held.add(message)
                 self._schedule(HOLD_RETRY)
                 return True
-        elif len(held[1]) < HOLD_MESSAGES:  # after those, in order
-            held[1].append(message)
+        elif held.add(message):  # after those, in order
             return True
         # tell the services on the next turn of the loop, not from inside their own send
         self._loop.call_soon(self._apply, self.membership.bye(peer_id, self._loop.time()),
@@ -398,22 +418,23 @@ class ClusterNode:
 
     def _send_held(self, now: float) -> None:
         """Send what is held for peers whose links are back; a peer whose link stays down
-        past HOLD_SECONDS, or with HOLD_MESSAGES held, is unreachable."""
-        for peer_id, (since, held) in list(self._held.items()):
+        past HOLD_SECONDS is unreachable (as is one past the bounds: see send)."""
+        for peer_id, held in list(self._held.items()):
             peer = self.membership.peers.get(peer_id)
             if peer is None:
                 del self._held[peer_id]
                 continue
-            while held and self._send_raw(peer.endpoint, held[0]):
-                held.popleft()
-            if not held:
+            messages = held.messages
+            while messages and self._send_raw(peer.endpoint, messages[0]):
+                held.size -= sum(map(len, messages.popleft()))
+            if not messages:
                 del self._held[peer_id]
                 self.membership.sent(peer_id, now)
-            elif now - since >= HOLD_SECONDS or len(held) >= HOLD_MESSAGES:
+            elif now - held.since >= HOLD_SECONDS:
                 del self._held[peer_id]
                 self._apply(self.membership.bye(peer_id, now),
-                            f"unreachable (its link stayed down for {now - since:.1f} s, or "
-                            f"{len(held)} messages waited for it)")
+                            f"unreachable (its link stayed down for "
+                            f"{now - held.since:.1f} s)")
 
     def _writable(self, endpoint: str) -> bool:
         """True once our link to ``endpoint`` is connected (IMMEDIATE: no queue before)."""
