@@ -550,7 +550,9 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     # (seen: 148). Unbounded, the 600 HELLOs would make 300+ links.
     assert peak_sockets <= base_sockets + 64 + 128, (base_sockets, peak_sockets)
     assert after <= base + 16, (base, after)
-    assert len(a.log_events()) < 40  # refusals and give-ups counted, not one line each
+    # refusals and give-ups counted, not one line each of the 600: 20-26 lines on a quiet
+    # machine, 45 seen under a loaded suite (give-ups come in smaller batches)
+    assert len(a.log_events()) < 100
     # a real broker joins and a pipe crosses
     b.start_broker({"cluster": {"discovery": False, "peers": [a.endpoint]}})
     wait_for_cluster([a, b])
