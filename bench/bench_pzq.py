@@ -382,7 +382,8 @@ def baselines(size: int, window: int, n: int, ours: dict, batch: bool = False,
 def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
     """Medians and ranges over the rounds of one case: pzq's end-to-end rate and server CPU,
     and its ratios to each baseline of the same round (the raw write of 1 MiB + fdatasync
-    measured just before it, for a case with a byte window)."""
+    measured just before it, for a case with a byte window), and the bare relay's to the
+    raw write (the relay stores nothing: the most a queue could reach with these clients)."""
     def spread(values: list[float], fmt: str) -> str:
         return (f"{statistics.median(values):{fmt}} "
                 f"[{min(values):{fmt}}-{max(values):{fmt}}]")
@@ -395,6 +396,9 @@ def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
         key = "mbps" if name == "raw" else "e2e"
         line += f"; pzq/{name} " + spread([r[key] / b[name][key] for r, b in rounds],
                                           ".2f") + "x"
+    if "raw" in rounds[0][1] and "relay" in rounds[0][1]:  # the most any queue could reach
+        line += "; relay/raw " + spread([b["relay"]["e2e"] * r["size"] / 1e6 / b["raw"]["mbps"]
+                                         for r, b in rounds], ".2f") + "x"
     print(line)
 
 

@@ -93,19 +93,66 @@ def test_while_consumers_ack_records_that_wait_a_batch_gathers_up_to_avoiding_wi
     written = w.writes_at(1.0, steady, acks)
     assert written == pytest.approx(1.0 + AVOIDING * WINDOW)
     assert written > 1.0 + 2 * WINDOW  # well past the window of a batch nobody consumes
-    assert len(w.write()) == 1 + 2 * AVOIDING * 10  # all that came within AVOIDING windows
+    # it takes what waited AVOIDING / 2 windows or more: the younger records are most
+    # likely on their way to a consumer, and wait for the next write
+    cut = written - AVOIDING / 2 * WINDOW
+    taken = w.write()
+    assert len(taken) == 1 + 2 * AVOIDING * 10 // 2
+    assert max(r.at for r in taken) <= cut < min(r.at for r in w.waiting)
+    first = w.waiting[0].at
+    again = w.writes_at(written, [at for at in steady if at > written],
+                        [at for at in acks if at > written])
+    assert again == pytest.approx(first + AVOIDING * WINDOW)  # none waits more than that
+    assert w.write()[0].at == first
 
 
-def test_the_longer_gathering_ends_a_window_after_the_last_consumer_ack():
+def test_while_consumers_keep_up_no_record_waits_more_than_avoiding_windows():
+    w = Writer()
+    arrivals = [1.0 + i * LINGER * 0.7 for i in range(400)]  # 28 windows
+    acks = [at + LINGER / 3 for at in arrivals]
+    now, writes = 0.5, []
+    while w.waiting or now < arrivals[-1]:
+        now = w.writes_at(now, [at for at in arrivals if at > now],
+                          [at for at in acks if at > now])
+        writes.append((now, w.write()))
+    taken = [(at, r) for at, batch in writes for r in batch]
+    assert sorted(r.at for _, r in taken) == arrivals  # each once
+    assert all(at - r.at <= AVOIDING * WINDOW + 1e-9 for at, r in taken)
+    # while the ACKs came, every write took only what waited AVOIDING / 2 windows or more
+    assert all(at - r.at >= AVOIDING / 2 * WINDOW - 1e-9
+               for at, r in taken if at < acks[-1])
+    assert len(writes) < len(arrivals) / 10
+
+
+def test_records_acked_before_they_were_written_ride_along_up_to_the_first_young_live_one():
+    w = Writer()
+    w.policy.ack(1.0, True)  # a consumer ACKed a record that waited
+    for at in (1.0, 1.0 + 4 * WINDOW, 1.0 + 4.2 * WINDOW, 1.0 + 4.5 * WINDOW):
+        w.record(at)
+    w.waiting[1].alive = w.waiting[3].alive = False  # ACKed: never written
+    w.policy.ack(1.0 + 4.9 * WINDOW, True)
+    assert w.wait(1.0 + AVOIDING * WINDOW) == 0.0  # its deadline
+    assert [r.at for r in w.write()] == [1.0, 1.0 + 4 * WINDOW]
+    assert len(w.waiting) == 2
+
+
+def test_consumers_count_as_keeping_up_until_avoiding_windows_after_the_last_ack():
     w = Writer()
     steady = [1.0] + [1.0 + LINGER / 4 + i * LINGER / 2 for i in range(200)]
-    acks = [1.0 + LINGER / 3 + i * LINGER / 2 for i in range(40)]  # for two windows
+    acks = [1.0 + LINGER / 3 + i * LINGER / 2 for i in range(20)]  # for one window
     last = acks[-1]
-    # past its own window, the batch is written when the writer first looks a window
-    # after the last consumer ACK (it looks every linger)
-    written = w.writes_at(1.0, steady, acks)
-    assert last + WINDOW <= written < last + WINDOW + LINGER + 1e-9
-    assert written < 1.0 + AVOIDING * WINDOW
+    assert w.writes_at(1.0, steady, acks) == pytest.approx(1.0 + AVOIDING * WINDOW)
+    w.write()  # (the records younger than AVOIDING / 2 windows wait)
+    first = w.waiting[0].at
+    # the gathering goes on as long as consumers keep up; once they have not ACKed a
+    # record that waits for AVOIDING windows, what waits is past its own window: written
+    # when the writer first looks then (it looks every AVOIDING lingers), all of it
+    now = 1.0 + AVOIDING * WINDOW
+    written = w.writes_at(now, [at for at in steady if at > now])
+    assert last + AVOIDING * WINDOW <= written < last + AVOIDING * (WINDOW + LINGER) + 1e-9
+    assert written > first + WINDOW
+    w.write()
+    assert all(r.at > written - LINGER * AVOIDING for r in w.waiting)
 
 
 def test_while_consumers_keep_up_closed_batches_wait_up_to_avoiding_times_their_bytes():

@@ -36,10 +36,15 @@ Sync modes:
             times: it may go on for up to AVOIDING windows, looking every AVOIDING lingers
             (a writer that looks less often takes the GIL from the event loop less often),
             and closed batches wait too until more than AVOIDING times ``max_batch_bytes``
-            of live records wait. With consumers that keep up, most records are then ACKed
-            before they are written, which saves their writes, the fdatasyncs and the CPU of
-            both. It ends a window after the last such ACK; a record nobody consumes still
-            waits at most AVOIDING windows.
+            of live records wait. When such a gathering ends at its deadline, the write
+            takes only the records that have waited at least AVOIDING / 2 windows: the
+            younger ones are most likely on their way to a consumer, and wait for the next
+            write (by then they are old enough: none waits more than AVOIDING windows).
+            With consumers that keep up, nearly every record is then ACKed before it is
+            written, which saves its write, the fdatasyncs and the CPU of both. Consumers
+            count as keeping up until AVOIDING windows after the last such ACK (a write
+            that took every record leaves them nothing to ACK for a while); a record nobody
+            consumes still waits at most AVOIDING windows.
     always  one fdatasync per message: each record is a batch of its own and one write takes
             one live record (records ACKed before they were written, and ACK records, ride
             along); no gathering.
@@ -95,6 +100,9 @@ class GroupCommit:
         self.avoided_at = -math.inf  # when a consumer last ACKed a record that waits
         self._look: tuple[float, int] | None = None  # gathering: when the writer last
         # looked, and the arrivals then
+        #: the write starting now leaves the records that came after this (None: it takes
+        #: what its batches allow); set when consumers keep up (see wait())
+        self._cut: float | None = None
         self.backoff = 0.0  # how long the write after a failed one waits
         self.retry_at = 0.0  # no write before this (a failed write's backoff)
 
@@ -133,6 +141,7 @@ class GroupCommit:
         be written: how long it waits before its next write. 0.0, write now; None, nothing
         waits (an arrival that needs the writer wakes it: record() and ack() say so); else
         the seconds it may sleep, after which (or after a wake) it looks again."""
+        self._cut = None
         if self.first_at is None:
             return None
         if stopping:
@@ -141,10 +150,13 @@ class GroupCommit:
             return self.retry_at - now
         deadline, linger = self.first_at + self.window, self.linger
         closed = bool(waiting) and waiting[0].batch < self.batch
-        if now - self.avoided_at < self.window:  # consumers keep up: gather on
+        avoiding = self.gathers and now - self.avoided_at < self.window * AVOIDING
+        if avoiding:  # consumers keep up: gather on
             deadline, linger = self.first_at + self.window * AVOIDING, linger * AVOIDING
             closed = closed and live > self.max_batch_bytes * AVOIDING
         if not self.gathers or now >= deadline or closed:
+            if avoiding and not closed:  # the young records wait for the next write
+                self._cut = now - self.window * AVOIDING / 2
             return 0.0
         look = self._look
         if look is not None and now < look[0] + linger:
@@ -157,14 +169,24 @@ class GroupCommit:
     def take(self, waiting: Sequence[Waiting]) -> int:
         """How many of the waiting records, oldest first, the write that starts now takes
         (every ACK queued goes with it): whole batches, at most ``max_batch_bytes`` of live
-        records (one batch at least); with ``always``, up to the first live record."""
+        records (one batch at least), and, at the end of a gathering while consumers keep
+        up, up to the first live one that came after the cut wait() set (possibly none at
+        all: the ACKs go alone, or nothing is written); with ``always``, up to the first
+        live record."""
+        cut, self._cut = self._cut, None
         if self.sync == "always":
             n = next((i + 1 for i, e in enumerate(waiting) if e.alive), len(waiting))
         else:
             n = self._whole_batches(waiting)
+            if cut is not None:  # up to the first live record that came after it
+                n = next((i for i in range(n) if waiting[i].alive and waiting[i].at > cut), n)
             if n and waiting[n - 1].batch == self.batch:
-                self.batch += 1  # the open batch is taken: later records start the next
-                self.open_bytes = 0
+                if n < len(waiting) and waiting[n].batch == self.batch:  # cut within it:
+                    self.open_bytes -= sum(e.size for e in waiting[:n]  # it stays open
+                                           if e.batch == self.batch)
+                else:
+                    self.batch += 1  # the open batch is taken: later records start the next
+                    self.open_bytes = 0
         self.first_at = waiting[n].at if n < len(waiting) else None
         self._look = None  # the next write's gathering begins when the writer looks next
         return n
