@@ -494,24 +494,21 @@ class Connection:
                 frames, size = self._frames, self._size
                 pos = head + n
                 continue
-            if not self._skipping and (len(frames) >= self.max_frames
-                                       or size + n + cost > self.max_bytes):
+            problem = None  # why the message of this frame is refused, if it is
+            if not self._skipping:
+                if len(frames) >= self.max_frames:
+                    problem, refused = f"more than {self.max_frames} frames in a message", 0
+                elif size + n + cost > self.max_bytes:
+                    problem, refused = (f"Message too large: more than {self.max_bytes} "
+                                        f"bytes with its id and headers"), n
+                elif (self.admit is not None and self.direct_min and n >= self.direct_min
+                      and end - head < n):
+                    problem, refused = self.admit(n), n  # before its buffer is made
+            if problem is not None:
                 first = (frames[0] if frames
                          else bytes(buf[head:min(end, head + self.keep_first, head + n)]))
-                self._refuse(first[:self.keep_first], (
-                    f"more than {self.max_frames} frames in a message"
-                    if len(frames) >= self.max_frames else
-                    f"Message too large: more than {self.max_bytes} bytes with its "
-                    f"id and headers"), 0 if len(frames) >= self.max_frames else n)
+                self._refuse(first[:self.keep_first], problem, refused)
                 frames, size = self._frames, self._size
-            elif (self.admit is not None and not self._skipping and self.direct_min
-                  and n >= self.direct_min and end - head < n):
-                problem = self.admit(n)  # before its buffer is made
-                if problem is not None:
-                    first = (frames[0] if frames
-                             else bytes(buf[head:min(end, head + self.keep_first)]))
-                    self._refuse(first[:self.keep_first], problem, n)
-                    frames, size = self._frames, self._size
             if self._skipping:  # let the frame go, as much of it as is here
                 have = min(n, end - head)
                 pos = head + have
