@@ -112,6 +112,14 @@ class _Held:
         self.size += sum(map(len, message))
         return True
 
+    def send(self, send: Callable[[list[Any]], bool]) -> bool:
+        """Hand the held messages, oldest first, to ``send`` until it refuses one; True if
+        none is left."""
+        messages = self.messages
+        while messages and send(messages[0]):
+            self.size -= sum(map(len, messages.popleft()))
+        return not messages
+
 
 def message_limit(largest_payload: int) -> int:
     """The largest message a peer may send us (libzmq drops a connection whose message claims
@@ -144,7 +152,6 @@ class ClusterNode:
         self._link_made: dict[str, float] = {}  # endpoint -> when our link there was made
         self._static: set[str] = set(config.peers)
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
-        #: peer id -> (since when, messages refused while its link was made again, in order)
         self._held: dict[str, _Held] = {}  # peer id -> what waits for its link
         self._timer: asyncio.Handle | None = None
         self._timer_at = float("inf")
@@ -424,10 +431,7 @@ class ClusterNode:
             if peer is None:
                 del self._held[peer_id]
                 continue
-            messages = held.messages
-            while messages and self._send_raw(peer.endpoint, messages[0]):
-                held.size -= sum(map(len, messages.popleft()))
-            if not messages:
+            if held.send(functools.partial(self._send_raw, peer.endpoint)):
                 del self._held[peer_id]
                 self.membership.sent(peer_id, now)
             elif now - held.since >= HOLD_SECONDS:
