@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import structlog
 import zmq
@@ -27,10 +28,11 @@ async def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise
                        on_leave=lambda peer, why: left.append((peer.id, why)),
                        on_message=lambda peer, service, frames: None)
     await node.start()
+    # a port nobody listens on, kept ours (bound, not listening) for the whole test
+    nobody = socket.socket()
     try:
-        with zmq.Context().socket(zmq.ROUTER) as nobody:  # a port nobody listens on
-            port = nobody.bind_to_random_port("tcp://127.0.0.1")
-        endpoint = f"tcp://127.0.0.1:{port}"
+        nobody.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{nobody.getsockname()[1]}"
         # (a broker of before: its messages are not numbered, so none are held)
         peer_hello = Hello("p" * 32, "other", "default", endpoint, nonce="n",
                            echo=node.membership.nonce(endpoint), session="s", numbered=False)
@@ -46,6 +48,7 @@ async def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise
             ["unreachable (its send queue is full or its link is down)"]
         assert node.send(life, "zpipes", [b"DATA"]) is False
     finally:
+        nobody.close()
         await node.stop()
         ctx.destroy(linger=0)
 
