@@ -577,6 +577,11 @@ class ZpipesServer:
             self._closing.pop(client.closing_end, None)
         client.closing_end, client.awaiting = None, set()
 
+    def _answer_awaited(self, client: Client) -> None:
+        """Its CLOSE awaits nothing more: answer it (CONFIRMED)."""
+        self._confirmed(client)
+        self._execute(client, Event.CONFIRMED)
+
     def _answer_close(self, client: Client) -> None:
         """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
         taken (the broker of a reader of it was lost): its data may not all have arrived,
@@ -738,8 +743,7 @@ class ZpipesServer:
         for client in [c for c in self._closing.values() if peer in c.awaiting]:
             # its stream's end may not have arrived there: its CLOSE says so
             client.close_failure = client.close_failure or PEER_LOST
-            self._confirmed(client)
-            self._execute(client, Event.CONFIRMED)
+            self._answer_awaited(client)
         self._wake()
 
     def peer_receive(self, peer: str, frames: Sequence[bytes | memoryview], now: float) -> None:
@@ -776,8 +780,7 @@ class ZpipesServer:
             if client is not None and peer in client.awaiting:
                 client.awaiting.discard(peer)
                 if not client.awaiting:
-                    self._confirmed(client)
-                    self._execute(client, Event.CONFIRMED)
+                    self._answer_awaited(client)
         elif isinstance(msg, (peering.Register, peering.Registered, peering.Unregister,
                               peering.Introduce)):
             if peer not in self._member_of:
