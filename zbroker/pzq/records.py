@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import itertools
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from . import wire
+
+try:  # ISA-L's CRC-32: the very checksum zlib computes (the log's format is the same), about
+    # 4x faster on large payloads; zlib's where ISA-L has no wheel
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - platforms without an isal wheel
+    from zlib import crc32
 
 MESSAGE = 1
 ACK = 2
@@ -76,10 +81,10 @@ def frame_record(parts: Sequence[bytes]) -> list[bytes]:
     size = sum(map(len, parts))
     if size <= JOIN_MAX:
         payload = b"".join(parts)
-        return [HEADER.pack(size, zlib.crc32(payload)), payload]
+        return [HEADER.pack(size, crc32(payload)), payload]
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = crc32(p, crc)
     return [HEADER.pack(size, crc), *parts]
 
 
@@ -142,7 +147,7 @@ def scan(data: bytes | memoryview) -> Iterator[tuple[int, MessageRecord | AckRec
         if size == 0 or start + size > end:
             return
         payload = view[start:start + size]
-        if zlib.crc32(payload) != crc:
+        if crc32(payload) != crc:
             return
         record = decode_payload(payload)
         if record is None:
