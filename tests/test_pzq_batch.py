@@ -34,6 +34,9 @@ def test_pack_and_unpack_are_inverse(messages):
     ids, bodies = [m[0] for m in messages], [m[1] for m in messages]
     assert wire.unpack(wire.pack(ids, bodies)) == (ids, bodies)
     assert wire.unpack(wire.pack(ids), with_bodies=False) == (ids, [])
+    got = wire.unpack(memoryview(wire.pack(ids, bodies)))  # as a consumer reads a large one
+    assert got == (ids, bodies) and all(type(x) is bytes for x in got[0] + got[1])
+    assert b"".join(wire.packed_parts(ids, bodies)) == wire.pack(ids, bodies)
 
 
 @given(st.binary(max_size=200))
@@ -141,6 +144,26 @@ def test_a_batch_consumer_gets_batches_within_its_windows_and_acks_them_in_one()
     assert frames[3:] == [b"", b"f1", b"f2"]
     q.unsent(d)
     assert q.next_delivery(0.0, 10)[1][4:] == [b"f1", b"f2"]
+
+
+def test_a_batch_of_large_bodies_goes_out_as_its_parts_not_joined():
+    """With a body of LARGE_BODY or more, the packed frame is handed to the writer as its
+    parts: the bodies the queue holds, not a copy of them joined (a consumer reads the same
+    bytes: the end-to-end test below)."""
+    q, _ = core()
+    big = [bytes([97 + i]) * (wire.LARGE_BODY + i) for i in range(3)]
+    q.produce_batch(b"P", batch(b"B", [b"a", b"b", b"c"], big), 1)
+    q.produce_batch(b"P", batch(b"S", [b"s"], [b"small"]), 1)
+    assert q.credit_consumer(b"C", 10, 1 << 20)
+    _, frames = q.next_delivery(0.0, 7)
+    assert type(frames[3]) is list
+    keys, bodies = wire.unpack(b"".join(frames[3]))
+    assert bodies[:3] == big and bodies[3:] == [b"small"]
+    held = [m.frames[0] for m in q.messages.values()]
+    assert sum(any(p is body for p in frames[3]) for body in held) == 4
+    q.produce_batch(b"P", batch(b"T", [b"t"], [b"tiny"]), 1)
+    _, frames = q.next_delivery(0.0, 8)  # small bodies only: one buffer, as before
+    assert type(frames[3]) is bytes and wire.unpack(frames[3])[1] == [b"tiny"]
 
 
 def test_a_batch_that_could_not_be_sent_is_ready_again_as_it_was():
@@ -264,6 +287,22 @@ def test_batches_end_to_end_with_original_clients_beside_them(start_pzq):
     bodies = sorted(m.body if hasattr(m, "body") else m for m in got)
     assert bodies == sorted([b"batch-%d" % i for i in range(2000)]
                             + [b"single-%d" % i for i in range(100)])
+    assert q.counters()["messages"] == 0
+
+
+def test_large_bodies_reach_a_batch_consumer_whole(start_pzq):
+    q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
+    bodies = [bytes([i % 251]) * (wire.LARGE_BODY + 997 * i) for i in range(40)]
+    bodies[::7] = [b"small-%d" % i for i in range(len(bodies[::7]))]
+    with Producer(q.receive, window=16, batch=8) as p:
+        for b in bodies:
+            p.send(b)
+        p.flush(30)
+        assert p.acked == len(bodies) and not p.failed
+    with Consumer(credit, credit=64, credit_bytes=8 << 20) as c:
+        got = batch_consumer_drain(c)
+        c.confirm(10)
+    assert sorted(m.body for m in got) == sorted(bodies)
     assert q.counters()["messages"] == 0
 
 

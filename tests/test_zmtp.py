@@ -252,3 +252,20 @@ def test_a_large_frame_is_asked_for_before_its_buffer_is_made_and_counted_whole(
     assert asked == [500_000, 300_000] and conn.buffered >= 300_000
     assert feed(conn, small[1000:]) == [Message([b"id2", b"y" * 300_000])]
     assert conn.buffered == 0
+
+
+@pytest.mark.parametrize("sizes", [(3, 4), (100, 200), (20_000, 5, 30_000), (1 << 16,)])
+def test_a_frame_given_in_parts_is_the_frame_of_their_bytes_and_large_parts_are_not_copied(
+        sizes):
+    parts = [bytes([65 + i]) * n for i, n in enumerate(sizes)]
+    frames = [b"BATCH", b"7", parts]
+    out, size = zmtp.encode_parts(frames)
+    joined = zmtp.encode_message([b"BATCH", b"7", b"".join(parts)])
+    assert b"".join(out) == joined and size == len(joined)
+    for p in parts:  # a large part goes to the write as it is
+        if len(p) >= zmtp.LARGE_FRAME:
+            assert any(o is p for o in out)
+    # and a peer reads it back as that one frame
+    conn = connection(max_bytes=1 << 20)
+    v3_peer(conn)
+    assert feed(conn, joined) == [Message([b"BATCH", b"7", b"".join(parts)])]

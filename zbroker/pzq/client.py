@@ -36,6 +36,8 @@ import zmq
 
 from . import wire
 
+ZERO_COPY_MIN = 1 << 16  # a frame this large is sent, or a batch received, without a copy
+
 DEFAULT_BATCH_BYTES = 256 << 10  # a producer's batch goes once its bodies hold this much
 DEFAULT_LINGER = 0.002  # seconds a producer's batch waits for more messages
 
@@ -158,7 +160,7 @@ class Producer:
             return msg_id
         frames = [msg_id, b"", *body_frames]
         self.outstanding[msg_id] = (time.monotonic(), frames, size, None)
-        self.sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
+        self.sock.send_multipart(frames, copy=len(frames[-1]) < ZERO_COPY_MIN)
         return msg_id
 
     def _send_batch(self) -> None:
@@ -171,7 +173,7 @@ class Producer:
         frames = [batch_id, wire.BATCH_HEADER, b"", wire.pack(ids, self._batch_bodies)]
         self.outstanding[batch_id] = (time.monotonic(), frames, self._batch_size, ids)
         self._batch_ids, self._batch_bodies, self._batch_size = [], [], 0
-        self.sock.send_multipart(frames, copy=len(frames[-1]) < 65536)
+        self.sock.send_multipart(frames, copy=len(frames[-1]) < ZERO_COPY_MIN)
 
     def _full(self, size: int) -> bool:
         if self.inflight >= self.window:
@@ -333,7 +335,15 @@ class Consumer:
         if not self.sock.poll(max(0, int(wait * 1000))):
             return None
         self._ready_at = time.monotonic()  # it knows us
-        return self._take(self.sock.recv_multipart())
+        return self._take(self._recv_credit())
+
+    def _recv_credit(self, flags: int = 0) -> list[bytes | memoryview]:
+        """A message from the credit endpoint: a batch's packed frame of ZERO_COPY_MIN bytes
+        or more as a view of what libzmq received (unpack copies each body out of it once,
+        not the whole frame first), every other frame as bytes."""
+        frames = self.sock.recv_multipart(flags, copy=False)
+        return [f.buffer if i == 3 and len(f) >= ZERO_COPY_MIN and frames[0].bytes == wire.BATCH
+                else f.bytes for i, f in enumerate(frames)]
 
     def _take(self, frames: list[bytes]) -> Message | None:
         """A delivery (the first message of a batch; the others wait in ``_early``), or
@@ -370,11 +380,11 @@ class Consumer:
             return self._early.popleft()
         while True:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                if self.credit is None:
+                    return self._decode(self.sock.recv_multipart(zmq.NOBLOCK))
+                frames = self._recv_credit(zmq.NOBLOCK)
             except zmq.Again:
                 return None
-            if self.credit is None:
-                return self._decode(frames)
             m = self._take(frames)
             if m is not None:
                 return m

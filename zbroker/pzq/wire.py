@@ -435,12 +435,19 @@ BATCH = b"BATCH"
 ACK = b"ACK"
 MAX_BATCH = 65_536  # messages in one batch
 MAX_ACK_ID = 255
+LARGE_BODY = 1 << 14  # a delivered batch with a body this large is sent without joining it
 _COUNT = struct.Struct("<I")
 
 
 def pack(names: Sequence[bytes], bodies: Sequence[bytes] | None = None) -> bytes:
     """Names (at most 255 bytes each) and bodies, packed in one frame (bodies None: names
     alone, as an ACK packs its keys)."""
+    return b"".join(packed_parts(names, bodies))
+
+
+def packed_parts(names: Sequence[bytes], bodies: Sequence[bytes] | None = None
+                 ) -> list[bytes]:
+    """:func:`pack`'s frame as the parts that make it, in order, nothing joined."""
     n = len(names)
     parts = [_COUNT.pack(n), bytes(len(x) for x in names)]
     if bodies is not None:
@@ -448,14 +455,16 @@ def pack(names: Sequence[bytes], bodies: Sequence[bytes] | None = None) -> bytes
     parts.extend(names)
     if bodies is not None:
         parts.extend(bodies)
-    return b"".join(parts)
+    return parts
 
 
 def unpack(frame: Frame, with_bodies: bool = True, max_count: int = MAX_BATCH
            ) -> tuple[list[bytes], list[bytes]] | str:
     """(names, bodies) of a packed frame (bodies empty when ``with_bodies`` is False), or
-    the reason it is malformed. Never raises."""
-    data = bytes(frame)
+    the reason it is malformed. Never raises. A memoryview is not copied whole: each name
+    and body is copied out of it."""
+    view = type(frame) is memoryview
+    data = frame if view else bytes(frame)
     size = len(data)
     if size < 4:
         return "malformed batch: shorter than its count"
@@ -480,6 +489,8 @@ def unpack(frame: Frame, with_bodies: bool = True, max_count: int = MAX_BATCH
     for k in body_lens:
         bodies.append(data[pos:pos + k])
         pos += k
+    if view:
+        return list(map(bytes, names)), list(map(bytes, bodies))
     return names, bodies
 
 
@@ -535,5 +546,12 @@ def decode_ack_batch(frames: Sequence[Frame]) -> tuple[bytes, list[bytes]] | Wir
 
 
 def batch_delivery(sent_us: int, ack_timeout_us: int, keys: Sequence[bytes],
-                   bodies: Sequence[bytes]) -> list[bytes]:
-    return [BATCH, b"%d" % sent_us, b"%d" % ack_timeout_us, pack(keys, bodies)]
+                   bodies: Sequence[bytes]) -> list[bytes | list[bytes]]:
+    """A batch's frames. With a body of LARGE_BODY bytes or more the packed frame is given
+    as its parts (a list: zmtp.encode_parts writes them one after the other, large bodies
+    not copied); else as one buffer."""
+    if max(map(len, bodies)) >= LARGE_BODY:
+        packed: bytes | list[bytes] = packed_parts(keys, bodies)
+    else:
+        packed = pack(keys, bodies)
+    return [BATCH, b"%d" % sent_us, b"%d" % ack_timeout_us, packed]

@@ -122,16 +122,18 @@ _LONG_HEAD = struct.Struct(">BQ")
 LARGE_FRAME = 1 << 14  # a frame this large is written as it is, not copied into the framing
 
 
-def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
+def encode_parts(frames: Sequence[bytes | list[bytes]]) -> tuple[list[bytes], int]:
     """A message in ZMTP 2.0/3.x framing (the same bytes in both) as buffers to write in
     order: the framing and small frames joined, frames of LARGE_FRAME bytes or more as they
-    are (no copy). Returns them and their size."""
+    are (no copy). A frame may be given as a list of its parts (one frame of their bytes
+    one after the other: large parts are not copied either). Returns them and their size."""
     out: list[bytes] = []
     large = False
     size = 0
     last = len(frames) - 1
     for i, f in enumerate(frames):
-        n = len(f)
+        parted = type(f) is list
+        n = sum(map(len, f)) if parted else len(f)
         if n < 256:
             out.append(_HEAD_MORE[n] if i < last else _HEAD_LAST[n])
             size += 2 + n
@@ -139,7 +141,10 @@ def encode_parts(frames: Sequence[bytes]) -> tuple[list[bytes], int]:
             out.append(_LONG_HEAD.pack(LONG | (MORE if i < last else 0), n))
             size += 9 + n
             large = large or n >= LARGE_FRAME
-        out.append(f)
+        if parted:
+            out.extend(f)
+        else:
+            out.append(f)
     if not large:
         return [b"".join(out)], size
     return gather(out, LARGE_FRAME)[0], size
