@@ -29,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from . import event_loop, logs
+from . import event_loop, heap, logs
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
 from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
@@ -116,6 +116,7 @@ class Broker:
     def run_forever(self) -> int:
         """Run the broker until SIGINT or SIGTERM; returns the exit code (0).
         Raises StartupError or ServiceError if it cannot start."""
+        heap.keep_freed_memory()  # large bodies come and go: no page faults for each new one
         return event_loop.run(self.run())
 
     def _log_loop_errors(self) -> None:
