@@ -190,15 +190,24 @@ def test_the_writer_writes_once_a_linger_passed_without_anything_new():
     assert len(w.write()) == 6
 
 
-def test_what_came_during_a_write_gets_one_linger_to_grow_unless_its_window_is_over():
+def test_what_waited_a_linger_during_a_write_is_written_as_soon_as_the_write_ends():
+    """The disk is what the records wait for then: a further gathering would leave it idle
+    (more of what comes is gathered during the next write)."""
     w = Writer()
     w.record(1.0)
     w.record(1.0 + LINGER / 2)  # came while the writer was writing
-    # the write ends at 1.0 + 2L: the writer looks then, and again a linger later
-    assert w.writes_at(1.0 + 2 * LINGER) == pytest.approx(1.0 + 3 * LINGER)
-    w.write()
+    # the write ends at 1.0 + 2L: they have waited 1.5 lingers and more, written then
+    assert w.writes_at(1.0 + 2 * LINGER, [1.0 + 2.5 * LINGER]) == 1.0 + 2 * LINGER
+    assert len(w.write()) == 2
     w.record(2.0)
     assert w.writes_at(2.0 + WINDOW) == 2.0 + WINDOW  # its window has passed: at once
+    w.write()
+    w.record(3.0 - LINGER / 2)  # came half a linger before the write ended: a linger to grow
+    assert w.writes_at(3.0) == pytest.approx(3.0 + LINGER)
+    w.write()
+    w.policy.ack(4.0 - LINGER * 3, True)  # while consumers keep up it gathers on (see above)
+    w.record(4.0 - LINGER * 2)
+    assert w.wait(4.0) > 0
 
 
 def test_after_a_write_the_writer_looks_afresh():
