@@ -345,7 +345,7 @@ class Consumer:
         return [f.buffer if i == 3 and len(f) >= ZERO_COPY_MIN and frames[0].bytes == wire.BATCH
                 else f.bytes for i, f in enumerate(frames)]
 
-    def _take(self, frames: list[bytes]) -> Message | None:
+    def _take(self, frames: list[bytes | memoryview]) -> Message | None:
         """A delivery (the first message of a batch; the others wait in ``_early``), or
         None for a confirmation."""
         if len(frames) == 2 and frames[1] in (wire.ACKED, wire.UNKNOWN):
