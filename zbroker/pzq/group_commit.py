@@ -25,10 +25,10 @@ Sync modes:
             the writer looks every tenth of the window (``linger``) from when it began, and
             writes as soon as nothing new came in the last one (a producer that waits for
             each ACK, a burst that ended): a lone message is not held for the whole window.
-            What came while the writer was writing and has waited a linger or more is
-            written as soon as that write ends: more of it is gathered during the next
-            write, instead of the disk waiting out a gathering (a younger record is given
-            one linger to grow). A batch
+            When the writer looks afresh (a write ended, or it was woken late) and the
+            oldest record has already waited a linger or more, it writes at once: what
+            comes meanwhile gathers during that write, instead of the disk waiting out a
+            gathering (a younger record is given one linger to grow). A batch
             holds at most ``max_batch_bytes`` (or one message, if larger): it closes when
             the next record would take it past that, a closed batch is written at once, and
             one write takes whole batches of at most ``max_batch_bytes`` of live records
@@ -163,7 +163,7 @@ class GroupCommit:
             return 0.0
         look = self._look
         if look is None and not avoiding and now - self.first_at >= linger:
-            return 0.0  # came during the last write, a linger ago or more: write it now
+            return 0.0  # waited a linger already (during a write, or for the writer)
         if look is not None and now < look[0] + linger:
             return min(deadline, look[0] + linger) - now  # woken before its linger
         if look is not None and look[1] == self.arrivals:
