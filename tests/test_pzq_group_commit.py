@@ -192,7 +192,8 @@ def test_the_writer_writes_once_a_linger_passed_without_anything_new():
 
 def test_what_waited_a_linger_during_a_write_is_written_as_soon_as_the_write_ends():
     """The disk is what the records wait for then: a further gathering would leave it idle
-    (more of what comes is gathered during the next write)."""
+    (more of what comes is gathered during the next write). The same when the writer was
+    slow to wake."""
     w = Writer()
     w.record(1.0)
     w.record(1.0 + LINGER / 2)  # came while the writer was writing
@@ -205,6 +206,9 @@ def test_what_waited_a_linger_during_a_write_is_written_as_soon_as_the_write_end
     w.record(3.0 - LINGER / 2)  # came half a linger before the write ended: a linger to grow
     assert w.writes_at(3.0) == pytest.approx(3.0 + LINGER)
     w.write()
+    fresh = Writer()
+    fresh.record(5.0)  # the writer, idle, is woken by it, but gets to look only 1.5 L later
+    assert fresh.writes_at(5.0 + 1.5 * LINGER) == 5.0 + 1.5 * LINGER
     w.policy.ack(4.0 - LINGER * 3, True)  # while consumers keep up it gathers on (see above)
     w.record(4.0 - LINGER * 2)
     assert w.wait(4.0) > 0
