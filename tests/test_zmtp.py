@@ -164,7 +164,7 @@ def test_refuse_current_of_a_first_frame_in_flight_keeps_its_start_as_the_id():
     data = zmtp.encode_message([b"i" * 1000, b"", b"x"])
     feed(conn, data[:500])
     assert conn.refuse_current("busy")
-    assert conn.next_events() == [Refused(b"iiiiiiii", "busy")]
+    assert conn.next_events() == [Refused(b"iiiiiiii", "busy", 1000)]  # the frame's length
     assert feed(conn, data[500:] + zmtp.encode_message([b"n"])) == [Message([b"n"])]
 
 

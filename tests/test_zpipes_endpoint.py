@@ -330,3 +330,45 @@ def test_writes_begun_and_never_finished_cannot_grow_the_broker_past_its_budget(
     finally:
         reader.close()
         writer.close()
+
+
+def test_writes_in_small_frames_begun_and_never_finished_are_refused_past_the_budget(
+        start_broker, ctx):
+    """The same with chunks under the size a frame is admitted at (DIRECT_MIN): 40
+    connections each send 100 KiB of a 120 KiB WRITE and stall (4 MiB held against a budget
+    of 2 MiB). Past the budget such a WRITE is refused at the read that finds it so
+    (WRITE_FAILED, the budget's reason), what came of it let go: what the broker holds for
+    them stays about the budget, and a writer beside them is served once they go."""
+    from zbroker.services.zpipes_endpoint import DIRECT_MIN
+
+    b = start_broker(config={"clients": {"max_buffered": "2MiB"}})
+    size, sent = 120 * KiB, 100 * KiB
+    assert size + 64 < DIRECT_MIN
+    hogs = [HandDealer(b.endpoint) for _ in range(40)]
+    refused = []
+    try:
+        for i, hog in enumerate(hogs):
+            assert hog.call(output(b"small-stalled %d" % i)) == (OUTPUT_OK, None)
+            hog.sock.sendall(hog.message(write(b"s" * size, 0))[:sent])
+        for hog in hogs:
+            hog.sock.settimeout(0.3)
+            try:
+                refused.append(hog.recv())
+            except TimeoutError:
+                pass
+        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
+                   for kind, reason in refused), refused
+        held = 40 - len(refused)
+        assert held * sent <= 2 * MiB + sent, f"{held} stalled WRITEs held past the budget"
+    finally:
+        for hog in hogs:
+            hog.sock.close()
+    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
+    try:
+        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
+        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"w" * 300 * KiB, 0)) == (WRITE_OK, None)
+        assert reader.call(read(300 * KiB, 0)) == (READ_OK, b"w" * 300 * KiB)
+    finally:
+        reader.close()
+        writer.close()

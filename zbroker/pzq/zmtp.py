@@ -221,6 +221,12 @@ class Connection:
     peer_types = PEERS_OF_ROUTER
 
     @property
+    def receiving_large(self) -> bool:
+        """A large frame is arriving in its own buffer (its whole size was admitted at its
+        head)."""
+        return self._direct is not None
+
+    @property
     def buffered(self) -> int:
         """Bytes held of unfinished input: frames of the message being received, and what
         has arrived of the next frame (a large frame's own buffer: all of it)."""
@@ -311,15 +317,17 @@ class Connection:
 
     def refuse_current(self, reason: str) -> bool:
         """Refuse the message being received: what has come of it is let go at once and the
-        rest as it arrives. False if no message is under way."""
+        rest as it arrives. False if no message is under way. When the frame under way is
+        the message's first, the Refused event has its length (``size``)."""
         if not self.ready or self.closed or self._skipping:
             return False
         if self._direct is not None:  # the large frame under way is let go
+            size = 0 if self._frames else len(self._direct)
             first = self._frames[0] if self._frames else bytes(self._direct[:self.keep_first])
             self._skip = len(self._direct) - self._direct_have
             self._skip_more = self._direct_more
             self._direct, self._direct_have = None, 0
-            self._refuse(first[:self.keep_first], reason)
+            self._refuse(first[:self.keep_first], reason, size)
             return True
         head = self._frame_head(0)
         if head is not None and head[0] & COMMAND and self.version == 3:
@@ -327,15 +335,16 @@ class Connection:
         if not self._frames and head is None:
             return False
         first = self._frames[0] if self._frames else b""
+        size = 0
         if head is not None:
-            flags, n, size = head
-            have = len(self._in) - size
+            flags, n, at = head
+            have = len(self._in) - at
             if not self._frames:
-                first = bytes(self._in[size:size + min(n, self.keep_first)])
+                first, size = bytes(self._in[at:at + min(n, self.keep_first)]), n
             if have < n:  # the frame under way is let go too
                 self._skip, self._skip_more = n - have, bool(flags & MORE)
                 self._in.clear()
-        self._refuse(first[:self.keep_first], reason)
+        self._refuse(first[:self.keep_first], reason, size)
         if not self._skip:
             self._read_input()  # whole frames of this message that are here already
         return True

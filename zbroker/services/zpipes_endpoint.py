@@ -15,7 +15,8 @@ through libzmq for what that buys on this path:
   it is skipped as it comes, never held. What is held of messages still arriving (a large
   frame's buffer is made whole as its head arrives) is :meth:`Endpoint.incoming_bytes`, and a
   large frame is taken only if ``admit_frame`` says it fits (the service's budget), else
-  refused as its head arrives like one over the limit.
+  refused as its head arrives like one over the limit; past the budget, a message under way
+  in smaller frames is refused at the read that finds it so.
 
 Routing ids follow a ROUTER's: the one the peer asked for (ZMTP's Identity) when it is free and
 does not start with a zero byte, else one made here (a zero byte and four more). The security
@@ -268,6 +269,12 @@ class _Link(asyncio.BufferedProtocol):
         # (counted before the messages are handed on: a whole one is the core's to count)
         e.incoming += conn.buffered - self.incoming
         self.incoming = conn.buffered
+        if (self.incoming and not conn.receiving_large and e.admit_frame is not None
+                and (why := e.admit_frame(0)) is not None and conn.refuse_current(why)):
+            # past the budget, a message under way in frames too small to have been asked
+            # about (each under DIRECT_MIN) is let go too, as a large one is at its head
+            e.incoming += conn.buffered - self.incoming
+            self.incoming = conn.buffered
         for ev in conn.next_events():
             kind = type(ev)
             if kind is zmtp.Message:
