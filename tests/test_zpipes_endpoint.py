@@ -4,8 +4,10 @@ cannot serve, a slow reader of replies, and over-size WRITEs answered as their h
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
+from collections.abc import Iterator
 
 import zmq
 from helpers import free_port, rss_bytes, run_zbroker, wait_for, write_config
@@ -291,6 +293,43 @@ def test_an_ipc_endpoint_in_the_file_system_is_taken_over_from_a_dead_broker_onl
     assert not path.exists()
 
 
+@contextlib.contextmanager
+def stalled_writes(endpoint: str, n: int, size: int, sent: int) -> Iterator[list]:
+    """``n`` connections each send the first ``sent`` bytes of a WRITE of ``size`` and stall.
+    Yields the answers that came (each waited for 0.3 s), all of them checked to be
+    WRITE_FAILED naming the budget; the connections close after."""
+    hogs = [HandDealer(endpoint) for _ in range(n)]
+    refused = []
+    try:
+        for i, hog in enumerate(hogs):
+            assert hog.call(output(b"stalled %d" % i)) == (OUTPUT_OK, None)
+            hog.sock.sendall(hog.message(write(b"s" * size, 0))[:sent])
+        for hog in hogs:
+            hog.sock.settimeout(0.3)
+            try:
+                refused.append(hog.recv())
+            except TimeoutError:
+                pass
+        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
+                   for kind, reason in refused), refused
+        yield refused
+    finally:
+        for hog in hogs:
+            hog.sock.close()
+
+
+def assert_served_beside(ctx: zmq.Context, endpoint: str, size: int) -> None:
+    reader, writer = RawClient(ctx, endpoint), RawClient(ctx, endpoint)
+    try:
+        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
+        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
+        assert writer.call(write(b"w" * size, 0)) == (WRITE_OK, None)
+        assert reader.call(read(size, 0)) == (READ_OK, b"w" * size)
+    finally:
+        reader.close()
+        writer.close()
+
+
 def test_writes_begun_and_never_finished_cannot_grow_the_broker_past_its_budget(start_broker,
                                                                                ctx):
     """30 connections each send the head of an 8 MiB WRITE and a little of its chunk, then
@@ -300,36 +339,11 @@ def test_writes_begun_and_never_finished_cannot_grow_the_broker_past_its_budget(
     with a small chunk beside them is still served once they go."""
     b = start_broker(config={"clients": {"max_buffered": "32MiB"}})
     before = rss_bytes(b.pid)
-    size = 8 * MiB
-    hogs = [HandDealer(b.endpoint) for _ in range(30)]
-    refused = []
-    try:
-        for i, hog in enumerate(hogs):
-            assert hog.call(output(b"stalled %d" % i)) == (OUTPUT_OK, None)
-            hog.sock.sendall(hog.message(write(b"s" * size, 0))[:KiB])
-        for hog in hogs:
-            hog.sock.settimeout(0.3)
-            try:
-                refused.append(hog.recv())
-            except TimeoutError:
-                pass
-        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
-                   for kind, reason in refused), refused
+    with stalled_writes(b.endpoint, 30, 8 * MiB, KiB) as refused:
         assert 30 - len(refused) <= 5  # at most the budget's worth is held (and one)
         grown = rss_bytes(b.pid) - before
         assert grown < 64 * MiB, f"the broker grew by {grown >> 20} MiB"
-    finally:
-        for hog in hogs:
-            hog.sock.close()
-    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
-    try:
-        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
-        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
-        assert writer.call(write(b"w" * MiB, 0)) == (WRITE_OK, None)
-        assert reader.call(read(MiB, 0)) == (READ_OK, b"w" * MiB)
-    finally:
-        reader.close()
-        writer.close()
+    assert_served_beside(ctx, b.endpoint, MiB)
 
 
 def test_writes_in_small_frames_begun_and_never_finished_are_refused_past_the_budget(
@@ -344,31 +358,7 @@ def test_writes_in_small_frames_begun_and_never_finished_are_refused_past_the_bu
     b = start_broker(config={"clients": {"max_buffered": "2MiB"}})
     size, sent = 120 * KiB, 100 * KiB
     assert size + 64 < DIRECT_MIN
-    hogs = [HandDealer(b.endpoint) for _ in range(40)]
-    refused = []
-    try:
-        for i, hog in enumerate(hogs):
-            assert hog.call(output(b"small-stalled %d" % i)) == (OUTPUT_OK, None)
-            hog.sock.sendall(hog.message(write(b"s" * size, 0))[:sent])
-        for hog in hogs:
-            hog.sock.settimeout(0.3)
-            try:
-                refused.append(hog.recv())
-            except TimeoutError:
-                pass
-        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
-                   for kind, reason in refused), refused
+    with stalled_writes(b.endpoint, 40, size, sent) as refused:
         held = 40 - len(refused)
         assert held * sent <= 2 * MiB + sent, f"{held} stalled WRITEs held past the budget"
-    finally:
-        for hog in hogs:
-            hog.sock.close()
-    reader, writer = RawClient(ctx, b.endpoint), RawClient(ctx, b.endpoint)
-    try:
-        assert reader.call(input_(b"beside")) == (INPUT_OK, None)
-        assert writer.call(output(b"beside")) == (OUTPUT_OK, None)
-        assert writer.call(write(b"w" * 300 * KiB, 0)) == (WRITE_OK, None)
-        assert reader.call(read(300 * KiB, 0)) == (READ_OK, b"w" * 300 * KiB)
-    finally:
-        reader.close()
-        writer.close()
+    assert_served_beside(ctx, b.endpoint, 300 * KiB)
