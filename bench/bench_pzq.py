@@ -389,7 +389,9 @@ def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
     """Medians and ranges over the rounds of one case: pzq's end-to-end rate and server CPU,
     and its ratios to each baseline of the same round (the raw write of 1 MiB + fdatasync
     measured just before it, for a case with a byte window), and the bare relay's to the
-    raw write (the relay stores nothing: the most a queue could reach with these clients)."""
+    raw write (the relay stores nothing: the most a queue could reach with these clients).
+    A backlog case also gets its produce rate's ratio to the raw write: each of its
+    messages is ACKed once written and fdatasynced, so that is the log's own rate."""
     def spread(values: list[float], fmt: str) -> str:
         return (f"{statistics.median(values):{fmt}} "
                 f"[{min(values):{fmt}}-{max(values):{fmt}}]")
@@ -402,6 +404,10 @@ def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
         key = "mbps" if name == "raw" else "e2e"
         line += f"; pzq/{name} " + spread([r[key] / b[name][key] for r, b in rounds],
                                           ".2f") + "x"
+    if "backlog" in case.split(":") and "raw" in rounds[0][1]:
+        # every message written and fdatasynced before its ACK: the produce rate is the log's
+        line += "; produced/raw " + spread([r["produce"] * r["size"] / 1e6 / b["raw"]["mbps"]
+                                            for r, b in rounds], ".2f") + "x"
     if "raw" in rounds[0][1] and "relay" in rounds[0][1]:  # the most any queue could reach
         line += "; relay/raw " + spread([b["relay"]["e2e"] * r["size"] / 1e6 / b["raw"]["mbps"]
                                          for r, b in rounds], ".2f") + "x"
