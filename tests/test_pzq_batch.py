@@ -20,7 +20,7 @@ from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
-from zbroker.pzq import records, wire
+from zbroker.pzq import records, wire, zmtp
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.pzq.client import monitor as queue_monitor
 from zbroker.pzq.queue import Limits, QueueCore
@@ -147,11 +147,11 @@ def test_a_batch_consumer_gets_batches_within_its_windows_and_acks_them_in_one()
 
 
 def test_a_batch_of_large_bodies_goes_out_as_its_parts_not_joined():
-    """With a body of LARGE_BODY or more, the packed frame is handed to the writer as its
+    """With a body of zmtp.LARGE_FRAME or more, the packed frame is handed to the writer as its
     parts: the bodies the queue holds, not a copy of them joined (a consumer reads the same
     bytes: the end-to-end test below)."""
     q, _ = core()
-    big = [bytes([97 + i]) * (wire.LARGE_BODY + i) for i in range(3)]
+    big = [bytes([97 + i]) * (zmtp.LARGE_FRAME + i) for i in range(3)]
     q.produce_batch(b"P", batch(b"B", [b"a", b"b", b"c"], big), 1)
     q.produce_batch(b"P", batch(b"S", [b"s"], [b"small"]), 1)
     assert q.credit_consumer(b"C", 10, 1 << 20)
@@ -292,7 +292,7 @@ def test_batches_end_to_end_with_original_clients_beside_them(start_pzq):
 
 def test_large_bodies_reach_a_batch_consumer_whole(start_pzq):
     q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
-    bodies = [bytes([i % 251]) * (wire.LARGE_BODY + 997 * i) for i in range(40)]
+    bodies = [bytes([i % 251]) * (zmtp.LARGE_FRAME + 997 * i) for i in range(40)]
     bodies[::7] = [b"small-%d" % i for i in range(len(bodies[::7]))]
     with Producer(q.receive, window=16, batch=8) as p:
         for b in bodies:

@@ -43,6 +43,8 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .zmtp import LARGE_FRAME
+
 OK = b"1"
 FAILED = b"0"
 MONITOR = b"MONITOR"
@@ -435,7 +437,6 @@ BATCH = b"BATCH"
 ACK = b"ACK"
 MAX_BATCH = 65_536  # messages in one batch
 MAX_ACK_ID = 255
-LARGE_BODY = 1 << 14  # a delivered batch with a body this large is sent without joining it
 _COUNT = struct.Struct("<I")
 
 
@@ -547,10 +548,11 @@ def decode_ack_batch(frames: Sequence[Frame]) -> tuple[bytes, list[bytes]] | Wir
 
 def batch_delivery(sent_us: int, ack_timeout_us: int, keys: Sequence[bytes],
                    bodies: Sequence[bytes]) -> list[bytes | list[bytes]]:
-    """A batch's frames. With a body of LARGE_BODY bytes or more the packed frame is given
-    as its parts (a list: zmtp.encode_parts writes them one after the other, large bodies
-    not copied); else as one buffer."""
-    if max(map(len, bodies)) >= LARGE_BODY:
+    """A batch's frames. With a body that the writer sends as it is (zmtp.LARGE_FRAME bytes
+    or more) the packed frame is given as its parts (a list: zmtp.encode_parts writes them
+    one after the other, large bodies not copied); else as one buffer (cheaper for small
+    ones than gathering them)."""
+    if max(map(len, bodies)) >= LARGE_FRAME:
         packed: bytes | list[bytes] = packed_parts(keys, bodies)
     else:
         packed = pack(keys, bodies)
