@@ -266,15 +266,13 @@ class _Link(asyncio.BufferedProtocol):
             conn.frame_filled(nbytes)
         else:
             conn.receive_data(e.scratch[:nbytes])
-        # (counted before the messages are handed on: a whole one is the core's to count)
-        e.incoming += conn.buffered - self.incoming
-        self.incoming = conn.buffered
+        self._count_incoming()  # (before the messages are handed on: a whole one is the
+        # core's to count)
         if (self.incoming and not conn.receiving_large and e.admit_frame is not None
                 and (why := e.admit_frame(0)) is not None and conn.refuse_current(why)):
             # past the budget, a message under way in frames too small to have been asked
             # about (each under DIRECT_MIN) is let go too, as a large one is at its head
-            e.incoming += conn.buffered - self.incoming
-            self.incoming = conn.buffered
+            self._count_incoming()
         for ev in conn.next_events():
             kind = type(ev)
             if kind is zmtp.Message:
@@ -295,6 +293,12 @@ class _Link(asyncio.BufferedProtocol):
         if conn.closed:
             self.transport.close()
         e.after_input()
+
+    def _count_incoming(self) -> None:
+        """What this connection holds of messages still arriving, in the endpoint's count."""
+        held = self.conn.buffered
+        self.e.incoming += held - self.incoming
+        self.incoming = held
 
     def pause_writing(self) -> None:
         if not self.paused:
