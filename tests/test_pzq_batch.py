@@ -146,6 +146,26 @@ def test_a_batch_consumer_gets_batches_within_its_windows_and_acks_them_in_one()
     assert q.next_delivery(0.0, 10)[1][4:] == [b"f1", b"f2"]
 
 
+def test_a_recovered_message_of_several_frames_goes_alone_and_gone_ones_are_let_go():
+    """Which messages go alone is kept as a set of seqs: a recovered message of several
+    frames is in it, and the seqs of messages ACKed since do not pile up."""
+    q, _ = core()
+    q.recover([records.MessageRecord(0, b"k0", b"m0", (b"x",)),
+               records.MessageRecord(1, b"k1", b"m1", (b"f1", b"f2")),
+               records.MessageRecord(2, b"k2", b"m2", (b"y",))], 3)
+    assert q.credit_consumer(b"C", 100, 1 << 20)
+    got = [q.next_delivery(0.0, 7)[1] for _ in range(3)]
+    assert [wire.unpack(got[0][3])[1], got[1][4:], wire.unpack(got[2][3])[1]] == [
+        [b"x"], [b"f1", b"f2"], [b"y"]]
+    for i in range(200):
+        q.produce(b"P", [b"m%d" % i, b"", b"a", b"b"], 1)
+    for m in list(q.messages.values()):
+        q.consumer_ack([m.key, wire.OK])
+    assert not q.messages
+    q.produce(b"P", [b"last", b"", b"a", b"b"], 1)
+    assert q.alone == set(q.messages)
+
+
 def test_a_batch_of_large_bodies_goes_out_as_its_parts_not_joined():
     """With a body of zmtp.LARGE_FRAME or more, the packed frame is handed to the writer as its
     parts: the bodies the queue holds, not a copy of them joined (a consumer reads the same

@@ -44,26 +44,45 @@ def test_more_of_a_batch_stops_at_the_windows_and_at_a_message_that_goes_alone()
         d.add(seq, 10)
     first = d.next_delivery(0)
     d.ack(1)  # ACKed while ready: skipped
-    more = d.more_to("a", 0, 100, lambda seq: False)
+    more = d.more_to("a", 0, 100, set())
     assert more.seqs == [2, 3, 4, 5, 6]  # its window: 6 messages
     assert more.consumer == "a" and more.attempts == [1] * 5
     assert d.inflight == 6 and d.inflight_bytes == 60
     for seq in (first.seq, *more.seqs):
         d.ack(seq)
-    assert d.more_to("a", 0, 100, lambda seq: seq == 9).seqs == [7, 8]
-    assert d.more_to("a", 0, 100, lambda seq: False).seqs == [9]
+    assert d.more_to("a", 0, 100, {9}).seqs == [7, 8]
+    assert d.more_to("a", 0, 100, set()).seqs == [9]
     d.set_consumer("b", 100, max_bytes=25)
     for seq in range(10, 20):
         d.add(seq, 10)
-    assert d.more_to("b", 0, 100, lambda seq: False).seqs == [10, 11]  # 25 B
-    assert d.more_to("b", 0, 1, lambda seq: False).seqs == []
+    assert d.more_to("b", 0, 100, set()).seqs == [10, 11]  # 25 B
+    assert d.more_to("b", 0, 1, set()).seqs == []
     d.set_consumer("c", 100)
-    assert d.more_to("c", 0, 3, lambda seq: False).seqs == [12, 13, 14]
+    assert d.more_to("c", 0, 3, set()).seqs == [12, 13, 14]
     assert d.expire(4.9) == []
     assert d.expire(5) == list(range(7, 15))  # each has its deadline, as one by one
-    again = d.more_to("c", 6, 2, lambda seq: False)
+    again = d.more_to("c", 6, 2, set())
     assert list(zip(again.seqs, again.attempts, strict=True)) == [(7, 2), (8, 2)]
     assert d.redelivered == 2
+
+
+def test_acks_in_one_go_over_several_consumers_ready_messages_and_unknown_seqs():
+    d = Dispatcher(ack_timeout=5)
+    d.set_consumer("a", 10)
+    d.set_consumer("b", 10)
+    for seq in range(6):
+        d.add(seq, 10)
+    assert d.more_to("a", 0, 2, set()).seqs == [0, 1]
+    assert d.more_to("b", 0, 2, set()).seqs == [2, 3]
+    d.ack_many([1, 3, 4, 99, 1])  # in flight to a and to b, ready, unknown, twice
+    assert (d.inflight, d.inflight_bytes) == (2, 20)
+    assert d.consumers["a"].inflight == {0} and d.consumers["b"].inflight == {2}
+    assert d.consumers["a"].inflight_bytes == d.consumers["b"].inflight_bytes == 10
+    assert [seq in d for seq in range(6)] == [True, False, True, False, False, True]
+    d.ack_many([0])  # all in flight to one consumer
+    assert d.consumers["a"].inflight == set() and d.consumers["a"].inflight_bytes == 0
+    assert (d.inflight, d.inflight_bytes, d.attempts(0)) == (1, 10, 0)
+    assert d.more_to("a", 0, 5, set()).seqs == [5]  # the ACKed ready one is skipped
 
 
 def test_only_really_timed_out_messages_are_redelivered():

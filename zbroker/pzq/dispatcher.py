@@ -21,9 +21,10 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 
 READY = "ready"
 
@@ -143,17 +144,25 @@ class Dispatcher:
             return self._send(seq, size, consumer, now)
         return None
 
-    def more_to(self, cid: Hashable, now: float, limit: int, alone: Callable[[int], bool]
+    def more_to(self, cid: Hashable, now: float, limit: int, alone: AbstractSet[int]
                 ) -> Deliveries:
         """More of a batch to consumer ``cid``: up to ``limit`` messages in ready order, while
-        its windows and the bytes in flight allow, stopping at one that must go alone
-        (``alone(seq)``); marked in flight as :meth:`next_delivery` does."""
+        its windows and the bytes in flight allow, stopping at one that must go alone (in
+        ``alone``); marked in flight as :meth:`next_delivery` does."""
         consumer = self.consumers[cid]
         ready, where, sizes = self._ready, self._where, self._size
         room = min(limit, consumer.credit - len(consumer.inflight))
         room_bytes = min(self.max_inflight_bytes - self.inflight_bytes,
                          consumer.max_bytes - consumer.inflight_bytes)
-        seqs: list[int] = []
+        # the common case in one go: the first ``room`` ready ones all fit and may all go
+        seqs = list(islice(ready, max(room, 0)))
+        if seqs and list(map(where.get, seqs)).count(READY) == len(seqs):
+            total = sum(map(sizes.__getitem__, seqs))
+            if total <= room_bytes and alone.isdisjoint(seqs):
+                for _ in seqs:
+                    ready.popleft()
+                return Deliveries(cid, seqs, self._send_batch(seqs, total, consumer, now))
+        seqs = []
         total = 0
         while ready and len(seqs) < room:
             seq = ready[0]
@@ -161,7 +170,7 @@ class Dispatcher:
                 ready.popleft()  # ACKed or dropped meanwhile
                 continue
             size = sizes[seq]
-            if total + size > room_bytes or alone(seq):
+            if total + size > room_bytes or seq in alone:
                 break
             ready.popleft()
             seqs.append(seq)
@@ -188,9 +197,14 @@ class Dispatcher:
         """:meth:`_send` for ``seqs`` (``size`` bytes), taken from the ready queue, with the
         dict and set operations done over all of them: their attempts."""
         attempts_of = self._attempts
-        attempts = [attempts_of[seq] + 1 for seq in seqs]
-        attempts_of.update(zip(seqs, attempts, strict=True))
-        self.redelivered += len(seqs) - attempts.count(1)
+        before = list(map(attempts_of.__getitem__, seqs))
+        if any(before):
+            attempts = [a + 1 for a in before]
+            attempts_of.update(zip(seqs, attempts, strict=True))
+            self.redelivered += len(seqs) - attempts.count(1)
+        else:  # all sent for the first time
+            attempts = [1] * len(seqs)
+            attempts_of.update(dict.fromkeys(seqs, 1))
         self._where.update(dict.fromkeys(seqs, consumer.id))
         consumer.inflight.update(seqs)
         consumer.inflight_bytes += size
@@ -223,15 +237,29 @@ class Dispatcher:
         return True
 
     def ack_many(self, seqs: Iterable[int]) -> None:
-        """:meth:`ack` each of ``seqs`` (a batch consumer's ACK), in one loop."""
-        where_of, size_of, attempts, consumers = (self._where, self._size, self._attempts,
-                                                  self.consumers)
-        for seq in seqs:
-            where = where_of.pop(seq, None)
-            if where is None:
-                continue  # not known: a duplicate ACK
-            size = size_of.pop(seq)
-            del attempts[seq]
+        """:meth:`ack` each of ``seqs`` (a batch consumer's ACK), the dict and set operations
+        done over all of them."""
+        seqs = list(seqs)
+        wheres = list(map(self._where.pop, seqs, repeat(None)))
+        if None in wheres:  # not known: duplicate ACKs
+            known = [(s, w) for s, w in zip(seqs, wheres, strict=True) if w is not None]
+            seqs, wheres = [s for s, _ in known], [w for _, w in known]
+        if not seqs:
+            return
+        sizes = list(map(self._size.pop, seqs))
+        deque(map(self._attempts.__delitem__, seqs), maxlen=0)
+        holder = wheres[0]
+        if holder != READY and wheres.count(holder) == len(wheres):  # all in flight to one
+            c = self.consumers.get(holder)
+            total = sum(sizes)
+            if c is not None:
+                c.inflight.difference_update(seqs)
+                c.inflight_bytes -= total
+            self.inflight -= len(seqs)
+            self.inflight_bytes -= total
+            return
+        consumers = self.consumers
+        for seq, where, size in zip(seqs, wheres, sizes, strict=True):
             if where != READY:  # in flight
                 c = consumers.get(where)
                 if c is not None:

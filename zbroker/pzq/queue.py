@@ -196,6 +196,9 @@ class QueueCore:
         self.replica_targets = limits.replicas
         self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
+        #: seqs of the messages of several body frames (or none): each goes alone to a batch
+        #: consumer. Seqs are never reused, so those of messages gone since may stay a while
+        self.alone: set[int] = set()
         self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
         #: seq -> (consumer, key), or the AckGroup of a batch consumer's ACK
         self.ack_waiters: dict[int, tuple[Hashable, bytes] | AckGroup] = {}
@@ -238,6 +241,8 @@ class QueueCore:
         for r in messages:
             size = wire.cost(r.msg_id, r.frames)
             self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, True)
+            if len(r.frames) != 1:
+                self._goes_alone(r.seq)
             self.keys[r.key] = r.seq
             self._remember(r.msg_id, r.seq)
             self._count(size, 1)
@@ -456,6 +461,8 @@ class QueueCore:
              size: int) -> None:
         self.out.append(Append(seq, key, msg_id, body, self.log_name))
         self.messages[seq] = Message(seq, key, msg_id, body, size, False)
+        if len(body) != 1:
+            self._goes_alone(seq)
         self.keys[key] = seq
         self._remember(msg_id, seq)
         self._count(size, 1)
@@ -605,11 +612,10 @@ class QueueCore:
         messages, counters = self.messages, self.counters
         m = messages[d.seq]
         timeout_us = int(self.limits.ack_timeout * 1e6)
-        if d.consumer not in self.batch_consumers or len(m.frames) != 1:
+        if d.consumer not in self.batch_consumers or d.seq in self.alone:
             counters["delivered"] += 1
             return d, wire.delivery(m.key, now_us, timeout_us, m.frames)
-        batch = dispatcher.more_to(d.consumer, now, MAX_DELIVERY_BATCH - 1,
-                                   lambda seq: len(messages[seq].frames) != 1)
+        batch = dispatcher.more_to(d.consumer, now, MAX_DELIVERY_BATCH - 1, self.alone)
         batch.seqs.insert(0, d.seq)
         batch.attempts.insert(0, d.attempt)
         sent = [messages[seq] for seq in batch.seqs]
@@ -813,6 +819,14 @@ class QueueCore:
         self.backlog_bytes += size
         self.budget.bytes += size
         self.budget.messages += n
+
+    def _goes_alone(self, seq: int) -> None:
+        """Message ``seq`` has several body frames (or none); the seqs of messages gone
+        meanwhile are let go once they are most of the set."""
+        alone = self.alone
+        alone.add(seq)
+        if len(alone) > 64 and len(alone) > 2 * len(self.messages):
+            self.alone = {s for s in alone if s in self.messages}
 
     def _remember(self, msg_id: bytes, seq: int) -> None:
         ids = self.ids

@@ -450,7 +450,7 @@ def packed_parts(names: Sequence[bytes], bodies: Sequence[bytes] | None = None
                  ) -> list[bytes]:
     """:func:`pack`'s frame as the parts that make it, in order, nothing joined."""
     n = len(names)
-    parts = [_COUNT.pack(n), bytes(len(x) for x in names)]
+    parts = [_COUNT.pack(n), bytes(map(len, names))]
     if bodies is not None:
         parts.append(struct.pack(f"<{n}I", *map(len, bodies)))
     parts.extend(names)
