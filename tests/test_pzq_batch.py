@@ -286,6 +286,31 @@ def batch_consumer_drain(c: Consumer, idle: float = 1.0) -> list:
     return got
 
 
+def test_a_batch_consumer_takes_at_most_what_it_asks_for_in_order(start_pzq):
+    """recv_many(n) gives at most n messages, in order, the rest of a batch on the next
+    calls; a message is read-only, its fields as the queue sent them."""
+    q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
+    with Producer(q.receive, window=200, batch=100) as p:
+        for i in range(100):
+            p.send(b"m-%d" % i)
+        p.flush(30)
+    with Consumer(credit, credit=200, credit_bytes=1 << 20) as c:
+        got = []
+        while len(got) < 100:
+            part = c.recv_many(30, timeout=5)
+            assert 0 < len(part) <= 30
+            got.extend(part)
+        assert [m.body for m in got] == [b"m-%d" % i for i in range(100)]
+        first = got[0]
+        assert first.frames == (b"m-0",) and first.ack_timeout_us == 60_000_000
+        assert abs(first.sent_us / 1e6 - time.time()) < 60
+        with pytest.raises(AttributeError):
+            first.key = b"other"  # type: ignore[misc]
+        c.ack_many(got)
+        c.confirm(10)
+        assert c.recv_many(10, timeout=0.2) == []
+
+
 def test_batches_end_to_end_with_original_clients_beside_them(start_pzq):
     q, credit = credit_queue(start_pzq, "--ack-timeout", "60000000")
     with Producer(q.receive, window=500, batch=64) as p:

@@ -31,6 +31,8 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import NamedTuple
 
 import zmq
 
@@ -51,8 +53,11 @@ class ProducerError(Exception):
         self.failed = failed
 
 
-@dataclass(frozen=True)
-class Message:
+class Message(NamedTuple):
+    """A delivery: its key (to ACK it by), when the queue sent it and the ACK timeout it
+    gave (µs), and its body frames. (A named tuple: made for every message a consumer
+    takes, it costs a quarter of a frozen dataclass.)"""
+
     key: bytes
     sent_us: int
     ack_timeout_us: int
@@ -134,10 +139,15 @@ class Producer:
             msg_id = f"{self._prefix}-{self._n}".encode()
         elif len(msg_id) > wire.MAX_ID:
             raise ValueError(f"{wire.ID_TOO_LONG} ({len(msg_id)})")
-        body_frames = _frames(body)
-        size = sum(len(f) for f in body_frames)
+        if type(body) is bytes:  # (the common case: no list made for it)
+            body_frames: Sequence[bytes] = (body,)
+            size = len(body)
+        else:
+            body_frames = _frames(body)
+            size = sum(map(len, body_frames))
         deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._batch_ids:  # (while a batch is being made, ACKs are taken as it goes)
+        ids = self._batch_ids
+        if not ids:  # (while a batch is being made, ACKs are taken as it goes)
             self._take_acks(0)
         while self._full(size):
             self._send_batch()
@@ -148,12 +158,13 @@ class Producer:
         self.inflight += 1
         self.inflight_bytes += size
         if self.batch and len(body_frames) == 1:
-            if not self._batch_ids:
+            ids = self._batch_ids  # (a new list if the batch went meanwhile)
+            if not ids:
                 self._batch_at = time.monotonic()
-            self._batch_ids.append(msg_id)
+            ids.append(msg_id)
             self._batch_bodies.append(bytes(body_frames[0]))
             self._batch_size += size
-            if (len(self._batch_ids) >= self.batch or self._batch_size >= self.batch_bytes
+            if (len(ids) >= self.batch or self._batch_size >= self.batch_bytes
                     or time.monotonic() - self._batch_at >= self.linger):
                 self._send_batch()
                 self._take_acks(0)
@@ -356,8 +367,8 @@ class Consumer:
             if isinstance(got, str):
                 raise ValueError(f"not a pzq batch: {got}")
             sent, timeout = int(frames[1]), int(frames[2])
-            self._early.extend(Message(key, sent, timeout, (body,))
-                               for key, body in zip(*got, strict=True))
+            keys, bodies = got
+            self._early.extend(map(Message, keys, repeat(sent), repeat(timeout), zip(bodies)))
             return self._early.popleft()
         return self._decode(frames)
 
@@ -396,8 +407,19 @@ class Consumer:
         if first is None:
             return []
         out = [first]
-        while len(out) < max_count and (m := self.recv_nowait()) is not None:
-            out.append(m)
+        early = self._early  # (the rest of a batch: taken in one go)
+        while len(out) < max_count:
+            if early:
+                n = min(len(early), max_count - len(out))
+                if n == len(early):
+                    out.extend(early)
+                    early.clear()
+                else:
+                    out.extend([early.popleft() for _ in range(n)])
+            elif (m := self.recv_nowait()) is not None:
+                out.append(m)
+            else:
+                break
         return out
 
     @staticmethod
@@ -454,8 +476,9 @@ class StreamError(Exception):
     """The queue answered a stream request with ERROR (the reason is the message)."""
 
 
-@dataclass(frozen=True)
-class StreamMessage:
+class StreamMessage(NamedTuple):
+    """A message of a stream queue, as RANGE gives it (fields in wire.RangeEntry's order)."""
+
     offset: int  # its place in the queue: stable across restarts, increasing
     key: bytes  # the key push consumers would see
     sent_us: int  # µs since the epoch when the queue received it
@@ -530,8 +553,8 @@ class StreamConsumer:
         ``max_messages`` and ``max_bytes`` of bodies (at least one message, if any)."""
         values, entries = self._call([wire.RANGE, b"%d" % start, b"%d" % end,
                                       b"%d" % max_bytes, b"%d" % max_messages])
-        return StreamRange(tuple(StreamMessage(e.offset, e.key, e.sent_us, e.frames)
-                                 for e in entries), values[2], values[0], values[1], self.lost)
+        return StreamRange(tuple(map(StreamMessage._make, entries)), values[2], values[0],
+                           values[1], self.lost)
 
     def read(self, start: int, end: int, max_bytes: int = wire.RANGE_MAX_BYTES,
              max_messages: int = wire.RANGE_MAX_MESSAGES) -> Iterator[StreamMessage]:

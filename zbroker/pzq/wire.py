@@ -42,6 +42,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .zmtp import LARGE_FRAME
 
@@ -360,8 +361,9 @@ def key_time(key: bytes) -> bytes:
     return key.partition(b"|")[0]
 
 
-@dataclass(frozen=True, slots=True)
-class RangeEntry:
+class RangeEntry(NamedTuple):
+    """One message of a RANGE answer (a named tuple: one is made for each)."""
+
     offset: int
     key: bytes
     sent_us: int
