@@ -368,7 +368,9 @@ class Consumer:
                 raise ValueError(f"not a pzq batch: {got}")
             sent, timeout = int(frames[1]), int(frames[2])
             keys, bodies = got
-            self._early.extend(map(Message, keys, repeat(sent), repeat(timeout), zip(bodies)))
+            # (tuple.__new__ makes each Message without a Python call: half the cost)
+            self._early.extend(map(tuple.__new__, repeat(Message),
+                                   zip(keys, repeat(sent), repeat(timeout), zip(bodies))))
             return self._early.popleft()
         return self._decode(frames)
 
