@@ -38,6 +38,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from ..stats import Buckets
@@ -497,14 +498,13 @@ class QueueCore:
         waiting, adopting = self.waiting, self.adopting
         now_us = self.clock_us() if self.clock_us is not None and result.placed else 0
         for seqs in (result.placed, result.failed, result.acked):
-            for seq in seqs:
-                if adopting:
+            if adopting:
+                for seq in seqs:
                     token = adopting.pop(seq, None)
                     if token is not None:
                         self.replication_out.append(Adopted(token, ok))
-                w = waiting.pop(seq, None)
-                if w is not None:
-                    self._written(w, ok, result.error, now_us)
+            for w in filter(None, map(waiting.pop, seqs, repeat(None))):
+                self._written(w, ok, result.error, now_us)
         if ok:
             self.counters["stored"] += len(result.placed)
 
@@ -514,12 +514,9 @@ class QueueCore:
         Their producers, and the credit consumers that wait for those ACKs, are answered
         now, not when the batch they were in completes (which reports them again, in
         ``acked``: answered once)."""
-        waiting = self.waiting
         now_us = self.clock_us() if self.clock_us is not None else 0
-        for seq in seqs:
-            w = waiting.pop(seq, None)
-            if w is not None:
-                self._written(w, True, None, now_us)
+        for w in filter(None, map(self.waiting.pop, seqs, repeat(None))):
+            self._written(w, True, None, now_us)
         if self.ack_waiters:
             self._acks_durable(seqs)
 
@@ -544,11 +541,17 @@ class QueueCore:
     def _acks_durable(self, seqs: Iterable[int]) -> None:
         """The consumer ACKs of ``seqs`` cannot be undone by a crash any more: confirm them
         to the credit consumers waiting for that."""
-        waiters, out = self.ack_waiters, self.out
-        for seq in seqs:
-            w = waiters.pop(seq, None)
-            if w is None:
-                continue
+        out = self.out
+        found = list(filter(None, map(self.ack_waiters.pop, seqs, repeat(None))))
+        if not found:
+            return
+        first = found[0]
+        if type(first) is AckGroup and found.count(first) == len(found):  # one batch ACK
+            first.pending -= len(found)
+            if first.pending == 0:
+                out.append(Confirm(first.consumer, first.ack_id, wire.ACKED))
+            return
+        for w in found:
             if type(w) is AckGroup:
                 w.pending -= 1
                 if w.pending == 0:
