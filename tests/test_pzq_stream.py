@@ -4,6 +4,7 @@ with a real disk and SIGKILL restarts (what a Spark stream reader relies on)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -43,6 +44,9 @@ def snapshot(messages):
     ([b"COMMIT"], "COMMIT takes one argument"),
     ([b"COMMIT", b"-1"], "COMMIT end must be a decimal integer"),
     ([b"COMMIT", b"99999999999999999999"], "COMMIT end must be a decimal integer"),
+    ([b"RANGE", b"BATCH"], "RANGE takes"),
+    ([b"RANGE", b"0", b"3", b"BATCH", b"1"], "RANGE max bytes must be a decimal integer"),
+    ([b"RANGE", b"0", b"3", b"1", b"1", b"1", b"BATCH"], "RANGE takes"),
 ])
 def test_bad_requests_decode_to_a_reason(request_, reason):
     r = wire.decode_stream_request(request_)
@@ -56,6 +60,11 @@ def test_requests_decode_with_their_caps():
     r = wire.decode_stream_request([b"RANGE", b"3", b"9", b"%d" % (1 << 40), b"10000000"])
     assert (r.max_bytes, r.max_messages) == (wire.RANGE_BYTES_CAP, wire.RANGE_MESSAGES_CAP)
     assert wire.decode_stream_request([b"COMMIT", b"7"]).end == 7
+    assert not wire.decode_stream_request([b"RANGE", b"3", b"9"]).batch
+    r = wire.decode_stream_request([b"RANGE", b"3", b"9", b"100", b"5", b"BATCH"])
+    assert r.batch and (r.start, r.end, r.max_bytes, r.max_messages) == (3, 9, 100, 5)
+    r = wire.decode_stream_request([b"GROUP", b"g", b"RANGE", b"3", b"9", b"BATCH"])
+    assert r.batch and r.group == "g" and r.max_bytes == wire.RANGE_MAX_BYTES
     env, req = wire.split_stream_request([b"id", b"", b"HEAD"])
     assert env == [b"id", b""] and req == [b"HEAD"]
 
@@ -107,6 +116,47 @@ def test_a_commit_is_answered_once_written_and_an_error_leaves_all_as_it_was():
     assert st.written(st.to_write(), None) == [[b"r", b"", b"OK", b"5", b"2"]]
     assert st.committed == 2 and sorted(q.messages) == [2, 3, 4]
     assert st.request([b"r", b"", b"COMMIT", b"1"]) == [b"r", b"", b"OK", b"5", b"2"]
+
+
+def test_a_batch_range_packs_the_messages_up_to_one_of_several_frames_which_comes_alone():
+    store = FakeStore()
+    q = store.attach(QueueCore(stream=True))
+    put(q, 3)
+    q.produce(b"P", [b"multi", b"", b"f1", b"f2"], 2_000)  # seq 3: two body frames
+    put(q, 2, 4)
+    q.batch_done(store.done(placed=tuple(range(6))))
+    st = StreamCore(q, Offsets({"default": 0}))
+    plain = st.request([b"r", b"", b"RANGE", b"0", b"9"])
+    batch = st.request([b"r", b"", b"RANGE", b"0", b"9", b"BATCH"])
+    assert batch[:8] == [b"r", b"", b"OK", b"6", b"0", b"3", b"3", wire.BATCH]  # next: 3
+    values, got = wire.decode_stream_reply(batch[2:])
+    assert values == [6, 0, 3, 3]
+    _, expected = wire.decode_stream_reply(plain[2:])
+    assert got == expected[:3]  # offsets, keys, times, bodies: as the plain answer gives them
+    # from the message of two frames: it alone, answered as a plain RANGE answers it
+    alone = st.request([b"r", b"", b"RANGE", b"3", b"9", b"BATCH"])
+    assert alone == [b"r", b"", b"OK", b"6", b"0", b"4", b"1",
+                     *wire.range_entry(3, q.messages[3].key, (b"f1", b"f2"))]
+    rest = st.request([b"r", b"", b"GROUP", b"g", b"RANGE", b"4", b"9", b"BATCH"])
+    assert rest is None  # a new group: made durably first
+    rest = st.written(st.to_write(), None)[0]
+    assert rest[:10] == [b"r", b"", b"OK", b"6", b"0", b"6", b"2", b"0", b"0", wire.BATCH]
+    assert wire.decode_stream_reply(rest[2:], grouped=True)[1] == expected[4:]
+    # nothing in range: the plain answer, no BATCH frame
+    assert st.request([b"r", b"", b"RANGE", b"6", b"9", b"BATCH"]) == [
+        b"r", b"", b"OK", b"6", b"0", b"6", b"0"]
+
+
+def test_a_malformed_batch_range_reply_raises():
+    good = [wire.STREAM_OK, b"9", b"0", b"9", b"2",
+            *wire.range_batch([7, 8], [b"1|k7", b"2|k8"], [b"a", b"b"])]
+    values, got = wire.decode_stream_reply(good)
+    assert [(e.offset, e.key, e.sent_us, e.frames) for e in got] == [
+        (7, b"1|k7", 1, (b"a",)), (8, b"2|k8", 2, (b"b",))]
+    for bad in (good[:-1], good[:-2] + [b"x" * 8, good[-1]], good[:4] + [b"3"] + good[5:],
+                good[:-1] + [b"\x02\0\0\0"]):
+        with pytest.raises(ValueError, match="malformed RANGE BATCH reply"):
+            wire.decode_stream_reply(bad)
 
 
 def test_the_offsets_file(tmp_path):
@@ -190,6 +240,76 @@ def test_commit_is_durable_and_replay_after_sigkill_loses_nothing(start_pzq, ctx
         produce(q, [b"d"], ctx)
         assert [(m.offset, m.body) for m in s.read(0, 400)] == [(311, b"d")]
     assert q.counters()["messages"] == 1
+
+
+def test_batch_ranges_read_what_plain_ranges_read(start_pzq, ctx):
+    """StreamConsumer asks for packed RANGE answers (RANGE ... BATCH): the same messages as
+    the plain answers, large bodies and empty ones, and a message of several frames alone;
+    a plain RANGE is answered as before."""
+    q = start_pzq(*STREAM)
+    large = bytes(range(256)) * 320  # 80 KiB: its batch goes out in parts, and is read as a
+    # view of what libzmq received (client.ZERO_COPY_MIN)
+    with Producer(q.receive, window=64, context=ctx) as p:
+        for i in range(50):
+            p.send(b"s%03d" % i)
+        p.send(large)
+        p.send(b"")
+        p.send([b"f1", b"f2"])  # offset 52
+        for i in range(20):
+            p.send(b"t%02d" % i)
+        p.flush(10)
+    with (StreamConsumer(q.stream, context=ctx) as s,
+          StreamConsumer(q.stream, context=ctx, batch=False) as plain):
+        expected = snapshot(plain.read(0, 1000))
+        assert len(expected) == 73 and expected[50][3] == (large,)
+        assert snapshot(s.read(0, 1000)) == expected
+        first = s.range(0, 1000)
+        assert first.next == 52 and snapshot(first.messages) == expected[:52]
+        alone = s.range(52, 1000)
+        assert alone.next == 53 and snapshot(alone.messages) == expected[52:53]
+        assert snapshot(s.range(53, 1000, max_messages=5).messages) == expected[53:58]
+        assert s.batch
+    sock = dealer(ctx, q.stream)
+    sock.send_multipart([b"id", b"", b"RANGE", b"0", b"1"])
+    reply = recv(sock)
+    key = bytes(expected[0][1])
+    assert reply == [b"id", b"", b"OK", b"73", b"0", b"1", b"1", b"0", key,
+                     wire.key_time(key), b"1", b"s000"]
+    sock.close()
+
+
+def test_a_reader_asks_a_queue_that_knows_no_batch_range_the_plain_way(ctx):
+    """A queue from before RANGE ... BATCH answers it ERROR "RANGE takes ...": the reader
+    asks again the plain way, and goes on so."""
+    server = ctx.socket(zmq.ROUTER)
+    server.setsockopt(zmq.LINGER, 0)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    seen = []
+
+    def serve():
+        for _ in range(3):
+            if not server.poll(5000):
+                return
+            rid, *envelope_and_request = server.recv_multipart()
+            envelope, request = envelope_and_request[:2], envelope_and_request[2:]
+            seen.append(request)
+            if request[-1] == wire.BATCH:
+                server.send_multipart([rid, *envelope, b"ERROR", b"RANGE takes [start][end]"])
+            else:
+                server.send_multipart([rid, *envelope, b"OK", b"9", b"0", b"9", b"1",
+                                       *wire.range_entry(4, b"1|k", (b"x",))])
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with StreamConsumer(f"tcp://127.0.0.1:{port}", context=ctx, timeout=2) as s:
+            assert [(m.offset, m.body) for m in s.range(0, 9).messages] == [(4, b"x")]
+            assert not s.batch
+            assert [m.offset for m in s.range(0, 9).messages] == [4]
+    finally:
+        t.join()
+        server.close()
+    assert [r[-1] == wire.BATCH for r in seen] == [True, False, False]
 
 
 def test_messages_below_a_commit_made_before_a_crash_are_dropped_at_start(start_pzq, ctx):

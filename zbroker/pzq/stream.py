@@ -8,6 +8,7 @@ stream endpoint (wire.py has the frames):
     RANGE start end      the durable messages with offsets in [start, end), in order (capped;
                          the answer says where to go on); the same range gives the same
                          messages until it is committed, also after a restart of the queue
+                         (RANGE ... BATCH: the same messages packed, for our own readers)
     COMMIT end           every message below ``end`` is done (for the reader's group)
 
 Readers are in groups (``[GROUP][name]`` before a request; none: the ``default`` group), each
@@ -265,6 +266,8 @@ class StreamCore:
         if req.command == wire.RANGE:
             nxt, messages = core.range(req.start, req.end, committed, req.max_bytes,
                                        req.max_messages)
+            if req.batch and messages:
+                return self._range_batch(envelope, committed, nxt, messages, lost)
             out = wire.stream_ok(envelope, core.head, committed, nxt, len(messages), *lost)
             for m in messages:
                 out.extend(wire.range_entry(m.seq, m.key, m.frames))
@@ -280,6 +283,24 @@ class StreamCore:
         change.groups[group] = max(change.groups.get(group, committed), end)
         change.lost.pop(group, None)  # told: it goes on from here
         return self._wait(envelope, req)
+
+    def _range_batch(self, envelope: list[bytes], committed: int, nxt: int,
+                     messages: list[Any], lost: tuple[int, ...]) -> list[Any]:
+        """A RANGE ... BATCH answer: the messages packed, up to the first one of several
+        body frames, which comes alone and as a plain RANGE answers it (as a batch
+        consumer's delivery does)."""
+        head = self.core.head
+        frame_counts = list(map(len, (m.frames for m in messages)))
+        if frame_counts[0] != 1:
+            m = messages[0]
+            return [*wire.stream_ok(envelope, head, committed, m.seq + 1, 1, *lost),
+                    *wire.range_entry(m.seq, m.key, m.frames)]
+        if frame_counts.count(1) != len(frame_counts):
+            cut = next(i for i, n in enumerate(frame_counts) if n != 1)
+            nxt, messages = messages[cut].seq, messages[:cut]
+        return [*wire.stream_ok(envelope, head, committed, nxt, len(messages), *lost),
+                *wire.range_batch([m.seq for m in messages], [m.key for m in messages],
+                                  [m.frames[0] for m in messages])]
 
     def _error(self, envelope: list[bytes], reason: str) -> list[bytes]:
         self.errors += 1

@@ -42,6 +42,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from .zmtp import LARGE_FRAME
@@ -238,6 +239,7 @@ class StreamRequest:
     max_bytes: int = RANGE_MAX_BYTES
     max_messages: int = RANGE_MAX_MESSAGES
     group: str | None = None  # None: the default group, answered without the lost offsets
+    batch: bool = False  # RANGE ... BATCH: the messages packed (range_batch)
 
 
 def group_name_error(name: bytes) -> str | None:
@@ -286,7 +288,8 @@ def decode_stream_request(request: Sequence[bytes]) -> StreamRequest | WireError
             return r
         if r.group is not None or r.command == GROUPS:
             return WireError("GROUP is followed by HEAD, RANGE, COMMIT or DELETE")
-        return StreamRequest(r.command, r.start, r.end, r.max_bytes, r.max_messages, group)
+        return StreamRequest(r.command, r.start, r.end, r.max_bytes, r.max_messages, group,
+                             r.batch)
     if not request:
         return WireError("Empty request: expected HEAD, RANGE or COMMIT")
     command, args = bytes(request[0]), [bytes(f) for f in request[1:]]
@@ -300,9 +303,12 @@ def decode_stream_request(request: Sequence[bytes]) -> StreamRequest | WireError
         end = _offset(args[0], "COMMIT end")
         return WireError(end) if isinstance(end, str) else StreamRequest(COMMIT, end=end)
     if command == RANGE:
+        batch = bool(args) and args[-1] == BATCH
+        if batch:
+            del args[-1]
         if not 2 <= len(args) <= 4:
             return WireError("RANGE takes [start][end], then optionally [max bytes] and "
-                             "[max messages]")
+                             "[max messages], then optionally [BATCH]")
         names = ("RANGE start", "RANGE end", "RANGE max bytes", "RANGE max messages")
         values = []
         for frame, name in zip(args, names, strict=False):
@@ -318,7 +324,7 @@ def decode_stream_request(request: Sequence[bytes]) -> StreamRequest | WireError
         if max_bytes < 1 or max_messages < 1:
             return WireError("RANGE max bytes and max messages must be at least 1")
         return StreamRequest(RANGE, start, end, min(max_bytes, RANGE_BYTES_CAP),
-                             min(max_messages, RANGE_MESSAGES_CAP))
+                             min(max_messages, RANGE_MESSAGES_CAP), batch=batch)
     shown = command[:32].decode("ascii", errors="replace")
     return WireError(f"Unknown command {shown!r}: expected HEAD, RANGE or COMMIT")
 
@@ -389,6 +395,8 @@ def decode_stream_reply(reply: Sequence[bytes], grouped: bool = False
     fixed = 7 if grouped else 5
     values = [int(f) for f in reply[1:fixed]]
     count = values[3]
+    if len(reply) > fixed and bytes(reply[fixed]) == BATCH:
+        return values, _range_batch_entries(reply[fixed + 1:], count)
     entries = []
     pos = fixed
     for _ in range(count):
@@ -403,6 +411,27 @@ def decode_stream_reply(reply: Sequence[bytes], grouped: bool = False
     if pos != len(reply):
         raise ValueError("malformed RANGE reply: trailing frames")
     return values, entries
+
+
+def _range_batch_entries(frames: Sequence[bytes], count: int) -> list[RangeEntry]:
+    """The messages of a RANGE ... BATCH answer: [offsets][packed keys and bodies]."""
+    if len(frames) != 2 or len(frames[0]) != 8 * count:
+        raise ValueError("malformed RANGE BATCH reply: expected [offsets][messages]")
+    got = unpack(frames[1])
+    if isinstance(got, str) or len(got[0]) != count:
+        raise ValueError(f"malformed RANGE BATCH reply: {got if isinstance(got, str) else 'count'}")
+    offsets = struct.unpack(f"<{count}Q", frames[0])
+    keys, bodies = got
+    # (tuple.__new__ makes each entry without a Python call)
+    return list(map(tuple.__new__, repeat(RangeEntry),
+                    zip(offsets, keys, map(sent_us_of, keys), zip(bodies), strict=True)))
+
+
+def sent_us_of(key: bytes) -> int:
+    """The µs since the epoch at which the queue received the message of ``key`` (its
+    prefix, see :func:`key_time`); 0 if the key has none."""
+    when = key.partition(b"|")[0]
+    return int(when) if when.isdigit() else 0
 
 
 def decode_groups_reply(reply: Sequence[bytes]) -> tuple[int, dict[str, int]]:
@@ -550,12 +579,22 @@ def decode_ack_batch(frames: Sequence[Frame]) -> tuple[bytes, list[bytes]] | Wir
 
 def batch_delivery(sent_us: int, ack_timeout_us: int, keys: Sequence[bytes],
                    bodies: Sequence[bytes]) -> list[bytes | list[bytes]]:
-    """A batch's frames. With a body that the writer sends as it is (zmtp.LARGE_FRAME bytes
-    or more) the packed frame is given as its parts (a list: zmtp.encode_parts writes them
-    one after the other, large bodies not copied); else as one buffer (cheaper for small
-    ones than gathering them)."""
+    """A batch's frames."""
+    return [BATCH, b"%d" % sent_us, b"%d" % ack_timeout_us, _packed(keys, bodies)]
+
+
+def range_batch(offsets: Sequence[int], keys: Sequence[bytes], bodies: Sequence[bytes]
+                ) -> list[bytes | list[bytes]]:
+    """The messages of a RANGE ... BATCH answer (after its numbers): ``["BATCH"][offsets,
+    u64 LE each][packed keys and bodies]``; the time each was received is its key's prefix."""
+    return [BATCH, struct.pack(f"<{len(offsets)}Q", *offsets), _packed(keys, bodies)]
+
+
+def _packed(keys: Sequence[bytes], bodies: Sequence[bytes]) -> bytes | list[bytes]:
+    """Keys and bodies packed in one frame. With a body that the writer sends as it is
+    (zmtp.LARGE_FRAME bytes or more) the frame is given as its parts (a list:
+    zmtp.encode_parts writes them one after the other, large bodies not copied); else as one
+    buffer (cheaper for small ones than gathering them)."""
     if max(map(len, bodies)) >= LARGE_FRAME:
-        packed: bytes | list[bytes] = packed_parts(keys, bodies)
-    else:
-        packed = pack(keys, bodies)
-    return [BATCH, b"%d" % sent_us, b"%d" % ack_timeout_us, packed]
+        return packed_parts(keys, bodies)
+    return pack(keys, bodies)
