@@ -346,6 +346,9 @@ def test_bad_requests_get_an_error_reply_and_the_queue_goes_on(start_pzq, ctx):
         ([b"id4", b"", b"COMMIT", b"x"], b"decimal integer"),
         ([b"id5", b""], b"Empty request"),
         ([b"HEAD", b"junk"], b"HEAD takes no argument"),  # no delimiter: all is the request
+        ([b"id6", b"", b"RANGE", b"BATCH"], b"RANGE takes"),
+        ([b"id7", b"", b"RANGE", b"0", b"3", b"BATCH", b"BATCH"], b"decimal integer"),
+        ([b"id8", b"", b"RANGE", b"3", b"0", b"BATCH"], b"past its end"),
     ]:
         sock.send_multipart(request)
         reply = recv(sock)
@@ -361,7 +364,7 @@ def test_bad_requests_get_an_error_reply_and_the_queue_goes_on(start_pzq, ctx):
             s.range(9, 3)
         assert s.offsets() == (3, 0)
     c = q.counters()
-    assert q.alive() and c["stream_errors"] == 7 and c["messages"] == 3
+    assert q.alive() and c["stream_errors"] == 10 and c["messages"] == 3
 
 
 def test_a_full_backlog_refuses_producers_until_a_commit_frees_room(start_pzq, ctx):
