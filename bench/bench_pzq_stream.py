@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pzq_baselines import cpu_seconds, redis_missing  # noqa: E402
+from pzq_baselines import cpu_seconds, redis_missing, start_redis, stop_redis  # noqa: E402
 from pzq_load import free_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,23 +81,9 @@ def read_pass(stream: str, pid: int, batch: bool, count: int, n: int) -> dict:
 def redis_passes(n: int, size: int, count: int, rounds: int) -> list[dict]:
     import redis
 
-    port = free_port()
-    work = tempfile.mkdtemp(prefix="bench-redis-")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", work,
-         "--save", "", "--protected-mode", "yes", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    proc, port, work = start_redis()
     try:
         r = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("redis-server did not start") from None
-                time.sleep(0.05)
         body = b"x" * size
         for i in range(0, n, 1000):
             pipe = r.pipeline(transaction=False)
@@ -120,9 +106,7 @@ def redis_passes(n: int, size: int, count: int, rounds: int) -> list[dict]:
             out.append({"rate": got / elapsed, "cpu_us": cpu / got * 1e6})
         return out
     finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
+        stop_redis(proc, work)
 
 
 def spread(values: list[float], fmt: str) -> str:

@@ -161,26 +161,40 @@ def redis_consumer(port: int, n: int, window: int, out) -> None:
     out.send((time.monotonic(), got))
 
 
-def redis_case(size: int, window: int, n: int) -> dict:
+def start_redis(*options: str) -> tuple[subprocess.Popen, int, str]:
+    """A redis-server on a free loopback port, with ``options``, once it answers: the process,
+    its port and its working directory (for :func:`stop_redis`)."""
+    import redis
     port = free_port()
     work = tempfile.mkdtemp(prefix="bench-redis-")
     proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", work,
-         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-         "--protected-mode", "yes", "--loglevel", "warning"],
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", work, *options,
+         "--save", "", "--protected-mode", "yes", "--loglevel", "warning"],
         stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    r = redis.Redis(port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            r.ping()
+            return proc, port, work
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                stop_redis(proc, work)
+                raise SystemExit("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+def stop_redis(proc: subprocess.Popen, work: str) -> None:
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def redis_case(size: int, window: int, n: int) -> dict:
+    proc, port, work = start_redis("--appendonly", "yes", "--appendfsync", "always")
     try:
         import redis
-        r = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                r.xgroup_create("bench", "g", id="$", mkstream=True)
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("redis-server did not start") from None
-                time.sleep(0.05)
+        redis.Redis(port=port).xgroup_create("bench", "g", id="$", mkstream=True)
         ctx = mp.get_context("fork")
         (p_in, p_out), (c_in, c_out) = ctx.Pipe(False), ctx.Pipe(False)
         start = time.time() + 0.5
@@ -198,6 +212,4 @@ def redis_case(size: int, window: int, n: int) -> dict:
             p.join(10)
         return summary(n, t0, t_end, last, lat, cpu)
     finally:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_redis(proc, work)

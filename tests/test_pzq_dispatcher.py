@@ -10,12 +10,18 @@ from zbroker.pzq.dispatcher import Dispatcher
 from zbroker.pzq.queue import QUEUE_FULL, Limits, QueueCore
 
 
-def test_least_loaded_consumer_with_credit_gets_the_next_message():
+def two_consumers(credit: int, messages: int = 6) -> Dispatcher:
+    """Consumers "a" and "b" with ``credit`` each, and ``messages`` of 10 bytes ready."""
     d = Dispatcher(ack_timeout=5)
-    d.set_consumer("a", 2)
-    d.set_consumer("b", 2)
-    for seq in range(6):
+    d.set_consumer("a", credit)
+    d.set_consumer("b", credit)
+    for seq in range(messages):
         d.add(seq, 10)
+    return d
+
+
+def test_least_loaded_consumer_with_credit_gets_the_next_message():
+    d = two_consumers(2)
     got = [d.next_delivery(0) for _ in range(5)]
     assert [g.consumer for g in got[:4]].count("a") == 2
     assert got[4] is None  # no credit left anywhere
@@ -67,11 +73,7 @@ def test_more_of_a_batch_stops_at_the_windows_and_at_a_message_that_goes_alone()
 
 
 def test_acks_in_one_go_over_several_consumers_ready_messages_and_unknown_seqs():
-    d = Dispatcher(ack_timeout=5)
-    d.set_consumer("a", 10)
-    d.set_consumer("b", 10)
-    for seq in range(6):
-        d.add(seq, 10)
+    d = two_consumers(10)
     assert d.more_to("a", 0, 2, set()).seqs == [0, 1]
     assert d.more_to("b", 0, 2, set()).seqs == [2, 3]
     d.ack_many([1, 3, 4, 99, 1])  # in flight to a and to b, ready, unknown, twice
