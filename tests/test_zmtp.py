@@ -62,6 +62,7 @@ def test_a_zmtp2_peer_of_libzmq_3_2_gets_our_socket_type_and_identity_and_sends_
     events = feed(conn, zmtp.SIGNATURE + b"\x01\x05" + b"\x00\x03abc"
                   + zmtp.encode_message([b"id", b"", b"body"]), step)
     assert events == [Ready(b"DEALER", b"abc"), Message([b"id", b"", b"body"])]
+    assert events[1].size == 6
     # major version, ROUTER (6), then our identity: an empty message, which the peer's
     # libzmq takes for it (were it missing, the peer would drop our first answer instead)
     assert conn.data_to_send() == b"\x03\x06\x00\x00"
@@ -203,6 +204,7 @@ def test_a_large_frame_in_pieces_is_read_into_its_own_buffer(step, into_buffer):
         pos += n
         events += conn.next_events()
     assert events == [Message([b"id", big]), Message([b"small"]), Message([big])]
+    assert [ev.size for ev in events] == [2 + len(big), 5, len(big)]  # the frames' bytes
     assert all(type(f) is bytearray for ev in events for f in ev.frames)
     assert conn.frame_buffer() is None and conn.buffered == 0
 

@@ -122,6 +122,7 @@ class Receiver:
         self.log = log
         self.name = name
         self.inbox: deque[tuple[bytes, list[bytes], str | None]] = deque()
+        self._inbox_sizes: deque[int] = deque()  # each one's bytes, as they came
         self.inbox_bytes = 0
         self.unfinished = 0  # bytes the connections hold of messages not yet whole
         self.refused_busy = 0
@@ -161,11 +162,10 @@ class Receiver:
 
     def take(self, n: int) -> list[tuple[bytes, list[bytes], str | None]]:
         """Up to ``n`` received messages, oldest first."""
-        inbox, out = self.inbox, []
+        inbox, sizes, out = self.inbox, self._inbox_sizes, []
         for _ in range(min(n, len(inbox))):
-            item = inbox.popleft()
-            self.inbox_bytes -= _size(item[1])
-            out.append(item)
+            out.append(inbox.popleft())
+            self.inbox_bytes -= sizes.popleft()
         if self._paused and self.unfinished + self.inbox_bytes <= self.max_held // 2:
             paused, self._paused = self._paused, set()
             for link in paused:
@@ -279,10 +279,12 @@ class _Link(asyncio.BufferedProtocol):
         for ev in self.conn.next_events():
             if type(ev) is zmtp.Message:
                 r.inbox.append((self.routing_id, ev.frames, None))
-                r.inbox_bytes += _size(ev.frames)
+                r._inbox_sizes.append(ev.size)
+                r.inbox_bytes += ev.size
                 got = True
             elif type(ev) is zmtp.Refused:
                 r.inbox.append((self.routing_id, [ev.first], ev.reason))
+                r._inbox_sizes.append(len(ev.first))
                 r.inbox_bytes += len(ev.first)
                 got = True
             elif type(ev) is zmtp.Ready:
@@ -327,7 +329,3 @@ class _Link(asyncio.BufferedProtocol):
         r._paused.discard(self)
         r._dirty.discard(self)
         self.transport = None
-
-
-def _size(frames: list[bytes]) -> int:
-    return sum(map(len, frames))

@@ -61,6 +61,8 @@ class Ready:
 @dataclass(slots=True)
 class Message:
     frames: list[bytes]
+    #: the bytes of its frames (known as they are read: the reader need not add them up)
+    size: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +252,8 @@ class Connection:
         self._frames.append(frame)
         self._size += len(frame) + self.frame_cost
         if not self._direct_more:
-            self._events.append(Message(self._frames))
+            frames = self._frames
+            self._events.append(Message(frames, self._size - self.frame_cost * len(frames)))
             self._frames, self._size = [], 0
 
     def data_to_send(self) -> bytes:
@@ -544,7 +547,7 @@ class Connection:
             size += n + cost
             pos = head + n
             if not flags & MORE:
-                events.append(Message(frames))
+                events.append(Message(frames, size - cost * len(frames)))
                 frames, size = [], 0
         self._frames, self._size = frames, size
         return pos
