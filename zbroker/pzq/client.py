@@ -146,8 +146,7 @@ class Producer:
             body_frames = _frames(body)
             size = sum(map(len, body_frames))
         deadline = None if timeout is None else time.monotonic() + timeout
-        ids = self._batch_ids
-        if not ids:  # (while a batch is being made, ACKs are taken as it goes)
+        if not self._batch_ids:  # (while a batch is being made, ACKs are taken as it goes)
             self._take_acks(0)
         while self._full(size):
             self._send_batch()
@@ -158,7 +157,7 @@ class Producer:
         self.inflight += 1
         self.inflight_bytes += size
         if self.batch and len(body_frames) == 1:
-            ids = self._batch_ids  # (a new list if the batch went meanwhile)
+            ids = self._batch_ids  # (after the wait above: the batch may have gone)
             if not ids:
                 self._batch_at = time.monotonic()
             ids.append(msg_id)
@@ -353,8 +352,10 @@ class Consumer:
         or more as a view of what libzmq received (unpack copies each body out of it once,
         not the whole frame first), every other frame as bytes."""
         frames = self.sock.recv_multipart(flags, copy=False)
-        return [f.buffer if i == 3 and len(f) >= ZERO_COPY_MIN and frames[0].bytes == wire.BATCH
-                else f.bytes for i, f in enumerate(frames)]
+        if (len(frames) == 4 and len(frames[3]) >= ZERO_COPY_MIN
+                and frames[0].bytes == wire.BATCH):
+            return [*(f.bytes for f in frames[:3]), frames[3].buffer]
+        return [f.bytes for f in frames]
 
     def _take(self, frames: list[bytes | memoryview]) -> Message | None:
         """A delivery (the first message of a batch; the others wait in ``_early``), or

@@ -242,8 +242,8 @@ class Dispatcher:
         seqs = list(seqs)
         wheres = list(map(self._where.pop, seqs, repeat(None)))
         if None in wheres:  # not known: duplicate ACKs
-            known = [(s, w) for s, w in zip(seqs, wheres, strict=True) if w is not None]
-            seqs, wheres = [s for s, _ in known], [w for _, w in known]
+            seqs = [s for s, w in zip(seqs, wheres, strict=True) if w is not None]
+            wheres = [w for w in wheres if w is not None]
         if not seqs:
             return
         sizes = list(map(self._size.pop, seqs))

@@ -793,7 +793,7 @@ class QueueCore:
     def _ack_latency(self, key: bytes, now_us: int, n: int = 1) -> None:
         """``n`` producer ACKs of the message ``key`` go out now: the key starts with the
         time it arrived (produce)."""
-        self.ack_latency.observe(max(0, now_us - int(key[:key.index(b"|")])) * 1e-6, n)
+        self.ack_latency.observe(max(0, now_us - wire.sent_us_of(key)) * 1e-6, n)
 
     def next_replication_deadline(self) -> float | None:
         d = self._replica_deadlines

@@ -160,6 +160,12 @@ class Receiver:
         for link in list(self._links.values()):
             link.hang_up()
 
+    def received(self, item: tuple[bytes, list[bytes], str | None], size: int) -> None:
+        """A message (or a refusal) for the inbox, and its bytes."""
+        self.inbox.append(item)
+        self._inbox_sizes.append(size)
+        self.inbox_bytes += size
+
     def take(self, n: int) -> list[tuple[bytes, list[bytes], str | None]]:
         """Up to ``n`` received messages, oldest first."""
         inbox, sizes, out = self.inbox, self._inbox_sizes, []
@@ -278,14 +284,10 @@ class _Link(asyncio.BufferedProtocol):
         r, got = self.r, False
         for ev in self.conn.next_events():
             if type(ev) is zmtp.Message:
-                r.inbox.append((self.routing_id, ev.frames, None))
-                r._inbox_sizes.append(ev.size)
-                r.inbox_bytes += ev.size
+                r.received((self.routing_id, ev.frames, None), ev.size)
                 got = True
             elif type(ev) is zmtp.Refused:
-                r.inbox.append((self.routing_id, [ev.first], ev.reason))
-                r._inbox_sizes.append(len(ev.first))
-                r.inbox_bytes += len(ev.first)
+                r.received((self.routing_id, [ev.first], ev.reason), len(ev.first))
                 got = True
             elif type(ev) is zmtp.Ready:
                 self.routing_id = r.routing_id(ev.routing_id)

@@ -418,8 +418,10 @@ def _range_batch_entries(frames: Sequence[bytes], count: int) -> list[RangeEntry
     if len(frames) != 2 or len(frames[0]) != 8 * count:
         raise ValueError("malformed RANGE BATCH reply: expected [offsets][messages]")
     got = unpack(frames[1])
-    if isinstance(got, str) or len(got[0]) != count:
-        raise ValueError(f"malformed RANGE BATCH reply: {got if isinstance(got, str) else 'count'}")
+    if isinstance(got, str):
+        raise ValueError(f"malformed RANGE BATCH reply: {got}")
+    if len(got[0]) != count:
+        raise ValueError("malformed RANGE BATCH reply: its messages are not its count")
     offsets = struct.unpack(f"<{count}Q", frames[0])
     keys, bodies = got
     # (tuple.__new__ makes each entry without a Python call)
@@ -430,7 +432,7 @@ def _range_batch_entries(frames: Sequence[bytes], count: int) -> list[RangeEntry
 def sent_us_of(key: bytes) -> int:
     """The µs since the epoch at which the queue received the message of ``key`` (its
     prefix, see :func:`key_time`); 0 if the key has none."""
-    when = key.partition(b"|")[0]
+    when = key_time(key)
     return int(when) if when.isdigit() else 0
 
 
