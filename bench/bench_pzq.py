@@ -27,6 +27,12 @@ pipelining 64 (its best here; the bare relay speaks only the original wire). A b
 with a byte window (65536:64:batch:1MiB) has neither beside it: with ``--rounds`` its
 ratio is to the raw write of 1 MiB + fdatasync measured before each round.
 
+At the end it checks the queue's speed targets against the run (medians over the rounds):
+the batch path against Redis Streams, the original wire against the bare relay, 64 KiB with
+a 1 MiB byte window against the raw write. A target in µs of server CPU is checked as it is
+and scaled by this run's baseline over the one it was set against (TARGETS_SET_ON): this
+machine's speed varies from run to run by up to 2x, for the queue and its baselines alike.
+
 Metrics (``--metrics``): each case through a queue hosted by a broker, once without metrics
 and once with the broker's metrics endpoint scraped every second (as Prometheus would),
 interleaved (``--metrics-runs`` times each); it prints both and the difference, and what the
@@ -66,6 +72,11 @@ DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:256:batch", "100:64:b
                  "65536:1", "65536:64", "65536:64:1MiB", "65536:64:batch:1MiB",
                  "65536:64:backlog", "65536:64:backlog:1MiB")
 BATCH = 256  # messages in a batch of the batch path's producer
+#: the queue's speed targets, and the baselines of the run they were set against (Redis
+#: Streams' and the bare relay's server CPU a message, on a 2-core machine): a target in µs
+#: is also checked scaled by this run's baseline over that one, as this machine's speed
+#: varies from run to run by up to 2x
+TARGETS_SET_ON = {"redis": 10.2, "relay": 46.0}
 
 
 def fsync_baseline(directory: Path, seconds: float = 1.0) -> tuple[float, float]:
@@ -414,6 +425,56 @@ def summary(case: str, rounds: list[tuple[dict, dict[str, dict]]]) -> None:
     print(line)
 
 
+def targets(results: dict[str, list[tuple[dict, dict[str, dict]]]], raw_mbps: float
+            ) -> None:
+    """The queue's speed targets against this run's figures (medians over the rounds): the
+    batch path (100:256:batch) against Redis Streams, the original wire (100:64) against the
+    bare relay, 64 KiB with a 1 MiB byte window against the raw 1 MiB write + fdatasync
+    (``raw_mbps``, or the one measured before each round). A target in µs is checked as it
+    is, and scaled by this run's baseline (TARGETS_SET_ON)."""
+    rows: list[tuple[str, str, bool]] = []  # (target, this run's figure, met)
+
+    def median(case: str, figure) -> float:
+        return statistics.median(figure(r, b) for r, b in results[case])
+
+    batch, wire = "100:256:batch", "100:64"
+    if batch in results and "redis" in results[batch][0][1]:
+        ratio = median(batch, lambda r, b: r["e2e"] / b["redis"]["e2e"])
+        rows.append(("batch path: e2e >= 3x Redis Streams", f"{ratio:.2f}x", ratio >= 3))
+        cpu = median(batch, lambda r, b: r["cpu_us"])
+        theirs = median(batch, lambda r, b: b["redis"]["cpu_us"])
+        rows.extend(_cpu_target("batch path", cpu, 8, "Redis'", theirs,
+                                TARGETS_SET_ON["redis"]))
+        p99 = median(batch, lambda r, b: r["p99"])
+        rows.append(("batch path: ACK p99 <= 10 ms", f"{p99:.2f} ms", p99 <= 10))
+    if wire in results and "relay" in results[wire][0][1]:
+        cpu = median(wire, lambda r, b: r["cpu_us"])
+        theirs = median(wire, lambda r, b: b["relay"]["cpu_us"])
+        rows.extend(_cpu_target("original wire", cpu, 50, "the relay's", theirs,
+                                TARGETS_SET_ON["relay"]))
+        ratio = median(wire, lambda r, b: r["e2e"] / b["relay"]["e2e"])
+        rows.append(("original wire: e2e >= 0.9x the bare relay", f"{ratio:.2f}x",
+                     ratio >= 0.9))
+    for case in ("65536:64:1MiB", "65536:64:batch:1MiB"):
+        if case in results:
+            ratio = median(case, lambda r, b: r["mbps"] / b.get("raw", {"mbps": raw_mbps})["mbps"])
+            rows.append((f"{case}: e2e >= 0.9x raw 1 MiB write+fdatasync", f"{ratio:.2f}x",
+                         ratio >= 0.9))
+    if rows:
+        print(f"targets (medians of {len(next(iter(results.values())))} round(s)):")
+        for target, figure, met in rows:
+            print(f"  {target:<76} {figure:>9}  {'met' if met else 'NOT MET'}")
+
+
+def _cpu_target(path: str, cpu: float, bound: float, whose: str, theirs: float,
+                then: float) -> list[tuple[str, str, bool]]:
+    """A server CPU target in µs a message: as it is, and scaled by this run's baseline."""
+    scaled = bound * theirs / then
+    return [(f"{path}: server CPU <= {bound:g} µs a message", f"{cpu:.1f} µs", cpu <= bound),
+            (f"  scaled by {whose} CPU ({theirs:.1f} µs here, {then:g} then): "
+             f"<= {scaled:.1f} µs", f"{cpu:.1f} µs", cpu <= scaled)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="*", default=list(DEFAULT_CASES), metavar="SIZE:WINDOW")
@@ -444,10 +505,12 @@ def main() -> None:
     try:
         rate, p50 = fsync_baseline(base)
         print(f"raw write(100 B)+fdatasync on {base}: {rate:,.0f}/s, p50 {p50:.0f} µs")
+        raw_mbps = {}
         for chunk in (1 << 20, 4 << 20):
-            mbps, c50, c99 = write_baseline(base, chunk)
-            print(f"raw write({chunk >> 20} MiB)+fdatasync: {mbps:,.0f} MB/s, "
+            raw_mbps[chunk], c50, c99 = write_baseline(base, chunk)
+            print(f"raw write({chunk >> 20} MiB)+fdatasync: {raw_mbps[chunk]:,.0f} MB/s, "
                   f"p50 {c50:.2f} ms, p99 {c99:.2f} ms")
+        results: dict[str, list[tuple[dict, dict[str, dict]]]] = {}
         print(f"pzq sync={args.sync} sync_window={args.sync_window} µs sync_max_bytes="
               + (str(args.sync_max_bytes) if args.sync_max_bytes else "default"))
         print(f"{'size':>6} {'in flight':>12} {'':>7} {'msgs':>7} {'produce/s':>10} "
@@ -484,6 +547,8 @@ def main() -> None:
                 rounds.append((r, theirs))
             if args.rounds > 1:
                 summary(case, rounds)
+            results[case] = rounds
+        targets(results, raw_mbps[1 << 20])
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
