@@ -6,6 +6,7 @@ live producer and consumer, and original clients beside batch clients."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -21,9 +22,14 @@ from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
 from zbroker.pzq import records, wire, zmtp
+from zbroker.pzq.actions import Confirm
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.pzq.client import monitor as queue_monitor
+from zbroker.pzq.consumers import Consumers
+from zbroker.pzq.counters import Dropped
 from zbroker.pzq.queue import Limits, QueueCore
+from zbroker.pzq.receiver import SENT
+from zbroker.pzq.settings import QueueSettings
 
 # --- the codec ---------------------------------------------------------------------------
 
@@ -144,6 +150,51 @@ def test_a_batch_consumer_gets_batches_within_its_windows_and_acks_them_in_one()
     assert frames[3:] == [b"", b"f1", b"f2"]
     q.unsent(d)
     assert q.next_delivery(0.0, 10)[1][4:] == [b"f1", b"f2"]
+
+
+class RecordingEndpoint:
+    """A consumers' endpoint that records what is sent to it and each write to its
+    connections (a flush with something to write, as the real endpoints do)."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+        self.connected = 1
+        self.queued = False
+
+    def send(self, cid, frames):
+        self.calls.append(("send", cid, frames[0]))
+        self.queued = True
+        return SENT
+
+    def flush(self):
+        if self.queued:
+            self.calls.append(("write",))
+        self.queued = False
+
+
+def test_a_confirmation_and_the_next_batch_to_its_consumer_leave_in_one_write(tmp_path,
+                                                                             request):
+    """The ACK of a batch is confirmed (ACKED) in the same turn as the next batch goes to
+    that consumer: both are written together, one write to its connection, not two."""
+    q, store = core()
+    calls: list = []
+    settings = QueueSettings("q", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", None, tmp_path)
+    loop = asyncio.new_event_loop()  # (not run: Consumers only reads its clock)
+    request.addfinalizer(loop.close)
+    consumers = Consumers(q, settings, loop, lambda: None, lambda: None, None, Dropped())
+    consumers.send, consumers.credit = RecordingEndpoint([]), RecordingEndpoint(calls)
+    q.produce_batch(b"P", batch(b"B", [b"%d" % i for i in range(4)]), 1)
+    q.credit_consumer(b"C", 2, 1 << 20)
+    consumers.deliver()  # the first two
+    assert calls == [("send", b"C", wire.BATCH), ("write",)]
+    first = [q.messages[s].key for s in (0, 1)]
+    q.consumer_acks(first, b"C", b"ack-1")
+    q.batch_done(store.done(acked=(0, 1)))
+    assert store.confirmations == [(b"C", b"ack-1", wire.ACKED)]
+    calls.clear()
+    consumers.confirm([Confirm(*c) for c in store.confirmations])
+    consumers.deliver()
+    assert calls == [("send", b"C", b"ack-1"), ("send", b"C", wire.BATCH), ("write",)]
 
 
 def test_a_recovered_message_of_several_frames_goes_alone_and_gone_ones_are_let_go():

@@ -148,10 +148,18 @@ class Consumers:
         for c in confirmations:
             if credit.send(c.consumer, [c.key, c.status]) is not SENT:
                 self.dropped.confirmations += 1
-        credit.flush()
+        # not flushed here: the caller delivers (or flushes) next, so that a consumer's
+        # confirmations and its next batch leave in one write
+
+    def write_out(self) -> None:
+        """Write what was sent to the consumers' connections."""
+        self.send.flush()
+        if self.credit is not None:
+            self.credit.flush()
 
     def deliver(self) -> None:
-        """Send what the core has ready for the consumers, as far as their connections take."""
+        """Send what the core has ready for the consumers, as far as their connections take,
+        and flush."""
         core, send, credit = self.core, self.send, self.credit
         dispatcher = core.dispatcher
         if self._blocked:
@@ -161,8 +169,7 @@ class Consumers:
             dispatcher.pause(cid, False)
         self._credit_blocked.clear()
         now, now_us = self.loop.time(), time.time_ns() // 1000
-        if (nxt := core.next_delivery(now, now_us)) is None:
-            return
+        nxt = core.next_delivery(now, now_us)
         while nxt is not None:
             d, frames = nxt
             if d.consumer == CONSUMERS:
@@ -183,7 +190,5 @@ class Consumers:
                     n = core.consumer_gone(d.consumer)
                     self.log.debug("pzq credit consumer gone", queue=self.name, requeued=n)
             nxt = core.next_delivery(now, now_us)
-        send.flush()
-        if credit is not None:
-            credit.flush()
+        self.write_out()  # with any confirmations sent before
 

@@ -262,7 +262,9 @@ class QueueServer:
                 consumers.confirm(self._confirmations)
                 self._confirmations = []
             if self._running:
-                consumers.deliver()
+                consumers.deliver()  # (and flushes the confirmations)
+            else:
+                consumers.write_out()
         if self._running:
             self._schedule_timer()
 
