@@ -102,6 +102,27 @@ def test_only_really_timed_out_messages_are_redelivered():
     assert d.expire(1.2) == []  # message 1 is not due before 1.5
 
 
+def test_a_batch_times_out_only_for_what_is_still_in_flight_from_that_send():
+    """A batch's messages share one deadline: at it, only those still in flight from that
+    send are due; ACKed ones, and one NACKed and sent again (its own deadline), are not."""
+    d = Dispatcher(ack_timeout=5.0)
+    d.set_consumer("a", 10)
+    for seq in range(4):
+        d.add(seq, 1)
+    first = d.next_delivery(0.0)
+    assert [first.seq] + d.more_to("a", 0.0, 3, set()).seqs == [0, 1, 2, 3]
+    d.ack_many([0, 1])
+    assert d.nack(2)
+    again = d.next_delivery(1.0)
+    assert (again.seq, again.attempt) == (2, 2)
+    assert d.next_deadline() == 5.0  # 3 is still in flight from the first send
+    assert d.expire(5.0) == [3]
+    assert d.next_deadline() == 6.0  # 2's second send
+    d.ack(2)
+    d.ack(3)
+    assert d.next_deadline() is None and d.expire(100.0) == []
+
+
 def test_late_ack_is_honoured_after_the_timeout():
     d = Dispatcher(ack_timeout=1.0)
     d.set_consumer("a", 10)

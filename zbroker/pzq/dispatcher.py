@@ -68,7 +68,8 @@ class Dispatcher:
         self._where: dict[int, Hashable] = {}  # seq -> READY or the consumer holding it
         self._size: dict[int, int] = {}
         self._attempts: dict[int, int] = {}
-        self._deadlines: deque[tuple[float, int, int]] = deque()  # (deadline, seq, attempt)
+        #: (deadline, seqs, their attempts) of each send (a batch's: one entry for all)
+        self._deadlines: deque[tuple[float, Sequence[int], Sequence[int]]] = deque()
         self.inflight_bytes = 0
         self.inflight = 0
         self.expired = 0
@@ -189,7 +190,7 @@ class Dispatcher:
         consumer.inflight_bytes += size
         self.inflight += 1
         self.inflight_bytes += size
-        self._deadlines.append((now + self.ack_timeout, seq, attempt))
+        self._deadlines.append((now + self.ack_timeout, (seq,), (attempt,)))
         return Delivery(seq, consumer.id, attempt)
 
     def _send_batch(self, seqs: list[int], size: int, consumer: Consumer, now: float
@@ -210,7 +211,8 @@ class Dispatcher:
         consumer.inflight_bytes += size
         self.inflight += len(seqs)
         self.inflight_bytes += size
-        self._deadlines.extend(zip(repeat(now + self.ack_timeout), seqs, attempts))
+        # (copies: the caller may add to the lists it is given)
+        self._deadlines.append((now + self.ack_timeout, tuple(seqs), tuple(attempts)))
         return attempts
 
     def unsent(self, sent: Delivery | Deliveries) -> None:
@@ -284,13 +286,12 @@ class Dispatcher:
     def expire(self, now: float) -> list[int]:
         """Requeue (at the front, oldest first) every message whose deadline has passed."""
         due: list[int] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, seq, attempt = self._deadlines.popleft()
-            where = self._where.get(seq)
-            if where is None or where == READY or self._attempts.get(seq) != attempt:
-                continue  # ACKed, NACKed or sent again since: that deadline is stale
-            self._unflight(seq)
-            due.append(seq)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, seqs, attempts = deadlines.popleft()
+            for seq in self._pending(seqs, attempts):
+                self._unflight(seq)
+                due.append(seq)
         for seq in reversed(due):
             self._to_front(seq)
         self.expired += len(due)
@@ -298,14 +299,23 @@ class Dispatcher:
 
     def next_deadline(self) -> float | None:
         """When ``expire`` next has something to do (stale deadlines are dropped first)."""
-        while self._deadlines:
-            deadline, seq, attempt = self._deadlines[0]
-            where = self._where.get(seq)
-            if where is None or where == READY or self._attempts.get(seq) != attempt:
-                self._deadlines.popleft()
-                continue
-            return deadline
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, seqs, attempts = deadlines[0]
+            if self._pending(seqs, attempts):
+                return deadline
+            deadlines.popleft()
         return None
+
+    def _pending(self, seqs: Sequence[int], attempts: Sequence[int]) -> list[int]:
+        """Those of ``seqs`` still in flight from the send of these ``attempts`` (not ACKed,
+        NACKed or sent again since: for the others, that deadline is stale)."""
+        wheres = list(map(self._where.get, seqs))
+        if wheres.count(None) == len(wheres):  # all ACKed: the common case, in one go
+            return []
+        attempts_of = self._attempts
+        return [seq for seq, where, attempt in zip(seqs, wheres, attempts, strict=True)
+                if where is not None and where != READY and attempts_of.get(seq) == attempt]
 
     def attempts(self, seq: int) -> int:
         return self._attempts.get(seq, 0)
