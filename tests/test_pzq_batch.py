@@ -326,6 +326,23 @@ def test_acks_taken_together_follow_or_avoid_each_waiting_batch(tmp_path):
     assert [m.seq for m in recover(tmp_path).messages] == [0]
 
 
+def test_acks_of_waiting_batches_in_any_order_avoid_each_batch_once_all_of_it_is_acked(
+        tmp_path):
+    """A batch consumer's ACK of seqs from two waiting records, interleaved or each in one
+    piece: a record is never written once all of it is ACKed, whatever the order."""
+    h = Harness(tmp_path, sync="batch", sync_window=0.5)  # waits: the ACKs come first
+    b1 = h.store.append_batch(0, 3, b"1|x", wire.pack([b"a", b"b", b"c"], [b"1"] * 3))
+    h.store.append_batch(3, 2, b"1|x", wire.pack([b"d", b"e"], [b"2"] * 2))
+    h.store.append_batch(5, 2, b"1|x", wire.pack([b"f", b"g"], [b"3"] * 2))
+    assert h.store.ack_many([0, 3, 1, 4]) == [range(3, 5)]  # interleaved
+    assert h.store.ack_many([2, 5]) == [range(0, 3)]  # each in one piece
+    h.wait_batch(b1)
+    h.settle()
+    assert h.store.avoided_messages == 3 + 2
+    h.close()
+    assert [m.seq for m in recover(tmp_path).messages] == [6]  # 5: ACKed after its batch
+
+
 # --- real pzq processes ------------------------------------------------------------------
 
 

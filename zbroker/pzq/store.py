@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,25 @@ class _Entry:
 
     def seqs(self) -> range:
         return range(self.seq, self.seq + self.count)
+
+
+def _batch_runs(entries: list[_Entry | None]) -> list[tuple[_Entry, int, int]] | None:
+    """(entry, start, end) for each run of ``entries`` that is one waiting BATCH record, if
+    every entry is one and each record's run is in one piece (a batch consumer's ACK of
+    what it was sent, in order); else None."""
+    ids = list(map(id, entries))
+    runs = []
+    start = 0
+    while start < len(entries):
+        entry = entries[start]
+        if entry is None or entry.count == 1:
+            return None
+        end = start + ids.count(ids[start])
+        if ids[start:end].count(ids[start]) != end - start:
+            return None
+        runs.append((entry, start, end))
+        start = end
+    return runs
 
 
 @dataclass
@@ -323,13 +343,24 @@ class Store:
         count = 0
         avoiding = False
         now = time.monotonic()
+        seqs = list(seqs)
         with self._cond:
             acks = self._pending_acks  # (the writer takes this list and leaves a new one:
             # read it under the lock, or an ACK may go to a list already written)
-            for seq in seqs:
+            entries = list(map(pending.pop, seqs, repeat(None)))
+            runs = _batch_runs(entries)
+            if runs:  # a batch consumer's ACK of waiting BATCH records
+                for entry, start, end in runs:
+                    before = len(entry.acked)
+                    entry.acked.extend(seqs[start:end])
+                    if (batch := self._acked_in_batch(entry, before)) is not None:
+                        dropped.append(batch)
+                if self._policy.ack(now, True, len(seqs)):
+                    self._cond.notify()
+                return dropped
+            for seq, entry in zip(seqs, entries, strict=True):
                 count += 1
                 moved = seq in live or seq in moving  # on disk already, being moved
-                entry = pending.pop(seq, None)
                 if entry is not None and not moved:
                     avoiding = True
                 if entry is not None and entry.count > 1:
@@ -498,9 +529,10 @@ class Store:
                 for e in taken:
                     if e.count > 1:
                         by_seq = self._pending_by_seq
-                        for seq in e.seqs():
-                            if by_seq.get(seq) is e:
-                                del by_seq[seq]
+                        if len(e.acked) < e.count:  # (all ACKed: all gone from it already)
+                            for seq in e.seqs():
+                                if by_seq.get(seq) is e:
+                                    del by_seq[seq]
                         if e.alive:
                             self._pending_bytes -= e.size
                     elif self._pending_by_seq.get(e.seq) is e:
