@@ -66,6 +66,8 @@ def test_message_record_round_trip(seq, key, msg_id, frames):
     [(end, rec)] = list(records.scan(data))
     assert end == len(data)
     assert rec == records.MessageRecord(seq, key, msg_id, tuple(frames))
+    # the size the log counts a record it has not encoded yet at
+    assert len(data) == records.message_size(key, msg_id, frames) + records.HEADER.size
 
 
 def test_ack_record_round_trip_and_corruption_stops_the_scan():

@@ -67,6 +67,12 @@ def message_parts(seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) 
     return parts
 
 
+def message_size(key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> int:
+    """The size of :func:`message_parts`' payload, without making it."""
+    return (_MSG_HEAD.size + len(key) + len(msg_id) + sum(map(len, frames))
+            + _U32.size * len(frames))
+
+
 def batch_parts(first_seq: int, key_base: bytes, packed: bytes) -> list[bytes]:
     """The payload of a BATCH record, as parts to be written one after the other."""
     return [_BATCH_HEAD.pack(BATCH, first_seq, len(key_base)), key_base, packed]

@@ -85,7 +85,7 @@ class StoreInUse(OSError):
 class _Entry:
     seq: int  # the first of ``count`` seqs (a producer's batch: one BATCH record)
     batch: int
-    parts: list[bytes]
+    parts: list[bytes] | None  # the payload; None: a MESSAGE record not encoded yet
     size: int
     at: float
     alive: bool = True
@@ -93,6 +93,9 @@ class _Entry:
     count: int = 1
     #: seqs of a BATCH record ACKed while it waited: ACK records follow it in its write
     acked: list[int] | None = None
+    #: a MESSAGE record's (key, msg id, frames), encoded by the writer if it writes it (most
+    #: are ACKed first: write avoidance, and then never encoded)
+    message: tuple[bytes, bytes, Sequence[bytes]] | None = None
 
     def seqs(self) -> range:
         return range(self.seq, self.seq + self.count)
@@ -300,21 +303,25 @@ class Store:
 
     def append(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> int:
         """Queue a message record; returns the number of the batch that will hold it."""
-        return self._queue(seq, records.message_parts(seq, key, msg_id, frames), 1)
+        size = records.message_size(key, msg_id, frames) + records.HEADER.size
+        return self._queue(_Entry(seq, 0, None, size, 0.0, message=(key, msg_id, frames)))
 
     def append_batch(self, first_seq: int, count: int, key_base: bytes, packed: bytes) -> int:
         """Queue a producer's batch as one BATCH record (records.py): ``count`` messages
         with the seqs from ``first_seq`` on, ``packed`` as it came (wire.pack)."""
-        return self._queue(first_seq, records.batch_parts(first_seq, key_base, packed), count)
-
-    def _queue(self, seq: int, parts: list[bytes], count: int) -> int:
+        parts = records.batch_parts(first_seq, key_base, packed)
         size = sum(map(len, parts)) + records.HEADER.size
+        return self._queue(_Entry(first_seq, 0, parts, size, 0.0, count=count))
+
+    def _queue(self, entry: _Entry) -> int:
+        """Queue ``entry`` (its batch and time are set here); returns its batch."""
+        seq, size, count = entry.seq, entry.size, entry.count
         now = time.monotonic()
         with self._cond:
             batch, wake = self._policy.record(size, now)
             if wake:
                 self._cond.notify()
-            entry = _Entry(seq, batch, parts, size, now, count=count)
+            entry.batch, entry.at = batch, now
             self._pending.append(entry)
             if count == 1:
                 self._pending_by_seq[seq] = entry
@@ -591,7 +598,10 @@ class Store:
                 elif e.avoided:
                     avoided.extend(e.seqs())
             elif e.alive:
-                parts.extend(records.frame_record(e.parts))
+                payload = e.parts
+                if payload is None:
+                    payload = records.message_parts(e.seq, *e.message)
+                parts.extend(records.frame_record(payload))
                 placed.append(e.seq)
             elif e.avoided:
                 avoided.append(e.seq)
