@@ -7,8 +7,9 @@ carries out in order; what the log did comes back as a :class:`BatchResult` (``b
 the seqs it placed or failed). The core has a dispatcher (dispatcher.py) and keeps:
 
 - the unACKed messages (``messages``, by seq) and their keys (what consumers ACK with),
-- the idempotence window: the last ``idempotence_window`` producer message ids (and at most
-  ``idempotence_bytes`` of them), so that a retried id is answered, not stored twice,
+- the idempotence window (id_window.py): the last ``idempotence_window`` producer message
+  ids (and at most ``idempotence_bytes`` of them), so that a retried id is answered, not
+  stored twice,
 - the producers waiting for their message to be written (the producer ACK goes out when
   the log reports its seq written and synced, or when a consumer ACKed the message first,
   whatever the log is doing with it; refused input is answered at once).
@@ -35,7 +36,7 @@ A stream queue (``stream=True``) pushes nothing to consumers: its messages are r
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -56,6 +57,7 @@ from .actions import (
     Unreplicate,
 )
 from .dispatcher import Deliveries, Delivery, Dispatcher
+from .id_window import IdWindow
 from .records import MessageRecord
 
 QUEUE_FULL = "Queue full"
@@ -180,8 +182,7 @@ class QueueCore:
         self.dispatcher = Dispatcher(limits.ack_timeout, limits.inflight_size)
         self.messages: dict[int, Message] = {}
         self.keys: dict[bytes, int] = {}
-        self.ids: OrderedDict[bytes, int] = OrderedDict()
-        self.ids_bytes = 0
+        self.ids = IdWindow(limits.idempotence_window, limits.idempotence_bytes)
         #: seq -> the producers waiting for it to be written: (peer, msg id, key)
         self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}
         self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
@@ -245,7 +246,7 @@ class QueueCore:
             if len(r.frames) != 1:
                 self._goes_alone(r.seq)
             self.keys[r.key] = r.seq
-            self._remember(r.msg_id, r.seq)
+            self.ids.add(r.msg_id, r.seq)
             self._count(size, 1)
             if self.stream:
                 continue
@@ -336,7 +337,7 @@ class QueueCore:
                 or budget.messages + n > limits.max_messages):
             return self._refuse(peer, batch_id, self.full_reason)
         w = BatchWaiter(peer, batch_id)
-        if any(map(self.ids.__contains__, ids)) or len(set(ids)) < n:
+        if self.ids.any_known(ids) or len(set(ids)) < n:
             return self._produce_batch_repeating(w, ids, bodies, now_us, now)
         first = self.next_seq
         self.next_seq = first + n
@@ -379,22 +380,16 @@ class QueueCore:
     def _add_batch(self, w: BatchWaiter, first: int, base: bytes, ids: list[bytes],
                    bodies: list[bytes], now: float) -> None:
         """Take the messages of a batch record with seqs from ``first`` on."""
-        messages, keys, known = self.messages, self.keys, self.ids
+        messages, keys = self.messages, self.keys
         replicas = self.limits.replicas
         frame_cost = 2 * wire.FRAME_COST
         seqs = range(first, first + len(ids))
         batch_keys = wire.message_keys(base, first, len(ids))
         sizes = [len(msg_id) + len(body) + frame_cost
                  for msg_id, body in zip(ids, bodies, strict=True)]
-        id_bytes = 0
         for seq, key, msg_id, body, size in zip(seqs, batch_keys, ids, bodies, sizes,
                                                     strict=True):
             messages[seq] = Message(seq, key, msg_id, (body,), size, False)
-            if msg_id in known:  # (taken over again, or recovered twice: one entry)
-                self._remember(msg_id, seq)
-            else:  # as _remember does, trimming once for the whole batch (below)
-                known[msg_id] = seq
-                id_bytes += len(msg_id)
             if replicas:  # each message's copies are a part of the batch's answer
                 self.waiting[seq] = [(w, msg_id, key)]
                 w.pending += 1
@@ -403,10 +398,9 @@ class QueueCore:
                 self._replica_deadlines.append((now + self.limits.replication_timeout, key))
                 self.replication_out.append(Replicate(key, (body,)))
         keys.update(zip(batch_keys, seqs, strict=True))
+        self.ids.add_many(ids, first)  # (new and distinct: both callers made sure)
         if not self.stream:
             self.dispatcher.add_many(seqs, sizes)
-        self.ids_bytes += id_bytes
-        self._trim_ids()
         self._count(sum(sizes), len(ids))
         if not replicas:
             self.waiting[first] = [(w, b"", None)]  # the record: one part
@@ -429,7 +423,7 @@ class QueueCore:
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
         (a replica whose original was ACKed). False if there is none."""
-        seq = self._forget(msg_id)
+        seq = self.ids.forget(msg_id)
         m = self.messages.get(seq) if seq is not None else None
         if m is None:
             return False
@@ -465,7 +459,7 @@ class QueueCore:
         if len(body) != 1:
             self._goes_alone(seq)
         self.keys[key] = seq
-        self._remember(msg_id, seq)
+        self.ids.add(msg_id, seq)
         self._count(size, 1)
         if not self.stream:
             self.dispatcher.add(seq, size)
@@ -483,7 +477,7 @@ class QueueCore:
                 if m is not None:
                     self.keys.pop(m.key, None)
                     if self.ids.get(m.msg_id) == seq:
-                        self._forget(m.msg_id)  # a retry must be stored, not deduplicated
+                        self.ids.forget(m.msg_id)  # a retry is stored, not deduplicated
                     self._count(-m.size, -1)
                     self.dispatcher.drop(seq)
         else:
@@ -830,29 +824,6 @@ class QueueCore:
         alone.add(seq)
         if len(alone) > 64 and len(alone) > 2 * len(self.messages):
             self.alone = {s for s in alone if s in self.messages}
-
-    def _remember(self, msg_id: bytes, seq: int) -> None:
-        ids = self.ids
-        if msg_id in ids:  # taken over again, or recovered twice: one entry
-            self.ids_bytes -= len(msg_id)
-            del ids[msg_id]
-        ids[msg_id] = seq
-        self.ids_bytes += len(msg_id)
-        self._trim_ids()
-
-    def _trim_ids(self) -> None:
-        """Forget the oldest ids past the idempotence window (in ids or in bytes)."""
-        ids, limits = self.ids, self.limits
-        while ids and (len(ids) > limits.idempotence_window
-                       or self.ids_bytes > limits.idempotence_bytes):
-            old, _ = ids.popitem(last=False)
-            self.ids_bytes -= len(old)
-
-    def _forget(self, msg_id: bytes) -> int | None:
-        seq = self.ids.pop(msg_id, None)
-        if seq is not None:
-            self.ids_bytes -= len(msg_id)
-        return seq
 
     def _answer(self, peer: bytes | BatchWaiter, msg_id: bytes, ok: bool,
                 text: str | None) -> None:
