@@ -289,7 +289,7 @@ class Dispatcher:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, seqs, attempts = deadlines.popleft()
-            for seq in self._pending(seqs, attempts):
+            for seq in self._still_in_flight(seqs, attempts):
                 self._unflight(seq)
                 due.append(seq)
         for seq in reversed(due):
@@ -302,12 +302,12 @@ class Dispatcher:
         deadlines = self._deadlines
         while deadlines:
             deadline, seqs, attempts = deadlines[0]
-            if self._pending(seqs, attempts):
+            if self._still_in_flight(seqs, attempts):
                 return deadline
             deadlines.popleft()
         return None
 
-    def _pending(self, seqs: Sequence[int], attempts: Sequence[int]) -> list[int]:
+    def _still_in_flight(self, seqs: Sequence[int], attempts: Sequence[int]) -> list[int]:
         """Those of ``seqs`` still in flight from the send of these ``attempts`` (not ACKed,
         NACKed or sent again since: for the others, that deadline is stale)."""
         wheres = list(map(self._where.get, seqs))
