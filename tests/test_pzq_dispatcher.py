@@ -123,6 +123,24 @@ def test_a_batch_times_out_only_for_what_is_still_in_flight_from_that_send():
     assert d.next_deadline() is None and d.expire(100.0) == []
 
 
+def test_a_send_given_back_does_not_time_the_message_out_once_sent_again():
+    """A send that its consumer's full connection could not take is given back; sent again
+    later, the message times out a full ACK timeout after that send, not after the first
+    (while an older send is still in flight before it)."""
+    d = Dispatcher(ack_timeout=5.0)
+    d.set_consumer("a", 10)
+    d.add(0, 1)
+    d.add(1, 1)
+    assert d.next_delivery(0.0).seq == 0  # in flight until 5.0
+    d.unsent(d.next_delivery(0.0))  # 1: given back
+    assert d.attempts(1) == 0 and d.next_deadline() == 5.0
+    again = d.next_delivery(3.0)
+    assert (again.seq, again.attempt) == (1, 1)
+    assert d.expire(5.0) == [0]  # not 1: its send is due at 8.0
+    d.ack(0)
+    assert d.next_deadline() == 8.0 and d.expire(8.0) == [1]
+
+
 def test_late_ack_is_honoured_after_the_timeout():
     d = Dispatcher(ack_timeout=1.0)
     d.set_consumer("a", 10)

@@ -216,9 +216,15 @@ class Dispatcher:
         return attempts
 
     def unsent(self, sent: Delivery | Deliveries) -> None:
-        """What was sent could not be after all: back to the front as it was, not counted."""
+        """What was sent could not be after all (given back at once, before anything else
+        is sent): back to the front as it was, not counted, and without its deadline."""
         if type(sent) is Delivery:
             sent = Deliveries(sent.consumer, [sent.seq], [sent.attempt])
+        # that send's deadline entries are the newest: let them go, or one would time the
+        # message out early once it is sent again (with the same attempt number)
+        seqs = set(sent.seqs)
+        while self._deadlines and seqs.issuperset(self._deadlines[-1][1]):
+            self._deadlines.pop()
         for seq, attempt in zip(reversed(sent.seqs), reversed(sent.attempts), strict=True):
             if self._where.get(seq) != sent.consumer:
                 continue
