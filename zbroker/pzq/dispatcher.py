@@ -67,6 +67,9 @@ class Dispatcher:
         self._ready: deque[int] = deque()
         self._where: dict[int, Hashable] = {}  # seq -> READY or the consumer holding it
         self._size: dict[int, int] = {}
+        #: seq -> its sends so far, kept only for a message sent before and not in flight,
+        #: or in flight again: none for one never sent (0) or in flight once (1), the usual
+        #: case, so that most messages never have an entry
         self._attempts: dict[int, int] = {}
         #: (deadline, seqs, their attempts) of each send (a batch's: one entry for all)
         self._deadlines: deque[tuple[float, Sequence[int], Sequence[int]]] = deque()
@@ -108,14 +111,12 @@ class Dispatcher:
     def add(self, seq: int, size: int) -> None:
         """A new message, ready for delivery."""
         self._size[seq] = size
-        self._attempts[seq] = 0
         self._where[seq] = READY
         self._ready.append(seq)
 
     def add_many(self, seqs: Sequence[int], sizes: Sequence[int]) -> None:
         """New messages (a producer's batch), ready for delivery in this order."""
         self._size.update(zip(seqs, sizes, strict=True))
-        self._attempts.update(dict.fromkeys(seqs, 0))
         self._where.update(dict.fromkeys(seqs, READY))
         self._ready.extend(seqs)
 
@@ -181,9 +182,9 @@ class Dispatcher:
     def _send(self, seq: int, size: int, consumer: Consumer, now: float) -> Delivery:
         """``seq``, first in the ready queue, goes to ``consumer``."""
         self._ready.popleft()
-        attempt = self._attempts[seq] + 1
-        self._attempts[seq] = attempt
+        attempt = self._attempts.get(seq, 0) + 1
         if attempt > 1:
+            self._attempts[seq] = attempt
             self.redelivered += 1
         self._where[seq] = consumer.id
         consumer.inflight.add(seq)
@@ -198,14 +199,13 @@ class Dispatcher:
         """:meth:`_send` for ``seqs`` (``size`` bytes), taken from the ready queue, with the
         dict and set operations done over all of them: their attempts."""
         attempts_of = self._attempts
-        before = list(map(attempts_of.__getitem__, seqs))
-        if any(before):
+        before = list(map(attempts_of.get, seqs, repeat(0))) if attempts_of else ()
+        if any(before):  # (kept for all of them: one sent before is)
             attempts = [a + 1 for a in before]
             attempts_of.update(zip(seqs, attempts, strict=True))
             self.redelivered += len(seqs) - attempts.count(1)
-        else:  # all sent for the first time
+        else:  # all sent for the first time: nothing to keep
             attempts = [1] * len(seqs)
-            attempts_of.update(dict.fromkeys(seqs, 1))
         self._where.update(dict.fromkeys(seqs, consumer.id))
         consumer.inflight.update(seqs)
         consumer.inflight_bytes += size
@@ -228,10 +228,12 @@ class Dispatcher:
         for seq, attempt in zip(reversed(sent.seqs), reversed(sent.attempts), strict=True):
             if self._where.get(seq) != sent.consumer:
                 continue
-            self._unflight(seq)
-            self._attempts[seq] -= 1
+            self._unflight(seq)  # (its sends are kept now: one at least)
             if attempt > 1:
+                self._attempts[seq] = attempt - 1
                 self.redelivered -= 1
+            else:
+                del self._attempts[seq]  # never sent, after all
             self._to_front(seq)
 
     def ack(self, seq: int) -> bool:
@@ -240,8 +242,9 @@ class Dispatcher:
         if where is None:
             return False
         if where != READY:
-            self._unflight(seq)
-        del self._where[seq], self._size[seq], self._attempts[seq]
+            self._unflight(seq, ready=False)
+        del self._where[seq], self._size[seq]
+        self._attempts.pop(seq, None)
         return True
 
     def ack_many(self, seqs: Iterable[int]) -> None:
@@ -255,7 +258,8 @@ class Dispatcher:
         if not seqs:
             return
         sizes = list(map(self._size.pop, seqs))
-        deque(map(self._attempts.__delitem__, seqs), maxlen=0)
+        if self._attempts:
+            deque(map(self._attempts.pop, seqs, repeat(None)), maxlen=0)
         holder = wheres[0]
         if holder != READY and wheres.count(holder) == len(wheres):  # all in flight to one
             c = self.consumers.get(holder)
@@ -321,10 +325,14 @@ class Dispatcher:
             return []
         attempts_of = self._attempts
         return [seq for seq, where, attempt in zip(seqs, wheres, attempts, strict=True)
-                if where is not None and where != READY and attempts_of.get(seq) == attempt]
+                if where is not None and where != READY
+                and attempts_of.get(seq, 1) == attempt]
 
     def attempts(self, seq: int) -> int:
-        return self._attempts.get(seq, 0)
+        where = self._where.get(seq)
+        if where is None:
+            return 0
+        return self._attempts.get(seq, 0 if where == READY else 1)
 
     # --- internals -------------------------------------------------------------------------
 
@@ -344,8 +352,11 @@ class Dispatcher:
         self._where[seq] = READY
         self._ready.appendleft(seq)
 
-    def _unflight(self, seq: int) -> None:
-        """``seq`` is in flight no more (it is ready again, or forgotten next)."""
+    def _unflight(self, seq: int, ready: bool = True) -> None:
+        """``seq`` is in flight no more: it is ready again (its sends are kept from now on,
+        a first one too), or forgotten next (not ``ready``)."""
+        if ready:
+            self._attempts.setdefault(seq, 1)
         size = self._size[seq]
         c = self.consumers.get(self._where[seq])
         if c is not None:
