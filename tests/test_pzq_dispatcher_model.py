@@ -1,9 +1,11 @@
 """The pzq dispatcher against a model of what it must keep, under any sequence of adds,
 deliveries (one by one and batches), sends given back, ACKs (one, many, late, duplicate),
-NACKs, timeouts and consumers coming and going: every message is ready or in flight to one
-consumer, its attempts count the sends that were not given back, a consumer never gets a
-message beyond its credit, what times out is exactly what is still in flight from a send
-whose deadline passed, and the counts of what is in flight add up. No sockets, no clock."""
+NACKs, timeouts, consumers coming, going and pausing: every message is ready or in flight to
+one consumer, its attempts count the sends that were not given back, a consumer never gets a
+message beyond its credit or its byte window (one message at least) or while paused, a
+message that goes alone is never in a batch, what times out is exactly what is still in
+flight from a send whose deadline passed, and the counts of what is in flight add up. No
+sockets, no clock."""
 
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ class DispatcherModel(RuleBasedStateMachine):
         self.size: dict[int, int] = {}
         self.deadline: dict[int, float] = {}  # seq in flight -> its send's deadline
         self.credit: dict[str, int] = {}
+        self.max_bytes: dict[str, int] = {}
+        self.paused: set[str] = set()
+        self.alone: set[int] = set()  # messages that go alone, never in a batch
         self.last: Deliveries | None = None  # the latest send, while it may be given back
 
     # --- what the queue does ---------------------------------------------------------------
@@ -44,11 +49,26 @@ class DispatcherModel(RuleBasedStateMachine):
             self.where[seq], self.sends[seq], self.size[seq] = READY, 0, size
         self.last = None
 
-    @rule(cid=st.sampled_from(CONSUMERS), credit=st.integers(0, 4))
-    def set_consumer(self, cid, credit):
-        self.d.set_consumer(cid, credit)
-        self.credit[cid] = credit
+    @rule(cid=st.sampled_from(CONSUMERS), credit=st.integers(0, 4),
+          max_bytes=st.sampled_from([1 << 62, 15, 40]))
+    def set_consumer(self, cid, credit, max_bytes):
+        self.d.set_consumer(cid, credit, max_bytes)
+        self.credit[cid], self.max_bytes[cid] = credit, max_bytes
         self.last = None
+
+    @rule(cid=st.sampled_from(CONSUMERS), paused=st.booleans())
+    def pause(self, cid, paused):
+        """Its connection is full (or drained again)."""
+        self.d.pause(cid, paused)
+        if paused and cid in self.credit:  # (an unknown consumer: nothing to pause)
+            self.paused.add(cid)
+        else:
+            self.paused.discard(cid)
+        self.last = None
+
+    @rule(data=st.data())
+    def goes_alone(self, data):
+        self.alone.add(data.draw(st.integers(0, max(0, self.next_seq))))
 
     @rule(cid=st.sampled_from(CONSUMERS))
     def remove_consumer(self, cid):
@@ -58,6 +78,8 @@ class DispatcherModel(RuleBasedStateMachine):
             self.where[seq] = READY
             del self.deadline[seq]
         self.credit.pop(cid, None)
+        self.max_bytes.pop(cid, None)
+        self.paused.discard(cid)
         self.last = None
 
     @rule(step=st.floats(0, 3))
@@ -69,6 +91,9 @@ class DispatcherModel(RuleBasedStateMachine):
             self.last = None
             return
         assert loads[got.consumer] < self.credit[got.consumer]  # it had credit
+        assert got.consumer not in self.paused
+        held = self._bytes(got.consumer)
+        assert held == 0 or held + self.size[got.seq] <= self.max_bytes[got.consumer]
         self._sent(got.consumer, [got.seq], [got.attempt])
         self.last = Deliveries(got.consumer, [got.seq], [got.attempt])
 
@@ -77,8 +102,11 @@ class DispatcherModel(RuleBasedStateMachine):
         if cid not in self.credit:
             return
         room = self.credit[cid] - self._loads()[cid]
-        more = self.d.more_to(cid, self.now, limit, set())
+        room_bytes = self.max_bytes[cid] - self._bytes(cid)
+        more = self.d.more_to(cid, self.now, limit, self.alone)
         assert len(more.seqs) <= max(0, min(limit, room))
+        assert sum(self.size[s] for s in more.seqs) <= max(0, room_bytes)
+        assert self.alone.isdisjoint(more.seqs)
         self._sent(cid, more.seqs, more.attempts)
         self.last = more if more.seqs else None
 
@@ -154,6 +182,9 @@ class DispatcherModel(RuleBasedStateMachine):
         assert self.d.next_deadline() == want
 
     # --- internals --------------------------------------------------------------------------
+
+    def _bytes(self, cid: str) -> int:
+        return sum(self.size[s] for s, w in self.where.items() if w == cid)
 
     def _loads(self) -> dict[str, int]:
         return {cid: sum(1 for w in self.where.values() if w == cid) for cid in CONSUMERS}
