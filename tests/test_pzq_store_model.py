@@ -22,9 +22,7 @@ from zbroker.pzq import wire
 class StoreModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        # (in memory where the machine has it: many logs, each fdatasynced many times)
-        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        self.directory = Path(tempfile.mkdtemp(prefix="pzq-store-model-", dir=shm))
+        self.directory = Path(tempfile.mkdtemp(prefix="pzq-store-model-"))
         self.h = Harness(self.directory, sync="batch", sync_window=0.002)
         self.next_seq = 0
         self.live: dict[int, tuple[bytes, bytes, bytes]] = {}  # seq -> key, id, body
