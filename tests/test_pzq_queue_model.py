@@ -1,10 +1,10 @@
 """The pzq queue core with a log that writes, fails and avoids writes as the real one does,
 under any sequence of messages (one by one and in batches, ids sent again), deliveries to a
-batch consumer, its ACKs, writes that succeed or fail, and timeouts. Checked after each step:
-a producer is told "stored" only once every message of what it sent is durable (written) or
-ACKed by a consumer; nothing it was told is stored is lost; what it was told failed is not
-kept; and a consumer's ACK is confirmed only once it can no longer be undone. No sockets,
-no disk, no clock."""
+batch consumer and to one of the original wire, their ACKs (and NACKs), writes that succeed
+or fail, and timeouts. Checked after each step: a producer is told "stored" only once every
+message of what it sent is durable (written) or ACKed by a consumer; nothing it was told is
+stored is lost; what it was told failed is not kept; and a consumer's ACK is confirmed only
+once it can no longer be undone. No sockets, no disk, no clock."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ class QueueModel(RuleBasedStateMachine):
         super().__init__()
         self.core = QueueCore(Limits(ack_timeout=5.0, idempotence_window=6))
         self.core.credit_consumer(b"C", 4, 1 << 20)
+        self.core.consumers_changed(1)  # and one of the original wire (one by one)
         self.now = 0.0
         self.records: list[list[int]] = []  # appended, not written yet: seqs of each
         self.record_acked: set[int] = set()  # seqs ACKed while their record waits
@@ -34,7 +35,12 @@ class QueueModel(RuleBasedStateMachine):
         #: what a producer sent (a message id, a batch id) -> the seqs stored for it that
         #: it has not been answered about yet
         self.parts: dict[bytes, set[int]] = {}
-        self.kept: set[int] = set()  # seqs the producer was told are stored
+        self.batch_ids: dict[bytes, list[bytes]] = {}  # batch id -> its message ids
+        #: message ids the producer was told are stored: some copy of each is durable or
+        #: consumed (an id sent again past the idempotence window is stored again: its
+        #: answers do not say which copy)
+        self.kept: set[bytes] = set()
+        self.failed_seqs: set[int] = set()  # seqs of failed writes
         self.msg_id: dict[int, bytes] = {}  # seq -> the producer's id for it
         self.delivered: dict[bytes, int] = {}  # key -> seq, delivered and not ACKed yet
         self.confirm_waits: dict[bytes, set[int]] = {}  # ACK id -> its seqs
@@ -55,6 +61,7 @@ class QueueModel(RuleBasedStateMachine):
         ids = [IDS[i] for i in picks]
         batch_id = b"b%d" % len(self.parts)  # (its ids may have been sent before)
         self.parts.setdefault(batch_id, set())
+        self.batch_ids[batch_id] = ids
         self.core.produce_batch(b"P", [batch_id, wire.BATCH_HEADER, b"", wire.pack(
             ids, [b"body " + i for i in ids])], self._us())
         self._pump(sent=batch_id)
@@ -65,19 +72,33 @@ class QueueModel(RuleBasedStateMachine):
     def deliver(self):
         while (nxt := self.core.next_delivery(self.now, self._us())) is not None:
             d, frames = nxt
-            keys, bodies = wire.unpack(frames[3])
-            for seq, key, body in zip(d.seqs, keys, bodies, strict=True):
+            if frames[0] == wire.BATCH:
+                keys, bodies = wire.unpack(frames[3])
+                seqs = d.seqs
+            else:  # [key][sent][ACK timeout][""][body]
+                keys, bodies, seqs = [frames[0]], [b"".join(frames[4:])], [d.seq]
+            for seq, key, body in zip(seqs, keys, bodies, strict=True):
                 assert body == b"body " + self.msg_id[seq]
                 self.delivered[key] = seq
         self._pump()
 
-    @rule(data=st.data(), n=st.integers(0, 99))
-    def consumer_ack(self, data, n):
+    @rule(data=st.data(), ok=st.booleans())
+    def consumer_ack_one(self, data, ok):
+        """An original consumer's ACK ("1") or NACK ("0") of one key."""
+        if not self.delivered:
+            return
+        key = data.draw(st.sampled_from(sorted(self.delivered)))
+        self.core.consumer_ack([key, wire.OK if ok else wire.FAILED])
+        del self.delivered[key]  # (NACKed: delivered again)
+        self._pump()
+
+    @rule(data=st.data())
+    def consumer_ack(self, data):
         if not self.delivered:
             return
         keys = data.draw(st.lists(st.sampled_from(sorted(self.delivered)), min_size=1,
                                   unique=True))
-        ack_id = b"a%d" % n
+        ack_id = b"a%d" % len(self.confirm_waits)
         self.confirm_waits[ack_id] = {self.delivered[k] for k in keys
                                       if self.delivered[k] in self.core.messages}
         self.core.consumer_acks(keys, b"C", ack_id)
@@ -110,6 +131,7 @@ class QueueModel(RuleBasedStateMachine):
                                              acked=acked))
         else:  # nothing of it is stored; the ACK records are tried again
             self.acks = [s for s in acked if s not in seqs]
+            self.failed_seqs.update(seqs)
             self.core.batch_done(BatchResult((self.batches,), 0, failed=tuple(seqs),
                                              error="store failed: disk full"))
         self.record_acked.difference_update(seqs)
@@ -119,9 +141,10 @@ class QueueModel(RuleBasedStateMachine):
 
     @invariant()
     def stored_means_durable_or_consumed_and_nothing_stored_is_lost(self):
-        for seq in self.kept:
-            assert seq in self.durable or seq in self.consumed, seq
-            assert seq in self.core.messages or seq in self.consumed, seq
+        for msg_id in self.kept:
+            copies = {s for s, i in self.msg_id.items() if i == msg_id}
+            assert copies & (self.durable | self.consumed), msg_id
+            assert copies & (set(self.core.messages) | self.consumed), msg_id
 
     @invariant()
     def confirmed_acks_survive_a_crash(self):
@@ -136,6 +159,8 @@ class QueueModel(RuleBasedStateMachine):
     def _pump(self, sent: bytes | None = None) -> None:
         """Carry out the core's actions as the log and the sockets would."""
         while out := self.core.take_output():
+            # the answers last: they tell of the state the core left, whatever the order
+            out.sort(key=lambda a: type(a) is Reply)
             for a in out:
                 if type(a) is Append:
                     self._appended(sent, [a.seq], [a.msg_id])
@@ -177,9 +202,9 @@ class QueueModel(RuleBasedStateMachine):
     def _answered(self, frames: list[bytes]) -> None:
         sent, ok = frames[0], frames[1] == wire.OK
         if ok:
-            self.kept.update(self.parts.get(sent, ()))
+            self.kept.update(self.batch_ids.get(sent, [sent]))
         else:
-            for seq in self.parts.get(sent, ()):
+            for seq in self.parts.get(sent, set()) & self.failed_seqs:
                 assert seq not in self.core.messages, (sent, seq)
         self.parts[sent] = set()
 
