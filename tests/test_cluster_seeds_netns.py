@@ -56,7 +56,17 @@ def pipes_cross_between_every_pair(hosts, tag):
             w.stdin.write(data[b])
             w.stdin.close()
         for b in others:
-            out, err = readers[b].communicate(timeout=30)
+            try:
+                out, err = readers[b].communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # what each side saw, for whoever looks
+                w = writers[b]
+                state = "was running" if w.poll() is None else f"exited {w.returncode}"
+                w.kill()
+                w.wait()
+                raise AssertionError(
+                    f"{b.name} read nothing of {a.name}'s pipe in 30 s; the writer {state}"
+                    f", said {w.stderr.read()!r}\n--- {a.name}\n{a.log_tail(60)}"
+                    f"\n--- {b.name}\n{b.log_tail(60)}") from None
             assert readers[b].returncode == 0, (a.name, b.name, err)
             assert out == data[b], (a.name, b.name, len(out))
             assert writers[b].wait(30) == 0, writers[b].stderr.read()
