@@ -5,8 +5,10 @@ Messages are known by their seq; consumers by any hashable id. The dispatcher ke
 - the ready queue (FIFO; a NACKed or timed-out message goes to the front),
 - per consumer a credit: the most messages it may hold unACKed (its window),
 - a global cap on bytes in flight,
-- per message in flight its consumer and its deadline (all deadlines come from one ack
-  timeout, so they are in order: timing out is a look at the front of a deque, no rescans).
+- per message in flight its consumer, and per send (one message, or a batch) its deadline
+  (all deadlines come from one ack timeout, so they are in order: timing out is a look at
+  the front of a deque, no rescans),
+- the attempts of the messages sent before and back (the others: 0 when ready, 1 in flight).
 
 Rules:
 - ``next_delivery`` gives the oldest ready message to the least-loaded consumer that has
@@ -15,6 +17,7 @@ Rules:
 - ``ack`` removes a message wherever it is: in flight, or back in the ready queue after a
   timeout (a late ACK is honoured, the message is not sent again).
 - ``nack`` requeues at once, at the front.
+- ``unsent`` gives a send back as if it never happened (its connection could not take it).
 - a consumer that leaves gives its messages back to the ready queue.
 """
 
