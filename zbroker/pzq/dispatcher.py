@@ -201,6 +201,8 @@ class Dispatcher:
                     ) -> list[int]:
         """:meth:`_send` for ``seqs`` (``size`` bytes), taken from the ready queue, with the
         dict and set operations done over all of them: their attempts."""
+        if not seqs:
+            return []
         attempts_of = self._attempts
         before = list(map(attempts_of.get, seqs, repeat(0))) if attempts_of else ()
         if any(before):  # (kept for all of them: one sent before is)
@@ -244,9 +246,10 @@ class Dispatcher:
         where = self._where.get(seq)
         if where is None:
             return False
+        size = self._size.pop(seq)
         if where != READY:
-            self._unflight(seq, ready=False)
-        del self._where[seq], self._size[seq]
+            self._release(where, seq, size)
+        del self._where[seq]
         self._attempts.pop(seq, None)
         return True
 
@@ -273,15 +276,9 @@ class Dispatcher:
             self.inflight -= len(seqs)
             self.inflight_bytes -= total
             return
-        consumers = self.consumers
         for seq, where, size in zip(seqs, wheres, sizes, strict=True):
             if where != READY:  # in flight
-                c = consumers.get(where)
-                if c is not None:
-                    c.inflight.discard(seq)
-                    c.inflight_bytes -= size
-                self.inflight -= 1
-                self.inflight_bytes -= size
+                self._release(where, seq, size)
 
     def nack(self, seq: int) -> bool:
         """The consumer failed ``seq``: deliver it again now (at the front)."""
@@ -355,16 +352,18 @@ class Dispatcher:
         self._where[seq] = READY
         self._ready.appendleft(seq)
 
-    def _unflight(self, seq: int, ready: bool = True) -> None:
+    def _unflight(self, seq: int) -> None:
         """``seq`` is in flight no more: it is ready again (its sends are kept from now on,
-        a first one too), or forgotten next (not ``ready``)."""
-        if ready:
-            self._attempts.setdefault(seq, 1)
-        size = self._size[seq]
-        c = self.consumers.get(self._where[seq])
+        a first one too)."""
+        self._attempts.setdefault(seq, 1)
+        self._release(self._where[seq], seq, self._size[seq])
+        self._where[seq] = READY
+
+    def _release(self, holder: Hashable, seq: int, size: int) -> None:
+        """``seq`` (``size`` bytes) is no longer in flight to consumer ``holder``."""
+        c = self.consumers.get(holder)
         if c is not None:
             c.inflight.discard(seq)
             c.inflight_bytes -= size
         self.inflight -= 1
         self.inflight_bytes -= size
-        self._where[seq] = READY
