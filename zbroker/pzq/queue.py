@@ -106,16 +106,17 @@ class Budget:
 
 
 class Message:
-    __slots__ = ("seq", "key", "msg_id", "frames", "size", "durable")
+    """An unACKed message; durable once its seq is below the queue's ``head``."""
+
+    __slots__ = ("seq", "key", "msg_id", "frames", "size")
 
     def __init__(self, seq: int, key: bytes, msg_id: bytes, frames: tuple[bytes, ...],
-                 size: int, durable: bool):
+                 size: int):
         self.seq = seq
         self.key = key
         self.msg_id = msg_id
         self.frames = frames
         self.size = size
-        self.durable = durable
 
 
 class Replicating:
@@ -242,7 +243,7 @@ class QueueCore:
         that they delivered some of them: :meth:`taken_back`)."""
         for r in messages:
             size = wire.cost(r.msg_id, r.frames)
-            self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size, True)
+            self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size)
             if len(r.frames) != 1:
                 self._goes_alone(r.seq)
             self.keys[r.key] = r.seq
@@ -286,7 +287,7 @@ class QueueCore:
             self.counters["duplicates"] += 1
             m = self.messages.get(prior)
             st = self.replicating.get(m.key) if m is not None else None
-            if m is not None and not m.durable:
+            if m is not None and prior >= self.head:  # not durable yet: wait for it
                 self.waiting.setdefault(prior, []).append((peer, msg_id, m.key))
             elif st is not None:
                 st.waiters.append((peer, msg_id))
@@ -361,7 +362,7 @@ class QueueCore:
             self.counters["duplicates"] += 1
             m = self.messages.get(prior) if prior is not None else None
             st = self.replicating.get(m.key) if m is not None else None
-            if m is not None and not m.durable:
+            if m is not None and prior >= self.head:  # not durable yet: wait for it
                 self.waiting.setdefault(prior, []).append((w, msg_id, m.key))
                 w.pending += 1
             elif st is not None:
@@ -389,7 +390,7 @@ class QueueCore:
                  for msg_id, body in zip(ids, bodies, strict=True)]
         for seq, key, msg_id, body, size in zip(seqs, batch_keys, ids, bodies, sizes,
                                                     strict=True):
-            messages[seq] = Message(seq, key, msg_id, (body,), size, False)
+            messages[seq] = Message(seq, key, msg_id, (body,), size)
             if replicas:  # each message's copies are a part of the batch's answer
                 self.waiting[seq] = [(w, msg_id, key)]
                 w.pending += 1
@@ -455,7 +456,7 @@ class QueueCore:
     def _add(self, seq: int, key: bytes, msg_id: bytes, body: tuple[bytes, ...],
              size: int) -> None:
         self.out.append(Append(seq, key, msg_id, body, self.log_name))
-        self.messages[seq] = Message(seq, key, msg_id, body, size, False)
+        self.messages[seq] = Message(seq, key, msg_id, body, size)
         if len(body) != 1:
             self._goes_alone(seq)
         self.keys[key] = seq
@@ -480,14 +481,10 @@ class QueueCore:
                         self.ids.forget(m.msg_id)  # a retry is stored, not deduplicated
                     self._count(-m.size, -1)
                     self.dispatcher.drop(seq)
-        else:
-            for seq in result.placed:
-                m = self.messages.get(seq)
-                if m is not None:
-                    m.durable = True
-            if result.placed:
-                # one writer, in seq order: every message below is written, or failed
-                self.head = max(self.head, max(result.placed) + 1)
+        elif result.placed:
+            # one writer, in seq order: every message below is written, or failed (and
+            # gone): a message is durable once its seq is below the head
+            self.head = max(self.head, max(result.placed) + 1)
         ok = result.error is None
         waiting, adopting = self.waiting, self.adopting
         now_us = self.clock_us() if self.clock_us is not None and result.placed else 0
