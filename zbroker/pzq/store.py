@@ -100,6 +100,12 @@ class _Entry:
     def seqs(self) -> range:
         return range(self.seq, self.seq + self.count)
 
+    def payload(self) -> list[bytes]:
+        """The record's payload, as parts (a MESSAGE record: encoded now)."""
+        if self.parts is not None:
+            return self.parts
+        return records.message_parts(self.seq, *self.message)
+
 
 def _batch_runs(entries: list[_Entry | None]) -> list[tuple[_Entry, int, int]] | None:
     """(entry, start, end) for each run of ``entries`` that is one waiting BATCH record, if
@@ -592,16 +598,13 @@ class Store:
                 records_in += 1
             if e.count > 1:
                 if e.alive:
-                    parts.extend(records.frame_record(e.parts))
+                    parts.extend(records.frame_record(e.payload()))
                     placed.extend(e.seqs())
                     batch_acks.extend(e.acked)  # after the batch they ACK
                 elif e.avoided:
                     avoided.extend(e.seqs())
             elif e.alive:
-                payload = e.parts
-                if payload is None:
-                    payload = records.message_parts(e.seq, *e.message)
-                parts.extend(records.frame_record(payload))
+                parts.extend(records.frame_record(e.payload()))
                 placed.append(e.seq)
             elif e.avoided:
                 avoided.append(e.seq)
