@@ -13,8 +13,9 @@ from pzq_helpers import FakeStore, dealer, nothing, recv
 
 from zbroker.pzq import wire
 from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
+from zbroker.pzq.offsets_file import load_offsets, save_offsets
 from zbroker.pzq.queue import QueueCore
-from zbroker.pzq.stream import Offsets, StreamCore, load_offsets, save_offsets
+from zbroker.pzq.stream import Offsets, StreamCore
 
 STREAM = ("--mode", "stream")
 

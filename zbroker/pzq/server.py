@@ -50,6 +50,7 @@ from .actions import (
 from .consumers import Consumers
 from .counters import Dropped, queue_counters
 from .monitor import Monitor
+from .offsets_file import load_offsets
 from .queue import Budget, QueueCore
 from .queue_logs import QueueLogs
 from .receiver import EndpointError, Receiver
@@ -109,7 +110,7 @@ class QueueServer:
     async def _start(self, recovered: Any) -> None:
         s = self.settings
         try:
-            offsets = stream.load_offsets(s.data_dir)
+            offsets = load_offsets(s.data_dir)
         except OSError as exc:
             raise QueueError(f"queue {s.name!r}: {exc}") from None
         self.stream, stale = stream.recover(

@@ -35,10 +35,7 @@ and carries out; :meth:`~StreamCore.request`, :meth:`~StreamCore.to_write` and
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from . import wire
@@ -46,7 +43,6 @@ from .actions import Log, StreamReply, WriteCommitted
 from .queue import QueueCore
 from .records import MessageRecord
 
-OFFSETS_FILE = "stream-offsets"
 DEFAULT_GROUP = wire.DEFAULT_GROUP
 MAX_GROUPS = 64  # reader groups of one queue
 #: requests that may wait for the offsets file at once; past it a request is refused as busy
@@ -80,15 +76,9 @@ def _offset(value: Any) -> int:
     return value
 
 
-def load_offsets(data_dir: Path) -> Offsets | None:
-    """The offsets kept in ``data_dir``; None if none were ever committed. Reads the file of
+def decode_offsets(data: Any) -> Offsets:
+    """The offsets of the file's JSON value (ValueError if it is not one); reads the file of
     an older version too (one committed offset: the default group's)."""
-    try:
-        data = json.loads((data_dir / OFFSETS_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise OSError(f"unreadable {OFFSETS_FILE}: {exc}") from None
     try:
         if not isinstance(data, dict):
             raise ValueError("not an object")
@@ -97,32 +87,17 @@ def load_offsets(data_dir: Path) -> Offsets | None:
         groups = {str(g): _offset(v) for g, v in data["groups"].items()}
         lost = {str(g): (_offset(v[0]), _offset(v[1])) for g, v in data.get("lost", {}).items()}
         return Offsets(groups, lost, _offset(data.get("retained", 0)))
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
-        raise OSError(f"unreadable {OFFSETS_FILE}: {exc}") from None
+    except (TypeError, AttributeError, IndexError, KeyError) as exc:
+        raise ValueError(str(exc)) from None
 
 
-def save_offsets(data_dir: Path, offsets: Offsets) -> None:
-    """Write the offsets durably (temporary file, fsync, rename, fsync of the directory).
-    ``committed`` is the default group's (or the floor), as an older version reads it.
-    Blocking: run it in an executor."""
+def encode_offsets(offsets: Offsets) -> dict[str, Any]:
+    """The offsets as the file's JSON value. ``committed`` is the default group's (or the
+    floor), as an older version reads it."""
     floor = offsets.floor() or 0
-    data = {"committed": offsets.groups.get(DEFAULT_GROUP, floor), "groups": offsets.groups,
+    return {"committed": offsets.groups.get(DEFAULT_GROUP, floor), "groups": offsets.groups,
             "lost": {g: list(r) for g, r in offsets.lost.items()},
             "retained": offsets.retained}
-    path = data_dir / OFFSETS_FILE
-    tmp = path.with_name(OFFSETS_FILE + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, json.dumps(data).encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def recover(core: QueueCore, messages: list[MessageRecord], next_seq: int,

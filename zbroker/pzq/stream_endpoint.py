@@ -15,6 +15,7 @@ from typing import Any
 from . import stream
 from .counters import Dropped
 from .endpoints import MAX_REQUEST, MAX_REQUEST_FRAMES, Drain, RouterEndpoint, bind
+from .offsets_file import save_offsets
 from .receiver import SENT
 from .settings import QueueSettings
 
@@ -57,7 +58,7 @@ class StreamEndpoint:
 
     def write_committed(self, offsets: stream.Offsets) -> None:
         """A WriteCommitted: the file is written in an executor, then reported."""
-        future = self.loop.run_in_executor(None, stream.save_offsets, self.data_dir, offsets)
+        future = self.loop.run_in_executor(None, save_offsets, self.data_dir, offsets)
         future.add_done_callback(functools.partial(self._written, offsets))
 
     def _written(self, value: stream.Offsets, future: asyncio.Future[None]) -> None:
