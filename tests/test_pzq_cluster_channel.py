@@ -180,7 +180,7 @@ async def test_taken_keys_are_dropped_only_for_this_node(pair):
                                                        *keys]])
     await settle(5)
     assert len(qa.core.messages) == 4  # another node's list: not ours
-    a.peer_message(peer_b, [memoryview(f) for f in [b"TAKEN", b"jobs", qa.node.encode(),
+    a.peer_message(peer_b, [memoryview(f) for f in [b"TAKEN", b"jobs", qa.node_id.encode(),
                                                        keys[0], keys[1], b"gone"]])
     await settle(5)
     assert len(qa.core.messages) == 2 and qa.core.counters["taken_back"] == 2

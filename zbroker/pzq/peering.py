@@ -33,6 +33,8 @@ from typing import Any
 
 from .wire import OK, REPLICA_HEADER, producer_ack
 
+#: what the headers of static peers' messages begin with (REPLICA:, REPLICA-ACK:, REPLICA-PING:)
+REPLICA_PREFIX = b"REPLICA"
 REPLICA_ACK_HEADER = b"REPLICA-ACK:"
 REPLICA_PING_HEADER = b"REPLICA-PING:"
 QUEUES, COPY, CONFIRM, DELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"

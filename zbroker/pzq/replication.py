@@ -29,7 +29,7 @@ of the queue core and of the replica cores, in an order that can be carried out 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,6 +353,22 @@ class ReplicationCore:
         return True
 
     # --- the holder side ----------------------------------------------------------------------
+
+    def received(self, items: Iterable[tuple[bytes, list[Any], str | None]], now: float,
+                 now_us: int) -> None:
+        """What came on the receive endpoint, in order: (routing id, frames, why it was
+        refused or None). Producers' messages and batches go to the queue, static peers'
+        (a REPLICA header) to :meth:`receive`."""
+        queue = self.queue
+        for peer, frames, refused in items:
+            if refused is not None:
+                queue.refuse(peer, frames[0][:wire.MAX_ID], refused)
+            elif len(frames) > 1 and frames[1] == wire.BATCH_HEADER:
+                queue.produce_batch(peer, frames, now_us, now)
+            elif len(frames) > 2 and frames[1][:7] == peering.REPLICA_PREFIX:
+                self.receive(peer, frames, now, now_us)
+            else:
+                queue.produce(peer, frames, now_us, now)
 
     def receive(self, peer: bytes, frames: list[Any], now: float, now_us: int) -> None:
         """A message on the receive endpoint whose header starts with REPLICA (``frames``

@@ -29,7 +29,7 @@ from typing import Any
 import zmq
 
 from ..zmq_reader import DRAIN_BUDGET
-from . import peering, stream, wire
+from . import peering, stream
 from .actions import (
     AckMany,
     Append,
@@ -83,7 +83,7 @@ class QueueServer:
         self.stream: stream.StreamCore | None = None
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
         self.rejoin_grace = rejoin_grace
-        self.node = ""
+        self.node_id = ""  # this queue's, 32 hex digits (replica_files.py)
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
         self._receiver: Receiver | None = None
@@ -118,9 +118,9 @@ class QueueServer:
             stream=s.mode == "stream", hold=bool(s.replicas and not s.peers
                                                  and self.rejoin_grace > 0),
             retention=stream.Retention(s.retention_bytes, s.retention_seconds))
-        self.node = load_node_id(s.data_dir)
+        self.node_id = load_node_id(s.data_dir)
         rep = self.replication = ReplicationCore(
-            self.core, s.replication(self.node, self.port is not None, self.rejoin_grace),
+            self.core, s.replication(self.node_id, self.port is not None, self.rejoin_grace),
             taken=load_taken(self._replicas_dir))
         now = self.loop.time()
         await self.logs.open_copies(
@@ -140,7 +140,7 @@ class QueueServer:
         self.log.info("pzq queue started", queue=s.name, receive=s.receive_endpoint,
                       send=s.send_endpoint, monitor=s.monitor_endpoint, mode=s.mode,
                       stream=s.stream_endpoint if self.stream is not None else None,
-                      data_dir=str(s.data_dir), sync=s.sync, node=self.node,
+                      data_dir=str(s.data_dir), sync=s.sync, node=self.node_id,
                       recovered=len(recovered.messages) - len(stale),
                       committed=self.stream.committed if self.stream is not None else None,
                       truncated_bytes=recovered.truncated_bytes)
@@ -229,17 +229,8 @@ class QueueServer:
         if not self._running or receiver is None:
             return
         if receiver.inbox:
-            core, rep = self.core, self.replication
-            now_us, now = time.time_ns() // 1000, self.loop.time()
-            for peer, frames, refused in receiver.take(DRAIN_BUDGET):
-                if refused is not None:
-                    core.refuse(peer, frames[0][:wire.MAX_ID], refused)
-                elif len(frames) > 1 and frames[1] == wire.BATCH_HEADER:
-                    core.produce_batch(peer, frames, now_us, now)
-                elif len(frames) > 2 and frames[1][:7] == b"REPLICA":
-                    rep.receive(peer, frames, now, now_us)
-                else:
-                    core.produce(peer, frames, now_us, now)
+            self.replication.received(receiver.take(DRAIN_BUDGET), self.loop.time(),
+                                      time.time_ns() // 1000)
         self._flush()
         if receiver.inbox:
             self._soon()
@@ -343,10 +334,10 @@ class QueueServer:
 
     # --- the cluster (service.py) ----------------------------------------------------------
 
-    def peer_hosts(self, life: str, node: str) -> None:
-        """A peer of the cluster (one life) hosts a queue of this name (node id ``node``)."""
+    def peer_hosts(self, life: str, node_id: str) -> None:
+        """A peer of the cluster (one life) hosts a queue of this name (its ``node_id``)."""
         if self._running:
-            self.replication.peer_hosts(life, node, self.loop.time())
+            self.replication.peer_hosts(life, node_id, self.loop.time())
             self._soon()
 
     def peer_gone(self, life: str) -> None:

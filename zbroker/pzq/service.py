@@ -105,7 +105,7 @@ class PzqService(Service):
 
     def peer_joined(self, peer: PeerBroker) -> None:
         if self._cluster is not None and self.queues:
-            hosted = {name: q.node for name, q in self.queues.items()}
+            hosted = {name: q.node_id for name, q in self.queues.items()}
             self._cluster.send(peer.id, peering.encode(peering.Queues(hosted)))
 
     def peer_left(self, peer: PeerBroker) -> None:
@@ -122,10 +122,10 @@ class PzqService(Service):
         if kind == peering.QUEUES:
             msg = peering.decode(frames)
             if isinstance(msg, peering.Queues):
-                for name, node in msg.hosted.items():
+                for name, node_id in msg.hosted.items():
                     q = self.queues.get(name)
                     if q is not None:
-                        q.peer_hosts(peer.id, node)
+                        q.peer_hosts(peer.id, node_id)
                 return
         elif len(frames) >= 2:
             q = self.queues.get(frames[1].decode(errors="replace"))
