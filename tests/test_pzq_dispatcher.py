@@ -123,6 +123,23 @@ def test_a_batch_times_out_only_for_what_is_still_in_flight_from_that_send():
     assert d.next_deadline() is None and d.expire(100.0) == []
 
 
+def test_a_single_send_made_stale_by_a_later_send_is_not_the_next_deadline():
+    """Message 1 is NACKed and sent again while 0 is still in flight: once 0 is ACKed, the
+    next deadline is 1's second send's, not its first's."""
+    d = Dispatcher(ack_timeout=5.0)
+    d.set_consumer("a", 10)
+    d.add(0, 1)
+    d.add(1, 1)
+    assert [d.next_delivery(0.0).seq, d.next_delivery(1.0).seq] == [0, 1]
+    assert d.nack(1)
+    assert d.next_deadline() == 5.0  # 0's
+    again = d.next_delivery(2.0)
+    assert (again.seq, again.attempt) == (1, 2)
+    d.ack(0)
+    assert d.next_deadline() == 7.0
+    assert d.expire(6.0) == [] and d.expire(7.0) == [1]
+
+
 def test_a_send_given_back_does_not_time_the_message_out_once_sent_again():
     """A send that its consumer's full connection could not take is given back; sent again
     later, the message times out a full ACK timeout after that send, not after the first

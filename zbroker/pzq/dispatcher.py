@@ -309,10 +309,15 @@ class Dispatcher:
 
     def next_deadline(self) -> float | None:
         """When ``expire`` next has something to do (stale deadlines are dropped first)."""
-        deadlines = self._deadlines
+        deadlines, where = self._deadlines, self._where
         while deadlines:
             deadline, seqs, attempts = deadlines[0]
-            if self._still_in_flight(seqs, attempts):
+            if len(seqs) == 1:  # a single send's, with no list made (most are ACKed)
+                at = where.get(seqs[0])
+                if (at is not None and at != READY
+                        and self._attempts.get(seqs[0], 1) == attempts[0]):
+                    return deadline
+            elif self._still_in_flight(seqs, attempts):
                 return deadline
             deadlines.popleft()
         return None
