@@ -1,8 +1,8 @@
-"""The pzq log on a real disk, under any sequence of messages (one by one, and producers'
-batches as one record), consumer ACKs (one, many, of parts of batches, of whole batches
-before they are written), writes completing at the writer's pace, and the log closed and
-opened again: what it finds on opening is every message appended and not ACKed, with its
-key, id and body, whatever was written, avoided or ACKed when."""
+"""The pzq log on a real disk, under any sequence of messages (one by one, runs of them queued
+at once, and producers' batches as one record), consumer ACKs (one, many, of parts of
+batches, of whole batches before they are written), writes completing at the writer's pace,
+and the log closed and opened again: what it finds on opening is every message appended and
+not ACKed, with its key, id and body, whatever was written, avoided or ACKed when."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from test_pzq_store import Harness
 
 from zbroker.pzq import wire
+from zbroker.pzq.actions import Append
 
 
 class StoreModel(RuleBasedStateMachine):
@@ -34,6 +35,18 @@ class StoreModel(RuleBasedStateMachine):
         body = bytes([seq % 251]) * size
         self.h.store.append(seq, b"key-%d" % seq, b"id-%d" % seq, [body])
         self.live[seq] = (b"key-%d" % seq, b"id-%d" % seq, body)
+
+    @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=5))
+    def append_many(self, sizes):
+        """Messages one by one, a run of them queued at once (as the server does)."""
+        appends = []
+        for size in sizes:
+            seq = self.next_seq
+            self.next_seq += 1
+            body = bytes([seq % 251]) * size
+            appends.append(Append(seq, b"key-%d" % seq, b"id-%d" % seq, [body]))
+            self.live[seq] = (b"key-%d" % seq, b"id-%d" % seq, body)
+        self.h.store.append_many(appends)
 
     @rule(n=st.integers(2, 6))
     def append_batch(self, n):

@@ -263,11 +263,19 @@ class QueueServer:
     def _execute(self, actions: list[Any]) -> None:
         """Carry out the cores' actions (actions.py), in order."""
         logs, receiver = self.logs, self._receiver
+        appends: list[Append] = []  # a run of them for one log: queued under one lock
         for a in actions:
             t = type(a)
             if t is Append:
-                logs[a.log].append(a.seq, a.key, a.msg_id, a.frames)
-            elif t is AppendBatch:
+                if appends and appends[0].log != a.log:
+                    logs[appends[0].log].append_many(appends)
+                    appends = []
+                appends.append(a)
+                continue
+            if appends:
+                logs[appends[0].log].append_many(appends)
+                appends = []
+            if t is AppendBatch:
                 logs[a.log].append_batch(a.first_seq, a.count, a.key_base, a.packed)
             elif t is Reply:
                 if receiver is not None:
@@ -299,6 +307,8 @@ class QueueServer:
                 remember_taken(self._replicas_dir, a.node_id, a.keys, self.log)
             elif t is ForgetTaken:
                 forget_taken(self._replicas_dir, a.node_id)
+        if appends:
+            logs[appends[0].log].append_many(appends)
 
     # --- the logs and the clock ------------------------------------------------------------
 

@@ -40,13 +40,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from ..iovec import gather
 from ..stats import BATCH_BOUNDS, Buckets
 from . import records
-from .actions import BatchResult
+from .actions import Append, BatchResult
 from .group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW, GroupCommit
 
 DEFAULT_SEGMENT_SIZE = 64 << 20  # a Store's default, and so a queue's (zbroker.config)
@@ -105,6 +106,10 @@ class _Entry:
         if self.parts is not None:
             return self.parts
         return records.message_parts(self.seq, *self.message)
+
+
+_seq_of = attrgetter("seq")
+_size_of = attrgetter("size")
 
 
 def _batch_runs(entries: list[_Entry | None]) -> list[tuple[_Entry, int, int]] | None:
@@ -311,6 +316,25 @@ class Store:
         """Queue a message record; returns the number of the batch that will hold it."""
         size = records.message_size(key, msg_id, frames) + records.HEADER.size
         return self._queue(_Entry(seq, 0, None, size, 0.0, message=(key, msg_id, frames)))
+
+    def append_many(self, appends: Sequence[Append]) -> None:
+        """:meth:`append` for each of ``appends`` (Append actions for this log), in order,
+        under one lock."""
+        now = time.monotonic()
+        size_of, header = records.message_size, records.HEADER.size
+        entries = [_Entry(a.seq, 0, None, size_of(a.key, a.msg_id, a.frames) + header, now,
+                          message=(a.key, a.msg_id, a.frames)) for a in appends]
+        record = self._policy.record
+        with self._cond:
+            wake = False
+            for entry in entries:
+                entry.batch, woke = record(entry.size, now)
+                wake = wake or woke
+            if wake:
+                self._cond.notify()
+            self._pending.extend(entries)
+            self._pending_by_seq.update(zip(map(_seq_of, entries), entries, strict=True))
+            self._pending_bytes += sum(map(_size_of, entries))
 
     def append_batch(self, first_seq: int, count: int, key_base: bytes, packed: bytes) -> int:
         """Queue a producer's batch as one BATCH record (records.py): ``count`` messages
