@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zbroker.pzq import zmtp
 from zbroker.pzq.zmtp import Closed, Message, Ready, Refused
@@ -271,3 +273,32 @@ def test_a_frame_given_in_parts_is_the_frame_of_their_bytes_and_large_parts_are_
     conn = connection(max_bytes=1 << 20)
     v3_peer(conn)
     assert feed(conn, joined) == [Message([b"BATCH", b"7", b"".join(parts)])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+                         max_size=8),
+       cuts=st.lists(st.integers(1, 600), max_size=30), max_frames=st.integers(1, 5),
+       max_bytes=st.integers(0, 900), cost=st.sampled_from([0, 16]))
+def test_any_split_of_the_bytes_gives_each_message_or_its_refusal(messages, cuts, max_frames,
+                                                                  max_bytes, cost):
+    """Short and long frames, cut anywhere: a message within the limits comes whole, one past
+    them is refused (with the start of its first frame); its size is counted as it came."""
+    conn = connection(max_frames=max_frames, max_bytes=max_bytes, frame_cost=cost)
+    v3_peer(conn)
+    data = b"".join(zmtp.encode_message(m) for m in messages)
+    events, pos = [], 0
+    for cut in [*cuts, len(data)]:
+        conn.receive_data(data[pos:pos + cut])
+        events += conn.next_events()
+        pos += cut
+        if pos >= len(data):
+            break
+    assert len(events) == len(messages)
+    for event, m in zip(events, messages, strict=True):
+        if len(m) <= max_frames and sum(len(f) + cost for f in m) <= max_bytes:
+            assert type(event) is Message and event.frames == m
+            assert event.size == sum(map(len, m))
+        else:
+            assert type(event) is Refused and m[0][:8].startswith(event.first)
+    assert conn.buffered == 0 and not conn.closed

@@ -489,11 +489,23 @@ class Connection:
         v3 = self.version == 3
         frames, size = self._frames, self._size
         cost, frame_type, events = self.frame_cost, self._frame_type, self._events
+        max_frames, max_bytes = self.max_frames, self.max_bytes
         while not self.closed:
             if end - pos < 2:
                 break
             flags = buf[pos]
-            if flags & LONG:
+            if flags < LONG:  # a short data frame (MORE or not): most are
+                n, head = buf[pos + 1], pos + 2
+                if (end - head >= n and len(frames) < max_frames
+                        and size + n + cost <= max_bytes and not self._skipping):
+                    frames.append(frame_type(buf[head:head + n]))  # whole and allowed
+                    size += n + cost
+                    pos = head + n
+                    if not flags:
+                        events.append(Message(frames, size - cost * len(frames)))
+                        frames, size = [], 0
+                    continue
+            elif flags & LONG:
                 if end - pos < 9:
                     break
                 (n,) = _LONG_SIZE.unpack_from(buf, pos + 1)
