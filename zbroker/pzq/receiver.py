@@ -168,10 +168,17 @@ class Receiver:
 
     def take(self, n: int) -> list[tuple[bytes, list[bytes], str | None]]:
         """Up to ``n`` received messages, oldest first."""
-        inbox, sizes, out = self.inbox, self._inbox_sizes, []
-        for _ in range(min(n, len(inbox))):
-            out.append(inbox.popleft())
-            self.inbox_bytes -= sizes.popleft()
+        inbox, sizes = self.inbox, self._inbox_sizes
+        if n >= len(inbox):  # all of it (the usual case), in one go
+            out = list(inbox)
+            inbox.clear()
+            self.inbox_bytes -= sum(sizes)
+            sizes.clear()
+        else:
+            out = []
+            for _ in range(n):
+                out.append(inbox.popleft())
+                self.inbox_bytes -= sizes.popleft()
         if self._paused and self.unfinished + self.inbox_bytes <= self.max_held // 2:
             paused, self._paused = self._paused, set()
             for link in paused:
@@ -283,8 +290,10 @@ class _Link(asyncio.BufferedProtocol):
     def _take_events(self) -> bool:
         r, got = self.r, False
         for ev in self.conn.next_events():
-            if type(ev) is zmtp.Message:
-                r.received((self.routing_id, ev.frames, None), ev.size)
+            if type(ev) is zmtp.Message:  # (Receiver.received, inline: one for each message)
+                r.inbox.append((self.routing_id, ev.frames, None))
+                r._inbox_sizes.append(ev.size)
+                r.inbox_bytes += ev.size
                 got = True
             elif type(ev) is zmtp.Refused:
                 r.received((self.routing_id, [ev.first], ev.reason), len(ev.first))
