@@ -114,6 +114,10 @@ class WireError:
 
 def decode_produce(frames: Sequence[Frame]) -> Produce | WireError:
     """``[msg id][headers...][""][body...]`` (without the routing id)."""
+    if len(frames) == 3 and not frames[1]:  # [id][""][body]: most messages
+        msg_id, body = frames[0], frames[2]
+        if type(msg_id) is bytes and type(body) is bytes:
+            return Produce(msg_id, (), (body,))
     if not frames:
         return WireError(MALFORMED)
     msg_id = bytes(frames[0])
