@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +107,10 @@ class _Entry:
         return records.message_parts(self.seq, *self.message)
 
 
-_seq_of = attrgetter("seq")
-_size_of = attrgetter("size")
+def _message_entry(seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> _Entry:
+    """A MESSAGE record to queue, not encoded yet (the writer encodes it if it writes it)."""
+    size = records.message_size(key, msg_id, frames) + records.HEADER.size
+    return _Entry(seq, 0, None, size, 0.0, message=(key, msg_id, frames))
 
 
 def _batch_runs(entries: list[_Entry | None]) -> list[tuple[_Entry, int, int]] | None:
@@ -314,52 +315,41 @@ class Store:
 
     def append(self, seq: int, key: bytes, msg_id: bytes, frames: Sequence[bytes]) -> int:
         """Queue a message record; returns the number of the batch that will hold it."""
-        size = records.message_size(key, msg_id, frames) + records.HEADER.size
-        return self._queue(_Entry(seq, 0, None, size, 0.0, message=(key, msg_id, frames)))
+        return self._queue([_message_entry(seq, key, msg_id, frames)])
 
     def append_many(self, appends: Sequence[Append]) -> None:
         """:meth:`append` for each of ``appends`` (Append actions for this log), in order,
         under one lock."""
-        now = time.monotonic()
-        size_of, header = records.message_size, records.HEADER.size
-        entries = [_Entry(a.seq, 0, None, size_of(a.key, a.msg_id, a.frames) + header, now,
-                          message=(a.key, a.msg_id, a.frames)) for a in appends]
-        record = self._policy.record
-        with self._cond:
-            wake = False
-            for entry in entries:
-                entry.batch, woke = record(entry.size, now)
-                wake = wake or woke
-            if wake:
-                self._cond.notify()
-            self._pending.extend(entries)
-            self._pending_by_seq.update(zip(map(_seq_of, entries), entries, strict=True))
-            self._pending_bytes += sum(map(_size_of, entries))
+        self._queue([_message_entry(a.seq, a.key, a.msg_id, a.frames) for a in appends])
 
     def append_batch(self, first_seq: int, count: int, key_base: bytes, packed: bytes) -> int:
         """Queue a producer's batch as one BATCH record (records.py): ``count`` messages
         with the seqs from ``first_seq`` on, ``packed`` as it came (wire.pack)."""
         parts = records.batch_parts(first_seq, key_base, packed)
         size = sum(map(len, parts)) + records.HEADER.size
-        return self._queue(_Entry(first_seq, 0, parts, size, 0.0, count=count))
+        return self._queue([_Entry(first_seq, 0, parts, size, 0.0, count=count)])
 
-    def _queue(self, entry: _Entry) -> int:
-        """Queue ``entry`` (its batch and time are set here); returns its batch."""
-        seq, size, count = entry.seq, entry.size, entry.count
+    def _queue(self, entries: list[_Entry]) -> int:
+        """Queue ``entries`` in order, under one lock (their batch and time are set here);
+        returns the last one's batch."""
         now = time.monotonic()
+        record, by_seq = self._policy.record, self._pending_by_seq
         with self._cond:
-            batch, wake = self._policy.record(size, now)
+            wake = False
+            for entry in entries:
+                entry.batch, woke = record(entry.size, now)
+                entry.at = now
+                wake = wake or woke
+                if entry.count == 1:
+                    by_seq[entry.seq] = entry
+                else:
+                    entry.acked = []
+                    by_seq.update(dict.fromkeys(entry.seqs(), entry))
+                self._pending_bytes += entry.size
             if wake:
                 self._cond.notify()
-            entry.batch, entry.at = batch, now
-            self._pending.append(entry)
-            if count == 1:
-                self._pending_by_seq[seq] = entry
-            else:
-                entry.acked = []
-                self._pending_by_seq.update(dict.fromkeys(entry.seqs(), entry))
-            self._pending_bytes += size
-        return batch
+            self._pending.extend(entries)
+        return entries[-1].batch
 
     def ack(self, seq: int) -> range | None:
         """The consumer is done with message ``seq``: make that durable (or, if its record
