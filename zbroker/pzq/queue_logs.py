@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from .actions import BatchResult
+from .actions import Append, BatchResult
 from .replica_files import open_logs
 from .settings import QueueError, QueueSettings
 from .store import Recovered, Store
@@ -26,6 +28,11 @@ class QueueLogs:
 
     def __getitem__(self, name: str | None) -> Store:
         return self.stores[name]
+
+    def append(self, appends: list[Append]) -> None:
+        """Queue Append actions, in order: each run of one log's under one lock."""
+        for name, run in groupby(appends, attrgetter("log")):
+            self.stores[name].append_many(list(run))
 
     async def open_own(self) -> Recovered:
         """Open the queue's own log: what it found on disk (QueueError if it cannot)."""

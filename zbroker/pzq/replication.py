@@ -91,6 +91,9 @@ class ReplicationSettings:
     rejoin_grace: float = 0.0
 
 
+_PREFIX = len(peering.REPLICA_PREFIX)
+
+
 class ReplicationCore:
     def __init__(self, queue: QueueCore, settings: ReplicationSettings,
                  taken: dict[str, list[bytes]] | None = None):
@@ -365,7 +368,7 @@ class ReplicationCore:
                 queue.refuse(peer, frames[0][:wire.MAX_ID], refused)
             elif len(frames) > 1 and frames[1] == wire.BATCH_HEADER:
                 queue.produce_batch(peer, frames, now_us, now)
-            elif len(frames) > 2 and frames[1][:7] == peering.REPLICA_PREFIX:
+            elif len(frames) > 2 and frames[1][:_PREFIX] == peering.REPLICA_PREFIX:
                 self.receive(peer, frames, now, now_us)
             else:
                 queue.produce(peer, frames, now_us, now)

@@ -263,17 +263,14 @@ class QueueServer:
     def _execute(self, actions: list[Any]) -> None:
         """Carry out the cores' actions (actions.py), in order."""
         logs, receiver = self.logs, self._receiver
-        appends: list[Append] = []  # a run of them for one log: queued under one lock
+        appends: list[Append] = []  # a run of them: queued together (QueueLogs.append)
         for a in actions:
             t = type(a)
             if t is Append:
-                if appends and appends[0].log != a.log:
-                    logs[appends[0].log].append_many(appends)
-                    appends = []
                 appends.append(a)
                 continue
             if appends:
-                logs[appends[0].log].append_many(appends)
+                logs.append(appends)
                 appends = []
             if t is AppendBatch:
                 logs[a.log].append_batch(a.first_seq, a.count, a.key_base, a.packed)
@@ -308,7 +305,7 @@ class QueueServer:
             elif t is ForgetTaken:
                 forget_taken(self._replicas_dir, a.node_id)
         if appends:
-            logs[appends[0].log].append_many(appends)
+            logs.append(appends)
 
     # --- the logs and the clock ------------------------------------------------------------
 
