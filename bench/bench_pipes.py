@@ -273,7 +273,7 @@ def zmtp_relay(endpoint: str, capacity: int, ready) -> None:
 
     import uvloop
 
-    from zbroker.pzq import zmtp
+    from zbroker import zmtp
 
     scratch = memoryview(bytearray(1 << 20))
     chunks: list = []

@@ -243,7 +243,7 @@ class RawProducer:
         import socket
         import struct
 
-        from zbroker.pzq import zmtp
+        from zbroker import zmtp
         self._zmtp, self._struct = zmtp, struct
         host, port = endpoint[len("tcp://"):].rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=10)

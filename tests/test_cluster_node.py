@@ -131,7 +131,7 @@ async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
     than the limit drops its connection as its head arrives; a peer is still heard."""
     import socket
 
-    from zbroker.pzq import zmtp
+    from zbroker import zmtp
 
     loop = asyncio.get_running_loop()
     async with two_nodes(b_max_message=1 << 20) as (a, b):

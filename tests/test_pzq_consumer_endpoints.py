@@ -15,7 +15,7 @@ import zmq
 from helpers import endpoint_accepts, free_port, wait_for
 from pzq_helpers import dealer, recv, spawn_pzq, vm_kb, wait_counter
 
-from zbroker.pzq import zmtp
+from zbroker import zmtp
 from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")

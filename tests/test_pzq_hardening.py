@@ -15,7 +15,7 @@ import zmq
 from helpers import wait_for
 from pzq_helpers import RawProducer, dealer, recv, vm_kb, wait_counter
 
-from zbroker.pzq import zmtp
+from zbroker import zmtp
 from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")

@@ -29,7 +29,7 @@ from wire import (
     write,
 )
 
-from zbroker.pzq import zmtp
+from zbroker import zmtp
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -26,7 +26,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import zmtp
+from zbroker import zmtp
+
 from .receiver import FULL, GONE, SENT, EndpointError, Receiver, _Link
 from .settings import QueueError
 from .sockets import make_ipc_dir

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from . import zmtp
+from zbroker import zmtp
 
 SENT, FULL, GONE = "sent", "full", "gone"
 WRITE_HIGH = 4 << 20  # bytes of answers queued on a connection before send() says FULL

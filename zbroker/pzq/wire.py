@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple
 
-from .zmtp import LARGE_FRAME
+from zbroker.zmtp import LARGE_FRAME
 
 OK = b"1"
 FAILED = b"0"

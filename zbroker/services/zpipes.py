@@ -23,9 +23,9 @@ import errno
 from collections import OrderedDict
 from typing import Any
 
+from zbroker import zmtp
 from zbroker.limits import clients_problem
 from zbroker.local_access import PeerCredentials, Policy, default_policy
-from zbroker.pzq import zmtp
 from zbroker.pzq.receiver import EndpointError
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zpipes.protocol import SIGNATURE, MessageId

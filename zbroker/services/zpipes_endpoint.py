@@ -40,8 +40,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from zbroker import zmtp
 from zbroker.local_access import PeerCredentials, peer_of
-from zbroker.pzq import zmtp
 from zbroker.pzq.receiver import listen_socket, peer_name
 
 #: bytes queued on a connection before it is no longer read (its replies are not taken)

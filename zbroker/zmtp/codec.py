@@ -1,11 +1,11 @@
 """ZMTP, ZeroMQ's wire protocol, on the server side of one connection: bytes in, events out.
 
-Every pzq endpoint and the ZPIPES client endpoint speak ZMTP with this instead of through a
-libzmq socket. First for safety: libzmq hands a multipart message over only once all of it has
-arrived, so a peer could make the broker hold any number of bytes before it could refuse them.
-Here each frame is seen as it arrives; a message past the limits is refused at once and the
-rest of it is skipped as it comes, never kept. Then for cost: no I/O thread, no thread
-switches, large reads.
+Every ZMTP endpoint the broker serves (ZPIPES, and each pzq endpoint) speaks ZMTP with this,
+on :mod:`zbroker.zmtp.server`, instead of through a libzmq socket. First for safety: libzmq
+hands a multipart message over only once all of it has arrived, so a peer could make the broker
+hold any number of bytes before it could refuse them. Here each frame is seen as it arrives; a
+message past the limits is refused at once and the rest of it is skipped as it comes, never
+kept. Then for cost: no I/O thread, no thread switches, large reads.
 
 It speaks ZMTP 3.0 and 3.1 (libzmq 4) and ZMTP 2.0 (libzmq 3.2, the oldest the original pzq
 works with), with the NULL mechanism, as a ROUTER (:class:`Connection`: its peers are DEALER,
@@ -51,7 +51,8 @@ _PROPERTY_SIZE = struct.Struct(">I")
 
 @dataclass(frozen=True, slots=True)
 class Ready:
-    """The handshake is done: the peer's socket type and the routing id it asked for."""
+    """The handshake is done: the peer's socket type (empty if its READY named none, as
+    libzmtp's does) and the routing id it asked for."""
 
     socket_type: bytes
     routing_id: bytes
@@ -453,13 +454,15 @@ class Connection:
         if props is None:
             self._close("malformed READY metadata")
             return False
-        peer = props.get(b"socket-type", b"")
-        if peer not in self.peer_types:
+        # libzmq checks the peer's socket type only when the READY names one: libzmtp (the
+        # original C clients' library) sends a READY with no properties at all
+        peer = props.get(b"socket-type")
+        if peer is not None and peer not in self.peer_types:
             self._out += command(b"ERROR", _error_body("Invalid socket type"))
             self._close(f"a {_name(peer, None)} socket cannot talk to a "
                         f"{self.socket_type.decode()}")
             return False
-        self._become_ready(peer, props.get(b"identity", b""))
+        self._become_ready(peer or b"", props.get(b"identity", b""))
         return True
 
     def _become_ready(self, socket_type: bytes, routing_id: bytes) -> None:
