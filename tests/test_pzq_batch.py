@@ -21,7 +21,8 @@ from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
-from zbroker.pzq import records, wire, zmtp
+from zbroker import zmtp
+from zbroker.pzq import records, wire
 from zbroker.pzq.actions import Confirm
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.pzq.client import monitor as queue_monitor

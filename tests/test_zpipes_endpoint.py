@@ -254,7 +254,7 @@ def test_a_raised_max_chunk_applies_to_connections_already_open(start_broker, ct
 def test_a_connection_that_never_says_hello_is_dropped_and_frees_its_place(start_broker, ctx):
     """A connection that does not finish the ZMTP handshake within its timeout is closed, so
     that silent connections cannot keep the places of clients (clients.max_clients)."""
-    from zbroker.services.zpipes_endpoint import HANDSHAKE_TIMEOUT_S
+    from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
     b = start_broker(config={"clients": {"max_clients": 2}})
     silent = [socket.socket(socket.AF_UNIX) for _ in range(2)]

@@ -34,6 +34,7 @@ from .config import Config, ConfigError, config_diff, iter_settings, load_config
 from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
 from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
+from .zmtp.admission import PROCESS_BUDGET
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
@@ -171,6 +172,8 @@ class Broker:
         self._created_dirs = make_private_dir(self.config.broker.run_dir)
         open_files = raise_open_file_limit()
         self.log.debug("open-file limit", soft=open_files)
+        # every ZMTP endpoint of every service draws on one budget of connections
+        PROCESS_BUDGET.set_limit(self.config.clients.max_clients)
         self.zmq_context = zmq.Context()
         try:
             for name in wanted:
@@ -364,6 +367,7 @@ class Broker:
             self.log.error(f"{what} refused", reason=reason)
             return reason
         self.config = new
+        PROCESS_BUDGET.set_limit(new.clients.max_clients)
         if new.metrics.bind != old.metrics.bind and self.loop is not None:
             if self.metrics is not None:
                 self.metrics.stop(wait=False)

@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from zbroker import zmtp
+from zbroker.zmtp.addresses import EndpointError
 
-from .receiver import FULL, GONE, SENT, EndpointError, Receiver, _Link
+from .receiver import FULL, GONE, SENT, Receiver, _Link
 from .settings import QueueError
 from .sockets import make_ipc_dir
 
@@ -141,7 +142,7 @@ class RouterEndpoint(_Endpoint):
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         """Send ``frames`` to ``routing_id`` at :meth:`flush`: SENT, FULL or GONE."""
-        link = self._links.get(routing_id)
+        link = self.links.get(routing_id)
         if link is None:
             return GONE
         if self._full(link):

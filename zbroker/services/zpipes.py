@@ -11,23 +11,26 @@ chunk is one WRITE's is that WRITE's frame, turned into READ_OK in place.
 Dead clients are noticed by the transport, not by the client timeout: a closed connection
 detaches its client at once.
 
-The endpoint guards the door: a connection to an ipc endpoint from a user that
+The endpoint guards the door as every ZMTP endpoint of the broker does
+(:mod:`zbroker.zmtp.admission`): a connection to an ipc endpoint from a user that
 ``services.zpipes.allow`` does not admit (by the kernel's SO_PEERCRED on the accepted
-socket), or one past ``clients.max_clients``, is closed before a byte of it is read.
+socket), or one past ``clients.max_clients`` connections of the whole process, is closed
+before a byte of it is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
-from collections import OrderedDict
 from typing import Any
 
 from zbroker import zmtp
 from zbroker.limits import clients_problem
-from zbroker.local_access import PeerCredentials, Policy, default_policy
-from zbroker.pzq.receiver import EndpointError
+from zbroker.local_access import Policy, default_policy
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
+from zbroker.zmtp.addresses import EndpointError
+from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.refusals import Refusals
 from zpipes.protocol import SIGNATURE, MessageId
 from zpipes.server import ServerConfig, ZpipesServer
 
@@ -41,7 +44,6 @@ FRAME_LIMIT_FACTOR = 2
 _WRITE_HEAD = SIGNATURE + bytes((MessageId.WRITE,))
 MAX_FRAMES = 16  # a ZPIPES message is one frame; a few more reach the core, which says INVALID
 STOP_LINGER_S = 0.5  # how long the last replies may take to go out at stop
-REFUSED_USERS_REMEMBERED = 1024  # uids whose refusal was logged (each is logged once)
 
 
 def frame_limit(max_chunk: int) -> int:
@@ -82,10 +84,7 @@ class ZpipesService(Service):
         self._cluster: Any = None
         self._bound: list[str] = []
         self._policy: Policy = default_policy()
-        self._max_connections = 0
-        self._refused: dict[str, int] = {"not allowed": 0, "too many clients": 0}
-        self._refused_users: OrderedDict[int, None] = OrderedDict()
-        self._full = False  # at max_clients connections (logged once per episode)
+        self._admission: Admission | None = None
         self._frame_limit = 0  # the largest frame whose connection is not dropped
         self._serving: asyncio.Task | None = None  # a new endpoint's server, being started
         self._lives: dict[str, str] = {}  # peer broker's member id -> its life (PeerBroker.id)
@@ -99,12 +98,13 @@ class ZpipesService(Service):
         if problem:
             raise ServiceError(problem)
         self._policy = access_policy(config)
-        self._max_connections = config.clients.max_clients
+        self._admission = Admission("zpipes", Refusals(ctx.log), self._policy)
         self._frame_limit = frame_limit(section.max_chunk)
         self.server = ZpipesServer(server_config(config), ctx.log)
         server = self.server
         ep = Endpoint(ctx.loop, on_message=self._on_message, on_refused=self._on_refused,
-                      on_gone=self._on_gone, after_input=self._after_input, admit=self._admit,
+                      on_gone=self._on_gone, after_input=self._after_input,
+                      admission=self._admission,
                       max_bytes=section.max_chunk + FRAME_OVERHEAD, max_frames=MAX_FRAMES,
                       log=ctx.log, admit_frame=server.budget_problem)
         self._receive = server.receive
@@ -144,7 +144,7 @@ class ZpipesService(Service):
             self._timer.cancel()
         server.shutdown(loop.time())
         self._flush()
-        await ep.close(STOP_LINGER_S)  # let the last replies go out
+        await ep.close_after(STOP_LINGER_S)  # let the last replies go out
         self._ep = None
 
     def reload(self, new: Any, old: Any) -> None:
@@ -167,11 +167,10 @@ class ZpipesService(Service):
             self._frame_limit = frame_limit(section.max_chunk)
             self._log.info("zpipes max_chunk changed", max_chunk=section.max_chunk)
         self.server.reconfigure(server_config(new))
-        self._max_connections = new.clients.max_clients
         policy = access_policy(new)
         if policy != self._policy:
             self._policy = policy
-            self._refused_users.clear()
+            self._admission.set_policy(policy)
             self._log.info("zpipes access changed; it applies to connections made from now on",
                            allowed=policy.describe())
 
@@ -206,18 +205,21 @@ class ZpipesService(Service):
 
     def status(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "bound_endpoints": list(self._bound),
-                "connections": self._connections(), "refused": dict(self._refused),
+                "connections": self._connections(), "refused": self._refused(),
                 **(self.server.status() if self.server else {})}
 
     def metrics(self) -> dict[str, Any]:
         if self.server is None:
             return {}
         return {**self.server.metrics(), "connections": self._connections(),
-                "refused": dict(self._refused),
+                "refused": self._refused(),
                 "pipe_bytes": self._pipe_bytes()}
 
     def _connections(self) -> int:
         return self._ep.connections if self._ep is not None else 0
+
+    def _refused(self) -> dict[str, int]:
+        return self._admission.refused() if self._admission is not None else {}
 
     def _pipe_bytes(self) -> list[tuple[str, int, int]]:
         """(pipe name, bytes written, bytes read) of each open pipe, by this broker's clients."""
@@ -277,34 +279,6 @@ class ZpipesService(Service):
             self._flush()
         if server.next_deadline() < self._timer_at:
             self._schedule()
-
-    def _admit(self, peer: PeerCredentials | None) -> str | None:
-        """Why the connection just accepted is refused (None: it is taken); ``peer`` is who
-        is at the other end of an ipc connection."""
-        if peer is not None and not self._policy.allows(peer):
-            return self._refuse("not allowed", peer)
-        if self._connections() >= self._max_connections:
-            return self._refuse("too many clients", peer)
-        if self._full:
-            self._full = False
-            self._log.info("zpipes takes connections again",
-                           refused=self._refused["too many clients"])
-        return None
-
-    def _refuse(self, why: str, peer: PeerCredentials | None) -> str:
-        self._refused[why] += 1
-        if peer is not None and why == "not allowed":
-            if peer.uid not in self._refused_users:  # once per user: never a flood of lines
-                self._refused_users[peer.uid] = None
-                if len(self._refused_users) > REFUSED_USERS_REMEMBERED:
-                    self._refused_users.popitem(last=False)
-                self._log.warning("zpipes connection refused: user not allowed",
-                                  peer=peer.describe(), allowed=self._policy.describe())
-        elif not self._full:
-            self._full = True
-            self._log.warning("zpipes connection refused: too many clients; newer connections "
-                              "are hung up until some go", max_clients=self._max_connections)
-        return why
 
     def _flush(self) -> None:
         ep, server = self._ep, self.server

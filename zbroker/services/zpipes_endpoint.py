@@ -1,4 +1,4 @@
-"""The ZPIPES client endpoint: a ZeroMQ ROUTER on asyncio over ZMTP (``zbroker/pzq/zmtp.py``).
+"""The ZPIPES client endpoint: a ZeroMQ ROUTER on the broker's ZMTP server (``zbroker/zmtp/``).
 
 Clients are libzmq DEALER sockets (the original C client, ``zpipes.client``, ``zpipes.aio``);
 they see what a libzmq ROUTER would show them. The broker speaks ZMTP itself instead of going
@@ -8,8 +8,9 @@ through libzmq for what that buys on this path:
   thread; libzmq would read in 8 KiB batches on its I/O thread and wake the loop through its
   mailbox, about three thread switches per message;
 - the door: each connection is accepted here, so its peer's credentials (SO_PEERCRED) are read
-  on its own socket, and a connection from a user not allowed, or past ``max_connections``, is
-  closed before a byte of it is read;
+  on its own socket, and a connection from a user not allowed, or past the process's connection
+  budget (``clients.max_clients``, shared by every ZMTP endpoint), is closed before a byte of
+  it is read (:mod:`zbroker.zmtp.admission`, the same for every endpoint);
 - dead clients: a connection's end is a ``connection_lost`` naming its routing id, at once;
 - limits: a message over ``max_bytes`` is refused as its frame header arrives, and the rest of
   it is skipped as it comes, never held. What is held of messages still arriving (a large
@@ -33,30 +34,20 @@ counts in the broker-wide budget, ``clients.max_buffered``.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
 import struct
 from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.local_access import PeerCredentials, peer_of
-from zbroker.pzq.receiver import listen_socket, peer_name
+from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.server import Link, Server
 
 #: bytes queued on a connection before it is no longer read (its replies are not taken)
 WRITE_HIGH = 4 << 20
-#: what one read from a connection may take; one buffer for all connections
-READ_SIZE = 1 << 20
 #: the send buffer of an ipc connection (Linux's default is 208 KiB)
 UNIX_SNDBUF = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
 DIRECT_MIN = 128 << 10
-#: seconds a connection may take to finish the ZMTP handshake (libzmq's ZMQ_HANDSHAKE_IVL
-#: does the same), so that connections that say nothing cannot keep the places of clients
-HANDSHAKE_TIMEOUT_S = 10.0
-# TCP keepalive, so that a client host that vanished without closing is noticed (~16 s)
-KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
 _LONG = struct.Struct(">BQ")
 _SHORT_HEADS = [bytes((0, n)) for n in range(256)]  # the head of a last frame of n bytes
@@ -67,81 +58,31 @@ def frame_head(size: int) -> bytes:
     return _SHORT_HEADS[size] if size < 256 else _LONG.pack(zmtp.LONG, size)
 
 
-class Endpoint:
+class Endpoint(Server):
     """Connections of ZMTP peers to a ROUTER, on ``loop``.
 
     ``on_message(routing_id, frames)`` is called for each message, in order;
     ``on_refused(routing_id, refused)`` for one over the limits (:class:`zmtp.Refused`, in
     its turn among the messages: the rest of it is skipped as it arrives); ``on_gone(routing_id)``
     when a connection that had a routing id ends; ``after_input()`` after each read's messages.
-    ``admit(peer)`` says why a new connection is refused (None: taken), ``peer`` being its
-    peer's credentials on an ipc endpoint, None on tcp."""
+    ``admission``: who may connect, and how many (:class:`zbroker.zmtp.admission.Admission`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *,
+    def __init__(self, loop: Any, *,
                  on_message: Callable[[bytes, list[Any]], None],
                  on_refused: Callable[[bytes, zmtp.Refused], None],
                  on_gone: Callable[[bytes], None],
                  after_input: Callable[[], None],
-                 admit: Callable[[PeerCredentials | None], str | None],
+                 admission: Admission,
                  max_bytes: int, max_frames: int, log: Any,
                  admit_frame: Callable[[int], str | None] | None = None):
-        self.loop = loop
+        super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH,
+                         unix_sndbuf=UNIX_SNDBUF)
         self.on_message, self.on_refused, self.on_gone = on_message, on_refused, on_gone
-        self.after_input, self.admit, self.admit_frame = after_input, admit, admit_frame
+        self.after_input, self.admit_frame = after_input, admit_frame
         self.incoming = 0  # bytes held of messages still arriving, all connections
         self.max_bytes, self.max_frames = max_bytes, max_frames
-        self.log = log
-        self.links: dict[bytes, _Link] = {}  # by routing id, once the handshake is done
-        self.connections = 0  # connections taken (handshake done or not)
-        self._servers: list[asyncio.AbstractServer] = []
-        self._paths: list[str] = []  # ipc endpoints' files, removed at close
         self._dirty: list[_Link] = []  # connections with sends queued
         self._backed_up: set[_Link] = set()  # connections with sends not yet written out
-        self._ids = zmtp.RoutingIds(int.from_bytes(os.urandom(4), "big"))
-        self.scratch = memoryview(bytearray(READ_SIZE))  # read into, taken out at once
-        self._all: set[_Link] = set()
-        self._idle = asyncio.Event()  # set when no connection is left (see close)
-
-    # --- listening ------------------------------------------------------------------------
-
-    def listen(self, endpoint: str) -> socket.socket:
-        """A socket bound to ``endpoint`` and listening (OSError, or ValueError if it is not
-        tcp://HOST:PORT or ipc://PATH); :meth:`serve` it."""
-        sock = listen_socket(endpoint)
-        address = sock.getsockname()
-        if sock.family == socket.AF_UNIX and isinstance(address, str) and address:
-            self._paths.append(address)  # ours now: removed at close
-        return sock
-
-    async def serve(self, sock: socket.socket) -> None:
-        if sock.family == socket.AF_UNIX:
-            server = await self.loop.create_unix_server(lambda: _Link(self), sock=sock)
-        else:
-            server = await self.loop.create_server(lambda: _Link(self), sock=sock)
-        self._servers.append(server)
-
-    async def close(self, linger: float) -> None:
-        """Stop listening, and close every connection once what it was sent is written (for
-        at most ``linger`` seconds)."""
-        for server in self._servers:
-            server.close()
-        self._servers.clear()
-        for path in self._paths:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        self._paths.clear()
-        self.flush()
-        for link in list(self._all):
-            link.transport.close()  # after its buffer is written
-        if self._all:
-            self._idle.clear()
-            try:
-                await asyncio.wait_for(self._idle.wait(), linger)
-            except TimeoutError:
-                for link in list(self._all):
-                    link.transport.abort()
 
     # --- sending --------------------------------------------------------------------------
 
@@ -167,6 +108,10 @@ class Endpoint:
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 
+    async def close_after(self, linger: float) -> None:
+        self.flush()
+        await super().close_after(linger)
+
     def incoming_bytes(self) -> int:
         """Bytes held of messages still arriving, on all connections."""
         return self.incoming
@@ -187,7 +132,7 @@ class Endpoint:
     def set_max_bytes(self, max_bytes: int) -> None:
         """The limit of a message, from now on, on every connection."""
         self.max_bytes = max_bytes
-        for link in self._all:
+        for link in self.all:
             link.conn.max_bytes = max_bytes
 
     def hang_up(self, routing_id: bytes) -> None:
@@ -197,71 +142,35 @@ class Endpoint:
             self.flush()
             link.transport.close()
 
-    def routing_id(self, asked: bytes) -> bytes:
-        return self._ids.pick(asked, self.links)
+    def unlinked(self, link: Any) -> None:
+        self.on_gone(link.routing_id)
 
 
-class _Link(asyncio.BufferedProtocol):
+class _Link(Link):
     """One client's connection."""
 
+    server: Endpoint
+
     def __init__(self, endpoint: Endpoint):
-        self.e = endpoint
-        self.conn = zmtp.Connection(endpoint.max_frames, endpoint.max_bytes, keep_first=16,
-                                    writable=True, direct_min=DIRECT_MIN)
-        self.conn.admit = endpoint.admit_frame
+        super().__init__(endpoint)
         self.incoming = 0  # what this connection counts in the endpoint's ``incoming``
         self.direct = False  # the last read went to the frame's own buffer
-        self.handshake: asyncio.TimerHandle | None = None  # drops it if the handshake lags
-        self.transport: Any = None
-        self.routing_id: bytes | None = None
         self.out: list[Any] = []
-        self.taken = False
         self.paused = False  # not read: its replies wait to be written
 
-    def connection_made(self, transport: Any) -> None:
-        e = self.e
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        peer = None
-        if sock.family == socket.AF_UNIX:
-            peer = peer_of(sock.fileno())
-            why = "gone" if peer is None else e.admit(peer)
-        else:
-            why = e.admit(None)
-        if why is not None:
-            transport.abort()
-            return
-        if sock.family == socket.AF_UNIX:
-            # a READ_OK of 1 MiB goes out in one write, not five (each a wake-up of its own);
-            # the kernel caps it at net.core.wmem_max. TCP keeps its own sizing (autotuning)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SNDBUF)
-        else:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL_S)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_COUNT)
-        self.taken = True
-        e.connections += 1
-        e._all.add(self)
-        transport.set_write_buffer_limits(high=WRITE_HIGH)
-        transport.write(self.conn.data_to_send())
-        self.handshake = e.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
-
-    def _handshake_expired(self) -> None:
-        self.handshake = None
-        if self.transport is not None:
-            self.e.log.info("zpipes connection dropped: no ZMTP handshake within "
-                            f"{HANDSHAKE_TIMEOUT_S:g} s", peer=peer_name(self.transport))
-            self.transport.abort()
+    def codec(self, server: Endpoint) -> zmtp.Connection:  # type: ignore[override]
+        conn = zmtp.Connection(server.max_frames, server.max_bytes, keep_first=16,
+                               writable=True, direct_min=DIRECT_MIN)
+        conn.admit = server.admit_frame
+        return conn
 
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self.conn.frame_buffer()
         self.direct = direct is not None
-        return self.e.scratch if direct is None else direct
+        return self.server.scratch if direct is None else direct
 
     def buffer_updated(self, nbytes: int) -> None:
-        e, conn = self.e, self.conn
+        e, conn = self.server, self.conn
         if self.direct:
             conn.frame_filled(nbytes)
         else:
@@ -280,13 +189,9 @@ class _Link(asyncio.BufferedProtocol):
             elif kind is zmtp.Refused:
                 e.on_refused(self.routing_id, ev)
             elif kind is zmtp.Ready:
-                self.routing_id = e.routing_id(ev.routing_id)
-                e.links[self.routing_id] = self
-                self.handshake.cancel()
-                self.handshake = None
+                self.ready(ev)
             else:  # Closed: the peer broke the protocol
-                e.log.warning("zpipes connection dropped", peer=peer_name(self.transport),
-                              reason=ev.reason)
+                self.broken(ev.reason)
         out = conn.data_to_send()
         if out:
             self.transport.write(out)
@@ -297,7 +202,7 @@ class _Link(asyncio.BufferedProtocol):
     def _count_incoming(self) -> None:
         """What this connection holds of messages still arriving, in the endpoint's count."""
         held = self.conn.buffered
-        self.e.incoming += held - self.incoming
+        self.server.incoming += held - self.incoming
         self.incoming = held
 
     def pause_writing(self) -> None:
@@ -311,27 +216,10 @@ class _Link(asyncio.BufferedProtocol):
             if not self.transport.is_closing():
                 self.transport.resume_reading()
 
-    def eof_received(self) -> bool:
-        return False  # close
-
     def connection_lost(self, exc: Exception | None) -> None:
-        e = self.e
-        self.transport = None
+        e = self.server
         self.out = []
-        if self.handshake is not None:
-            self.handshake.cancel()
-            self.handshake = None
-        if not self.taken:
-            return
-        self.taken = False
-        e.connections -= 1
         e.incoming -= self.incoming
         self.incoming = 0
-        e._all.discard(self)
         e._backed_up.discard(self)
-        if not e._all:
-            e._idle.set()
-        rid = self.routing_id
-        if rid is not None and e.links.get(rid) is self:
-            del e.links[rid]
-            e.on_gone(rid)
+        super().connection_lost(exc)
