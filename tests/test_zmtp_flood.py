@@ -1,0 +1,178 @@
+"""Every ZMTP endpoint of a broker is guarded alike (zbroker/zmtp/): a flood of connections that
+each send one byte and hold, on the ZPIPES endpoint and on a pzq queue's receive and send
+endpoints at once, beside a live pipe and a live producer and consumer. The broker stays up,
+its management socket answers, the legitimate traffic goes on, its descriptors stay within the
+connection budget, the excess is refused and counted, and its log says so at most once a second
+per endpoint and kind of refusal; once the flood's connections have been dropped (no handshake
+in time), new clients are served again."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from helpers import broker_env, free_port, run_zbroker, unique_name, wait_for, write_config
+from pipe_stream import (
+    CLOSE_OK,
+    INPUT_OK,
+    OUTPUT_OK,
+    READ_OK,
+    WRITE_OK,
+    RawClient,
+    close,
+    input_,
+    output,
+    read,
+    write,
+)
+from test_zpipes_guard import limit_files
+
+from zbroker.limits import FD_RESERVE
+from zbroker.pzq.client import Consumer, Producer
+from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
+
+MAX_CLIENTS = 1500
+FLOOD_EACH = 1700  # connections on each of the three endpoints: 5 100 in all
+
+FLOOD = textwrap.dedent("""
+    import socket, sys
+    held = []
+    for target in sys.argv[2:]:
+        for _ in range(int(sys.argv[1])):
+            if target.startswith("@"):
+                s = socket.socket(socket.AF_UNIX)
+                address = "\\0" + target[1:]
+            else:
+                host, port = target.rsplit(":", 1)
+                s = socket.socket(socket.AF_INET)
+                address = (host, int(port))
+            try:
+                s.connect(address)
+                s.send(b"\\xff")  # the first byte of a greeting, and never the rest
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+    print(len(held), flush=True)
+    sys.stdin.read()  # hold them until told
+""")
+
+
+def status(name: str, cwd) -> dict:
+    r = run_zbroker(["status", name, "--json"], cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def pipe_round(w: RawClient, r: RawClient, i: int) -> None:
+    data = b"%06d" % i * 100
+    assert w.call(write(data, 5000)) == (WRITE_OK, None)
+    assert r.call(read(len(data), 5000)) == (READ_OK, data)
+
+
+@pytest.mark.slow
+def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(tmp_path, ctx):
+    name = unique_name("flood")
+    receive, send = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    cfg = write_config(tmp_path / "zbroker.cfg", {
+        "clients": {"max_clients": MAX_CLIENTS},
+        "services": {"pzq": {"enabled": True, "queues": {"jobs": {
+            "receive_endpoint": f"tcp://{receive}", "send_endpoint": f"tcp://{send}",
+            "data_dir": str(tmp_path / "jobs")}}}}})
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as err:
+        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
+                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
+                                  stderr=err, stdin=subprocess.DEVNULL,
+                                  preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + 100))
+    endpoint = f"ipc://@/zpipes/{name}"
+    flood = None
+    w, r = RawClient(ctx, endpoint), RawClient(ctx, endpoint)
+    producer = consumer = None
+    try:
+        wait_for(lambda: "zpipes bound" in log_path.read_text()
+                 and "pzq queue started" in log_path.read_text(), 30, "the broker to start")
+        # the legitimate clients, connected before the flood
+        assert w.call(output(b"live")) == (OUTPUT_OK, None)
+        assert r.call(input_(b"live")) == (INPUT_OK, None)
+        producer = Producer(f"tcp://{receive}", context=ctx)
+        consumer = Consumer(f"tcp://{send}", context=ctx)
+        pipe_round(w, r, 0)
+
+        flood_start = time.monotonic()
+        flood = subprocess.Popen(
+            [sys.executable, "-c", FLOOD, str(FLOOD_EACH), f"@/zpipes/{name}", receive, send],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=limit_files(8192))
+        assert int(flood.stdout.readline()) > 0
+
+        # the broker is up, its management socket answers, and it counts the refusals
+        assert broker.poll() is None, log_path.read_text()[-3000:]
+        fds = len(os.listdir(f"/proc/{broker.pid}/fd"))
+        assert fds <= MAX_CLIENTS + FD_RESERVE, fds
+        zpipes = status(name, tmp_path)["services"]["zpipes"]
+        assert zpipes["refused"]["too many clients"] > 0, zpipes
+        # the pipe and the queue go on
+        for i in range(1, 20):
+            pipe_round(w, r, i)
+        for i in range(50):
+            producer.send(b"job %d" % i, msg_id=b"id-%d" % i)
+        producer.flush(30)
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 50 and time.monotonic() < deadline:
+            m = consumer.recv(0.5)
+            if m is not None:
+                got.append(m.body)
+                consumer.ack(m)
+        assert sorted(got) == sorted(b"job %d" % i for i in range(50))
+
+        # the flood's connections are dropped once their handshake is late; new clients
+        # are served again
+        wait_for(lambda: status(name, tmp_path)["services"]["zpipes"]["connections"] <= 2,
+                 HANDSHAKE_TIMEOUT_S + 30, "the flood's connections to be dropped")
+        fresh_w, fresh_r = RawClient(ctx, endpoint), RawClient(ctx, endpoint)
+        try:
+            assert fresh_w.call(output(b"after")) == (OUTPUT_OK, None)
+            assert fresh_r.call(input_(b"after")) == (INPUT_OK, None)
+            pipe_round(fresh_w, fresh_r, 99)
+        finally:
+            fresh_w.close()
+            fresh_r.close()
+        elapsed = time.monotonic() - flood_start
+        assert broker.poll() is None
+        zpipes = status(name, tmp_path)["services"]["zpipes"]
+        assert zpipes["refused"]["no handshake"] > 0, zpipes
+
+        log = log_path.read_text()
+        assert "Too many open files" not in log
+        lines = [line for line in log.splitlines()
+                 if re.search(r"connection (refused|dropped)", line)]
+        assert lines, log[-3000:]
+        by_kind: dict[tuple[str, str], int] = {}
+        for line in lines:
+            who = re.search(r"(zpipes|pzq \w+) connection", line).group(1)
+            kind = "dropped" if "dropped" in line else (
+                "too many" if "too many" in line else "other")
+            by_kind[who, kind] = by_kind.get((who, kind), 0) + 1
+        # at most one line a second for each endpoint and kind, however many connections
+        for key, n in by_kind.items():
+            assert n <= elapsed + 2, (key, n, elapsed, lines[:20])
+        assert len(lines) < 100
+        assert w.call(close()) == (CLOSE_OK, None)
+    finally:
+        if flood is not None:
+            flood.kill()
+            flood.wait(30)
+        for c in (producer, consumer):
+            if c is not None:
+                c.close()
+        w.close()
+        r.close()
+        broker.kill()
+        broker.wait(30)
