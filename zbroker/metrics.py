@@ -131,8 +131,9 @@ def _broker(snap: dict[str, Any]) -> list[Metric]:
 
 def _zpipes(z: dict[str, Any], pipe_series: int) -> list[Metric]:
     refused = _counter("zbroker_zpipes_connections_refused",
-                       "Connections hung up at once, by reason: not_allowed "
-                       "(services.zpipes.allow), too_many_clients (clients.max_clients).",
+                       "Connections hung up, by reason: not_allowed (services.zpipes.allow), "
+                       "too_many_clients (clients.max_clients, all endpoints together), "
+                       "no_handshake (none within 10 s), protocol_error.",
                        labels=["reason"])
     for reason, n in sorted(z.get("refused", {}).items()):
         refused.add_metric([reason.replace(" ", "_")], n)
