@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from ..iovec import gather
 
@@ -136,7 +137,7 @@ def encode_parts(frames: Sequence[bytes | list[bytes]]) -> tuple[list[bytes], in
     last = len(frames) - 1
     for i, f in enumerate(frames):
         parted = type(f) is list
-        n = sum(map(len, f)) if parted else len(f)
+        n = sum(map(len, cast(list[bytes], f))) if parted else len(f)
         if n < 256:
             out.append(_HEAD_MORE[n] if i < last else _HEAD_LAST[n])
             size += 2 + n
@@ -145,9 +146,9 @@ def encode_parts(frames: Sequence[bytes | list[bytes]]) -> tuple[list[bytes], in
             size += 9 + n
             large = large or n >= LARGE_FRAME
         if parted:
-            out.extend(f)
+            out.extend(cast(list[bytes], f))
         else:
-            out.append(f)
+            out.append(cast(bytes, f))
     if not large:
         return [b"".join(out)], size
     return gather(out, LARGE_FRAME)[0], size
@@ -195,7 +196,8 @@ class Connection:
 
     def __init__(self, max_frames: int, max_bytes: int, frame_cost: int = 0,
                  keep_first: int = 256, writable: bool = False, direct_min: int = 0):
-        self._frame_type = bytearray if writable else bytes
+        #: what a frame is made as: bytes, or bytearray (the user edits frames in place)
+        self._frame_type: Callable[[Any], Any] = bytearray if writable else bytes
         self.direct_min = direct_min if writable else 0
         self._direct: bytearray | None = None  # the large frame being received
         self._direct_have = 0  # its bytes here
@@ -212,7 +214,7 @@ class Connection:
         self._out = bytearray(SIGNATURE)
         self._events: list[Event] = []
         self._stage = self._signature  # the handshake step waiting for the peer's bytes
-        self._frames: list[bytes] = []  # the message being received
+        self._frames: list[Any] = []  # the message being received (bytes or bytearray)
         self._size = 0  # its bytes with frame_cost each
         self._skipping = False  # the rest of a refused message is being let go
         self._skip = 0  # bytes still to let go of the frame being skipped
@@ -245,11 +247,12 @@ class Connection:
     def frame_filled(self, nbytes: int) -> None:
         """``nbytes`` more of the large frame were written at :meth:`frame_buffer`."""
         self._direct_have += nbytes
-        if self._direct_have == len(self._direct):
-            self._finish_direct()
+        frame = self._direct
+        if frame is not None and self._direct_have == len(frame):
+            self._finish_direct(frame)
 
-    def _finish_direct(self) -> None:
-        frame, self._direct, self._direct_have = self._direct, None, 0
+    def _finish_direct(self, frame: bytearray) -> None:
+        self._direct, self._direct_have = None, 0
         self._frames.append(frame)
         self._size += len(frame) + self.frame_cost
         if not self._direct_more:
