@@ -1,6 +1,6 @@
 """scripts/setup and scripts/test say what they do while they do it, and scripts/test lists the
 slowest tests. Run on a copy of the scripts whose .venv holds stand-ins for python, pip and
-ruff (which record how they were called): nothing is installed."""
+ruff, mypy (which record how they were called): nothing is installed."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ def make_tree(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     bins = [tree / ".venv" / "bin", tmp_path / "system-bin"]
     for d in bins:
         d.mkdir(parents=True)
-    # .venv's python and ruff; the system packages ensure-test-deps looks for
-    for path in (bins[0] / "python", bins[0] / "ruff", bins[1] / "rsyslogd", bins[1] / "java",
-                 bins[1] / "ip", bins[1] / "prometheus", bins[1] / "tmux"):
+    # .venv's python, ruff and mypy; the system packages ensure-test-deps looks for
+    for path in (bins[0] / "python", bins[0] / "ruff", bins[0] / "mypy", bins[1] / "rsyslogd",
+                 bins[1] / "java", bins[1] / "ip", bins[1] / "prometheus", bins[1] / "tmux"):
         path.write_text(STUB.format(log=log))
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     env = dict(os.environ, PATH=os.pathsep.join([str(bins[1]), os.environ.get("PATH", "")]))
@@ -53,11 +53,11 @@ def test_test_script_says_its_steps_and_lists_the_slowest_tests(tmp_path):
     r = subprocess.run(["scripts/test", "tests/test_x.py"], cwd=tree, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    for step in ("test: checking system packages", "test: ruff check",
+    for step in ("test: checking system packages", "test: ruff check", "test: mypy",
                  "test: running the tests"):
         assert step in r.stderr
     calls = log.read_text().splitlines()
-    assert "ruff check ." in calls
+    assert "ruff check ." in calls and "mypy " in calls
     # two workers, one test file per worker at a time
     assert calls[-1] == "python -m pytest -n 2 --dist loadfile --durations=15 tests/test_x.py"
 
