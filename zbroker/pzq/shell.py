@@ -82,8 +82,9 @@ where the queue is:
   config file says them. --send ENDPOINT (push) or --stream ENDPOINT (stream) skip both.
 
 exit status:
-  0 done; 1 fewer messages than --count came within --timeout (what came is printed), or
-  the queue is unknown, unreachable or refused a request; 2 usage error; 130 interrupted.
+  0 done (with --count 0, also when there was nothing to get); 1 fewer messages than --count
+  came within --timeout (what came is printed), or the queue is unknown, unreachable or
+  refused a request; 2 usage error; 130 interrupted.
 
 examples:
   zbroker queue get jobs                      one message, waiting up to 10 s for it
@@ -409,10 +410,16 @@ def _output_failed(exc: OSError) -> str:
 
 
 def _shortfall(args: argparse.Namespace, got: int, note: str = "") -> int:
-    if got == 0 or (args.count > 0 and got < args.count):
-        return _error(f"{got} of {args.count or 'any'} message(s) within {args.timeout:g}s"
-                      + (f"; {note}" if note and got == 0 else ""))
-    return 0
+    """Exit status 1 if fewer than ``--count`` messages came; with ``--count 0`` (all there
+    is) none is no error, as ``cat`` of an empty file is none."""
+    if args.count == 0 or got >= args.count:
+        return 0
+    if got == 0:
+        what = "no message" if args.count == 1 else f"none of the {args.count} messages"
+    else:
+        what = f"only {got} of the {args.count} messages"
+    return _error(f"{what} came within {args.timeout:g}s" + (f"; {note}" if note and got == 0
+                                                             else ""))
 
 
 def _get(args: argparse.Namespace, endpoint: str, note: str = "",
