@@ -411,7 +411,10 @@ def _output_failed(exc: OSError) -> str:
 
 def _shortfall(args: argparse.Namespace, got: int, note: str = "") -> int:
     """Exit status 1 if fewer than ``--count`` messages came; with ``--count 0`` (all there
-    is) none is no error, as ``cat`` of an empty file is none."""
+    is) none is no error (said on standard error), as ``cat`` of an empty file is none."""
+    if args.count == 0 and got == 0:
+        print(f"zbroker queue: queue {args.queue!r} had no message to get", file=sys.stderr)
+        return 0
     if args.count == 0 or got >= args.count:
         return 0
     if got == 0:
