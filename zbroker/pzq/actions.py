@@ -137,7 +137,7 @@ class Log:
 
 @dataclass(slots=True)
 class StreamReply:
-    frames: list[bytes]
+    frames: Sequence[bytes | list[bytes]]  # a list: one frame's parts (wire.range_batch)
 
 
 @dataclass(slots=True)

@@ -28,6 +28,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from itertools import islice, repeat
+from typing import final
 
 READY = "ready"
 
@@ -46,6 +47,7 @@ class Consumer:
         return self.credit - len(self.inflight)
 
 
+@final  # (so that mypy narrows ``type(x) is Delivery`` in both branches)
 @dataclass(slots=True)
 class Delivery:
     seq: int

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import cast
+
+#: a batch's ids and their seqs, in the order they came
+Group = tuple[list[bytes], Sequence[int]]
 
 
 class IdWindow:
@@ -25,7 +29,7 @@ class IdWindow:
         self._seq: dict[bytes, int] = {}
         #: (ids, their seqs) in the order they came, stale ones included; an id added
         #: alone is (id, seq)
-        self._order: deque[tuple[list[bytes], Sequence[int]] | tuple[bytes, int]] = deque()
+        self._order: deque[Group | tuple[bytes, int]] = deque()
         self._held = 0  # ids in _order, stale ones included
 
     def __len__(self) -> int:
@@ -94,6 +98,8 @@ class IdWindow:
                     del seq_of[ids]
                     self.bytes -= len(ids)
                 continue
+            # a group, (ids, seqs): mypy does not tie the two halves' types together
+            ids, seqs = cast("Group", order[0])
             k = min(len(ids), max(1, len(seq_of) - self.max_ids))  # (bytes: one by one)
             if k == len(ids):
                 order.popleft()
@@ -114,9 +120,13 @@ class IdWindow:
     def _compact(self) -> None:
         """Drop the stale ids from the groups (one group of the rest, in order)."""
         seq_of = self._seq
-        live = [(msg_id, seq) for ids, seqs in self._order
-                for msg_id, seq in (((ids, seqs),) if type(ids) is bytes
-                                    else zip(ids, seqs, strict=True))
-                if seq_of.get(msg_id) == seq]
+        live: list[tuple[bytes, int]] = []
+        for entry in self._order:
+            if type(entry[0]) is bytes:  # one id: (id, seq)
+                if seq_of.get(entry[0]) == entry[1]:
+                    live.append(entry)
+            else:
+                ids, seqs = cast("Group", entry)
+                live.extend(p for p in zip(ids, seqs, strict=True) if seq_of.get(p[0]) == p[1])
         self._order = deque([([i for i, _ in live], [s for _, s in live])] if live else [])
         self._held = len(live)

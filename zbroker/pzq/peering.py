@@ -240,10 +240,10 @@ def decode(frames: Sequence[Any]) -> ClusterMessage | DecodeError:
     return DecodeError(f"unknown kind {kind[:20]!r}")
 
 
-def parse_copies(frames: Sequence[Any]) -> list[tuple[bytes, list[Any]]] | None:
+def parse_copies(frames: Sequence[Any]) -> list[tuple[bytes, Sequence[Any]]] | None:
     """The (key, body frames) pairs of a COPY (``frames`` after its node); None if it is
     malformed."""
-    out = []
+    out: list[tuple[bytes, Sequence[Any]]] = []  # (as Copy.items: a list is a Sequence)
     i, end = 0, len(frames)
     while i < end:
         if i + 2 >= end or not 0 < len(frames[i + 1]) <= 6 or not bytes(frames[i + 1]).isdigit():

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, TypeAlias, cast, final
 
 from ..stats import Buckets
 from . import wire
@@ -130,9 +130,10 @@ class Replicating:
         self.got = 0
         self.local = False  # its batch is written
         self.failed = False  # the timeout passed first
-        self.waiters: list[tuple[bytes, bytes]] = []
+        self.waiters: list[tuple[Producer, bytes]] = []  # (peer, msg id)
 
 
+@final  # (so that mypy narrows ``type(x) is BatchWaiter`` in both branches)
 class BatchWaiter:
     """A producer's batch (wire.ProduceBatch) waiting for its parts: its record in the log,
     and the messages of other batches it repeats (ids stored before, not yet durable) or,
@@ -159,6 +160,7 @@ class BatchWaiter:
         return self.pending == 0
 
 
+@final  # (so that mypy narrows ``type(x) is AckGroup`` in both branches)
 class AckGroup:
     """A batch consumer's ACK of many keys: confirmed (ACKED) once all are durable."""
 
@@ -168,6 +170,15 @@ class AckGroup:
         self.consumer = consumer
         self.ack_id = ack_id
         self.pending = 0
+
+
+#: whom a producer ACK goes to: a producer (its routing id), or a batch waiting for its parts
+Producer: TypeAlias = bytes | BatchWaiter
+#: a producer waiting for a message to be written: (peer, msg id, key), or a batch's record,
+#: (its BatchWaiter, b"", None)
+Waiting: TypeAlias = tuple[Producer, bytes, bytes | None]
+#: a credit consumer waiting for its ACK to be durable: (consumer, key), or a batch's ACK
+AckWaiter: TypeAlias = tuple[Hashable, bytes] | AckGroup
 
 
 class QueueCore:
@@ -184,8 +195,9 @@ class QueueCore:
         self.messages: dict[int, Message] = {}
         self.keys: dict[bytes, int] = {}
         self.ids = IdWindow(limits.idempotence_window, limits.idempotence_bytes)
-        #: seq -> the producers waiting for it to be written: (peer, msg id, key)
-        self.waiting: dict[int, list[tuple[bytes, bytes, bytes]]] = {}
+        #: seq -> the producers waiting for it to be written: (peer, msg id, key); a
+        #: batch's record is (its BatchWaiter, b"", None)
+        self.waiting: dict[int, list[Waiting]] = {}
         self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
         self.out: list[Any] = []  # actions for the I/O (take_output)
         #: the AckMany of ``out`` that the next consumer ACK joins while ``out`` still ends
@@ -204,7 +216,7 @@ class QueueCore:
         self.alone: set[int] = set()
         self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
         #: seq -> (consumer, key), or the AckGroup of a batch consumer's ACK
-        self.ack_waiters: dict[int, tuple[Hashable, bytes] | AckGroup] = {}
+        self.ack_waiters: dict[int, AckWaiter] = {}
         #: consumers of the credit endpoint that take batches: id -> most bytes in a batch
         self.batch_consumers: dict[Hashable, int] = {}
         self.next_seq = 0
@@ -362,8 +374,8 @@ class QueueCore:
             self.counters["duplicates"] += 1
             m = self.messages.get(prior) if prior is not None else None
             st = self.replicating.get(m.key) if m is not None else None
-            if m is not None and prior >= self.head:  # not durable yet: wait for it
-                self.waiting.setdefault(prior, []).append((w, msg_id, m.key))
+            if m is not None and m.seq >= self.head:  # not durable yet: wait for it
+                self.waiting.setdefault(m.seq, []).append((w, msg_id, m.key))
                 w.pending += 1
             elif st is not None:
                 st.waiters.append((w, msg_id))
@@ -511,15 +523,15 @@ class QueueCore:
         if self.ack_waiters:
             self._acks_durable(seqs)
 
-    def _written(self, w: list[tuple[Any, bytes, bytes | None]], ok: bool,
+    def _written(self, w: list[Waiting], ok: bool,
                  error: str | None, now_us: int) -> None:
         """Answer the producers ``w`` that waited for one message's write (or failure)."""
         for peer, msg_id, key in w:
             st = self.replicating.get(key) if key is not None else None
             if not ok:
                 self._answer(peer, msg_id, False, error or "store failed")
-                if st is not None:
-                    del self.replicating[key]
+                if st is not None:  # (then key is not None)
+                    del self.replicating[cast(bytes, key)]
             elif st is None:
                 self._answer(peer, msg_id, True, None)
                 if now_us and key is not None:
@@ -527,13 +539,14 @@ class QueueCore:
             else:
                 st.local = True
                 st.waiters.append((peer, msg_id))
-                self._replicated(key, st)
+                self._replicated(cast(bytes, key), st)  # (st is not None: neither is key)
 
     def _acks_durable(self, seqs: Iterable[int]) -> None:
         """The consumer ACKs of ``seqs`` cannot be undone by a crash any more: confirm them
         to the credit consumers waiting for that."""
         out = self.out
-        found = list(filter(None, map(self.ack_waiters.pop, seqs, repeat(None))))
+        found: list[AckWaiter] = list(filter(None, map(self.ack_waiters.pop, seqs,
+                                                      repeat(None))))
         if not found:
             return
         first = found[0]
@@ -595,7 +608,8 @@ class QueueCore:
         return len(self.dispatcher.remove_consumer(cid))
 
     def next_delivery(self, now: float, now_us: int
-                      ) -> tuple[Delivery | Deliveries, list[bytes]] | None:
+                      ) -> tuple[Delivery | Deliveries,
+                                 list[bytes] | list[bytes | list[bytes]]] | None:
         """The next delivery to send and its frames, or None. To a batch consumer, a batch:
         as many messages as its window takes (at most MAX_DELIVERY_BATCH) until one of
         several body frames, which goes alone."""
@@ -822,7 +836,7 @@ class QueueCore:
         if len(alone) > 64 and len(alone) > 2 * len(self.messages):
             self.alone = {s for s in alone if s in self.messages}
 
-    def _answer(self, peer: bytes | BatchWaiter, msg_id: bytes, ok: bool,
+    def _answer(self, peer: Producer, msg_id: bytes, ok: bool,
                 text: str | None) -> None:
         """A producer's message is stored (``ok``; ``text``: REPLICATION_FAILED or None) or
         failed (``text``: why). ``peer`` is a BatchWaiter for a part of a batch."""

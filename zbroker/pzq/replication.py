@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from . import peering, wire
 from .actions import (
@@ -50,6 +50,7 @@ from .actions import (
 from .peering import is_node
 from .placement import Placement
 from .queue import QUEUE_FULL, Budget, Limits, QueueCore
+from .records import MessageRecord
 
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)
@@ -92,6 +93,8 @@ class ReplicationSettings:
 
 
 _PREFIX = len(peering.REPLICA_PREFIX)
+#: what a holder is sent: a static peer's copy, DELETE or PING, or a cluster peer's
+Held: TypeAlias = peering.StaticMessage | peering.Copy | peering.Delete
 
 
 class ReplicationCore:
@@ -129,7 +132,8 @@ class ReplicationCore:
 
     # --- start ------------------------------------------------------------------------------
 
-    def restore(self, node_id: str, messages: list[Any], next_seq: int, now: float) -> bool:
+    def restore(self, node_id: str, messages: list[MessageRecord], next_seq: int,
+                now: float) -> bool:
         """The log of ``node_id``'s copies, found at start. False: it is empty and that node
         is not accepted any more (the caller removes it); its copies are held otherwise."""
         core = self._replica_core(node_id)
@@ -188,8 +192,9 @@ class ReplicationCore:
                 sends.append(a)
         if not sends:
             return
-        if self.placement is not None:
-            self._send_to_holders(sends)
+        placement = self.placement
+        if placement is not None:
+            self._send_to_holders(placement, sends)
         elif self.settings.static_peers:
             node_id = self.node_id
             for a in sends:
@@ -225,8 +230,8 @@ class ReplicationCore:
         if a is not None:
             self.queue.replica_confirmed(a.key, a.ok)
 
-    def _send_to_holders(self, sends: list[Replicate | Unreplicate]) -> None:
-        placement = self.placement
+    def _send_to_holders(self, placement: Placement,
+                         sends: list[Replicate | Unreplicate]) -> None:
         copies = [(a.key, a.body) for a in sends if type(a) is Replicate]
         deleted = [a.key for a in sends if type(a) is Unreplicate]
         # copies first: a key copied and ACKed within one turn is then deleted after its copy
@@ -239,11 +244,11 @@ class ReplicationCore:
             for msg in messages:
                 self.out.append(SendCluster(life, msg))
         if placement.recopies:
-            self._pump_recopies()
+            self._pump_recopies(placement)
 
-    def _pump_recopies(self) -> None:
+    def _pump_recopies(self, placement: Placement) -> None:
         """Send the next part of each new holder's re-copy (a window at a time)."""
-        placement, queue = self.placement, self.queue
+        queue = self.queue
         for life, r in list(placement.recopies.items()):
             while True:
                 keys = r.next_keys()
@@ -268,15 +273,14 @@ class ReplicationCore:
         if self.placement is not None:
             self.placement.recopies.pop(life, None)
 
-    def _holders_added(self, added: list[str]) -> None:
-        placement = self.placement
+    def _holders_added(self, placement: Placement, added: list[str]) -> None:
         self.queue.replica_targets = len(placement)
         for life in added:
             r = placement.recopies.get(life)
             self._log("info", "pzq replica holder chosen", peer=life, holders=len(placement),
                       recopy=len(r.todo) if r else 0)
         if added:
-            self._pump_recopies()
+            self._pump_recopies(placement)
 
     def _backlog_keys(self) -> list[bytes]:
         return [m.key for m in self.queue.messages.values()]
@@ -301,9 +305,11 @@ class ReplicationCore:
                       node=node_id, messages=len(taken))
         if self.settings.cluster:  # first: copies it holds from before are stale
             self.out.append(SendCluster(life, peering.Release(self._qname, self.node_id)))
-        if self.placement is not None:
+        placement = self.placement
+        if placement is not None:
             self._from_queue()  # what is pending goes to the holders of before
-            self._holders_added(self.placement.available(life, node_id, self._backlog_keys()))
+            self._holders_added(placement, placement.available(life, node_id,
+                                                               self._backlog_keys()))
 
     def peer_gone(self, life: str, now_us: int) -> None:
         """A peer of the cluster left (or was lost): replace it as a holder of our copies;
@@ -312,7 +318,7 @@ class ReplicationCore:
         if placement is not None:
             was = life in placement.holders
             self._from_queue()
-            self._holders_added(placement.gone(life, self._backlog_keys()))
+            self._holders_added(placement, placement.gone(life, self._backlog_keys()))
             if was:
                 self._log("warning", "pzq replica holder lost", peer=life,
                           holders=len(placement))
@@ -326,26 +332,27 @@ class ReplicationCore:
         False if it is malformed, or not meant for this queue."""
         msg = peering.decode(frames)
         peer = CLUSTER_PEER + life.encode()
-        t = type(msg)
-        if t is peering.Copy:
+        # (type() again in each test, not once in a name: mypy narrows only the former;
+        # COPY, the common one, is tested first)
+        if type(msg) is peering.Copy:
             for key, body in msg.items:
                 self._hold(msg, msg.node_id, peer, key, body, now, now_us)
-        elif t is peering.Delete:
+        elif type(msg) is peering.Delete:
             for key in msg.keys:
                 self._hold(msg, msg.node_id, peer, key, (), now, now_us)
-        elif t is peering.Confirm:
+        elif type(msg) is peering.Confirm:
             placement = self.placement
             for key in msg.keys:
                 self.queue.replica_confirmed(key, msg.ok)
                 if placement is not None:
                     placement.confirmed(life, key)
             if placement is not None and placement.recopies:
-                self._pump_recopies()
-        elif t is peering.Release:
+                self._pump_recopies(placement)
+        elif type(msg) is peering.Release:
             dropped = self._release(msg.node_id)
             if dropped:
                 self._log("info", "pzq stale copies dropped", node=msg.node_id, copies=dropped)
-        elif t is peering.Taken:
+        elif type(msg) is peering.Taken:
             if msg.node_id != self.node_id:
                 return False
             dropped = sum(self.queue.taken_back(key) for key in msg.keys)
@@ -391,7 +398,7 @@ class ReplicationCore:
         body = msg.body if type(msg) is peering.ReplicaCopy else ()
         self._hold(msg, node_id, peer, bytes(frames[0]), body, now, now_us)
 
-    def _hold(self, msg: Any, node_id: str, peer: bytes, key: bytes, body: Sequence[Any],
+    def _hold(self, msg: Held, node_id: str, peer: bytes, key: bytes, body: Sequence[Any],
               now: float, now_us: int) -> None:
         """A copy of another queue's message (or its DELETE, or that queue's PING)."""
         if node_id == self.node_id:
@@ -419,7 +426,7 @@ class ReplicationCore:
         elif type(msg) in (peering.ReplicaDelete, peering.Delete):
             origin.core.remove_by_id(key)
 
-    def _refuse(self, msg: Any, peer: bytes, key: bytes, reason: str, now: float) -> None:
+    def _refuse(self, msg: Held, peer: bytes, key: bytes, reason: str, now: float) -> None:
         self.refused += 1
         if type(msg) in (peering.ReplicaCopy, peering.Copy):
             answer = wire.producer_ack(bytes(key[:wire.MAX_ID]), False, reason)

@@ -35,12 +35,13 @@ and carries out; :meth:`~StreamCore.request`, :meth:`~StreamCore.to_write` and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import wire
 from .actions import Log, StreamReply, WriteCommitted
-from .queue import QueueCore
+from .queue import Message, QueueCore
 from .records import MessageRecord
 
 DEFAULT_GROUP = wire.DEFAULT_GROUP
@@ -187,7 +188,7 @@ class StreamCore:
 
     # --- requests --------------------------------------------------------------------------
 
-    def request(self, frames: list[bytes]) -> list[bytes] | None:
+    def request(self, frames: list[bytes]) -> Sequence[bytes | list[bytes]] | None:
         """A request as received (routing id first); the reply to send now, or None when it
         waits for the offsets file (see :meth:`to_write`)."""
         self.requests += 1
@@ -200,13 +201,13 @@ class StreamCore:
         return self._answer(envelope, req)
 
     def _answer(self, envelope: list[bytes], req: wire.StreamRequest,
-                written: bool = False) -> list[bytes] | None:
+                written: bool = False) -> Sequence[bytes | list[bytes]] | None:
         """``written``: the write this request waited for is done."""
         core, offsets = self.core, self.offsets
         if req.command == wire.GROUPS:
             out = wire.stream_ok(envelope, core.head, len(offsets.groups))
-            for name, committed in sorted(offsets.groups.items()):
-                out += [name.encode(), b"%d" % committed]
+            for name, at in sorted(offsets.groups.items()):
+                out += [name.encode(), b"%d" % at]
             return out
         group = req.group or DEFAULT_GROUP
         if req.command == wire.DELETE:
@@ -219,7 +220,8 @@ class StreamCore:
             change = self._change()
             del change.groups[group]
             change.lost.pop(group, None)
-            return self._wait(envelope, req)
+            self._wait(envelope, req)
+            return None
         committed = offsets.groups.get(group)
         if committed is None:  # a new group: made durable before it is answered
             latest = self._latest()
@@ -234,7 +236,8 @@ class StreamCore:
                     return self._error(envelope, f"too many groups: at most {MAX_GROUPS} "
                                                  "(DELETE one)")
                 self._change().groups[group] = self.floor()
-            return self._wait(envelope, req, again=True)
+            self._wait(envelope, req, again=True)
+            return None
         lost = offsets.lost.get(group, (0, 0)) if req.group is not None else ()
         if req.command == wire.HEAD:
             return wire.stream_ok(envelope, core.head, committed, *lost)
@@ -257,10 +260,12 @@ class StreamCore:
         change = self._change()
         change.groups[group] = max(change.groups.get(group, committed), end)
         change.lost.pop(group, None)  # told: it goes on from here
-        return self._wait(envelope, req)
+        self._wait(envelope, req)
+        return None
 
     def _range_batch(self, envelope: list[bytes], committed: int, nxt: int,
-                     messages: list[Any], lost: tuple[int, ...]) -> list[Any]:
+                     messages: list[Message], lost: tuple[int, ...]
+                     ) -> list[bytes | list[bytes]]:
         """A RANGE ... BATCH answer: the messages packed, up to the first one of several
         body frames, which comes alone and as a plain RANGE answers it (as a batch
         consumer's delivery does)."""
@@ -301,7 +306,6 @@ class StreamCore:
         then as if it came then; else it is done by the write)."""
         self._waiting.append((envelope, req, self._written + (2 if self._writing else 1),
                               again))
-        return None
 
     # --- the offsets file ------------------------------------------------------------------
 
@@ -313,11 +317,12 @@ class StreamCore:
         self._writing, self._pending = self._pending, None
         return self._writing
 
-    def written(self, value: Offsets, error: str | None) -> list[list[bytes]]:
+    def written(self, value: Offsets, error: str | None
+                ) -> list[Sequence[bytes | list[bytes]]]:
         """The offsets file holds ``value`` now (or could not be written: ``error``): drop
         the messages below the floor; the replies to the requests it answers."""
         self._writing = None
-        replies = []
+        replies: list[Sequence[bytes | list[bytes]]] = []
         if error is not None:  # nothing changed: what waited for it fails, and what was
             self._pending = None  # to follow it (built on it) is asked again by its reader
             self._retain_to = 0

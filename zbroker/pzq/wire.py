@@ -43,7 +43,7 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from zbroker.zmtp import LARGE_FRAME
 
@@ -115,12 +115,13 @@ class WireError:
 def decode_produce(frames: Sequence[Frame]) -> Produce | WireError:
     """``[msg id][headers...][""][body...]`` (without the routing id)."""
     if len(frames) == 3 and not frames[1]:  # [id][""][body]: most messages
-        msg_id, body = frames[0], frames[2]
-        if type(msg_id) is bytes and type(body) is bytes:
-            return Produce(msg_id, (), (body,))
+        first, last = frames[0], frames[2]
+        if type(first) is bytes and type(last) is bytes:
+            return Produce(first, (), (last,))
     if not frames:
         return WireError(MALFORMED)
     msg_id = bytes(frames[0])
+    delimiter: int | None
     if len(frames) > 1 and not frames[1]:  # no headers (most messages)
         delimiter = 1
     else:
@@ -130,8 +131,12 @@ def decode_produce(frames: Sequence[Frame]) -> Produce | WireError:
     rest = frames[delimiter + 1:]
     if not rest:
         return WireError(EMPTY, msg_id)
+    body: tuple[bytes, ...]
     if memoryview in map(type, rest):  # (kept as they are: not copied)
-        body = tuple(f if type(f) is memoryview else bytes(f) for f in rest)
+        # typed as bytes: a memoryview serves as one wherever a body goes (its length, the
+        # log's writes, the ZMTP encoder take any buffer)
+        body = cast("tuple[bytes, ...]",
+                    tuple(f if type(f) is memoryview else bytes(f) for f in rest))
     else:
         body = tuple(map(bytes, rest))
     return Produce(msg_id, tuple(map(bytes, frames[1:delimiter])), body)
@@ -404,8 +409,8 @@ def decode_stream_reply(reply: Sequence[bytes], grouped: bool = False
     entries = []
     pos = fixed
     for _ in range(count):
-        offset, key, sent, n = reply[pos:pos + 4]
-        n = int(n)
+        offset, key, sent, count_frame = reply[pos:pos + 4]
+        n = int(count_frame)
         frames = tuple(bytes(f) for f in reply[pos + 4:pos + 4 + n])
         if len(frames) != n:
             raise ValueError("malformed RANGE reply: cut short")
@@ -518,18 +523,19 @@ def unpack(frame: Frame, with_bodies: bool = True, max_count: int = MAX_BATCH
     body_lens = struct.unpack_from(f"<{n}I", data, 4 + n) if with_bodies else ()
     if names_at + sum(name_lens) + sum(body_lens) != size:
         return "malformed batch: its lengths do not add up to its size"
-    names = []
+    names: list[Frame] = []
     pos = names_at
     for k in name_lens:
         names.append(data[pos:pos + k])
         pos += k
-    bodies = []
+    bodies: list[Frame] = []
     for k in body_lens:
         bodies.append(data[pos:pos + k])
         pos += k
     if view:
         return list(map(bytes, names)), list(map(bytes, bodies))
-    return names, bodies
+    # not a view: data is bytes, and so are its slices
+    return cast("list[bytes]", names), cast("list[bytes]", bodies)
 
 
 # not frozen: one is made for every message, and a frozen dataclass's __init__ costs 3x
@@ -563,7 +569,7 @@ def decode_ready_batch(frames: Sequence[Frame]) -> tuple[int, int] | WireError |
     if len(frames) != 3 or bytes(frames[0]) != READY:
         return None
     window = decode_ready(frames[:2])
-    if isinstance(window, WireError):
+    if not isinstance(window, int):  # a WireError (not None: frames[0] is READY)
         return window
     text = bytes(frames[2])
     if not text.isdigit() or len(text) > 10 or int(text) < 1:
