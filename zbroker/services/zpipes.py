@@ -31,6 +31,7 @@ from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zpipes.protocol import SIGNATURE, MessageId
 from zpipes.server import ServerConfig, ZpipesServer
 
+from .zpipes_config import ZpipesConfig
 from .zpipes_endpoint import Endpoint
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
@@ -70,6 +71,12 @@ def server_config(config: Any) -> ServerConfig:
 
 class ZpipesService(Service):
     name = "zpipes"
+    start_order = 10
+    config_section = ZpipesConfig
+
+    @classmethod
+    def largest_message(cls, section: ZpipesConfig) -> int:
+        return section.max_chunk
 
     def __init__(self) -> None:
         self.server: ZpipesServer | None = None
