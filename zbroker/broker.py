@@ -217,7 +217,8 @@ class Broker:
             logs.get_logger(component="cluster"),
             on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
-            on_message=on_message, max_message=message_limit(self._largest_payload()))
+            on_message=on_message, max_message=message_limit(self._largest_payload()),
+            features={service.name: service.features() for service in self.services})
         try:
             await node.start()
         except ClusterError as exc:

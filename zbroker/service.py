@@ -6,8 +6,9 @@ and is told about config reloads and about peer brokers joining and leaving.
 
 A service is a plug-in (zbroker.services finds it by its entry point) and owns what is its
 own: its config section (``config_section``: schema, defaults, validation; ``restart_keys``:
-what of it a reload cannot change), its metric families (``metric_families``) and its lines
-of ``zbroker status`` (``status_lines``).
+what of it a reload cannot change), its metric families (``metric_families``), its lines of
+``zbroker status`` (``status_lines``) and what it tells the same service on peer brokers
+(``features``, carried in the cluster's HELLO without the cluster knowing their meaning).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -61,10 +62,15 @@ class PeerBroker:
     name: str
     endpoint: str
     member: str = ""  # its start id: the same at every member, for as long as it runs
-    directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
-    fanout: bool = False  # its ZPIPES takes a DATA for several readers (zpipes/peering.py)
-    write_frames: bool = False  # and a DATA whose chunk is in its WRITE frame
-    confirm: bool = False  # and answers CONFIRM, on a link that numbers messages
+    #: each of its services' ``features()``, by service name, as its HELLO said them
+    features: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
+    #: the link numbers service messages (a message's order and loss are known)
+    numbered: bool = False
+
+    def features_of(self, service: str) -> Mapping[str, Any]:
+        """What the peer's ``service`` said it does ({} when it has no such service or is a
+        broker that says nothing of it)."""
+        return self.features.get(service) or {}
 
 
 class Service(ABC):
@@ -122,6 +128,12 @@ class Service(ABC):
         """The largest payload the service takes with its section ``section`` (a pipe's
         chunk, a queue's message): a message to peer brokers may be that large."""
         return 0
+
+    def features(self) -> dict[str, Any]:
+        """What this service tells the same service on peer brokers when they meet (JSON
+        data: which messages it understands, say). A peer's are ``PeerBroker.features_of``;
+        a peer without the service, or of a version before it, says {}."""
+        return {}
 
     def metrics(self) -> dict[str, Any]:
         """Counters for the metrics endpoint and ``zbroker top``, as plain data (numbers,

@@ -188,10 +188,21 @@ class ZpipesService(Service):
             if node is not None:
                 self.server.set_member(node.id)
             self._lives[peer.member] = peer.id
+            said = peer.features_of(self.name)
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=peer.directory, fanout=peer.fanout,
-                                write_frames=peer.write_frames, confirm=peer.confirm)
+                                directory=said.get("directory") is True,
+                                fanout=said.get("fanout") is True,
+                                write_frames=said.get("write_frames") is True,
+                                # (a CONFIRMED proves what came before it only on a
+                                # numbered link)
+                                confirm=said.get("confirm") is True and peer.numbered)
             self._flush_outside()
+
+    def features(self) -> dict[str, Any]:
+        """It speaks the pipe directory (zpipes/directory.py), takes a DATA for several
+        readers and one whose chunk is in its WRITE frame, and answers CONFIRM
+        (zpipes/peering.py)."""
+        return {"directory": True, "fanout": True, "write_frames": True, "confirm": True}
 
     def peer_left(self, peer: PeerBroker) -> None:
         if self._lives.get(peer.member) == peer.id:
