@@ -7,6 +7,7 @@ routes the peers' replication messages to the queue they name (replication.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,13 @@ class PzqService(Service):
     @classmethod
     def largest_message(cls, section: PzqConfig) -> int:
         return max(q.max_message_size for q in section.queue_configs().values())
+
+    @classmethod
+    def metric_families(cls, metrics: Mapping[str, Any],
+                        broker: Mapping[str, Any]) -> list[Any]:
+        from .metrics import families
+
+        return families(metrics.get("queues", {}))
 
     def __init__(self) -> None:
         self.queues: dict[str, QueueServer] = {}

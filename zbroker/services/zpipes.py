@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from zbroker.limits import clients_problem
@@ -77,6 +78,13 @@ class ZpipesService(Service):
     @classmethod
     def largest_message(cls, section: ZpipesConfig) -> int:
         return section.max_chunk
+
+    @classmethod
+    def metric_families(cls, metrics: Mapping[str, Any],
+                        broker: Mapping[str, Any]) -> list[Any]:
+        from .zpipes_metrics import families
+
+        return families(metrics, broker.get("pipe_series", 0))
 
     def __init__(self) -> None:
         self.server: ZpipesServer | None = None
