@@ -119,3 +119,37 @@ def test_peer_brokers_carry_a_plugins_features_without_knowing_them(with_plugin,
     for i in (0, 1):
         wait_for(lambda i=i: told(i), 15, f"broker {i} to hear its peer's echo")
 
+
+
+@pytest.mark.parametrize("numbered", [True, False])
+def test_zpipes_reads_its_own_flags_out_of_a_peers_features(numbered):
+    """(and takes CONFIRM only on a link that numbers messages, as before)"""
+    from zbroker.service import PeerBroker
+    from zbroker.services.zpipes import ZpipesService
+
+    calls = []
+
+    class Core:
+        def set_member(self, member):
+            pass
+
+        def peer_up(self, peer, now, **flags):
+            calls.append((peer, flags))
+
+    class Loop:
+        def time(self):
+            return 0.0
+
+    service = ZpipesService()
+    service.server, service._loop = Core(), Loop()
+    service._flush_outside = lambda: None
+    flags = service.features()
+    service.peer_joined(PeerBroker("b#1", "b", "tcp://b:1", member="b",
+                                   features={"zpipes": flags, "pzq": {}}, numbered=numbered))
+    service.peer_joined(PeerBroker("c#1", "c", "tcp://c:1", member="c",
+                                   features={"pzq": {}}, numbered=numbered))
+    assert calls == [
+        ("b#1", {"member": "b", "directory": True, "fanout": True, "write_frames": True,
+                 "confirm": numbered}),
+        ("c#1", {"member": "c", "directory": False, "fanout": False, "write_frames": False,
+                 "confirm": False})]
