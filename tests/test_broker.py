@@ -17,24 +17,15 @@ import zmq
 from zbroker import broker as broker_module
 from zbroker import logs
 from zbroker.broker import Broker, StartupError, make_private_dir
-from zbroker.config import Config, ServicesConfig, ZpipesConfig, load_config, section
+from zbroker.config import Config, load_config, section, services_schema
 from zbroker.service import Service, ServiceContext, ServiceError
+from zbroker.services.zpipes_config import ZpipesConfig
 
 # --- a schema with two services, and services that record what happens to them ---------------
 
 
-@dataclass(frozen=True)
-class TwoServices(ServicesConfig):
-    alpha: ZpipesConfig = section(ZpipesConfig)
-    beta: ZpipesConfig = section(ZpipesConfig)
-
-
-@dataclass(frozen=True)
-class TwoServiceConfig(Config):
-    services: TwoServices = section(TwoServices)
-
-
 class Recorder(Service):
+    config_section = ZpipesConfig  # (a section with an `enabled` setting)
     events: list[tuple[str, str]] = []  # (service name, what happened), shared by all
     fail_start: set[str] = set()
     hang_start: set[str] = set()
@@ -82,6 +73,11 @@ class Zpipes(Recorder):  # stands in for the real one: the registry only knows a
 
 
 REGISTRY = {"alpha": Alpha, "beta": Beta, "zpipes": Zpipes}
+
+
+@dataclass(frozen=True)
+class TwoServiceConfig(Config):  # zpipes, and two more services with the same section
+    services: Any = section(services_schema(REGISTRY))
 
 
 @pytest.fixture(autouse=True)
@@ -311,10 +307,10 @@ def test_make_private_dir_refuses_a_file(tmp_path):
 
 
 def test_real_registry_has_zpipes():
-    from zbroker.services import SERVICES
+    from zbroker.services import installed
 
-    assert SERVICES["zpipes"].name == "zpipes"
-    for name in SERVICES:  # every registered service has a config section with `enabled`
+    assert installed()["zpipes"].name == "zpipes"
+    for name in installed():  # every registered service has a config section with `enabled`
         assert isinstance(getattr(Config().services, name).enabled, bool)
 
 

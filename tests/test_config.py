@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zbroker.config import (
-    MAX_CHUNK_LIMIT,
     Config,
     ConfigError,
     config_diff,
@@ -23,6 +22,7 @@ from zbroker.config import (
     parse_size,
     schema_keys,
 )
+from zbroker.services.zpipes_config import MAX_CHUNK_LIMIT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "zbroker.cfg.example"

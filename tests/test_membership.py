@@ -5,6 +5,7 @@ import pytest
 from zbroker.cluster.membership import PROTOCOL_VERSION, Hello, Membership
 
 ME = Hello("me", "local", "prod", "tcp://10.0.0.1:5670")
+ZPIPES = {"directory": True, "fanout": True, "write_frames": True, "confirm": True}
 SECRET = b"s" * 16
 NONCES = Membership(ME, secret=SECRET, timeout=3)  # our nonces, as a peer echoes them
 
@@ -14,7 +15,8 @@ def hello(peer="b", reply=False, cluster="prod", version=PROTOCOL_VERSION, prove
     """A HELLO from ``peer``; ``proven``: it echoes our nonce (it answered us there)."""
     endpoint = endpoint or f"tcp://{peer}:5670"
     return Hello(peer, "hostb", cluster, endpoint, version, reply, nonce=f"n-{peer}",
-                 echo=NONCES.nonce(endpoint) if proven else "")
+                 echo=NONCES.nonce(endpoint) if proven else "",
+                 features={"zpipes": ZPIPES, "pzq": {}})
 
 
 def test_hello_admits_and_asks_for_a_reply():
@@ -86,14 +88,34 @@ def test_hello_wire_form_round_trips_and_rejects_junk():
 def test_hello_says_fan_out_and_a_broker_of_before_is_taken_without_it():
     m = Membership(ME, secret=SECRET, timeout=3)
     h = hello()
-    assert h.to_dict()["fanout"] is True and Hello.from_dict(h.to_dict()).fanout
-    assert m.hello(h, 0).joined[0].fanout
-    old = {k: v for k, v in hello("c").to_dict().items() if k != "fanout"}
-    assert Hello.from_dict(old).fanout is False
-    assert m.hello(Hello.from_dict(old), 0).joined[0].fanout is False
-    assert h.to_dict()["write_frames"] is True and m.peers["b"].write_frames
-    old = {k: v for k, v in hello("d").to_dict().items() if k != "write_frames"}
-    assert m.hello(Hello.from_dict(old), 0).joined[0].write_frames is False
+    assert h.to_dict()["fanout"] is True and Hello.from_dict(h.to_dict()).features == h.features
+    assert m.hello(h, 0).joined[0].features["zpipes"]["fanout"]
+    old = {k: v for k, v in hello("c").to_dict().items() if k not in ("fanout", "services")}
+    assert Hello.from_dict(old).features["zpipes"]["fanout"] is False
+    assert m.hello(Hello.from_dict(old), 0).joined[0].features["zpipes"]["fanout"] is False
+    assert h.to_dict()["write_frames"] is True and m.peers["b"].features["zpipes"]["write_frames"]
+    old = {k: v for k, v in hello("d").to_dict().items()
+           if k not in ("write_frames", "services")}
+    assert m.hello(Hello.from_dict(old), 0).joined[0].features["zpipes"]["write_frames"] is False
+
+
+def test_hello_carries_each_services_features_and_a_broker_of_before_is_read_as_zpipes():
+    """The cluster carries what each service says of itself without knowing what it means; a
+    broker of before says ZPIPES's flags at the top level, and is still told them there."""
+    h = hello()
+    said = h.to_dict()
+    assert said["services"] == {"zpipes": ZPIPES, "pzq": {}}
+    assert {k: said[k] for k in ZPIPES} == ZPIPES  # what a broker of before reads
+    before = {k: v for k, v in said.items() if k != "services"}
+    assert Hello.from_dict(before).features == {"zpipes": ZPIPES}
+    before = {k: v for k, v in before.items() if k not in ZPIPES}
+    assert Hello.from_dict(before).features == {"zpipes": dict.fromkeys(ZPIPES, False)}
+    odd = {**said, "services": {"zpipes": {"fanout": True}, "x": "junk", "y": {"n": 1}}}
+    assert Hello.from_dict(odd).features == {"zpipes": {"fanout": True}, "y": {"n": 1}}
+    m = Membership(Hello("me", "local", "prod", "tcp://m:1", features=h.features), timeout=3)
+    assert m.greeting("tcp://b:5670", reply=False).features == h.features  # what we say
+    plain = Hello("e", "hoste", "prod", "tcp://e:5670")  # a broker without ZPIPES
+    assert plain.to_dict()["fanout"] is False and plain.to_dict()["services"] == {}
 
 
 def test_a_closed_connection_loses_the_peer_after_the_grace_not_the_timeout():

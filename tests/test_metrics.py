@@ -18,8 +18,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import zpipes
 from zbroker.config import ConfigError, parse_bind, parse_config
-from zbroker.metrics import beyond_loopback, busiest, families
+from zbroker.metrics import beyond_loopback, families
 from zbroker.pzq.client import Consumer, Producer
+from zbroker.services.zpipes_metrics import busiest
 from zbroker.stats import Buckets, cumulative
 from zpipes.server import FAILURE_KINDS, failure_kind
 

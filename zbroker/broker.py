@@ -10,9 +10,9 @@ While it runs, the broker answers management commands (status, get, set, reload,
 on ``<run_dir>/ctl`` (zbroker.management). ``set`` applies one setting through the same path
 as a reload; it lasts until the next reload re-reads the file.
 
-The broker knows nothing of pipes or queues: it starts each service of the registry whose
-config section (``services.<name>``) is enabled, gives it a ServiceContext, and relays
-stop and reload.
+The broker knows nothing of pipes or queues: it starts each service of the registry (the
+plug-ins installed, zbroker.services) whose config section (``services.<name>``) is enabled,
+gives it a ServiceContext, and relays stop and reload.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ class Broker:
                  overrides: Mapping[str, Any] | None = None,
                  registry: Mapping[str, type[Service]] | None = None):
         if registry is None:
-            from .services import SERVICES as registry
+            from .services import installed
+
+            registry = installed()
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -200,9 +202,8 @@ class Broker:
 
     def _largest_payload(self) -> int:
         """The largest payload a service here takes: a pipe's chunk, a queue's message."""
-        services = self.config.services
-        queues = services.pzq.queue_configs().values() if services.pzq.enabled else ()
-        return max([services.zpipes.max_chunk, *(q.max_message_size for q in queues)])
+        return max((self.registry[name].largest_message(getattr(self.config.services, name))
+                    for name in self._enabled_services(self.config)), default=0)
 
     async def _start_cluster(self) -> None:
         from .cluster.node import ClusterError, ClusterNode, message_limit
@@ -219,7 +220,8 @@ class Broker:
             logs.get_logger(component="cluster"),
             on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
-            on_message=on_message, max_message=message_limit(self._largest_payload()))
+            on_message=on_message, max_message=message_limit(self._largest_payload()),
+            features={service.name: service.features() for service in self.services})
         try:
             await node.start()
         except ClusterError as exc:
@@ -324,7 +326,7 @@ class Broker:
         old = self.config
         changed = config_diff(old, new)
         fixed = [k for k in changed if k in RESTART_KEYS or k.startswith("cluster.")
-                 or (k.startswith("services.") and k.endswith(".enabled"))]
+                 or self._needs_restart(k)]
         if fixed:
             reason = "these keys only change with a restart: " + ", ".join(fixed)
             self.log.error(f"{what} refused", reason=reason)
@@ -534,6 +536,14 @@ class Broker:
         return {"pid": os.getpid()}
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _needs_restart(self, key: str) -> bool:
+        """Whether a service's ``key`` only changes with a restart: ``enabled``, and each
+        service's ``restart_keys`` (a section's: every key in it)."""
+        return any(key == fixed or key.startswith(fixed + ".")
+                   for name, service in self.registry.items()
+                   for fixed in (f"services.{name}.{k}" for k in ("enabled",
+                                                                   *service.restart_keys)))
 
     def _enabled_services(self, config: Config) -> list[str]:
         names = []

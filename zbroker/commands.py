@@ -109,8 +109,18 @@ def _duration(seconds: float) -> str:
     return " ".join(parts)
 
 
-def _fields(data: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {_show(v)}" for k, v in data.items())
+def _service_lines(name: str, status: dict[str, Any]) -> list[str]:
+    """A service's lines: its own ``status_lines`` if this host has the plug-in (a broker
+    may have one that this command cannot load), else each key on a line."""
+    from .service import generic_status_lines
+    from .services import PluginError, installed
+
+    try:
+        service = installed().get(name)
+    except PluginError:
+        service = None
+    return (service.status_lines(status) if service is not None
+            else generic_status_lines(status))
 
 
 def format_status(status: dict[str, Any]) -> str:
@@ -124,16 +134,7 @@ def format_status(status: dict[str, Any]) -> str:
         service = dict(service)
         head = f"{name}: {service.pop('endpoint')}" if "endpoint" in service else f"{name}:"
         lines.append(head)
-        for key, value in service.items():
-            if isinstance(value, dict) and value and all(isinstance(v, dict)
-                                                         for v in value.values()):
-                lines.append(f"  {key}: {len(value)}")
-                for item, fields in value.items():
-                    lines.append(f"    {item}: {_fields(fields)}")
-            elif isinstance(value, dict):
-                lines.append(f"  {key}: {_fields(value) if value else 'none'}")
-            else:
-                lines.append(f"  {key}: {_show(value)}")
+        lines += _service_lines(name, service)
     cluster = status.get("cluster")
     if cluster:
         peers = cluster.get("peers") or []

@@ -8,15 +8,20 @@ and what is allowed, e.g.::
     /etc/zbroker/zbroker.cfg: clients.timeout: got -5, expected a number of seconds > 0
 
 The schema is the dataclasses below, read top to bottom. Each leaf is a ``setting`` with its
-default and a parser; each section is a ``section``. To add a section (``cluster``, a new
-service under ``services``), write its dataclass and add one ``section(...)`` field to its
-parent; loading, validation, unknown-key errors and :func:`config_diff` follow by themselves.
-A service's section must have an ``enabled`` setting: the broker starts the enabled ones.
+default and a parser; each section is a ``section``. To add a shared section, write its
+dataclass and add one ``section(...)`` field to its parent; loading, validation, unknown-key
+errors and :func:`config_diff` follow by themselves.
 
-Resolved at load time: ``{name}`` in ``services.zpipes.endpoint``, ``broker.run_dir`` and
-``log.file`` becomes the broker name, and ``broker.run_dir`` gets its default
-(``$XDG_RUNTIME_DIR/zbroker/<name>``, else ``/tmp/zbroker-<uid>/<name>``). So a loaded Config
-holds what the broker uses: sizes are ints (bytes), durations floats (seconds), paths Paths.
+The sections under ``services`` are not here: each is its service's own
+(``Service.config_section``, built of the pieces above), and ``services`` has one per service
+plug-in installed (zbroker.services), found when the schema is first needed. A name under
+``services`` that no plug-in has is an unknown key, as any other.
+
+Resolved at load time: ``{name}`` in ``broker.run_dir`` and ``log.file`` becomes the broker
+name (and in a service's keys, by its section's ``resolved(broker_name)`` if it has one), and
+``broker.run_dir`` gets its default (``$XDG_RUNTIME_DIR/zbroker/<name>``, else
+``/tmp/zbroker-<uid>/<name>``). So a loaded Config holds what the broker uses: sizes are ints
+(bytes), durations floats (seconds), paths Paths.
 
 Tests and tools that need more sections can subclass Config and pass ``schema=`` to
 :func:`load_config` / :func:`parse_config`; the broker reloads with the schema it was given.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import re
@@ -36,11 +42,6 @@ from typing import Any
 
 import yaml
 
-from .pzq.group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW
-from .pzq.group_commit import SYNC_MODES as PZQ_SYNC_MODES
-from .pzq.queue import MODES as PZQ_MODES
-from .pzq.queue import Limits
-from .pzq.store import DEFAULT_SEGMENT_SIZE
 from .syslog import FORMATS as SYSLOG_FORMATS
 
 #: Where the broker looks for its config when not given one, in order.
@@ -52,7 +53,6 @@ SYSLOG_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", 
                      "cron", "authpriv", "ftp", *(f"local{i}" for i in range(8)))
 ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
 SERVED_TRANSPORTS = ("tcp", "ipc")  # the endpoints served over the broker's own ZMTP code
-MAX_CHUNK_LIMIT = 2**32 - 1  # a ZPIPES chunk carries a 4-octet length
 
 
 class ConfigError(Exception):
@@ -67,11 +67,11 @@ class ConfigError(Exception):
         self.source = source
 
 
-class _Invalid(ValueError):
+class Invalid(ValueError):
     """Raised by a parser: the argument says what would have been allowed."""
 
 
-# --- parsers: raw YAML value -> typed value, or _Invalid("what is allowed") -------------------
+# --- parsers: raw YAML value -> typed value, or Invalid("what is allowed") -------------------
 
 Parser = Callable[[Any], Any]
 
@@ -85,7 +85,7 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Parser:
 
     def parse(value: Any) -> int:
         if not _is_int(value) or not _within(value, minimum, maximum):
-            raise _Invalid(what)
+            raise Invalid(what)
         return value
 
     return parse
@@ -93,14 +93,14 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Parser:
 
 def boolean(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _Invalid("true or false")
+        raise Invalid("true or false")
     return value
 
 
 def choice(*allowed: str) -> Parser:
     def parse(value: Any) -> str:
         if value not in allowed:
-            raise _Invalid("one of: " + ", ".join(allowed))
+            raise Invalid("one of: " + ", ".join(allowed))
         return value
 
     return parse
@@ -112,9 +112,9 @@ def duration(*, above: float = 0.0) -> Parser:
 
     def parse(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _Invalid(what)
+            raise Invalid(what)
         if not math.isfinite(value) or value <= above:
-            raise _Invalid(what)
+            raise Invalid(what)
         return float(value)
 
     return parse
@@ -157,11 +157,11 @@ def size(minimum: int = 0, maximum: int | None = None) -> Parser:
             try:
                 n = parse_size(value)
             except ValueError:
-                raise _Invalid(what) from None
+                raise Invalid(what) from None
         else:
-            raise _Invalid(what)
+            raise Invalid(what)
         if not _within(n, minimum, maximum):
-            raise _Invalid(what)
+            raise Invalid(what)
         return n
 
     return parse
@@ -169,7 +169,7 @@ def size(minimum: int = 0, maximum: int | None = None) -> Parser:
 
 def broker_name(value: Any) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
-        raise _Invalid("a name of 1 to 64 letters, digits, '.', '_' or '-', "
+        raise Invalid("a name of 1 to 64 letters, digits, '.', '_' or '-', "
                        "starting with a letter or digit")
     return value
 
@@ -177,9 +177,9 @@ def broker_name(value: Any) -> str:
 def _template(what: str, value: Any) -> str:
     """A string in which ``{name}`` is the only placeholder."""
     if not isinstance(value, str) or not value:
-        raise _Invalid(what)
+        raise Invalid(what)
     if re.search(r"[{}]", value.replace("{name}", "")):
-        raise _Invalid(what + "; {name} is the only placeholder")
+        raise Invalid(what + "; {name} is the only placeholder")
     return value
 
 
@@ -189,7 +189,7 @@ def endpoint(value: Any, transports: tuple[str, ...] = ENDPOINT_TRANSPORTS) -> s
     value = _template(what, value)
     transport, sep, address = value.partition("://")
     if not sep or transport not in transports or not address:
-        raise _Invalid(what)
+        raise Invalid(what)
     return value
 
 
@@ -239,9 +239,17 @@ def setting(default: Any, parse: Parser) -> Any:
     return field(default=default, metadata={"parse": parse})
 
 
-def section(cls: type) -> Any:
-    """A nested section of the schema."""
-    return field(default_factory=cls, metadata={"section": cls})
+def section(cls: type | Callable[[], type]) -> Any:
+    """A nested section of the schema: its dataclass, or a function that makes it when it is
+    first needed (``services``: the plug-ins' sections)."""
+    if isinstance(cls, type):
+        return field(default_factory=cls, metadata={"section": cls})
+    return field(default_factory=lambda: cls()(), metadata={"section": cls})
+
+
+def _section_of(f: dataclasses.Field[Any]) -> type:
+    cls = f.metadata["section"]
+    return cls if isinstance(cls, type) else cls()
 
 
 @dataclass(frozen=True)
@@ -260,7 +268,7 @@ def syslog_target(value: Any) -> str | None:
     try:
         return str(parse_target(value))
     except ValueError as exc:
-        raise _Invalid(str(exc)) from None
+        raise Invalid(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -293,7 +301,7 @@ class ClientsConfig:
     max_buffered: int = setting(256 << 20, size(minimum=1))
 
 
-def _id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
+def id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
     allowed = f"a list of {what} names or numbers" + (', or "*" for anyone' if star else "")
 
     def parse(value: Any) -> tuple[int | str, ...] | None:
@@ -301,49 +309,18 @@ def _id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
             return None
         if not isinstance(value, list) or not all(
                 isinstance(v, str) or _is_int(v) and v >= 0 for v in value):
-            raise _Invalid(allowed)
+            raise Invalid(allowed)
         out = []
         for v in value:
             if v == "*" and not star:
-                raise _Invalid(allowed)
+                raise Invalid(allowed)
             try:
                 out.append(lookup(v))
             except KeyError:
-                raise _Invalid(f"{allowed}; there is no {what} {v!r} on this host") from None
+                raise Invalid(f"{allowed}; there is no {what} {v!r} on this host") from None
         return tuple(out)
 
     return parse
-
-
-def user_list(value: Any) -> tuple[int | str, ...]:
-    from .local_access import user_id
-
-    return _id_list("user", user_id, star=True)(value) or ()
-
-
-def group_list(value: Any) -> tuple[int, ...] | None:
-    from .local_access import group_id
-
-    return _id_list("group", group_id, star=False)(value)
-
-
-@dataclass(frozen=True)
-class ZpipesAllowConfig:
-    """Who may connect to an ipc endpoint (tcp endpoints are open to whoever reaches them)."""
-
-    #: besides the broker's own user and root (names or uids); ["*"]: anyone
-    users: tuple[int | str, ...] = setting((), user_list)
-    #: members of these groups (names or gids); null: the broker's own group
-    groups: tuple[int, ...] | None = setting(None, group_list)
-
-
-@dataclass(frozen=True)
-class ZpipesConfig:
-    enabled: bool = setting(True, boolean)
-    endpoint: str = setting("ipc://@/zpipes/{name}", served_endpoint)
-    capacity: int = setting(1 << 20, size(minimum=1))  # bytes buffered per reader
-    max_chunk: int = setting(16 << 20, size(minimum=1, maximum=MAX_CHUNK_LIMIT))
-    allow: ZpipesAllowConfig = section(ZpipesAllowConfig)
 
 
 def optional_endpoint(value: Any) -> str | None:
@@ -357,8 +334,8 @@ def optional(parse: Parser) -> Parser:
             return None
         try:
             return parse(value)
-        except _Invalid as exc:
-            raise _Invalid(f"null, or {exc}") from None
+        except Invalid as exc:
+            raise Invalid(f"null, or {exc}") from None
 
     return parse_optional
 
@@ -367,7 +344,7 @@ def seconds(value: Any) -> float:
     """A duration in seconds that may be 0."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or value < 0:
-        raise _Invalid("a number of seconds >= 0")
+        raise Invalid("a number of seconds >= 0")
     return float(value)
 
 
@@ -375,7 +352,7 @@ def endpoint_list(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise _Invalid("a list of ZeroMQ endpoints such as ['tcp://10.0.0.2:5670']")
+        raise Invalid("a list of ZeroMQ endpoints such as ['tcp://10.0.0.2:5670']")
     return tuple(endpoint(v) for v in value)
 
 
@@ -423,11 +400,11 @@ def metrics_bind(value: Any) -> str | None:
     if _is_int(value):
         value = str(value)
     if not isinstance(value, str):
-        raise _Invalid(what)
+        raise Invalid(what)
     try:
         host, port = parse_bind(value)
     except ValueError:
-        raise _Invalid(what) from None
+        raise Invalid(what) from None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -440,125 +417,6 @@ class MetricsConfig:
     pipe_series: int = setting(0, integer(minimum=0, maximum=1000))
 
 
-_NODE_ID_RE = re.compile(r"[0-9a-f]{32}")
-
-
-def node_id_list(value: Any) -> tuple[str, ...]:
-    """pzq node ids: 32 lower-case hex digits each (a queue's ``<data_dir>/node-id``)."""
-    what = "a list of pzq node ids (32 hex digits, from a queue's <data_dir>/node-id)"
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise _Invalid(what)
-    out = []
-    for v in value:
-        if not isinstance(v, str) or not _NODE_ID_RE.fullmatch(v.strip().lower()):
-            raise _Invalid(f"{what}; got {_show(v)}")
-        out.append(v.strip().lower())
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class PzqQueueConfig:
-    """The settings of one pzq queue (durations in seconds, sizes in bytes). The defaults of
-    the queue's limits and of its store are the pzq core's own (Limits, Store); the pzq
-    command and QueueSettings take theirs from here."""
-
-    mode: str = setting(PZQ_MODES[0], choice(*PZQ_MODES))  # stream: read by offset (docs/pzq.md)
-    stream_endpoint: str = setting("tcp://127.0.0.1:11133", served_endpoint)  # stream queues only
-    #: stream queues: null, or the bytes of messages kept (past it the oldest go, read or not)
-    retention_bytes: int | None = setting(None, optional(size(minimum=1)))
-    #: stream queues: null, or the seconds messages are kept (then they go, read or not)
-    retention_seconds: float | None = setting(None, optional(duration()))
-    receive_endpoint: str = setting("tcp://127.0.0.1:11131", served_endpoint)  # producers
-    send_endpoint: str = setting("tcp://127.0.0.1:11132", served_endpoint)  # consumers
-    #: null: off. Consumers there say READY with a window and never get more (docs/pzq.md)
-    credit_endpoint: str | None = setting(None, optional_served_endpoint)
-    #: null: ipc://<run_dir>/pzq/<queue>.monitor
-    monitor_endpoint: str | None = setting(None, optional_served_endpoint)
-    #: null: $XDG_DATA_HOME/zbroker/<name>/pzq/<queue> (~/.local/share/... without it)
-    data_dir: str | None = setting(None, optional_path)
-    sync: str = setting(DEFAULT_SYNC, choice(*PZQ_SYNC_MODES))
-    sync_window: float = setting(DEFAULT_SYNC_WINDOW, seconds)
-    #: most bytes one fdatasync covers
-    sync_max_bytes: int = setting(DEFAULT_MAX_BATCH_BYTES, size(minimum=4096))
-    segment_size: int = setting(DEFAULT_SEGMENT_SIZE, size(minimum=4096))
-    ack_timeout: float = setting(Limits.ack_timeout, duration())
-    reaper_frequency: float = setting(2.5, duration())
-    inflight_window: int = setting(Limits.inflight_window, integer(minimum=1, maximum=100_000))
-    inflight_size: int = setting(Limits.inflight_size, size(minimum=1))
-    max_message_size: int = setting(Limits.max_message_size,
-                                    size(minimum=1, maximum=MAX_CHUNK_LIMIT))
-    max_backlog: int = setting(Limits.max_backlog, size(minimum=1))
-    idempotence_window: int = setting(Limits.idempotence_window, integer(minimum=0))
-    #: the idempotence window also keeps at most this many bytes of ids (the oldest go first)
-    idempotence_bytes: int = setting(Limits.idempotence_bytes, size(minimum=0))
-    max_frames: int = setting(Limits.max_frames, integer(minimum=2, maximum=1 << 20))  # per message
-    replicas: int = setting(Limits.replicas, integer(minimum=0))  # copies on peers before the ACK
-    replication_timeout: float = setting(Limits.replication_timeout, duration())
-    peers: tuple[str, ...] = setting((), endpoint_list)  # peer queues' receive endpoints
-    node_timeout: float = setting(10.0, duration())  # a silent peer's copies are taken over
-    #: node ids of the queues whose copies this queue holds over static peers (REPLICA:<node>
-    #: on its receive endpoint); none: such copies are refused
-    replica_sources: tuple[str, ...] = setting((), node_id_list)
-    #: origins whose copies this queue holds at once (static peers and the cluster)
-    max_replica_origins: int = setting(16, integer(minimum=1, maximum=4096))
-
-
-def pzq_queues(value: Any) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None:
-    """null, or a mapping of queue name -> settings of PzqQueueConfig (what differs from
-    ``services.pzq.defaults``); kept as (name, ((key, parsed value), ...)) pairs."""
-    what = "null, or a mapping of queue names to mappings of queue settings"
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or not value:
-        raise _Invalid(what)
-    fields = {f.name: f for f in _schema_fields(PzqQueueConfig)}
-    out = []
-    for name, settings in value.items():
-        try:
-            broker_name(name)
-        except _Invalid as exc:
-            raise _Invalid(f"{what}; queue {name!r}: the name must be {exc}") from None
-        if settings is None:
-            settings = {}
-        if not isinstance(settings, Mapping):
-            raise _Invalid(f"{what}; queue {name!r}: got {_show(settings)}")
-        items = []
-        for key, raw in settings.items():
-            if key not in fields:
-                raise _Invalid(f"{what}; queue {name!r}: unknown key {key!r}, known keys: "
-                               + ", ".join(fields))
-            try:
-                items.append((key, fields[key].metadata["parse"](raw)))
-            except _Invalid as exc:
-                raise _Invalid(f"{what}; queue {name!r}: {key}: got {_show(raw)}, "
-                               f"expected {exc}") from None
-        out.append((name, tuple(items)))
-    return tuple(out)
-
-
-@dataclass(frozen=True)
-class PzqConfig:
-    enabled: bool = setting(False, boolean)
-    defaults: PzqQueueConfig = section(PzqQueueConfig)
-    #: null: one queue named "default" with the defaults
-    queues: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] | None = setting(None, pzq_queues)
-
-    def queue_configs(self) -> dict[str, PzqQueueConfig]:
-        """Each queue's settings: the defaults with what the queue changes."""
-        if self.queues is None:
-            return {"default": self.defaults}
-        return {name: dataclasses.replace(self.defaults, **dict(items))
-                for name, items in self.queues}
-
-
-@dataclass(frozen=True)
-class ServicesConfig:
-    zpipes: ZpipesConfig = section(ZpipesConfig)
-    pzq: PzqConfig = section(PzqConfig)
-
-
 @dataclass(frozen=True)
 class Config:
     broker: BrokerConfig = section(BrokerConfig)
@@ -566,9 +424,35 @@ class Config:
     clients: ClientsConfig = section(ClientsConfig)
     cluster: ClusterConfig = section(ClusterConfig)
     metrics: MetricsConfig = section(MetricsConfig)
-    services: ServicesConfig = section(ServicesConfig)
+    #: a section per service plug-in (its Service.config_section), by the service's name
+    services: Any = section(lambda: services_schema())
     #: the file this config was read from; None for the embedded defaults
     source: Path | None = field(default=None, compare=False)
+
+
+def services_schema(registry: Mapping[str, type] | None = None) -> type:
+    """The ``services`` section: one section per service of ``registry`` (name -> Service
+    class; None: the plug-ins installed), the service's ``config_section``. Raises ConfigError
+    when a plug-in cannot be loaded."""
+    if registry is None:
+        from .services import PluginError, installed
+
+        try:
+            registry = installed()
+        except PluginError as exc:
+            raise ConfigError(str(exc)) from None
+    return _services_dataclass(tuple((name, service.config_section)
+                                     for name, service in registry.items()))
+
+
+@functools.cache
+def _services_dataclass(sections: tuple[tuple[str, type], ...]) -> type:
+    cls = dataclasses.make_dataclass(
+        "ServicesConfig", [(name, section_cls, section(section_cls))
+                           for name, section_cls in sections], frozen=True)
+    cls.__module__ = __name__
+    cls.unknown_key_note = "no service plug-in named {key!r} is installed"
+    return cls
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -614,7 +498,7 @@ def parse_config(data: Any, overrides: Mapping[str, Any] | None = None, *,
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{label}: got {_show(data)}, expected a mapping of sections "
+        raise ConfigError(f"{label}: got {show(data)}, expected a mapping of sections "
                           f"({', '.join(_keys(schema))})", source=_opt(source))
     merged = _merge(data, overrides or {})
     cfg = _build(schema, merged, (), label, overrides or {}, _opt(source))
@@ -687,7 +571,7 @@ def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
     if data is None:  # an empty section ("log:" and nothing under it)
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{label}: {dotted}: got {_show(data)}, expected a mapping of keys "
+        raise ConfigError(f"{label}: {dotted}: got {show(data)}, expected a mapping of keys "
                           f"({', '.join(_keys(cls))})", key=dotted, source=source)
     known = _keys(cls)
     for key in data:
@@ -696,37 +580,39 @@ def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
             hint = difflib.get_close_matches(str(key), known, n=1)
             did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
             parent = f"under {dotted!r}" if dotted else "at the top level"
+            note = getattr(cls, "unknown_key_note", None)
+            note = "; " + note.format(key=key) if note else ""
             raise ConfigError(f"{label}: unknown key {where!r}{did_you_mean}; known keys "
-                              f"{parent}: {', '.join(known)}", key=where, source=source)
+                              f"{parent}: {', '.join(known)}{note}", key=where, source=source)
     values: dict[str, Any] = {}
-    for f in _schema_fields(cls):
+    for f in schema_fields(cls):
         if f.name not in data:
             continue
         sub = (*path, f.name)
         if "section" in f.metadata:
-            values[f.name] = _build(f.metadata["section"], data[f.name], sub, label,
+            values[f.name] = _build(_section_of(f), data[f.name], sub, label,
                                     overrides, source)
             continue
         value = data[f.name]
         try:
             values[f.name] = f.metadata["parse"](value)
-        except _Invalid as exc:
+        except Invalid as exc:
             key = ".".join(sub)
             origin = "command line" if _is_override(overrides, sub) else label
-            raise ConfigError(f"{origin}: {key}: got {_show(value)}, expected {exc}",
+            raise ConfigError(f"{origin}: {key}: got {show(value)}, expected {exc}",
                               key=key, source=source) from None
     return cls(**values)
 
 
-def _schema_fields(cls: type) -> list[dataclasses.Field[Any]]:
+def schema_fields(cls: type) -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(cls) if "parse" in f.metadata or "section" in f.metadata]
 
 
 def _keys(cls: type) -> list[str]:
-    return [f.name for f in _schema_fields(cls)]
+    return [f.name for f in schema_fields(cls)]
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     if isinstance(value, Mapping):
         return "a mapping"
     if isinstance(value, list):
@@ -753,15 +639,14 @@ def _resolve(cfg: Config) -> Config:
         run_dir_path = Path(str(run_dir).replace("{name}", name)).expanduser().absolute()
     log_file = cfg.log.file
     log_path = Path(str(log_file).replace("{name}", name)).expanduser() if log_file else None
-    zpipes = cfg.services.zpipes
+    services = {f.name: getattr(cfg.services, f.name) for f in schema_fields(type(cfg.services))}
     return dataclasses.replace(
         cfg,
         broker=dataclasses.replace(cfg.broker, run_dir=run_dir_path),
         log=dataclasses.replace(cfg.log, file=log_path),
-        services=dataclasses.replace(
-            cfg.services,
-            zpipes=dataclasses.replace(zpipes, endpoint=zpipes.endpoint.replace("{name}", name)),
-        ),
+        services=dataclasses.replace(cfg.services, **{
+            key: section.resolved(name) for key, section in services.items()
+            if hasattr(section, "resolved")}),
     )
 
 
@@ -770,7 +655,7 @@ def _resolve(cfg: Config) -> Config:
 
 def iter_settings(cfg: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted key, value) for every setting of a config or section, in schema order."""
-    for f in _schema_fields(type(cfg)):
+    for f in schema_fields(type(cfg)):
         value = getattr(cfg, f.name)
         key = f"{prefix}{f.name}"
         if "section" in f.metadata:
@@ -792,7 +677,7 @@ def with_setting(cfg: Config, key: str, value: Any, *, origin: str = "set") -> C
     parts = key.split(".")
 
     def replace(node: Any, i: int) -> Any:
-        fields = {f.name: f for f in _schema_fields(type(node))}
+        fields = {f.name: f for f in schema_fields(type(node))}
         dotted = ".".join(parts[: i + 1])
         f = fields.get(parts[i])
         if f is None:
@@ -805,14 +690,14 @@ def with_setting(cfg: Config, key: str, value: Any, *, origin: str = "set") -> C
         if "section" in f.metadata:
             if i == len(parts) - 1:
                 raise ConfigError(f"{origin}: {dotted!r} is a section, not a setting; its keys: "
-                                  f"{', '.join(_keys(f.metadata['section']))}", key=dotted)
+                                  f"{', '.join(_keys(_section_of(f)))}", key=dotted)
             return dataclasses.replace(node, **{f.name: replace(getattr(node, f.name), i + 1)})
         if i != len(parts) - 1:
             raise ConfigError(f"{origin}: {dotted!r} is a setting, not a section", key=dotted)
         try:
             parsed = f.metadata["parse"](value)
-        except _Invalid as exc:
-            raise ConfigError(f"{origin}: {key}: got {_show(value)}, expected {exc}",
+        except Invalid as exc:
+            raise ConfigError(f"{origin}: {key}: got {show(value)}, expected {exc}",
                               key=key) from None
         return dataclasses.replace(node, **{f.name: parsed})
 

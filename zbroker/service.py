@@ -2,16 +2,23 @@
 
 The broker owns the event loop, the ZeroMQ context, signals, config and logs; it knows nothing
 of pipes or queues. A service binds its own sockets in ``start``, serves on the broker's loop,
-and is told about config reloads and (later) about peer brokers joining and leaving.
+and is told about config reloads and about peer brokers joining and leaving.
+
+A service is a plug-in (zbroker.services finds it by its entry point) and owns what is its
+own: its config section (``config_section``: schema, defaults, validation; ``restart_keys``:
+what of it a reload cannot change), its metric families (``metric_families``), its lines of
+``zbroker status`` (``status_lines``) and what it tells the same service on peer brokers
+(``features``, carried in the cluster's HELLO without the cluster knowing their meaning).
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import zmq
 
@@ -55,15 +62,32 @@ class PeerBroker:
     name: str
     endpoint: str
     member: str = ""  # its start id: the same at every member, for as long as it runs
-    directory: bool = False  # its ZPIPES speaks the pipe directory (zpipes/directory.py)
-    fanout: bool = False  # its ZPIPES takes a DATA for several readers (zpipes/peering.py)
-    write_frames: bool = False  # and a DATA whose chunk is in its WRITE frame
-    confirm: bool = False  # and answers CONFIRM, on a link that numbers messages
+    #: each of its services' ``features()``, by service name, as its HELLO said them
+    features: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
+    #: the link numbers service messages (a message's order and loss are known)
+    numbered: bool = False
+
+    def features_of(self, service: str) -> Mapping[str, Any]:
+        """What the peer's ``service`` said it does ({} when it has no such service or is a
+        broker that says nothing of it)."""
+        return self.features.get(service) or {}
 
 
 class Service(ABC):
-    #: the key of the service's section under ``services:`` in the config
+    #: the key of the service's section under ``services:`` in the config (and the name of
+    #: its entry point)
     name: str
+    #: the frozen dataclass of that section, built of zbroker.config's ``setting`` and
+    #: ``section``: its schema, defaults and validation. It must have an ``enabled`` setting
+    #: (the broker starts the enabled services). It may define ``resolved(broker_name)``,
+    #: returning the section with what depends on the broker's name filled in.
+    config_section: ClassVar[type]
+    #: keys of the section (dotted, below it) that only change with a restart: a reload that
+    #: changes one is refused. ``enabled`` is always one.
+    restart_keys: ClassVar[tuple[str, ...]] = ()
+    #: services start in this order (then by name), stop in the reverse one, and their
+    #: sections are listed so
+    start_order: ClassVar[int] = 100
 
     @abstractmethod
     async def start(self, ctx: ServiceContext, config: Any) -> None:
@@ -89,7 +113,26 @@ class Service(ABC):
         """A message from this service on a peer broker (frames as memoryviews)."""
 
     def status(self) -> dict[str, Any]:
-        """What the service is doing, for management commands."""
+        """What the service is doing, for management commands (JSON data)."""
+        return {}
+
+    @classmethod
+    def status_lines(cls, status: Mapping[str, Any]) -> list[str]:
+        """The lines of ``zbroker status`` for a ``status()`` (run by the command, not the
+        broker; indented two spaces, the service's heading line is the command's). By
+        default each key on a line of its own, a mapping of mappings one line per item."""
+        return generic_status_lines(status)
+
+    @classmethod
+    def largest_message(cls, section: Any) -> int:
+        """The largest payload the service takes with its section ``section`` (a pipe's
+        chunk, a queue's message): a message to peer brokers may be that large."""
+        return 0
+
+    def features(self) -> dict[str, Any]:
+        """What this service tells the same service on peer brokers when they meet (JSON
+        data: which messages it understands, say). A peer's are ``PeerBroker.features_of``;
+        a peer without the service, or of a version before it, says {}."""
         return {}
 
     def metrics(self) -> dict[str, Any]:
@@ -97,3 +140,37 @@ class Service(ABC):
         lists, dicts). Called on the event loop, at scrape time only: it may walk the
         service's state, but keeps nothing."""
         return {}
+
+    @classmethod
+    def metric_families(cls, metrics: Mapping[str, Any],
+                        broker: Mapping[str, Any]) -> list[Any]:
+        """The Prometheus metric families (prometheus_client ``Metric``s, named
+        ``zbroker_<service>_...``) of a ``metrics()`` snapshot; ``broker`` is the broker's
+        whole snapshot (its ``pipe_series``, say). No I/O: run on the endpoint's thread."""
+        return []
+
+
+def _show(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return "true" if value else "false" if value is False else "null"
+    return str(value)
+
+
+def _fields(data: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {_show(v)}" for k, v in data.items())
+
+
+def generic_status_lines(status: Mapping[str, Any]) -> list[str]:
+    """``key: value`` lines of a status, what has no ``status_lines`` of its own shows."""
+    lines = []
+    for key, value in status.items():
+        if isinstance(value, Mapping) and value and all(isinstance(v, Mapping)
+                                                        for v in value.values()):
+            lines.append(f"  {key}: {len(value)}")
+            for item, fields in value.items():
+                lines.append(f"    {item}: {_fields(fields)}")
+        elif isinstance(value, Mapping):
+            lines.append(f"  {key}: {_fields(value) if value else 'none'}")
+        else:
+            lines.append(f"  {key}: {_show(value)}")
+    return lines

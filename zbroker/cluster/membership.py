@@ -67,6 +67,13 @@ MAX_LEARNED = 512  # contacts learned from gossip that have not become a peer
 MAX_GONE = 1024  # ids of lost members remembered (against stale gossip)
 
 
+#: what a broker of before says of its ZPIPES at the HELLO's top level (it knows no
+#: ``services``): taken as the ``zpipes`` service's features when a HELLO has no
+#: ``services``, and still said there, for such brokers, from our own ``zpipes`` features
+LEGACY_FEATURES = {"zpipes": ("directory", "fanout", "write_frames", "confirm")}
+MAX_FEATURES = 64  # services, and keys of a service's features, a HELLO may carry
+
+
 @dataclass(frozen=True)
 class Hello:
     id: str  # the broker's id, new at every start
@@ -80,30 +87,23 @@ class Hello:
     #: the sender takes and sends MEMBERS (gossip.py); brokers of before say nothing of it
     #: and are sent none (so no protocol version of its own)
     gossip: bool = True
-    #: its ZPIPES registers pipe ends with their home broker (zpipes/directory.py) instead of
-    #: telling every peer; brokers of before say nothing of it and are told every end
-    directory: bool = True
-    #: its ZPIPES takes a DATA for several readers at once (zpipes/peering.py): a chunk
-    #: crosses the link once per broker, not once per reader; brokers of before are sent one
-    #: reader's DATA at a time
-    fanout: bool = True
-    #: its ZPIPES takes a DATA whose chunk is in the client's WRITE frame (zpipes/peering.py)
-    write_frames: bool = True
     #: the sender's session with the receiver: new each time the sender lost the peer there
     session: str = ""
     #: the sender numbers its service messages within a life (numbering.py); brokers of
     #: before say nothing of it and are sent the plain ones
     numbered: bool = True
-    #: its ZPIPES answers CONFIRM (zpipes/peering.py): a writer's CLOSE there waits for it
-    confirm: bool = True
+    #: what each of the sender's services says it does (Service.features), by service; the
+    #: cluster carries them without knowing what they mean
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        legacy = {key: (self.features.get(service) or {}).get(key) is True
+                  for service, keys in LEGACY_FEATURES.items() for key in keys}
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
-                "directory": self.directory, "fanout": self.fanout,
-                "write_frames": self.write_frames, "session": self.session,
-                "numbered": self.numbered, "confirm": self.confirm}
+                "session": self.session, "numbered": self.numbered, **legacy,
+                "services": self.features}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -111,13 +111,23 @@ class Hello:
             hello = cls(str(data["id"]), str(data["name"]), str(data["cluster"]),
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
-                        data.get("gossip") is True, data.get("directory") is True,
-                        data.get("fanout") is True, data.get("write_frames") is True,
-                        str(data.get("session", "")), data.get("numbered") is True,
-                        data.get("confirm") is True)
+                        data.get("gossip") is True, str(data.get("session", "")),
+                        data.get("numbered") is True, _features(data))
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
+
+
+def _features(data: Any) -> dict[str, dict[str, Any]]:
+    """A HELLO's features by service: its ``services`` (what is not a mapping of mappings is
+    left out), or from a broker of before its top-level flags (LEGACY_FEATURES)."""
+    said = data.get("services")
+    if not isinstance(said, dict):
+        return {service: {key: data.get(key) is True for key in keys}
+                for service, keys in LEGACY_FEATURES.items()}
+    return {str(service): {str(k): v for k, v in list(features.items())[:MAX_FEATURES]}
+            for service, features in list(said.items())[:MAX_FEATURES]
+            if isinstance(features, dict)}
 
 
 def endpoint_problem(endpoint: str, transport: str) -> str | None:
@@ -153,10 +163,8 @@ class Peer:
     last_sent: float
     suspect_since: float | None = None  # our connection to it closed then
     gossip: bool = False  # it takes MEMBERS
-    directory: bool = False  # its ZPIPES speaks the pipe directory
-    fanout: bool = False  # its ZPIPES takes a DATA for several readers
-    write_frames: bool = False  # and one whose chunk is in its WRITE frame
-    confirm: bool = False  # and answers CONFIRM
+    #: what its services said they do, from the HELLO that admitted it (Hello.features)
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
     session: str = ""  # its session with us, from the HELLO that admitted it
     #: its service messages' numbers and ours in this life (None: a broker of before)
     numbering: Numbering | None = None
@@ -239,7 +247,7 @@ class Membership:
         me = self.me
         return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
                      nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "",
-                     session=contact.session if contact else "")
+                     session=contact.session if contact else "", features=me.features)
 
     def own_contact(self, hello: Hello) -> str | None:
         """The contact at which ``hello``, naming this broker, was said by this broker itself
@@ -306,9 +314,8 @@ class Membership:
             self._last_gossip = now  # one in turn only an interval later
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
-                    now, gossip=hello.gossip, directory=hello.directory,
-                    fanout=hello.fanout, write_frames=hello.write_frames,
-                    confirm=hello.confirm, session=hello.session)
+                    now, gossip=hello.gossip, features=hello.features,
+                    session=hello.session)
         if hello.numbered and hello.session:
             peer.numbering = Numbering(session_bytes(contact.session),
                                        session_bytes(hello.session))

@@ -136,8 +136,10 @@ class ClusterNode:
                  on_join: Callable[[PeerBroker], None],
                  on_leave: Callable[[PeerBroker, str], None],
                  on_message: Callable[[PeerBroker, str, list[Any]], None],
-                 max_message: int = MIN_MESSAGE_LIMIT) -> None:
+                 max_message: int = MIN_MESSAGE_LIMIT,
+                 features: dict[str, dict[str, Any]] | None = None) -> None:
         self.config = config
+        self.features = dict(features or {})  # our services' (Service.features), by service
         self.max_message = max_message
         self.id = uuid.uuid4().hex
         self.broker_name = broker_name
@@ -218,7 +220,7 @@ class ClusterNode:
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         advertised = cfg.advertise or _wildcard_host(self.endpoint)
         self.advertised = advertised
-        me = Hello(self.id, self.broker_name, cfg.name, advertised)
+        me = Hello(self.id, self.broker_name, cfg.name, advertised, features=self.features)
         self.membership = Membership(me, cfg.peer_timeout)
         self._reader = SocketReader(self._loop, router, self._on_message_frames,
                                     after=self._schedule_next, copy=False)
@@ -615,10 +617,7 @@ class ClusterNode:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
             life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
-                              directory=peer.directory, fanout=peer.fanout,
-                              write_frames=peer.write_frames,
-                              # (a CONFIRMED proves what came before it only on a numbered link)
-                              confirm=peer.confirm and peer.numbering is not None)
+                              features=peer.features, numbered=peer.numbering is not None)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             if self._keys is None:  # said on every join: nothing proved who it is

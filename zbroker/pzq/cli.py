@@ -19,16 +19,9 @@ import structlog
 import zmq
 
 from zbroker import event_loop, heap
-from zbroker.config import (
-    LOG_LEVELS,
-    PZQ_MODES,
-    PZQ_SYNC_MODES,
-    LogConfig,
-    PzqQueueConfig,
-    node_id_list,
-    parse_size,
-)
+from zbroker.config import LOG_LEVELS, LogConfig, parse_size
 
+from .config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
 from .server import QueueServer
 from .settings import QueueError, QueueSettings
 

@@ -78,7 +78,7 @@ MAX_DELIVERY_BATCH = 1024  # messages in one batch to a batch consumer
 @dataclass(frozen=True)
 class Limits:
     """A queue's limits. The defaults here are the queue's defaults: the broker's config
-    (zbroker.config.PzqQueueConfig) refers to them."""
+    (zbroker.pzq.config.PzqQueueConfig) refers to them."""
 
     ack_timeout: float = 5.0
     max_message_size: int = 16 << 20

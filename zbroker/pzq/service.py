@@ -7,6 +7,7 @@ routes the peers' replication messages to the queue they name (replication.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import zmq
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
 from . import peering
+from .config import PzqConfig
 from .server import QueueServer
 from .settings import QueueError, QueueSettings, default_data_dir
 from .sockets import ZERO_COPY_MIN
@@ -69,6 +71,19 @@ def default_monitor_endpoint(run_dir: Path, broker: str, queue: str) -> str:
 
 class PzqService(Service):
     name = "pzq"
+    start_order = 20
+    config_section = PzqConfig
+
+    @classmethod
+    def largest_message(cls, section: PzqConfig) -> int:
+        return max(q.max_message_size for q in section.queue_configs().values())
+
+    @classmethod
+    def metric_families(cls, metrics: Mapping[str, Any],
+                        broker: Mapping[str, Any]) -> list[Any]:
+        from .metrics import families
+
+        return families(metrics.get("queues", {}))
 
     def __init__(self) -> None:
         self.queues: dict[str, QueueServer] = {}

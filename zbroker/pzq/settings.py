@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zbroker.config import PzqQueueConfig
-
 from . import wire
+from .config import PzqQueueConfig
 from .queue import MODES, Limits
 from .receiver import Receiver
 from .replication import ReplicationSettings

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from collections.abc import Mapping
 from typing import Any
 
 from zbroker import zmtp
@@ -34,6 +35,7 @@ from zbroker.zmtp.refusals import Refusals
 from zpipes.protocol import SIGNATURE, MessageId
 from zpipes.server import ServerConfig, ZpipesServer
 
+from .zpipes_config import ZpipesConfig
 from .zpipes_endpoint import Endpoint
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
@@ -72,6 +74,19 @@ def server_config(config: Any) -> ServerConfig:
 
 class ZpipesService(Service):
     name = "zpipes"
+    start_order = 10
+    config_section = ZpipesConfig
+
+    @classmethod
+    def largest_message(cls, section: ZpipesConfig) -> int:
+        return section.max_chunk
+
+    @classmethod
+    def metric_families(cls, metrics: Mapping[str, Any],
+                        broker: Mapping[str, Any]) -> list[Any]:
+        from .zpipes_metrics import families
+
+        return families(metrics, broker.get("pipe_series", 0))
 
     def __init__(self) -> None:
         self.server: ZpipesServer | None = None
@@ -180,10 +195,21 @@ class ZpipesService(Service):
             if node is not None:
                 self.server.set_member(node.id)
             self._lives[peer.member] = peer.id
+            said = peer.features_of(self.name)
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=peer.directory, fanout=peer.fanout,
-                                write_frames=peer.write_frames, confirm=peer.confirm)
+                                directory=said.get("directory") is True,
+                                fanout=said.get("fanout") is True,
+                                write_frames=said.get("write_frames") is True,
+                                # (a CONFIRMED proves what came before it only on a
+                                # numbered link)
+                                confirm=said.get("confirm") is True and peer.numbered)
             self._flush_outside()
+
+    def features(self) -> dict[str, Any]:
+        """It speaks the pipe directory (zpipes/directory.py), takes a DATA for several
+        readers and one whose chunk is in its WRITE frame, and answers CONFIRM
+        (zpipes/peering.py)."""
+        return {"directory": True, "fanout": True, "write_frames": True, "confirm": True}
 
     def peer_left(self, peer: PeerBroker) -> None:
         if self._lives.get(peer.member) == peer.id:
