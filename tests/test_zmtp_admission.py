@@ -8,6 +8,7 @@ from zbroker.zmtp.admission import (
     BROKEN,
     NO_HANDSHAKE,
     NOT_ALLOWED,
+    SOURCE_FULL,
     TOO_MANY,
     Admission,
     ConnectionBudget,
@@ -52,20 +53,23 @@ def test_refusals_are_counted_each_and_logged_once_a_second_with_what_was_held_b
     assert log.lines[2][2]["suppressed"] == 501
 
 
+HOST = ("host", "127.0.0.1")
+
+
 def test_one_budget_is_shared_by_every_endpoint_and_given_back():
     log = Log()
-    budget = ConnectionBudget(limit=3)
+    budget = ConnectionBudget(limit=3, per_source=3)
     zpipes = Admission("zpipes", Refusals(log), budget=budget)
     pzq = Admission("pzq producer", Refusals(log), budget=budget)
-    assert zpipes.admit(None, ipc=False) is None
-    assert pzq.admit(None, ipc=False) is None
-    assert pzq.admit(None, ipc=False) is None
-    assert zpipes.admit(None, ipc=False) == TOO_MANY  # the others' connections count too
-    assert zpipes.admit(None, ipc=False) == TOO_MANY
+    assert zpipes.admit(None, HOST) is None
+    assert pzq.admit(None, HOST) is None
+    assert pzq.admit(None, HOST) is None
+    assert zpipes.admit(None, HOST) == TOO_MANY  # the others' connections count too
+    assert zpipes.admit(None, HOST) == TOO_MANY
     assert budget.open == 3
     assert zpipes.refused()[TOO_MANY] == 2 and pzq.refused()[TOO_MANY] == 0
-    pzq.release()
-    assert zpipes.admit(None, ipc=False) is None
+    pzq.release(HOST)
+    assert zpipes.admit(None, HOST) is None
     assert budget.open == 3
     events = [event for _, event, _ in log.lines]
     assert events == ["zpipes connection refused: too many clients; newer connections are "
@@ -79,14 +83,14 @@ def test_on_ipc_a_user_not_allowed_is_refused_and_logged_once_and_takes_no_place
                      budget=budget)
     stranger = PeerCredentials(pid=7, uid=2000, gid=2000)
     for _ in range(5):
-        assert door.admit(stranger, ipc=True) == NOT_ALLOWED
-    assert door.admit(PeerCredentials(pid=8, uid=1000, gid=1000), ipc=True) is None
-    assert door.admit(None, ipc=True) == "gone"  # the kernel could not say who: it left
+        assert door.admit(stranger, ("uid", 2000)) == NOT_ALLOWED
+    assert door.admit(PeerCredentials(pid=8, uid=1000, gid=1000), ("uid", 1000)) is None
     assert budget.open == 1
-    assert door.refused() == {NOT_ALLOWED: 5, TOO_MANY: 0, NO_HANDSHAKE: 0, BROKEN: 0}
+    assert door.refused() == {NOT_ALLOWED: 5, TOO_MANY: 0, SOURCE_FULL: 0, NO_HANDSHAKE: 0,
+                              BROKEN: 0}
     assert [event for _, event, _ in log.lines] == ["zpipes connection refused: user not allowed"]
     door.set_policy(None)  # anyone may connect now
-    assert door.admit(stranger, ipc=True) is None
+    assert door.admit(stranger, ("uid", 2000)) is None
 
 
 def test_the_budget_never_passes_what_the_open_file_limit_leaves():
@@ -97,3 +101,25 @@ def test_the_budget_never_passes_what_the_open_file_limit_leaves():
     assert budget.limit == fd_budget()
     budget.set_limit(5)
     assert budget.limit == 5
+
+
+def test_one_source_holds_at_most_its_share_and_the_others_still_get_in():
+    log = Log()
+    budget = ConnectionBudget(limit=10)  # a share of half by default
+    door = Admission("pzq producer", Refusals(log), budget=budget)
+    attacker, user = ("host", "10.0.0.66"), ("uid", 1000)
+    taken = [door.admit(None, attacker) for _ in range(8)]
+    assert taken == [None] * 5 + [SOURCE_FULL] * 3
+    for _ in range(5):
+        assert door.admit(None, user) is None  # the rest of the budget is theirs
+    assert door.admit(None, ("host", "10.0.0.7")) == TOO_MANY
+    door.release(attacker)
+    assert door.admit(None, attacker) is None and budget.by_source[attacker] == 5
+    for _ in range(5):
+        door.release(user)
+    assert user not in budget.by_source and budget.open == 5
+    assert log.lines[0][1] == "pzq producer connection refused: too many connections from one " \
+        "source"
+    assert log.lines[0][2]["source"] == "host 10.0.0.66"
+    budget.set_limit(10, per_source=2)
+    assert budget.per_source == 2

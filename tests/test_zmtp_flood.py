@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,7 @@ from pipe_stream import (
     RawClient,
     close,
     input_,
+    lockstep,
     output,
     read,
     write,
@@ -116,7 +118,8 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         fds = len(os.listdir(f"/proc/{broker.pid}/fd"))
         assert fds <= MAX_CLIENTS + FD_RESERVE, fds
         zpipes = status(name, tmp_path)["services"]["zpipes"]
-        assert zpipes["refused"]["too many clients"] > 0, zpipes
+        # one source (this test's uid, this host) holds at most half of the budget
+        assert zpipes["refused"]["too many from one source"] > 0, zpipes
         # the pipe and the queue go on
         for i in range(1, 20):
             pipe_round(w, r, i)
@@ -174,5 +177,80 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
                 c.close()
         w.close()
         r.close()
+        broker.kill()
+        broker.wait(30)
+
+
+FLOOD_FROM = textwrap.dedent("""
+    import socket, sys
+    kind, target, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    held = []
+    for _ in range(count):
+        if kind == "ipc":
+            s = socket.socket(socket.AF_UNIX)
+            address = "\\0" + target
+        else:
+            s = socket.socket(socket.AF_INET)
+            s.bind(("127.0.0.2", 0))  # another host, as the broker sees it
+            host, port = target.rsplit(":", 1)
+            address = (host, int(port))
+        try:
+            s.connect(address)
+        except OSError:
+            s.close()
+            continue
+        held.append(s)
+    print(len(held), flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to connect as another uid")
+def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(tmp_path,
+                                                                                 ctx):
+    """Another local user floods the ZPIPES endpoint, another host a queue's receive
+    endpoint: each holds at most its share (clients.max_per_source) of the budget, and new
+    connections of this user and this host are still taken while the floods hold theirs."""
+    name = unique_name("share")
+    receive = f"127.0.0.1:{free_port()}"
+    cfg = write_config(tmp_path / "zbroker.cfg", {
+        "clients": {"max_clients": 1000, "max_per_source": 300},
+        "services": {"zpipes": {"allow": {"users": ["*"]}},
+                     "pzq": {"enabled": True, "queues": {"jobs": {
+                         "receive_endpoint": f"tcp://{receive}",
+                         "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
+                         "data_dir": str(tmp_path / "jobs")}}}}})
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as err:
+        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
+                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
+                                  stderr=err, stdin=subprocess.DEVNULL)
+    floods = []
+    try:
+        wait_for(lambda: "pzq queue started" in log_path.read_text(), 30, "the broker")
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                  "/usr/bin/python3"]
+        for argv in ([*nobody, "-c", FLOOD_FROM, "ipc", f"/zpipes/{name}", "600"],
+                     [sys.executable, "-c", FLOOD_FROM, "tcp", receive, "600"]):
+            flood = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     preexec_fn=limit_files(4096), cwd=tmp_path)
+            floods.append(flood)
+            assert int(flood.stdout.readline()) > 0
+        zpipes = status(name, tmp_path)["services"]["zpipes"]
+        assert zpipes["refused"]["too many from one source"] >= 300, zpipes
+        assert zpipes["connections"] <= 300
+        # this user's new pipe and this host's new producer are served while the floods hold
+        lockstep(ctx, f"ipc://@/zpipes/{name}", b"mine", 8)
+        with Producer(f"tcp://{receive}", context=ctx) as producer:
+            producer.send(b"job", msg_id=b"job-1")
+            producer.flush(10)
+        log = log_path.read_text()
+        assert "uid 65534 (nobody)" in log and "host 127.0.0.2" in log, log[-3000:]
+        assert broker.poll() is None
+    finally:
+        for flood in floods:
+            flood.kill()
+            flood.wait(30)
         broker.kill()
         broker.wait(30)

@@ -175,7 +175,8 @@ class Broker:
         open_files = raise_open_file_limit()
         self.log.debug("open-file limit", soft=open_files)
         # every ZMTP endpoint of every service draws on one budget of connections
-        PROCESS_BUDGET.set_limit(self.config.clients.max_clients)
+        PROCESS_BUDGET.set_limit(self.config.clients.max_clients,
+                                 self.config.clients.max_per_source)
         self.zmq_context = zmq.Context()
         try:
             for name in wanted:
@@ -369,7 +370,7 @@ class Broker:
             self.log.error(f"{what} refused", reason=reason)
             return reason
         self.config = new
-        PROCESS_BUDGET.set_limit(new.clients.max_clients)
+        PROCESS_BUDGET.set_limit(new.clients.max_clients, new.clients.max_per_source)
         if new.metrics.bind != old.metrics.bind and self.loop is not None:
             if self.metrics is not None:
                 self.metrics.stop(wait=False)

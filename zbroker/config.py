@@ -290,10 +290,26 @@ class LogConfig:
     syslog: SyslogConfig = section(SyslogConfig)
 
 
+def optional(parse: Parser) -> Parser:
+    """null, or what ``parse`` takes."""
+    def parse_optional(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except Invalid as exc:
+            raise Invalid(f"null, or {exc}") from None
+
+    return parse_optional
+
+
 @dataclass(frozen=True)
 class ClientsConfig:
     timeout: float = setting(60.0, duration())  # silence before a client is expired
+    #: connections of the whole process, every ZMTP endpoint's together (ZPIPES and pzq)
     max_clients: int = setting(10_000, integer(minimum=1))
+    #: connections of one source (a uid on ipc, a host on tcp); null: half of max_clients
+    max_per_source: int | None = setting(None, optional(integer(minimum=1)))
     max_pipelined: int = setting(64, integer(minimum=1))  # queued commands per client
     max_pipelined_bytes: int = setting(8 << 20, size(minimum=1))
     #: ZPIPES data held for all clients together (waiting and queued WRITEs, pipe buffers,
@@ -325,19 +341,6 @@ def id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
 
 def optional_endpoint(value: Any) -> str | None:
     return None if value is None else endpoint(value)
-
-
-def optional(parse: Parser) -> Parser:
-    """null, or what ``parse`` takes."""
-    def parse_optional(value: Any) -> Any:
-        if value is None:
-            return None
-        try:
-            return parse(value)
-        except Invalid as exc:
-            raise Invalid(f"null, or {exc}") from None
-
-    return parse_optional
 
 
 def seconds(value: Any) -> float:

@@ -5,6 +5,9 @@ cluster sockets) aborts the whole process when it cannot get one. So the process
 :class:`ConnectionBudget` for the connections of every endpoint it serves with ZMTP, below its
 open-file limit less a reserve for its own files and sockets (``limits.FD_RESERVE``); a
 connection past it is hung up before a byte of it is read, whichever endpoint it came to.
+No one source takes it all: a source (a uid on ipc, a host on tcp) holds at most a share of
+it (``clients.max_per_source``, half of it by default), so that a local user or a remote host
+that floods the broker leaves room for everyone else.
 
 Each endpoint has an :class:`Admission`: the budget, who may connect over ipc (a
 :class:`~zbroker.local_access.Policy`, checked against the kernel's SO_PEERCRED), the time a
@@ -19,13 +22,14 @@ from collections import OrderedDict
 from typing import Any
 
 from zbroker.limits import FD_RESERVE
-from zbroker.local_access import PeerCredentials, Policy
+from zbroker.local_access import PeerCredentials, Policy, user_name
 
 #: seconds a connection may take to finish the ZMTP handshake (libzmq's ZMQ_HANDSHAKE_IVL
 #: does the same), so that connections that say nothing cannot keep the places of clients
 HANDSHAKE_TIMEOUT_S = 10.0
 NOT_ALLOWED = "not allowed"
 TOO_MANY = "too many clients"
+SOURCE_FULL = "too many from one source"
 NO_HANDSHAKE = "no handshake"
 BROKEN = "protocol error"
 REFUSED_USERS_REMEMBERED = 1024  # uids whose refusal was logged (each is logged once)
@@ -39,26 +43,50 @@ def fd_budget() -> int:
     return max(soft - FD_RESERVE, 0)
 
 
+#: a source: ("uid", number) of an ipc peer, ("host", address) of a tcp one
+Source = tuple[str, int | str]
+
+
 class ConnectionBudget:
     """The ZMTP connections of the whole process, every endpoint's together, and their
-    limit (at most what the open-file limit leaves: see :func:`fd_budget`)."""
+    limit (at most what the open-file limit leaves: see :func:`fd_budget`); of them, each
+    source holds at most ``per_source`` (None: half the limit)."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: int | None = None, per_source: int | None = None) -> None:
         self.limit = fd_budget() if limit is None else limit
+        self._per_source = per_source
         self.open = 0
+        self.by_source: dict[Source, int] = {}
 
-    def set_limit(self, limit: int) -> None:
-        """At most ``limit`` connections from now on (those open above it stay)."""
+    @property
+    def per_source(self) -> int:
+        share = self._per_source if self._per_source is not None else self.limit // 2
+        return max(1, min(share, self.limit))
+
+    def set_limit(self, limit: int, per_source: int | None = None) -> None:
+        """At most ``limit`` connections from now on, ``per_source`` of one source (those
+        open above them stay)."""
         self.limit = min(limit, fd_budget())
+        self._per_source = per_source
 
-    def take(self) -> bool:
+    def take(self, source: Source) -> str | None:
+        """Count a connection of ``source`` in, or say why not (TOO_MANY, SOURCE_FULL)."""
         if self.open >= self.limit:
-            return False
+            return TOO_MANY
+        held = self.by_source.get(source, 0)
+        if held >= self.per_source:
+            return SOURCE_FULL
         self.open += 1
-        return True
+        self.by_source[source] = held + 1
+        return None
 
-    def give_back(self) -> None:
+    def give_back(self, source: Source) -> None:
         self.open -= 1
+        held = self.by_source[source] - 1
+        if held:
+            self.by_source[source] = held
+        else:
+            del self.by_source[source]
 
 
 #: the process's budget, shared by every endpoint (a process has one open-file limit)
@@ -85,17 +113,20 @@ class Admission:
         self.policy = policy
         self._users_logged.clear()
 
-    def admit(self, peer: PeerCredentials | None, ipc: bool) -> str | None:
-        """Take a connection just accepted (then :meth:`release` it when it ends), or say
-        why not. ``peer``: who is at the other end of an ipc connection (None if the kernel
-        could not say: it is gone)."""
-        if ipc:
-            if peer is None:
-                return "gone"
-            if self.policy is not None and not self.policy.allows(peer):
-                self._refuse_user(peer)
-                return NOT_ALLOWED
-        if not self.budget.take():
+    def admit(self, peer: PeerCredentials | None, source: Source) -> str | None:
+        """Take a connection of ``source`` just accepted (then :meth:`release` it when it
+        ends), or say why not. ``peer``: who is at the other end of an ipc connection (None
+        on tcp)."""
+        if peer is not None and self.policy is not None and not self.policy.allows(peer):
+            self._refuse_user(peer)
+            return NOT_ALLOWED
+        why = self.budget.take(source)
+        if why == SOURCE_FULL:
+            self.refusals.note(SOURCE_FULL, f"{self.what} connection refused: too many "
+                               "connections from one source", source=describe(source),
+                               max_per_source=self.budget.per_source)
+            return why
+        if why is not None:
             self._full = True
             self.refusals.note(TOO_MANY, f"{self.what} connection refused: too many clients; "
                                "newer connections are hung up until some go",
@@ -111,11 +142,11 @@ class Admission:
     def refused(self) -> dict[str, int]:
         """Connections refused or dropped, by reason (every reason, 0 if none)."""
         return {reason: self.refusals.count(reason)
-                for reason in (NOT_ALLOWED, TOO_MANY, NO_HANDSHAKE, BROKEN)}
+                for reason in (NOT_ALLOWED, TOO_MANY, SOURCE_FULL, NO_HANDSHAKE, BROKEN)}
 
-    def release(self) -> None:
-        """A connection :meth:`admit` took has ended."""
-        self.budget.give_back()
+    def release(self, source: Source) -> None:
+        """A connection of ``source`` that :meth:`admit` took has ended."""
+        self.budget.give_back(source)
 
     def _refuse_user(self, peer: PeerCredentials) -> None:
         logged = self._users_logged
@@ -138,3 +169,10 @@ class Admission:
         """A connection was dropped: it broke the protocol."""
         self.refusals.note(BROKEN, f"{self.what} connection refused", peer=peer,
                            reason=reason)
+
+
+def describe(source: Source) -> str:
+    kind, who = source
+    if kind == "uid":
+        return f"uid {who} ({user_name(int(who))})"
+    return f"host {who}"

@@ -31,7 +31,7 @@ from typing import Any
 from zbroker.local_access import peer_of
 
 from .addresses import listen_socket, peer_name
-from .admission import Admission
+from .admission import Admission, Source
 from .codec import Connection, Ready, RoutingIds
 
 #: what one read from a connection may take: one buffer for all connections of a server,
@@ -153,6 +153,7 @@ class Link(asyncio.BufferedProtocol):
         self.transport: Any = None
         self.routing_id: bytes | None = None
         self.taken = False  # admitted: counted in the budget and in server.all
+        self.source: Source = ("host", "")  # who it is from, for the budget's shares
         self._handshake: asyncio.TimerHandle | None = None
 
     def codec(self, server: Server) -> Connection:
@@ -163,7 +164,17 @@ class Link(asyncio.BufferedProtocol):
         self.transport = transport
         sock = transport.get_extra_info("socket")
         ipc = sock.family == socket.AF_UNIX
-        why = s.admission.admit(peer_of(sock.fileno()) if ipc else None, ipc)
+        peer = None
+        if ipc:
+            peer = peer_of(sock.fileno())
+            if peer is None:  # gone already
+                transport.abort()
+                return
+            self.source = ("uid", peer.uid)
+        else:
+            address = transport.get_extra_info("peername")
+            self.source = ("host", address[0] if isinstance(address, tuple) else str(address))
+        why = s.admission.admit(peer, self.source)
         if why is not None:
             transport.abort()
             return
@@ -222,7 +233,7 @@ class Link(asyncio.BufferedProtocol):
         if not self.taken:
             return
         self.taken = False
-        s.admission.release()
+        s.admission.release(self.source)
         s.all.discard(self)
         if not s.all:
             s._idle.set()
