@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 
+from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
 from zpipes import protocol as p
-from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Net:

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from zpipes import peering
+from zbroker.services.zpipes import peering
+from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
 from zpipes import protocol as p
-from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Cluster:
@@ -546,7 +546,7 @@ def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
     """On a link with a long round trip, more than the capacity may be in flight to a remote
     reader (the bandwidth-delay product), up to a bound: what a reader that does not read
     costs its broker."""
-    from zpipes.server import LINK_RATE, MAX_WINDOW, RTT_SAMPLES
+    from zbroker.services.zpipes.server import LINK_RATE, MAX_WINDOW, RTT_SAMPLES
 
     c = Cluster("AB", fanout=True)
     c.join_all()

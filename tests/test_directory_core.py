@@ -12,9 +12,9 @@ import pytest
 import test_cluster_core as base
 from directory_sim import Net
 
-from zpipes import peering
+from zbroker.services.zpipes import peering
+from zbroker.services.zpipes.directory import Directory, home_of
 from zpipes import protocol as p
-from zpipes.directory import Directory, home_of
 
 
 class DirectoryCluster(base.Cluster):

@@ -4,9 +4,9 @@ scenarios run against a real broker process in test_broker_e2e.py."""
 
 import pytest
 
+from zbroker.services.zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
+from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
 from zpipes import protocol as p
-from zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
-from zpipes.server import ServerConfig, ZpipesServer
 
 R, W, R2, W2 = b"reader", b"writer", b"reader2", b"writer2"
 

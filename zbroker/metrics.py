@@ -32,7 +32,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from zpipes.server import FAILURE_KINDS
+from zbroker.services.zpipes.server import FAILURE_KINDS
 
 from .config import parse_bind
 from .stats import cumulative

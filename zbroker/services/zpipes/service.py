@@ -29,9 +29,9 @@ from zbroker.pzq import zmtp
 from zbroker.pzq.receiver import EndpointError
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zpipes.protocol import SIGNATURE, MessageId
-from zpipes.server import ServerConfig, ZpipesServer
 
-from .zpipes_endpoint import Endpoint
+from .endpoint import Endpoint
+from .server import ServerConfig, ZpipesServer
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
 # A WRITE over max_chunk, up to this many times max_chunk, is refused by the core (WRITE_FAILED

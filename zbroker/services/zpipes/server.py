@@ -10,7 +10,7 @@ The caller (the broker's ZPIPES service) feeds it what arrives and what time it 
 
 and sends what collects in ``server.outbox``: ``(routing_id, frame)`` pairs, in order.
 
-Each client runs the table of zpipes/machine.py; the actions below are the table's verbs.
+Each client runs the table of machine.py; the actions below are the table's verbs.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import Any
 
+from zpipes import protocol as p
+
 from . import peering
-from . import protocol as p
 from .directory import OPPOSITE, SELF, Directory, home_of, score
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import DEFAULT_CAPACITY, PEER_LOST, WRITER_LOST, PipeTable, ReadEnd, WriteResult
@@ -183,7 +184,7 @@ class ZpipesServer:
         #: messages and the bytes of their chunks, CREDIT messages
         self.data_sent = self.data_bytes_sent = self.credit_sent = 0
         self.data_received = self.data_bytes_received = 0
-        # the pipe directory (zpipes/directory.py): peers that speak it, and what we hold
+        # the pipe directory (directory.py): peers that speak it, and what we hold
         self.member_id = ""  # this broker's id among the members (set by set_member)
         self.directory = Directory()  # the ends registered with us as their pipes' home
         self._members: dict[str, str] = {}  # member id -> life, of peers speaking the directory
