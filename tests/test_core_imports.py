@@ -19,6 +19,9 @@ CORE_MODULES = [
     "zbroker.services.zpipes.server",
     "zbroker.services.zpipes.peering",
     "zbroker.services.zpipes.directory",
+    "zbroker.services.zpipes.engine",
+    "zbroker.services.zpipes.links",
+    "zbroker.services.zpipes.actions",
     "zpipes.errors",
     "zpipes.client_protocol",
 ]

@@ -30,6 +30,7 @@ from zbroker.pzq.receiver import EndpointError
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zpipes.protocol import SIGNATURE, MessageId
 
+from .actions import Reply
 from .endpoint import Endpoint
 from .server import ServerConfig, ZpipesServer
 
@@ -273,8 +274,7 @@ class ZpipesService(Service):
 
     def _after_input(self) -> None:
         server = self.server
-        if server.outbox or server.peer_outbox:
-            self._flush()
+        self._flush()
         if server.next_deadline() < self._timer_at:
             self._schedule()
 
@@ -307,22 +307,25 @@ class ZpipesService(Service):
         return why
 
     def _flush(self) -> None:
+        """Carry out what the core asks, in order: replies to clients (written together at
+        the end, one gathered write per connection) and messages to peer brokers."""
         ep, server = self._ep, self.server
         if server is None:
             return
-        while server.peer_outbox:
-            outbox, server.peer_outbox = server.peer_outbox, []
-            for peer, frames in outbox:
-                self._cluster.send(peer, frames)
-        if ep is None:
-            server.outbox.clear()
+        out = server.take_output()
+        if not out:
             return
-        send = ep.send
-        while server.outbox:
-            outbox, server.outbox = server.outbox, []
-            for routing_id, frame in outbox:
-                send(routing_id, frame)  # False: its client has gone, and is detached
-        ep.flush()
+        send = ep.send if ep is not None else None
+        while out:
+            for action in out:
+                if type(action) is Reply:
+                    if send is not None:  # False: its client has gone, and is detached
+                        send(action.routing_id, action.frame)
+                else:
+                    self._cluster.send(action.peer, action.frames)
+            out = server.take_output()  # (what the core did meanwhile: a peer lost on a send)
+        if ep is not None:
+            ep.flush()
 
     def _schedule(self) -> None:
         at = self.server.next_deadline()
