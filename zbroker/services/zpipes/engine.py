@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
@@ -219,7 +219,8 @@ class ClientEngine:
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def receive(self, routing_id: bytes, frames: Any, now: float) -> None:
+    def receive(self, routing_id: bytes, frames: Sequence[bytes | memoryview],
+                now: float) -> None:
         """A message from a client (the frames after the routing id)."""
         self._take(routing_id, p.decode_command(frames), now)
 

@@ -83,9 +83,12 @@ class ZpipesServer:
 
     def take_output(self) -> list[Any]:
         """The actions recorded since the last call, in order (actions.py)."""
-        out = self._out[:]
-        self._out.clear()
-        return out
+        out = self._out
+        if not out:
+            return []
+        taken = out[:]
+        out.clear()  # (the parts hold this list: it stays)
+        return taken
 
     # --- the parts' state, as the service and the tests ask for it ----------------------------
 
