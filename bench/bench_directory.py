@@ -66,7 +66,7 @@ def flows(net: Net, pipes: list, chunk: bytes) -> list[bool]:
 def held(net: Net) -> tuple[float, int]:
     """Entries a broker holds, mean and max: ends in its pipe table (its own and proxies) and
     directory entries."""
-    counts = [len(s.pipes._readers) + len(s.pipes._writers) + s.directory.entries()
+    counts = [len(s.pipes._readers) + len(s.pipes._writers) + s.directory.held.entries()
               for s in net.servers.values()]
     return sum(counts) / len(counts), max(counts)
 

@@ -268,7 +268,7 @@ def relay(endpoint: str, capacity: int, ready) -> None:
 
 def zmtp_relay(endpoint: str, capacity: int, ready) -> None:
     """The second baseline: the same relay on asyncio (uvloop) over the broker's own ZMTP codec
-    (``zbroker/pzq/zmtp.py``) instead of libzmq: no I/O thread, reads of up to 1 MiB."""
+    (``zbroker/zmtp/``) instead of libzmq: no I/O thread, reads of up to 1 MiB."""
     import asyncio
 
     import uvloop

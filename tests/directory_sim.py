@@ -7,8 +7,10 @@ from __future__ import annotations
 import random
 from collections import Counter, deque
 
+from zpipes_core import Core
+
+from zbroker.services.zpipes.server import ServerConfig
 from zpipes import protocol as p
-from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Net:
@@ -17,7 +19,7 @@ class Net:
 
     def __init__(self, names=(), legacy=(), **config):
         self.config = config
-        self.servers: dict[str, ZpipesServer] = {}
+        self.servers: dict[str, Core] = {}
         self.legacy: set[str] = set(legacy)
         self.now = 0.0
         self.sent: Counter[bytes] = Counter()  # messages between brokers, by kind
@@ -25,7 +27,7 @@ class Net:
             self.add(name)
 
     def add(self, name, legacy=False):
-        server = ZpipesServer(ServerConfig(**self.config))
+        server = Core(ServerConfig(**self.config))
         server.set_member(name)
         self.servers[name] = server
         if legacy:
@@ -117,5 +119,5 @@ class Net:
         """The home of ``pipe`` as the first directory broker sees it."""
         for name, s in self.servers.items():
             if name not in self.legacy:
-                return s._home(pipe)
+                return s.directory.home(pipe)
         raise LookupError("no broker speaks the directory")

@@ -19,7 +19,7 @@ from zbroker import logs
 from zbroker.broker import Broker, StartupError, make_private_dir
 from zbroker.config import Config, load_config, section, services_schema
 from zbroker.service import Service, ServiceContext, ServiceError
-from zbroker.services.zpipes_config import ZpipesConfig
+from zbroker.services.zpipes.config import ZpipesConfig
 
 # --- a schema with two services, and services that record what happens to them ---------------
 

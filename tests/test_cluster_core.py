@@ -5,10 +5,11 @@ test_cluster_netns.py."""
 from collections import Counter
 
 import pytest
+from zpipes_core import Core
 
-from zpipes import peering
+from zbroker.services.zpipes import peering
+from zbroker.services.zpipes.server import ServerConfig
 from zpipes import protocol as p
-from zpipes.server import ServerConfig, ZpipesServer
 
 
 class Cluster:
@@ -19,7 +20,7 @@ class Cluster:
 
     def __init__(self, names, fanout=(), write_frames=(), confirm=(), writable=False,
                  **config):
-        self.servers = {n: ZpipesServer(ServerConfig(**config)) for n in names}
+        self.servers = {n: Core(ServerConfig(**config)) for n in names}
         self.fanout = set(names) if fanout is True else set(fanout or ())
         self.write_frames = set(names) if write_frames is True else set(write_frames or ())
         self.confirm = set(names) if confirm is True else set(confirm or ())
@@ -390,8 +391,8 @@ def test_one_data_per_remote_broker_per_chunk_whatever_its_readers():
     c.send("A", b"w", p.Close())
     assert c.sent["A", "B", b"DATA"] == len(chunks)  # not one per reader there
     assert c.sent["A", "C", b"DATA"] == len(chunks)
-    assert c.servers["A"].data_bytes_sent == 2 * sum(map(len, chunks))
-    assert c.servers["B"].data_bytes_received == sum(map(len, chunks))
+    assert c.servers["A"].links.data_bytes_sent == 2 * sum(map(len, chunks))
+    assert c.servers["B"].links.data_bytes_received == sum(map(len, chunks))
     for broker, client in (("B", b"r1"), ("B", b"r2"), ("B", b"r3"), ("C", b"r")):
         got = b"".join(r.chunk for r in c.replies(broker, client) if isinstance(r, p.ReadOk))
         rest, end = read_all(c, broker, client)
@@ -433,7 +434,7 @@ def test_the_slowest_reader_of_a_remote_broker_bounds_both_brokers():
     assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteOk()]
     b = c.servers["B"]
     assert b.pipes.buffered_bytes() <= 10
-    assert b.data_bytes_received == 10
+    assert b.links.data_bytes_received == 10
     c.send("B", b"slow", p.Read(100, 0))
     assert c.replies("B", b"slow") == [p.InputOk(), p.ReadOk(b"1234512345")]
     assert c.replies("A", b"w") == [p.WriteOk(), p.WriteOk()]  # room for two more
@@ -546,7 +547,7 @@ def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
     """On a link with a long round trip, more than the capacity may be in flight to a remote
     reader (the bandwidth-delay product), up to a bound: what a reader that does not read
     costs its broker."""
-    from zpipes.server import LINK_RATE, MAX_WINDOW, RTT_SAMPLES
+    from zbroker.services.zpipes.links import LINK_RATE, MAX_WINDOW, RTT_SAMPLES
 
     c = Cluster("AB", fanout=True)
     c.join_all()
@@ -629,7 +630,7 @@ def test_a_readers_broker_lost_before_it_confirmed_fails_the_close():
     assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
     cc.lose("B")
     assert cc.replies("A", b"w") == [p.CloseFailed("peer lost")]
-    assert not cc.servers["A"]._closing
+    assert not cc.servers["A"].links.closing
 
 
 def test_the_close_waits_for_every_readers_broker_and_only_for_them():
@@ -695,4 +696,4 @@ def test_a_client_gone_or_a_broker_stopping_while_its_close_waits():
     assert cc.replies("A", b"w2") == [p.OutputOk(), p.WriteOk(),
                                       p.CloseFailed("broker stopping"),
                                       p.ReadFailed("broker stopping")]
-    assert not cc.servers["A"]._closing
+    assert not cc.servers["A"].links.closing

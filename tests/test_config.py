@@ -22,7 +22,7 @@ from zbroker.config import (
     parse_size,
     schema_keys,
 )
-from zbroker.services.zpipes_config import MAX_CHUNK_LIMIT
+from zbroker.services.zpipes.config import MAX_CHUNK_LIMIT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO_ROOT / "zbroker.cfg.example"

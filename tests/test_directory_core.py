@@ -12,9 +12,9 @@ import pytest
 import test_cluster_core as base
 from directory_sim import Net
 
-from zpipes import peering
+from zbroker.services.zpipes import peering
+from zbroker.services.zpipes.directory import Directory, home_of
 from zpipes import protocol as p
-from zpipes.directory import Directory, home_of
 
 
 class DirectoryCluster(base.Cluster):
@@ -76,7 +76,7 @@ def test_stream_and_end_across_brokers_nothing_left_anywhere(c):
     assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"hello"), p.ReadEnd()]
     c.send("B", b"r", p.Close())
     assert all(s.pipes.pipes == {} for s in c.servers.values())
-    assert all(s.directory.entries() == 0 for s in c.servers.values())
+    assert all(s.directory.held.entries() == 0 for s in c.servers.values())
 
 
 def open_pipe(net, name, writer, reader, data=b""):
@@ -230,7 +230,7 @@ def test_messages_overtaking_each_other_lose_no_data_and_leave_nothing(seed):
     for _, _, reader, _, rid in clients.values():
         net.send(reader, rid, p.Close())
     assert all(s.pipes.pipes == {} for s in net.servers.values())
-    assert all(s.directory.entries() == 0 for s in net.servers.values())
+    assert all(s.directory.held.entries() == 0 for s in net.servers.values())
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -255,7 +255,7 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
     assert all(s.pipes.pipes == {} for s in net.servers.values()), \
         {n: {k: (list(v.readers), list(v.writers)) for k, v in s.pipes.pipes.items()}
          for n, s in net.servers.items()}
-    assert all(s.directory.entries() == 0 for s in net.servers.values())
+    assert all(s.directory.held.entries() == 0 for s in net.servers.values())
     net.send("A", b"keep-r", p.Input(b"q0"))
     net.send("B", b"keep-w", p.Output(b"q0"))
     net.send("B", b"keep-w", p.Write(b"still", 0))
@@ -310,7 +310,7 @@ def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
         net.send(broker, client, p.Close())
     assert reached == {b"%d" % i for i in range(10)}
     assert all(s.pipes.pipes == {} for s in net.servers.values())
-    assert all(s.directory.entries() == 0 for s in net.servers.values())
+    assert all(s.directory.held.entries() == 0 for s in net.servers.values())
 
 
 def interleave(net, lists, rng, after=None):
@@ -426,7 +426,7 @@ def test_hostile_directory_messages_are_dropped():
                    [b"REGISTER"] + [b"r" + b"\0" * 8 + b"p"] * (peering.MAX_BATCH + 1)):
         b.peer_receive("A", frames, 0.0)
     b.peer_receive("Z", [b"REGISTER", b"r" + b"\0" * 8 + b"p"], 0.0)  # not a peer
-    assert b.directory.entries() == 0
+    assert b.directory.held.entries() == 0
     open_pipe(net, b"ok", "A", "B", b"fine")
     net.send("B", b"r-ok", p.Read(10, 0))
     assert net.replies("B", b"r-ok")[-1] == p.ReadOk(b"fine")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from zpipes.pipes import PipeTable, ReadEnd, WriteResult
+from zbroker.services.zpipes.pipes import PipeTable, ReadEnd, WriteResult
 
 
 def read_all(table, end, size=1 << 30):

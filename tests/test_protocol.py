@@ -145,7 +145,7 @@ def test_helpers_build_the_same_frames():
 
 
 def test_peer_detach_says_why_an_end_was_lost_and_stays_compatible():
-    from zpipes import peering
+    from zbroker.services.zpipes import peering
 
     assert peering.decode(peering.encode(peering.Detach(7))) == peering.Detach(7)
     lost = peering.Detach(7, "expired")

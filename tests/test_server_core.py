@@ -3,17 +3,18 @@ fake clock. Each original defect and selftest expectation is a named test here; 
 scenarios run against a real broker process in test_broker_e2e.py."""
 
 import pytest
+from zpipes_core import Core
 
+from zbroker.services.zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
+from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
 from zpipes import protocol as p
-from zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
-from zpipes.server import ServerConfig, ZpipesServer
 
 R, W, R2, W2 = b"reader", b"writer", b"reader2", b"writer2"
 
 
 class Harness:
     def __init__(self, **config):
-        self.server = ZpipesServer(ServerConfig(**config))
+        self.server = Core(ServerConfig(**config))
         self.now = 100.0
 
     def send(self, client, msg):
@@ -587,10 +588,10 @@ def test_every_action_in_the_table_is_implemented():
     for rules in [*TABLE.values()]:
         for rule in rules.values():
             for action in rule.actions:
-                assert action in server._actions
+                assert action in server.engine.actions
     for rule in UNEXPECTED.values():
         for action in rule.actions:
-            assert action in server._actions
+            assert action in server.engine.actions
 
 
 def test_stale_internal_events_change_nothing():
@@ -604,7 +605,7 @@ def test_timers_of_answered_requests_do_not_accumulate(h):
         h.send(R, p.Read(10, 3_600_000))
         h.send(W, p.Write(b"x", 0))
     h.replies(R)
-    assert len(h.server._timers) <= 1024 + 4 * len(h.server.clients) + 1
+    assert len(h.server.engine._timers) <= 1024 + 4 * len(h.server.clients) + 1
     h.send(R, p.Read(10, 100))  # timeouts still work after compaction
     h.advance(0.1)
     assert h.replies(R) == [p.ReadTimeout()]

@@ -45,7 +45,8 @@ def test_the_plugin_is_not_on_the_test_processs_own_path():
 def test_a_plugin_gets_its_section_a_metric_and_status_lines(with_plugin, start_broker):
     config = echo_config(greeting="hi there", repeat=3)
     b = start_broker(config=config)
-    wait_for(lambda: "echo started" in b.stderr(), 10, "the echo service's start")
+    # (the metrics endpoint is bound once every service has started)
+    wait_for(lambda: "broker started" in b.stderr(), 10, "the broker's start")
     assert "greeting='hi there'" in b.stderr() and "repeat=3" in b.stderr()
     _, samples = scrape(int(config["metrics"]["bind"].rpartition(":")[2]))
     assert value(samples, "zbroker_echo_repeat") == 3

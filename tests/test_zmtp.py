@@ -1,4 +1,4 @@
-"""The ZMTP codec of pzq's receive endpoint (zbroker/pzq/zmtp.py), without sockets: the
+"""The ZMTP codec of every endpoint the broker serves (zbroker/zmtp/codec.py), no sockets: the
 handshakes of libzmq 4 (ZMTP 3.x) and libzmq 3.2 (ZMTP 2.0) peers, framing, and refusing a
 message past the limits before the rest of it arrives. That libzmq itself talks to it is
 shown by every pzq test with a real producer."""

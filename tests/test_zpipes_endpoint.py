@@ -256,7 +256,7 @@ def test_a_connection_that_never_says_hello_is_dropped_and_frees_its_place(start
     that silent connections cannot keep the places of clients (clients.max_clients)."""
     from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
-    b = start_broker(config={"clients": {"max_clients": 2}})
+    b = start_broker(config={"clients": {"max_clients": 2, "max_per_source": 2}})
     silent = [socket.socket(socket.AF_UNIX) for _ in range(2)]
     try:
         for s in silent:
@@ -353,7 +353,7 @@ def test_writes_in_small_frames_begun_and_never_finished_are_refused_past_the_bu
     of 2 MiB). Past the budget such a WRITE is refused at the read that finds it so
     (WRITE_FAILED, the budget's reason), what came of it let go: what the broker holds for
     them stays about the budget, and a writer beside them is served once they go."""
-    from zbroker.services.zpipes_endpoint import DIRECT_MIN
+    from zbroker.services.zpipes.endpoint import DIRECT_MIN
 
     b = start_broker(config={"clients": {"max_buffered": "2MiB"}})
     size, sent = 120 * KiB, 100 * KiB

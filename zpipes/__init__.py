@@ -9,8 +9,8 @@
         data = pipe.read()
 
 The client (and with it pyzmq) is imported on first use of one of its names, so that the core
-modules (``zpipes.protocol``, ``zpipes.machine``, ``zpipes.pipes``, ``zpipes.server``,
-``zpipes.peering``) import without pyzmq.
+modules (``zpipes.protocol``, ``zpipes.client_protocol``, and the broker's ZPIPES cores in
+``zbroker.services.zpipes``) import without pyzmq.
 """
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def encode_read_ok(chunks: Sequence[bytes | memoryview]) -> bytes | memoryview:
 def write_frame_of(chunk: bytes | memoryview) -> memoryview | None:
     """The whole WRITE frame (or one already turned into READ_OK) around ``chunk``, if
     ``chunk`` is the chunk view that :func:`decode` made of a writable frame (or that
-    zpipes.peering made of a peer's DATA that carried its WRITE frame).
+    zbroker.services.zpipes.peering made of a peer's DATA that carried its WRITE frame).
 
     decode's chunk view of a WRITE of n bytes is the only view of n bytes over a frame of
     n + 11 bytes that says n in its header: what the pipes cut from it is shorter, and a

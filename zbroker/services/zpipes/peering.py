@@ -22,7 +22,7 @@ chunk, timeout: the chunk's length is in the header). Its sender sends that fram
 and its receiver can answer a READ that takes the whole chunk with that very buffer, its header
 turned into READ_OK's (zpipes/protocol.py), instead of copying the chunk into a new one.
 
-The pipe directory (brokers whose HELLO says ``"directory": true``, see zpipes/directory.py)
+The pipe directory (brokers whose HELLO says ``"directory": true``, see directory.py)
 adds three, between such brokers only; the four above are unchanged:
 
     REGISTER   (role, end, pipe, answer)...    ends of the sender, for the receiver (their

@@ -1,7 +1,7 @@
 """The per-client server state machine of ZPIPES, as a table.
 
 Read it top to bottom: for each state, each event names the actions to run, in order, and the
-state to go to. Actions are carried out by the server (zpipes/server.py); an action may raise a
+state to go to. Actions are carried out by the server (server.py); an action may raise a
 follow-up event (``ok``/``error`` after an open, ``done``/``wait`` after a try), which is then
 looked up in the *next* state, as in the original zproto model.
 

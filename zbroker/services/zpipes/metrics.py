@@ -10,7 +10,8 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from zbroker.metrics import counter, gauge
-from zpipes.server import FAILURE_KINDS
+
+from .server import FAILURE_KINDS
 
 
 def families(z: Mapping[str, Any], pipe_series: int) -> list[Metric]:

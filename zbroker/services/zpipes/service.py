@@ -1,8 +1,9 @@
 """The ZPIPES service: a ZMTP endpoint and a clock around the sans-I/O server core.
 
-All protocol decisions are taken by zpipes.server.ZpipesServer; this module only moves frames
-between the client endpoint (``zpipes_endpoint.py``: a ROUTER that speaks ZMTP on the event
-loop) and the core, and calls the core's ``tick`` when its next deadline comes.
+All protocol decisions are taken by the server core (``server.py``: ZpipesServer); this module
+only moves frames between the client endpoint (``endpoint.py``: a ROUTER on the broker's ZMTP
+server) and the core, carries out the actions the core returns, and calls the core's ``tick``
+when its next deadline comes.
 
 Each read from a client's connection hands its messages to the core, then the core's replies
 are written, one gathered write per connection, without copying the frames: a READ_OK whose
@@ -33,10 +34,11 @@ from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.refusals import Refusals
 from zpipes.protocol import SIGNATURE, MessageId
-from zpipes.server import ServerConfig, ZpipesServer
 
-from .zpipes_config import ZpipesConfig
-from .zpipes_endpoint import Endpoint
+from .actions import Reply
+from .config import ZpipesConfig
+from .endpoint import Endpoint
+from .server import ServerConfig, ZpipesServer
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
 # A WRITE over max_chunk, up to this many times max_chunk, is refused by the core (WRITE_FAILED
@@ -84,7 +86,7 @@ class ZpipesService(Service):
     @classmethod
     def metric_families(cls, metrics: Mapping[str, Any],
                         broker: Mapping[str, Any]) -> list[Any]:
-        from .zpipes_metrics import families
+        from .metrics import families
 
         return families(metrics, broker.get("pipe_series", 0))
 
@@ -301,28 +303,30 @@ class ZpipesService(Service):
 
     def _after_input(self) -> None:
         server = self.server
-        if server.outbox or server.peer_outbox:
-            self._flush()
+        self._flush()
         if server.next_deadline() < self._timer_at:
             self._schedule()
 
     def _flush(self) -> None:
+        """Carry out what the core asks, in order: replies to clients (written together at
+        the end, one gathered write per connection) and messages to peer brokers."""
         ep, server = self._ep, self.server
         if server is None:
             return
-        while server.peer_outbox:
-            outbox, server.peer_outbox = server.peer_outbox, []
-            for peer, frames in outbox:
-                self._cluster.send(peer, frames)
-        if ep is None:
-            server.outbox.clear()
+        out = server.take_output()
+        if not out:
             return
-        send = ep.send
-        while server.outbox:
-            outbox, server.outbox = server.outbox, []
-            for routing_id, frame in outbox:
-                send(routing_id, frame)  # False: its client has gone, and is detached
-        ep.flush()
+        send = ep.send if ep is not None else None
+        while out:
+            for action in out:
+                if type(action) is Reply:
+                    if send is not None:  # False: its client has gone, and is detached
+                        send(action.routing_id, action.frame)
+                else:
+                    self._cluster.send(action.peer, action.frames)
+            out = server.take_output()  # (what the core did meanwhile: a peer lost on a send)
+        if ep is not None:
+            ep.flush()
 
     def _schedule(self) -> None:
         at = self.server.next_deadline()

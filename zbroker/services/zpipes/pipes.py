@@ -44,6 +44,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
+from zpipes.protocol import MAX_STRING
+
 DEFAULT_CAPACITY = 1 << 20
 
 Chunk = bytes | memoryview
@@ -66,6 +68,24 @@ class ReadEnd(Enum):
 
 PEER_LOST = "peer lost"
 WRITER_LOST = "writer lost: "  # what a reader's failure starts with when a writer broke it
+
+
+def pipe_name_problem(name: bytes) -> str | None:
+    """Why ``name`` cannot name a pipe, or None if it can (1..255 bytes of UTF-8)."""
+    if not name:
+        return "pipe name is empty"
+    if len(name) > MAX_STRING:
+        return "pipe name is longer than 255 bytes"
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return "pipe name is not valid UTF-8"
+    return None
+
+
+def shown(name: bytes | None) -> str | None:
+    """A pipe name as logs show it."""
+    return None if name is None else name.decode("utf-8", errors="backslashreplace")
 
 
 @dataclass(eq=False)

@@ -1,0 +1,657 @@
+"""The client engine: the broker's ZPIPES clients, each running the state machine of machine.py
+on its requests, and their replies. No I/O.
+
+A client is known by its routing id. Each command it sends is an event of its state machine;
+the rule found for it names the actions below (the table's verbs), carried out in order. A READ
+or WRITE that cannot be answered at once waits for its pipe (the pipe table says which ends
+may now be answered: ``woken``) or for its timeout; commands that arrive meanwhile queue behind
+it (pipelining), within limits. WRITE data waiting or queued is held against the broker-wide
+budget (``max_buffered``) with what the pipe table buffers and what the I/O has not sent yet.
+
+Replies are recorded as actions (actions.py) in the output the server core shares with its
+other parts. What concerns other brokers (an end opened or closed, a CLOSE that waits for its
+readers' brokers) is handed to the pipe directory (directory.py) and the peer links
+(links.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from logging import DEBUG as _DEBUG
+from typing import TYPE_CHECKING, Any
+
+from zpipes import protocol as p
+
+from .actions import Reply
+from .machine import IDLE_STATES, Event, State, rule_for
+from .pipes import (
+    DEFAULT_CAPACITY,
+    PEER_LOST,
+    WRITER_LOST,
+    PipeTable,
+    ReadEnd,
+    WriteResult,
+    pipe_name_problem,
+    shown,
+)
+
+if TYPE_CHECKING:
+    from .directory import DirectoryMember
+    from .links import PeerLinks
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    capacity: int = DEFAULT_CAPACITY  # bytes buffered per reader before writers wait
+    client_timeout: float = 60.0  # seconds of silence, with nothing of it held, before expiry
+    max_chunk: int = 16 << 20  # the largest chunk a WRITE may carry
+    max_buffered: int = 256 << 20  # bytes of pipe data the broker holds for all its clients
+    max_clients: int = 10_000
+    max_pipelined: int = 64  # commands queued behind a pending one
+    max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
+    animate: bool = False  # log every transition
+
+
+EVENT_OF: dict[type, Event] = {
+    p.Input: Event.INPUT,
+    p.Output: Event.OUTPUT,
+    p.Read: Event.READ,
+    p.Write: Event.WRITE,
+    p.Close: Event.CLOSE,
+    p.Ping: Event.PING,
+    p.DecodeError: Event.MALFORMED,
+}
+
+# Why a pending or queued request fails, by the event that made it fail.
+_REASONS: dict[Event, str] = {
+    Event.CLOSE: "pipe closed by client",
+    Event.SHUTDOWN: "broker stopping",
+    Event.NO_READERS: "no readers",
+}
+
+# Why a writer's end went without a CLOSE, by the event that ended it: its readers fail with
+# "writer lost: <this>". Any other event that detaches an end is a command that did not fit
+# the client's state.
+_END_LOST: dict[Event, str] = {
+    Event.EXPIRED: "expired",
+    Event.DISCONNECTED: "disconnected",
+    Event.SHUTDOWN: "broker stopping",
+}
+
+_WRITE_EVENT = {
+    WriteResult.ACCEPTED: Event.ACCEPTED,
+    WriteResult.WAIT: Event.WAIT,
+    WriteResult.NO_READERS: Event.NO_READERS,
+    WriteResult.FAILED: Event.FAILED,
+}
+
+_FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
+    Event.INPUT: p.InputFailed,
+    Event.OUTPUT: p.OutputFailed,
+    Event.READ: p.ReadFailed,
+    Event.WRITE: p.WriteFailed,
+}
+
+_ENCODED = {cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout,
+                                             p.WriteOk, p.WriteTimeout, p.CloseOk, p.PingOk,
+                                             p.Invalid)}
+
+#: what ``failure_kind`` can return: the bounded label set of failed ends
+FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large",
+                 "buffers_full", "other")
+
+
+def failure_kind(reason: str) -> str:
+    """A failed end's reason, as one of FAILURE_KINDS."""
+    if reason.endswith(PEER_LOST):  # also a reader's "writer lost: peer lost"
+        return "peer_lost"
+    if reason.startswith(WRITER_LOST):
+        return "writer_lost"
+    if reason == "broker stopping":
+        return "broker_stopping"
+    if "(max_chunk)" in reason:
+        return "chunk_too_large"
+    if "(clients.max_buffered" in reason:
+        return "buffers_full"
+    return "other"
+
+
+@dataclass(eq=False)
+class Client:
+    routing_id: bytes
+    id: int  # a short number for logs
+    last_seen: float
+    state: State = State.START
+    end: int | None = None  # id of the pipe end this client has open
+    pipe: bytes | None = None
+    queue: deque[tuple[Event, Any]] = field(default_factory=deque)
+    queued_bytes: int = 0
+    request: Any = None  # the active READ or WRITE
+    request_event: Event | None = None
+    request_serial: int = 0
+    budget_serial: int = -1  # the request last checked against the broker-wide budget
+    dequeued: bool = False  # the command being handled came from the client's queue
+    deadline: float | None = None  # when the active request times out
+    timer_armed: bool = False
+    # the event being handled and what the actions pass along
+    event: Event | None = None
+    msg: Any = None
+    reason: str = ""
+    next_event: Event | None = None
+    read_data: list[memoryview] | None = None
+    terminated: bool = False
+    failed_end: int | None = None  # the end whose failure was counted (once per end)
+    #: why the stream of the writer end it just closed broke (its CLOSE answers CLOSE_FAILED)
+    close_failure: str | None = None
+    #: the writer end it closed, while its CLOSE waits for ``awaiting``: the peers (lives)
+    #: with readers of its stream that are to confirm they have its end
+    closing_end: int | None = None
+    awaiting: set[str] = field(default_factory=set)
+
+
+class ClientEngine:
+    """The clients of this broker and their requests. ``links`` and ``directory`` are the
+    server core's other parts, set by it before the first event."""
+
+    links: PeerLinks
+    directory: DirectoryMember
+
+    def __init__(self, config: ServerConfig, log: Any, pipes: PipeTable, out: list[Any],
+                 woken: deque[int], end_ids: Iterator[int]) -> None:
+        self.config = config
+        self.log = log
+        self.pipes = pipes
+        self.out = out  # the server core's output (actions.py)
+        self.clients: dict[bytes, Client] = {}
+        self._by_end: dict[int, Client] = {}
+        self._client_ids = itertools.count(1)
+        self._end_ids = end_ids
+        self._timers: list[tuple[float, int, bytes]] = []  # (deadline, request serial, client)
+        self._woken = woken  # ends the pipe table says may now be answered
+        self.now = 0.0
+        self._next_sweep = 0.0
+        self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
+        #: bytes answered to clients that have not taken them yet (their connections are
+        #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
+        self.unsent_bytes: Callable[[], int] = lambda: 0
+        #: bytes of messages still arriving from clients (the I/O layer's count): budgeted too
+        self.incoming_bytes: Callable[[], int] = lambda: 0
+        #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
+        self.clients_expired = 0  # clients expired (silent for client_timeout)
+        self.clients_disconnected = 0  # clients whose connection went (or unreachable)
+        self.closed_bytes_written = 0  # bytes written by local writers whose end is gone
+        self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
+        self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
+        self.actions: dict[str, Callable[[Client], None]] = {
+            "open pipe reader": self._open_pipe_reader,
+            "open pipe writer": self._open_pipe_writer,
+            "send INPUT_OK": self._reply(p.InputOk),
+            "send INPUT_FAILED": self._reply_failed(p.InputFailed),
+            "send OUTPUT_OK": self._reply(p.OutputOk),
+            "send OUTPUT_FAILED": self._reply_failed(p.OutputFailed),
+            "start request": self._start_request,
+            "try read": self._try_read,
+            "try write": self._try_write,
+            "wait for pipe": self._wait_for_pipe,
+            "finish request": self._finish_request,
+            "send READ_OK": self._send_read_ok,
+            "send READ_END": self._reply(p.ReadEnd),
+            "send READ_TIMEOUT": self._reply(p.ReadTimeout),
+            "send READ_FAILED": self._reply_failed(p.ReadFailed, "reader"),
+            "send WRITE_OK": self._reply(p.WriteOk),
+            "send WRITE_TIMEOUT": self._reply(p.WriteTimeout),
+            "send WRITE_FAILED": self._reply_failed(p.WriteFailed, "writer"),
+            "answer CLOSE": self._answer_close,
+            "await confirmation": self._await_confirmation,
+            "stop awaiting": self._stop_awaiting,
+            "send PING_OK": self._reply(p.PingOk),
+            "send INVALID": self._reply(p.Invalid),
+            "queue command": self._queue_command,
+            "fail queued commands": self._fail_queued_commands,
+            "close pipe end": self._close_pipe_end,
+            "cut pipe end": self._cut_pipe_end,
+            "terminate": self._terminate,
+        }
+
+    # --- inputs ------------------------------------------------------------------------------
+
+    def receive(self, routing_id: bytes, frames: Sequence[bytes | memoryview],
+                now: float) -> None:
+        """A message from a client (the frames after the routing id)."""
+        self._take(routing_id, p.decode_command(frames), now)
+
+    def receive_withheld_write(self, routing_id: bytes, size: int, now: float,
+                               reason: str | None = None) -> None:
+        """A WRITE of ``size`` bytes that the transport let go as it arrived, being over the
+        limit (``max_chunk``), or for ``reason`` (it did not fit the budget): it is refused in
+        its turn, as if it had arrived whole, and holds nothing meanwhile."""
+        self._take(routing_id, p.Write(p.Withheld(size, reason), 0), now)
+
+    def _take(self, routing_id: bytes, msg: Any, now: float) -> None:
+        self.now = now
+        client = self.clients.get(routing_id)
+        if client is None:
+            if len(self.clients) >= self.config.max_clients:
+                self._refuse(routing_id, msg, "too many clients")
+                return
+            client = Client(routing_id, next(self._client_ids), now)
+            self.clients[routing_id] = client
+        client.last_seen = now
+        if isinstance(msg, p.DecodeError):
+            self.log.warning("invalid frame", client=client.id, pipe=shown(client.pipe),
+                             error=msg.reason)
+        self._execute(client, EVENT_OF[type(msg)], msg)
+        self.wake()
+
+    def tick(self, now: float) -> None:
+        """Fire what is due at ``now``: request timeouts and client expiry."""
+        self.now = now
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, serial, routing_id = heapq.heappop(timers)
+            client = self.clients.get(routing_id)
+            if client is not None and client.request_serial == serial and client.request:
+                client.timer_armed = False
+                self._execute(client, Event.TIMEOUT)
+        if now >= self._next_sweep:
+            self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
+            limit = now - self.config.client_timeout
+            # a client with a request held by us is waiting for us, not silent
+            for client in [c for c in self.clients.values()
+                           if c.last_seen <= limit and c.request is None]:
+                self.log.info("client expired", client=client.id, pipe=shown(client.pipe),
+                              silent_s=round(now - client.last_seen, 3))
+                self.clients_expired += 1
+                self._execute(client, Event.EXPIRED)
+        self.wake()
+
+    def next_deadline(self) -> float:
+        """When ``tick`` should next be called (monotonic seconds)."""
+        if self._timers:
+            return min(self._timers[0][0], self._next_sweep)
+        return self._next_sweep
+
+    def disconnected(self, routing_id: bytes, now: float) -> None:
+        """The client's connection is gone (the transport says so): detach its end as lost,
+        so that its readers fail, or its writers learn they have no readers."""
+        self.now = now
+        client = self.clients.get(routing_id)
+        if client is not None:
+            # a client that had closed its end and then went is the normal case
+            log = self.log.info if client.end is not None else self.log.debug
+            log("client disconnected", client=client.id, pipe=shown(client.pipe),
+                state=str(client.state))
+            self.clients_disconnected += 1
+            self._execute(client, Event.DISCONNECTED)
+            self.wake()
+
+    def unreachable(self, routing_id: bytes, now: float) -> None:
+        """A reply to this client could not be delivered: it has gone, or stopped reading its
+        replies. Clean up as on a disconnect."""
+        self.now = now
+        client = self.clients.get(routing_id)
+        if client is not None:
+            self.log.info("client unreachable", client=client.id, pipe=shown(client.pipe))
+            self.clients_disconnected += 1
+            self._execute(client, Event.DISCONNECTED)
+            self.wake()
+
+    def shutdown(self, now: float) -> None:
+        """Answer every pending request (*_FAILED "broker stopping") and detach every end."""
+        self.now = now
+        for client in list(self.clients.values()):
+            self._execute(client, Event.SHUTDOWN)
+        self.wake()
+
+    def reconfigure(self, config: ServerConfig) -> None:
+        """New limits and timeouts; they apply from the next event on."""
+        self.config = config
+        self._woken.extend(self.pipes.set_capacity(config.capacity))
+        self._next_sweep = 0.0
+        self.wake()
+
+    def wake(self) -> None:
+        """Retry the pending requests of ends that the pipe table says may now be answered;
+        then what it has for remote ends goes to the peer links."""
+        woken = self._woken
+        while woken:
+            client = self._by_end.get(woken.popleft())
+            if client is not None and client.state not in IDLE_STATES:
+                self._execute(client, Event.PIPE_CHANGED)
+        if self.pipes.outgoing or self.pipes.credits:
+            self.links.send_outgoing()
+
+    # --- what the other parts ask ------------------------------------------------------------
+
+    def has_end(self, end: int, pipe: bytes) -> bool:
+        """Whether ``end`` is a client's open end of ``pipe``."""
+        client = self._by_end.get(end)
+        return client is not None and client.pipe == pipe
+
+    def answer_awaited(self, client: Client) -> None:
+        """Its CLOSE awaits nothing more: answer it (CONFIRMED)."""
+        self._confirmed(client)
+        self._execute(client, Event.CONFIRMED)
+
+    def budget_problem(self, size: int) -> str | None:
+        """Why ``size`` more bytes of a client's cannot be held (the broker-wide budget,
+        ``max_buffered``), or None."""
+        return self._budget_reason() if self._over_budget(size) else None
+
+    # --- the state machine -------------------------------------------------------------------
+
+    def _execute(self, client: Client, event: Event, msg: Any = None) -> None:
+        before = _held_by(client)
+        try:
+            self._run(client, event, msg)
+        finally:
+            self.held += _held_by(client) - before
+
+    def _run(self, client: Client, event: Event, msg: Any) -> None:
+        client.dequeued = False
+        while True:
+            while event is not None:
+                rule = rule_for(client.state, event)
+                if self.config.animate:
+                    self.log.info("animate", client=client.id, pipe=shown(client.pipe),
+                                  state=str(client.state), on=str(event),
+                                  actions=list(rule.actions), next=str(rule.next))
+                client.event, client.msg, client.next_event = event, msg, None
+                if event in _REASONS:
+                    client.reason = _REASONS[event]
+                for action in rule.actions:
+                    self.actions[action](client)
+                client.state = rule.next
+                event, msg = client.next_event, None
+            if client.terminated or client.state not in IDLE_STATES or not client.queue:
+                return
+            event, msg = client.queue.popleft()  # pipelining: next queued command
+            client.dequeued = True
+            if event is Event.WRITE:
+                client.queued_bytes -= len(msg.chunk)
+
+    # --- actions -----------------------------------------------------------------------------
+
+    def _open_pipe_reader(self, client: Client) -> None:
+        self._open(client, "reader", self.pipes.attach_reader)
+
+    def _open_pipe_writer(self, client: Client) -> None:
+        self._open(client, "writer", self.pipes.attach_writer)
+
+    def _open(self, client: Client, role: str, attach: Callable[[bytes, int], set[int]]) -> None:
+        name = bytes(client.msg.pipename)
+        problem = pipe_name_problem(name)
+        if problem:
+            client.reason = problem
+            client.next_event = Event.ERROR
+            self.log.info("pipe open refused", client=client.id, pipe=shown(name), role=role,
+                          reason=problem)
+            return
+        end = next(self._end_ids)
+        self._woken.extend(attach(name, end))
+        client.end, client.pipe = end, name
+        self._by_end[end] = client
+        client.next_event = Event.OK
+        self.directory.announce(role, end, name)
+        pipe = self.pipes.pipes[name]
+        self.log.info("pipe opened", client=client.id, pipe=shown(name), role=role,
+                      readers=len(pipe.readers), writers=len(pipe.writers))
+
+    def _cut_pipe_end(self, client: Client) -> None:
+        self._close_pipe_end(client, "closed with a WRITE pending")
+
+    def _close_pipe_end(self, client: Client, cut: str | None = None) -> None:
+        end = client.end
+        if end is None:
+            return
+        pipe = self.pipes.pipe_of(end)
+        if pipe is not None and end in pipe.readers:
+            r = pipe.readers[end]
+            role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
+            self.closed_bytes_read += r.bytes_out
+        else:
+            role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
+            self.closed_bytes_written += sizes["bytes_written"]
+        lost = cut or (None if client.event is Event.CLOSE
+                       else _END_LOST.get(client.event, "invalid command"))
+        # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
+        # only shrinks its writers' audience, wherever they are
+        failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
+        if failure is not None and client.event is Event.CLOSE and not cut \
+                and client.failed_end != end:  # (a WRITE_FAILED told it already)
+            client.close_failure = failure  # its stream never reached its end: say so
+        told = self.directory.told_of(end)
+        confirming = (self.links.confirming_brokers(end)
+                      if role == "writer" and failure is None else None)
+        self._woken.extend(self.pipes.detach(end, lost))
+        del self._by_end[end]
+        self.links.send_detach(told, end, failure)
+        if confirming:  # its CLOSE waits until the brokers of its readers have its end
+            self.links.await_confirmation(client, end, confirming)
+        self.directory.unregister(end, failure)
+        self.log.info("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
+                      why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
+                      **({"lost": lost} if lost else {}), **sizes)
+        client.end = client.pipe = None
+
+    def _start_request(self, client: Client) -> None:
+        msg = client.msg
+        client.request, client.request_event = msg, client.event
+        client.request_serial += 1
+        client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
+        client.timer_armed = False
+        if _logs_debug(self.log):  # once per request: its fields cost more than the call
+            size = msg.size if client.event is Event.READ else len(msg.chunk)
+            self.log.debug("request", client=client.id, pipe=shown(client.pipe),
+                           command=str(client.event), size=size, timeout_ms=msg.timeout,
+                           queued=len(client.queue))
+
+    def _try_read(self, client: Client) -> None:
+        size = client.request.size
+        if size == 0:  # like read(2) with a count of 0
+            client.read_data, client.next_event = [], Event.HAVE_DATA
+            return
+        result, woken = self.pipes.read(client.end, size)
+        self._woken.extend(woken)
+        if result is ReadEnd.WAIT:
+            client.next_event = Event.WAIT
+        elif result is ReadEnd.END:
+            client.next_event = Event.END_OF_PIPE
+        elif result is ReadEnd.FAILED:
+            client.reason = self.pipes.failure(client.end) or "failed"
+            client.next_event = Event.FAILED
+        else:
+            client.read_data, client.next_event = result, Event.HAVE_DATA
+
+    def _try_write(self, client: Client) -> None:
+        chunk = client.request.chunk
+        if type(chunk) is p.Withheld:  # let go as it arrived: refused, whatever the limit now
+            problem = chunk.reason or self._over_max_chunk(chunk.size)
+        else:
+            problem = self._write_problem(client, len(chunk))
+        if problem:
+            client.reason = problem
+            self._break_stream(client, problem)
+            client.next_event = Event.FAILED
+            return
+        result, woken = self.pipes.write(client.end, chunk)
+        self._woken.extend(woken)
+        if result is WriteResult.FAILED:
+            client.reason = self.pipes.failure(client.end) or "failed"
+        client.next_event = _WRITE_EVENT[result]
+
+    def _write_problem(self, client: Client, size: int) -> str | None:
+        """Why a WRITE of ``size`` bytes cannot be taken (the first time it is tried), or None.
+        A WRITE is checked against the broker-wide budget when it arrives: what it holds is
+        counted from then on."""
+        if size > self.config.max_chunk:
+            return self._over_max_chunk(size)
+        if client.request_serial != client.budget_serial:  # its first try
+            client.budget_serial = client.request_serial
+            if not client.dequeued and self._over_budget(size):  # (queued: admitted then)
+                return self._budget_reason()
+        return None
+
+    def _over_max_chunk(self, size: int) -> str:
+        return (f"chunk of {size} bytes is over the broker's limit of "
+                f"{self.config.max_chunk} bytes (max_chunk)")
+
+    def _over_budget(self, size: int) -> bool:
+        return (self.held + self.pipes.buffered + self.unsent_bytes() + self.incoming_bytes()
+                + size > self.config.max_buffered)
+
+    def _budget_reason(self) -> str:
+        return (f"the broker's buffers for all clients are full (clients.max_buffered, "
+                f"{self.config.max_buffered} bytes)")
+
+    def _break_stream(self, client: Client, reason: str) -> None:
+        """A chunk of the client's stream was refused: its stream is cut for its readers."""
+        self.log.warning("write refused", client=client.id, pipe=shown(client.pipe),
+                         reason=reason)
+        if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
+            self._woken.extend(self.pipes.break_writer(client.end, reason))
+
+    def _wait_for_pipe(self, client: Client) -> None:
+        if client.deadline is not None and not client.timer_armed:
+            client.timer_armed = True
+            heapq.heappush(self._timers,
+                           (client.deadline, client.request_serial, client.routing_id))
+            if len(self._timers) > 1024 + 4 * len(self.clients):
+                self._compact_timers()
+
+    def _compact_timers(self) -> None:
+        """Drop the timers of requests answered before their timeout, so that the heap stays
+        in proportion to the clients, whatever the request rate."""
+        live = []
+        for entry in self._timers:
+            client = self.clients.get(entry[2])
+            if client is not None and client.timer_armed and client.request_serial == entry[1]:
+                live.append(entry)
+        heapq.heapify(live)
+        self._timers = live
+
+    def _finish_request(self, client: Client) -> None:
+        client.request = client.request_event = client.deadline = client.read_data = None
+        client.timer_armed = False
+        client.last_seen = self.now  # its silence counts from our answer
+
+    def _send_read_ok(self, client: Client) -> None:
+        self.out.append(Reply(client.routing_id, p.encode_read_ok(client.read_data)))
+
+    def _reply(self, cls: type) -> Callable[[Client], None]:
+        frame = _ENCODED[cls]
+
+        def send(client: Client) -> None:
+            self.out.append(Reply(client.routing_id, frame))
+
+        return send
+
+    def _await_confirmation(self, client: Client) -> None:
+        """The CLOSE is answered (CONFIRMED) now, unless its end is awaited elsewhere."""
+        if not client.awaiting:
+            client.next_event = Event.CONFIRMED
+
+    def _stop_awaiting(self, client: Client) -> None:
+        """The client goes before its readers' brokers confirmed its end: if it is to be
+        answered, it learns that its end may not have arrived."""
+        if client.awaiting and client.close_failure is None:
+            client.close_failure = client.reason or "closed before its end was confirmed"
+        self._confirmed(client)
+
+    def _confirmed(self, client: Client) -> None:
+        """Nothing more is awaited for the client's CLOSE."""
+        if client.closing_end is not None:
+            self.links.stop_awaiting(client.closing_end)
+        client.closing_end, client.awaiting = None, set()
+
+    def _answer_close(self, client: Client) -> None:
+        """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
+        taken (the broker of a reader of it was lost): its data may not all have arrived,
+        and no end-of-stream did."""
+        if client.close_failure is None:
+            self.out.append(Reply(client.routing_id, _ENCODED[p.CloseOk]))
+            return
+        reason, client.close_failure = client.close_failure, None
+        self.out.append(Reply(client.routing_id,
+                              p.encode(p.CloseFailed(p.reason_text(reason)))))
+
+    def _reply_failed(self, cls: Callable[[str], Any],
+                      role: str | None = None) -> Callable[[Client], None]:
+        """The action sending ``cls`` with the client's reason; ``role``: a READ_FAILED or
+        WRITE_FAILED, counted as a failed end of that role (the first of each end: a client
+        with pipelined READs gets one answer each)."""
+        def send(client: Client) -> None:
+            self.out.append(Reply(client.routing_id,
+                                  p.encode(cls(p.reason_text(client.reason)))))
+
+        def send_counted(client: Client) -> None:
+            if client.failed_end != client.end or client.end is None:
+                client.failed_end = client.end
+                key = (role, failure_kind(client.reason))
+                self.ends_failed[key] = self.ends_failed.get(key, 0) + 1
+            send(client)
+
+        return send if role is None else send_counted
+
+    def _queue_command(self, client: Client) -> None:
+        event, msg = client.event, client.msg
+        size = len(msg.chunk) if event is Event.WRITE else 0
+        problem = None
+        if (len(client.queue) >= self.config.max_pipelined
+                or client.queued_bytes + size > self.config.max_pipelined_bytes):
+            self.log.warning("pipelining limit", client=client.id, pipe=shown(client.pipe),
+                             queued=len(client.queue), queued_bytes=client.queued_bytes)
+            problem = "too many pipelined requests"
+        elif size and self._over_budget(size):
+            problem = self._budget_reason()
+        if problem:
+            self._fail_command(client.routing_id, event, problem)
+            if event is Event.WRITE:  # the stream has lost that chunk
+                self._break_stream(client, problem)
+            return
+        client.queue.append((event, msg))
+        client.queued_bytes += size
+
+    def _fail_queued_commands(self, client: Client) -> None:
+        while client.queue:
+            event, _ = client.queue.popleft()
+            self._fail_command(client.routing_id, event, client.reason)
+        client.queued_bytes = 0
+
+    def _fail_command(self, routing_id: bytes, event: Event, reason: str) -> None:
+        """The one reply to a command that will not be carried out: its *_FAILED, or INVALID
+        for commands that have none."""
+        reply = _FAILED_REPLY.get(event)
+        frame = _ENCODED[p.Invalid] if reply is None else p.encode(reply(p.reason_text(reason)))
+        self.out.append(Reply(routing_id, frame))
+
+    def _terminate(self, client: Client) -> None:
+        client.terminated = True
+        self.clients.pop(client.routing_id, None)
+
+    def _refuse(self, routing_id: bytes, msg: Any, reason: str) -> None:
+        """Answer a command from a client we will not take on."""
+        event = EVENT_OF[type(msg)]
+        if event is Event.PING:
+            self.out.append(Reply(routing_id, _ENCODED[p.PingOk]))
+        else:
+            self._fail_command(routing_id, event, reason)
+
+
+def _held_by(client: Client) -> int:
+    """Bytes of WRITE data the client's waiting and queued requests hold."""
+    if client.terminated:
+        return 0
+    active = len(client.request.chunk) if client.request_event is Event.WRITE else 0
+    return active + client.queued_bytes
+
+
+def _logs_debug(log: Any) -> bool:
+    """Whether ``log`` writes debug lines. Asked at each use: the broker's level can change
+    while it runs. A logger that cannot tell is given every line."""
+    enabled = getattr(log, "is_enabled_for", None)
+    return enabled is None or enabled(_DEBUG)
