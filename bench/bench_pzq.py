@@ -65,7 +65,7 @@ from pzq_baselines import cpu_seconds, redis_case, redis_missing, relay_case
 from pzq_load import ack_arrived, free_port, produce_windowed
 
 from zbroker.config import parse_size
-from zbroker.pzq.group_commit import DEFAULT_SYNC, SYNC_MODES
+from zbroker.pzq.core.group_commit import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:256:batch", "100:64:batch",
@@ -258,7 +258,7 @@ def histogram_cost(samples: int = 200_000) -> float:
     """Microseconds that one producer ACK's latency observation costs (QueueCore)."""
     import timeit
 
-    from zbroker.pzq.queue import QueueCore
+    from zbroker.pzq.core.queue import QueueCore
 
     core = QueueCore()
     key = b"%d|%s%012x" % (time.time_ns() // 1000, b"x" * 24, 1)
@@ -303,7 +303,7 @@ def metrics_cost(base: Path, cases: list[str], sync: str, window_us: int,
 
 
 def monitor(endpoint: str) -> dict[str, int]:
-    from zbroker.pzq.wire import parse_monitor_text
+    from zbroker.pzq.core.wire import parse_monitor_text
 
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.REQ)

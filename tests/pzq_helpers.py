@@ -190,7 +190,7 @@ class FakeStore:
         return core
 
     def pump(self) -> None:
-        from zbroker.pzq.actions import AckMany, Append, AppendBatch, Confirm, Move, Reply
+        from zbroker.pzq.core.actions import AckMany, Append, AppendBatch, Confirm, Move, Reply
         if self.core is None:
             return
         for a in self.core.take_output():

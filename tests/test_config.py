@@ -390,7 +390,7 @@ def test_pzq_queue_defaults_agree_everywhere():
     import inspect
 
     from zbroker.pzq import cli as pzq_cli
-    from zbroker.pzq.queue import Limits
+    from zbroker.pzq.core.queue import Limits
     from zbroker.pzq.settings import QueueSettings
     from zbroker.pzq.store import Store
 

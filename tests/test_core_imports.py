@@ -27,20 +27,9 @@ CORE_MODULES = [
 ]
 
 
-#: zbroker.services registers the services a broker hosts, and with them their I/O: the broker's
-#: ZPIPES cores below it are checked on their own, the package standing in as a bare namespace
-SERVICES_NAMESPACE = """
-import types, zbroker
-services = types.ModuleType('zbroker.services')
-services.__path__ = [zbroker.__path__[0] + '/services']
-sys.modules['zbroker.services'] = services
-"""
-
-
 def run_without_zmq(code: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter where ``import zmq`` fails."""
-    guard = ("import sys\nsys.modules['zmq'] = None  # any import of zmq raises ImportError\n"
-             + SERVICES_NAMESPACE)
+    guard = "import sys\nsys.modules['zmq'] = None  # any import of zmq raises ImportError\n"
     return subprocess.run([sys.executable, "-c", guard + textwrap.dedent(code)],
                           capture_output=True, text=True, timeout=60)
 

@@ -8,7 +8,7 @@ import os
 import pytest
 from helpers import through_a_pipe, wait_for
 
-from zbroker import event_loop
+from zbroker.runtime import event_loop
 
 
 def test_the_loop_is_uvloop_unless_asyncio_is_asked_for(monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 
 WORKLOAD = """
 import random, resource, sys
-from zbroker import heap
+from zbroker.runtime import heap
 if sys.argv[1] == "on":
     assert heap.keep_freed_memory()
 rnd = random.Random(1)
@@ -42,7 +42,7 @@ def test_freed_memory_is_kept_for_the_next_bodies():
 
 
 def test_it_does_nothing_where_there_is_no_such_setting(monkeypatch):
-    from zbroker import heap
+    from zbroker.runtime import heap
 
     class NoLibc:
         def __init__(self, name):

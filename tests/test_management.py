@@ -343,7 +343,7 @@ def test_twenty_sighups_with_alternating_configs_lose_no_byte_and_no_client(star
 
 
 def test_status_text_renders_any_service_and_the_cluster():
-    from zbroker.commands import format_status
+    from zbroker.cli.commands import format_status
 
     text = format_status({
         "name": "b1", "pid": 7, "uptime": 3725.5, "config": None, "run_dir": "/run/zbroker/b1",
@@ -382,7 +382,7 @@ def test_status_text_renders_any_service_and_the_cluster():
     ("{a: 1}", "{a: 1}"), ("a: b: c", "a: b: c"),
 ])
 def test_set_values_are_read_as_yaml_scalars(text, value):
-    from zbroker.commands import parse_value
+    from zbroker.cli.commands import parse_value
 
     assert parse_value(text) == value
 

@@ -20,9 +20,9 @@ import zpipes
 from zbroker.config import ConfigError, parse_bind, parse_config
 from zbroker.metrics import beyond_loopback, families
 from zbroker.pzq.client import Consumer, Producer
+from zbroker.runtime.stats import Buckets, cumulative
 from zbroker.services.zpipes.metrics import busiest
 from zbroker.services.zpipes.server import FAILURE_KINDS, failure_kind
-from zbroker.stats import Buckets, cumulative
 
 # --- no I/O ----------------------------------------------------------------------------------
 

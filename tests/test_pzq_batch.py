@@ -22,13 +22,13 @@ from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
 from zbroker import zmtp
-from zbroker.pzq import records, wire
-from zbroker.pzq.actions import Confirm
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.pzq.client import monitor as queue_monitor
 from zbroker.pzq.consumers import Consumers
-from zbroker.pzq.counters import Dropped
-from zbroker.pzq.queue import Limits, QueueCore
+from zbroker.pzq.core import records, wire
+from zbroker.pzq.core.actions import Confirm
+from zbroker.pzq.core.counters import Dropped
+from zbroker.pzq.core.queue import Limits, QueueCore
 from zbroker.pzq.receiver import SENT
 from zbroker.pzq.settings import QueueSettings
 
@@ -638,7 +638,7 @@ def test_queue_put_sends_batches_and_no_batch_the_original_wire(start_pzq, tmp_p
 
 
 def test_a_replicated_batch_is_answered_once_every_copy_is_confirmed_or_timed_out():
-    from zbroker.pzq.actions import Replicate
+    from zbroker.pzq.core.actions import Replicate
 
     q, store = core(replicas=1, replication_timeout=0.5)
     q.produce_batch(b"P", batch(b"B1", [b"a", b"b"]), 1, now=0.0)

@@ -15,7 +15,7 @@ import zmq.asyncio
 from helpers import free_port
 
 from zbroker.config import parse_config
-from zbroker.pzq.peering import BATCH_BYTES, copies, encode, parse_copies
+from zbroker.pzq.core.peering import BATCH_BYTES, copies, encode, parse_copies
 from zbroker.pzq.service import PzqService
 from zbroker.service import ClusterPort, PeerBroker, ServiceContext
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import pkgutil
 import subprocess
 import sys
 import textwrap
@@ -14,17 +15,24 @@ from pathlib import Path
 
 import pytest
 
-CORES = [*(f"zbroker.pzq.{m}" for m in (
-    "wire", "records", "dispatcher", "id_window", "queue", "stream", "placement", "peering",
-    "replication", "actions", "group_commit", "counters")), "zbroker.zmtp.codec"]
+import zbroker.pzq.core
+
+#: every module of the package zbroker.pzq.core (what is a core is said by where it lives),
+#: and the ZMTP codec
+CORES = [*(f"zbroker.pzq.core.{m.name}" for m in pkgutil.iter_modules(zbroker.pzq.core.__path__)),
+         "zbroker.zmtp.codec"]
 #: modules of threads, loops, sockets, files, and pzq's own I/O modules
 IO_MODULES = ["zmq", "threading", "asyncio", "socket", "selectors", "fcntl", "shutil",
-              "zbroker.zmq_reader", *(f"zbroker.pzq.{m}" for m in (
+              "zbroker.runtime.zmq_reader", *(f"zbroker.pzq.{m}" for m in (
                   "store", "receiver", "endpoints", "sockets", "server", "consumers",
                   "queue_logs", "offsets_file", "replica_files", "stream_endpoint", "monitor")),
               "zbroker.zmtp.server"]
 #: names a core's source must not use: the OS and the file system
 IO_NAMES = {"os", "pathlib", "Path", "open", "io", "tempfile", "time"}
+
+
+def test_the_cores_are_found():
+    assert len(CORES) >= 13 and "zbroker.pzq.core.queue" in CORES
 
 
 @pytest.mark.parametrize("core", CORES)

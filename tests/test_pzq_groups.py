@@ -10,10 +10,10 @@ import pytest
 from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_stream import STREAM, put
 
-from zbroker.pzq import wire
 from zbroker.pzq.client import Producer, StreamConsumer, StreamError
-from zbroker.pzq.queue import QueueCore
-from zbroker.pzq.stream import Offsets, Retention, StreamCore
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.queue import QueueCore
+from zbroker.pzq.core.stream import Offsets, Retention, StreamCore
 
 # --- the core, without sockets -------------------------------------------------------------
 

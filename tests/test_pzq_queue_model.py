@@ -12,9 +12,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from zbroker.pzq import wire
-from zbroker.pzq.actions import AckMany, Append, AppendBatch, BatchResult, Confirm, Reply
-from zbroker.pzq.queue import Limits, QueueCore
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.actions import AckMany, Append, AppendBatch, BatchResult, Confirm, Reply
+from zbroker.pzq.core.queue import Limits, QueueCore
 
 IDS = [b"m%d" % i for i in range(8)]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from zbroker.pzq import peering, wire
-from zbroker.pzq.actions import (
+from zbroker.pzq.core import peering, wire
+from zbroker.pzq.core.actions import (
     AckMany,
     Append,
     BatchResult,
@@ -27,9 +27,9 @@ from zbroker.pzq.actions import (
     SendCluster,
     SendStatic,
 )
-from zbroker.pzq.queue import Limits, QueueCore
-from zbroker.pzq.records import MessageRecord
-from zbroker.pzq.replication import NOT_CONFIGURED, ReplicationCore, ReplicationSettings
+from zbroker.pzq.core.queue import Limits, QueueCore
+from zbroker.pzq.core.records import MessageRecord
+from zbroker.pzq.core.replication import NOT_CONFIGURED, ReplicationCore, ReplicationSettings
 
 FAILED = wire.REPLICATION_FAILED.encode()
 
@@ -379,7 +379,7 @@ def test_a_lost_holder_is_replaced_and_the_backlog_copied_again(net):
 
 
 def test_the_recopy_goes_a_window_at_a_time(net, monkeypatch):
-    from zbroker.pzq import placement
+    from zbroker.pzq.core import placement
     monkeypatch.setattr(placement, "RECOPY_WINDOW", 10)
     monkeypatch.setattr(placement.Recopy.next_keys, "__defaults__", (10,))
     a = net.node("a", replicas=1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from zbroker.pzq import records
+from zbroker.pzq.core import records
 from zbroker.pzq.store import BatchResult, Store, list_segments, segment_name
 
 WAIT = 10.0

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from test_pzq_store import Harness
 
-from zbroker.pzq import wire
-from zbroker.pzq.actions import Append
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.actions import Append
 
 
 class StoreModel(RuleBasedStateMachine):

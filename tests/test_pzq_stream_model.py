@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pzq_helpers import FakeStore
 
-from zbroker.pzq import wire
-from zbroker.pzq.queue import QueueCore
-from zbroker.pzq.stream import Offsets, StreamCore
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.queue import QueueCore
+from zbroker.pzq.core.stream import Offsets, StreamCore
 
 GROUPS = (None, b"g")  # None: the default group (no GROUP frame)
 

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from zbroker import logs
-from zbroker import syslog as sl
 from zbroker.config import ConfigError, default_config, parse_config, with_setting
+from zbroker.logs import syslog as sl
 
 STAMP = "2026-11-22T02:20:32.123456Z"
 

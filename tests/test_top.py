@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO_ROOT, broker_env, run_zbroker, wait_for
 
 import zpipes
-from zbroker.top import Sample, compute_view, render_text
+from zbroker.cli.top import Sample, compute_view, render_text
 
 
 def _status(pipes=None, queues=None, peers=None):
@@ -182,4 +182,4 @@ def test_live_view_in_a_terminal_refreshes_and_q_quits(start_broker, tmp_path):
 def test_top_is_a_listed_command(tmp_path):
     r = run_zbroker(["--help"], cwd=tmp_path)
     assert "zbroker top [NAME] [--once]" in r.stdout
-    assert Path(REPO_ROOT / "zbroker" / "top.py").exists()
+    assert Path(REPO_ROOT / "zbroker" / "cli" / "top.py").exists()

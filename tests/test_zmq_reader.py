@@ -1,4 +1,4 @@
-"""The one ZeroMQ reader of the broker (zbroker/zmq_reader.py), on real sockets and a real
+"""The one ZeroMQ reader of the broker (zbroker/runtime/zmq_reader.py), on real sockets and a real
 asyncio loop: it reads what waited before it started, everything that comes while it drains,
 gives timers a turn under a flood, and stops when its handler says so."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import zmq
 
-from zbroker.zmq_reader import SocketReader
+from zbroker.runtime.zmq_reader import SocketReader
 
 
 def pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:

@@ -3,7 +3,7 @@ who may connect over ipc, and refusals counted exactly but logged at a bounded r
 
 from __future__ import annotations
 
-from zbroker.local_access import PeerCredentials, Policy
+from zbroker.runtime.local_access import PeerCredentials, Policy
 from zbroker.zmtp.admission import (
     BROKEN,
     NO_HANDSHAKE,

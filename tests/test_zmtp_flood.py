@@ -35,8 +35,8 @@ from pipe_stream import (
 )
 from test_zpipes_guard import limit_files
 
-from zbroker.limits import FD_RESERVE
 from zbroker.pzq.client import Consumer, Producer
+from zbroker.runtime.limits import FD_RESERVE
 from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
 MAX_CLIENTS = 1500

@@ -17,8 +17,8 @@ import pytest
 from helpers import broker_env, rss_bytes, run_zbroker, wait_for, write_config
 from pipe_stream import lockstep
 
-from zbroker.limits import FD_RESERVE, clients_problem
-from zbroker.local_access import PeerCredentials, Policy, default_policy
+from zbroker.runtime.limits import FD_RESERVE, clients_problem
+from zbroker.runtime.local_access import PeerCredentials, Policy, default_policy
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),

@@ -29,9 +29,11 @@ from typing import Any
 
 import zmq
 
-from . import event_loop, heap, logs
+from zbroker import logs
+from zbroker.runtime import event_loop, heap
+from zbroker.runtime.limits import raise_open_file_limit
+
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
-from .limits import raise_open_file_limit
 from .management import CommandError, ControlServer
 from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from .zmtp.admission import PROCESS_BUDGET
@@ -493,7 +495,7 @@ class Broker:
         if self._build is None:
             import platform
 
-            from .cli import version
+            from zbroker.runtime.version import version
 
             self._build = (version(), platform.python_version())
         status = logs.status()

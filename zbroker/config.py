@@ -42,13 +42,15 @@ from typing import Any
 
 import yaml
 
-from .syslog import FORMATS as SYSLOG_FORMATS
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("console", "json")
+#: how lines go to a syslog server (zbroker/logs/syslog.py writes them)
+SYSLOG_FORMATS = ("auto", "rfc5424", "rfc3164")
+
 
 #: Where the broker looks for its config when not given one, in order.
 CONFIG_SEARCH_PATH: tuple[str, ...] = ("./zbroker.cfg", "/etc/zbroker/zbroker.cfg")
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("console", "json")
 SYSLOG_FACILITIES = ("kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp",
                      "cron", "authpriv", "ftp", *(f"local{i}" for i in range(8)))
 ENDPOINT_TRANSPORTS = ("tcp", "ipc", "inproc")
@@ -263,7 +265,7 @@ def syslog_target(value: Any) -> str | None:
     """null (no syslog), or ``udp://HOST[:PORT]``, ``tcp://HOST[:PORT]``, ``unix:///PATH``."""
     if value is None:
         return None
-    from .syslog import parse_target
+    from zbroker.logs.syslog import parse_target
 
     try:
         return str(parse_target(value))

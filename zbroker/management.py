@@ -42,9 +42,10 @@ from typing import IO, Any
 import structlog
 import zmq
 
+from zbroker.runtime.zmq_reader import SocketReader
+
 from . import logs
 from .logs import LEVEL_NUMBERS
-from .zmq_reader import SocketReader
 
 CONTROL_SOCKET = "ctl"
 RECENT = 1000  # events kept for `zbroker logs`

@@ -2,7 +2,7 @@
 prometheus_client.
 
 Nothing is counted for it on the hot paths: the broker and its services keep their counters
-anyway (status, the pzq monitor, a few plain ints and :class:`zbroker.stats.Buckets`), and a
+anyway (status, the pzq monitor, a few plain ints and :class:`zbroker.runtime.stats.Buckets`), and a
 scrape reads them. prometheus_client serves HTTP on a thread of its own; the collector's
 ``collect`` (run on that thread) asks the event loop for a snapshot of plain data
 (``Broker.metrics_snapshot``) and waits for it, so broker state is only ever read on the loop.
@@ -34,8 +34,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from zbroker.runtime.stats import cumulative
+
 from .config import parse_bind
-from .stats import cumulative
 
 if TYPE_CHECKING:
     from .service import Service

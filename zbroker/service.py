@@ -13,14 +13,16 @@ what of it a reload cannot change), its metric families (``metric_families``), i
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import zmq
+if TYPE_CHECKING:  # (the interface needs neither at run time: a service's cores import it)
+    import asyncio
+
+    import zmq
 
 
 class ServiceError(Exception):

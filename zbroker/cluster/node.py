@@ -52,10 +52,10 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zbroker.runtime.stats import LATENCY_BOUNDS, Buckets
+from zbroker.runtime.zmq_reader import SocketReader
 from zbroker.service import PeerBroker
 
-from ..stats import LATENCY_BOUNDS, Buckets
-from ..zmq_reader import SocketReader
 from . import gossip
 from .membership import Change, Hello, Membership, Peer
 

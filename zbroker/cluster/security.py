@@ -17,7 +17,7 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from ..zmq_reader import SocketReader
+from zbroker.runtime.zmq_reader import SocketReader
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _HANDSHAKE_FAILURES = {

@@ -1,27 +1,22 @@
 """pzq: a persistent store-and-forward queue, wire-compatible with the original pzq.
 
-    wire.py        the frames producers, consumers and monitors exchange (pure)
-    zmtp.py        ZeroMQ's wire protocol on the server side of a producer's connection (pure)
-    receiver.py    the receive endpoint: a ROUTER for producers on asyncio over zmtp.py
-    records.py     the records of the log on disk (pure)
+    core/          every decision of a queue, without I/O: the wire (producers, consumers,
+                   monitors), the log's records, group commit, the dispatcher, the queue,
+                   stream mode, the idempotence window, replication and placement, the
+                   actions the cores return, the monitor's counters
+    receiver.py    the receive endpoint: a ROUTER for producers on the broker's ZMTP server
+    endpoints.py   the send, credit, monitor and stream endpoints on the same server
     store.py       the append-only segmented log, written by a writer thread
-    group_commit.py  when that writer writes and fdatasyncs (pure, clock passed in)
-    dispatcher.py  credit, least-loaded dispatch, ACK timeouts (pure)
-    actions.py     what the cores ask of the I/O, and what the log reports back (pure)
-    queue.py       one queue's decisions: producers in, deliveries and replies out (no I/O)
-    stream.py      stream mode: reads by offset (HEAD, RANGE), COMMIT, the committed offset
-                   (no I/O but the offsets file's load and save)
-    peering.py     the replication messages between queues, encode/decode (pure)
-    replication.py copies on peer queues (static peers or the cluster), and the copies held
-                   (no I/O)
-    placement.py   which cluster peers hold a queue's copies (pure)
+    offsets_file.py  a stream queue's offsets file, replaced durably
     replica_files.py  the files of replication: node id, replica logs, taken-over keys
-    server.py      one queue on its sockets, logs and the asyncio loop
+    server.py      one queue on its sockets, logs and the asyncio loop: carries out what the
+                   cores ask
     queue_logs.py  a queue's logs (its own, the copies it holds) and their writers' reports
-    consumers.py   the consumers' sockets: send (and its connection events), credit
+    consumers.py   the consumers' endpoints: send (and its connection events), credit
     monitor.py     the monitor endpoint: MONITOR requests answered with the counters
     stream_endpoint.py  the stream endpoint: readers' requests in, answers out, offsets file
-    counters.py    the monitor's counters of a queue, gathered from its parts (pure)
+    config.py      the service's config section, ``services.pzq``
+    metrics.py     the service's metric families
     settings.py    what one queue runs with (resolved settings), and the parts made from them
     sockets.py     a queue's ZeroMQ sockets with their readers, its static peers' DEALERs;
                    non-blocking sends

@@ -18,8 +18,8 @@ from pathlib import Path
 import structlog
 import zmq
 
-from zbroker import event_loop, heap
 from zbroker.config import LOG_LEVELS, LogConfig, parse_size
+from zbroker.runtime import event_loop, heap
 
 from .config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
 from .server import QueueServer

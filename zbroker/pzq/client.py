@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import zmq
 
-from . import wire
+from zbroker.pzq.core import wire
 
 ZERO_COPY_MIN = 1 << 16  # a frame this large is sent, or a batch received, without a copy
 

@@ -34,11 +34,11 @@ from zbroker.config import (
     show,
     size,
 )
+from zbroker.pzq.core.group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW
+from zbroker.pzq.core.group_commit import SYNC_MODES as PZQ_SYNC_MODES
+from zbroker.pzq.core.queue import MODES as PZQ_MODES
+from zbroker.pzq.core.queue import Limits
 
-from .group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW
-from .group_commit import SYNC_MODES as PZQ_SYNC_MODES
-from .queue import MODES as PZQ_MODES
-from .queue import Limits
 from .store import DEFAULT_SEGMENT_SIZE
 
 MAX_MESSAGE_LIMIT = 2**32 - 1  # the bound max_message_size has always had (4 GiB - 1)

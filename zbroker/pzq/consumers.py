@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..zmq_reader import DRAIN_BUDGET
-from . import wire
-from .actions import Confirm
-from .counters import Dropped
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.actions import Confirm
+from zbroker.pzq.core.counters import Dropped
+from zbroker.pzq.core.queue import CONSUMERS, QueueCore
+from zbroker.runtime.zmq_reader import DRAIN_BUDGET
+
 from .endpoints import RouterEndpoint, SendEndpoint, bind
-from .queue import CONSUMERS, QueueCore
 from .receiver import FULL, GONE, SENT
 from .settings import QueueSettings
 

@@ -8,7 +8,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from . import wire
+from zbroker.pzq.core import wire
+
 from .endpoints import MAX_REQUEST, MAX_REQUEST_FRAMES, Drain, RouterEndpoint, bind
 
 MONITOR_BUDGET = 100  # requests answered per turn of the loop

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.local_access import default_policy
+from zbroker.runtime.local_access import default_policy
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.refusals import Refusals

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .peering import is_node
+from zbroker.pzq.core.peering import is_node
+
 from .store import Recovered, Store
 
 

@@ -14,7 +14,7 @@ arrives, the clock and what the logs wrote, and carries out the actions they ret
 (actions.py). The logs (queue_logs.py: one for the queue, one for the copies of each origin
 it holds) write in their writer threads and report back on the loop.
 
-Each ZeroMQ socket has a reader (zbroker.zmq_reader, made in sockets.py) that drains it when
+Each ZeroMQ socket has a reader (zbroker.runtime.zmq_reader, made in sockets.py) that drains it when
 its edge-triggered FD fires; what came is then carried out (``_flush``). Sending on a socket
 may take the edge of a message that came meanwhile, so after sending the server has that
 socket's reader look again (``recheck``).
@@ -28,9 +28,8 @@ from typing import Any
 
 import zmq
 
-from ..zmq_reader import DRAIN_BUDGET
-from . import peering, stream
-from .actions import (
+from zbroker.pzq.core import peering, stream
+from zbroker.pzq.core.actions import (
     AckMany,
     Append,
     AppendBatch,
@@ -47,15 +46,17 @@ from .actions import (
     StreamReply,
     WriteCommitted,
 )
+from zbroker.pzq.core.counters import Dropped, queue_counters
+from zbroker.pzq.core.queue import Budget, QueueCore
+from zbroker.pzq.core.replication import ReplicationCore
+from zbroker.runtime.zmq_reader import DRAIN_BUDGET
+
 from .consumers import Consumers
-from .counters import Dropped, queue_counters
 from .monitor import Monitor
 from .offsets_file import load_offsets
-from .queue import Budget, QueueCore
 from .queue_logs import QueueLogs
 from .receiver import EndpointError, Receiver
 from .replica_files import forget_taken, load_node_id, load_taken, remember_taken
-from .replication import ReplicationCore
 from .settings import QueueError, QueueSettings
 from .sockets import Sockets, StaticPeers, make_ipc_dir
 from .stream_endpoint import StreamEndpoint

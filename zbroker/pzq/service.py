@@ -13,9 +13,9 @@ from typing import Any
 
 import zmq
 
+from zbroker.pzq.core import peering
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
-from . import peering
 from .config import PzqConfig
 from .server import QueueServer
 from .settings import QueueError, QueueSettings, default_data_dir

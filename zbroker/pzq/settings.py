@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.queue import MODES, Limits
+from zbroker.pzq.core.replication import ReplicationSettings
+
 from .config import PzqQueueConfig
-from .queue import MODES, Limits
 from .receiver import Receiver
-from .replication import ReplicationSettings
 from .store import Store
 
 #: what a producer's message may carry besides its body (id, headers, FRAME_COST a frame) on

@@ -40,12 +40,12 @@ from typing import Any
 
 import zmq
 
-from zbroker.commands import seconds_argument
+from zbroker.cli.common import seconds_argument
 from zbroker.config import ConfigError, load_config
 from zbroker.management import CommandError, NotRunning, request
+from zbroker.pzq.core import wire
 from zpipes import progress
 
-from . import wire
 from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
 
 STREAM_BATCH = 1000  # messages printed, then committed, at a time (what a crash may repeat)

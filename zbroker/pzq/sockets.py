@@ -1,6 +1,6 @@
 """The ZeroMQ sockets of a queue (the DEALERs to its static peers: its endpoints are served
 over its own ZMTP code, receiver.py and endpoints.py), each with its reader
-(zbroker.zmq_reader), and frames moved on them without blocking, at the least cost per
+(zbroker.runtime.zmq_reader), and frames moved on them without blocking, at the least cost per
 frame."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from ..zmq_reader import DRAIN_BUDGET, SocketReader
+from zbroker.runtime.zmq_reader import DRAIN_BUDGET, SocketReader
 
 # The socket methods of pyzmq's backend, called with int flags: 3-4x cheaper per frame than
 # the convenience layer's (which converts flag enums and checks arguments on every call).

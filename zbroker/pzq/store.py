@@ -43,11 +43,16 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from ..iovec import gather
-from ..stats import BATCH_BOUNDS, Buckets
-from . import records
-from .actions import Append, BatchResult
-from .group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW, GroupCommit
+from zbroker.pzq.core import records
+from zbroker.pzq.core.actions import Append, BatchResult
+from zbroker.pzq.core.group_commit import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_SYNC,
+    DEFAULT_SYNC_WINDOW,
+    GroupCommit,
+)
+from zbroker.runtime.iovec import gather
+from zbroker.runtime.stats import BATCH_BOUNDS, Buckets
 
 DEFAULT_SEGMENT_SIZE = 64 << 20  # a Store's default, and so a queue's (zbroker.pzq.config)
 SUFFIX = ".seg"

@@ -12,8 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import stream
-from .counters import Dropped
+from zbroker.pzq.core import stream
+from zbroker.pzq.core.counters import Dropped
+
 from .endpoints import MAX_REQUEST, MAX_REQUEST_FRAMES, Drain, RouterEndpoint, bind
 from .offsets_file import save_offsets
 from .receiver import SENT

@@ -10,7 +10,7 @@ it (``clients.max_per_source``, half of it by default), so that a local user or 
 that floods the broker leaves room for everyone else.
 
 Each endpoint has an :class:`Admission`: the budget, who may connect over ipc (a
-:class:`~zbroker.local_access.Policy`, checked against the kernel's SO_PEERCRED), the time a
+:class:`~zbroker.runtime.local_access.Policy`, checked against the kernel's SO_PEERCRED), the time a
 connection has to finish its handshake, and its :class:`~zbroker.zmtp.refusals.Refusals`.
 The decisions are taken here, without I/O; :mod:`zbroker.zmtp.server` reads the credentials.
 """
@@ -21,8 +21,8 @@ import resource
 from collections import OrderedDict
 from typing import Any
 
-from zbroker.limits import FD_RESERVE
-from zbroker.local_access import PeerCredentials, Policy, user_name
+from zbroker.runtime.limits import FD_RESERVE
+from zbroker.runtime.local_access import PeerCredentials, Policy, user_name
 
 #: seconds a connection may take to finish the ZMTP handshake (libzmq's ZMQ_HANDSHAKE_IVL
 #: does the same), so that connections that say nothing cannot keep the places of clients

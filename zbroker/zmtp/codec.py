@@ -26,7 +26,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ..iovec import gather
+from zbroker.runtime.iovec import gather
 
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MAJOR = 3

@@ -28,7 +28,7 @@ import os
 import socket
 from typing import Any
 
-from zbroker.local_access import peer_of
+from zbroker.runtime.local_access import peer_of
 
 from .addresses import listen_socket, peer_name
 from .admission import Admission, Source

@@ -25,13 +25,13 @@ MAX_CHUNK_LIMIT = 2**32 - 1  # a ZPIPES chunk carries a 4-octet length
 
 
 def user_list(value: Any) -> tuple[int | str, ...]:
-    from zbroker.local_access import user_id
+    from zbroker.runtime.local_access import user_id
 
     return id_list("user", user_id, star=True)(value) or ()
 
 
 def group_list(value: Any) -> tuple[int, ...] | None:
-    from zbroker.local_access import group_id
+    from zbroker.runtime.local_access import group_id
 
     return id_list("group", group_id, star=False)(value)
 

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.limits import clients_problem
-from zbroker.local_access import Policy, default_policy
+from zbroker.runtime.limits import clients_problem
+from zbroker.runtime.local_access import Policy, default_policy
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission

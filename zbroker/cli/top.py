@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zbroker.cli.common import command_parser, common_options, duration, error, locate
+from zbroker.config import ConfigError
+from zbroker.management import CommandError, NoAccess, NotRunning, request
 from zpipes.progress import human_bytes
-
-from .config import ConfigError
-from .management import CommandError, NoAccess, NotRunning, request
 
 MAX_ROWS = 50  # rows of each table at most (the busiest)
 
@@ -124,9 +124,7 @@ def _count_rate(rate: float | None) -> str:
 
 
 def _uptime(seconds: float) -> str:
-    from .commands import _duration
-
-    return _duration(seconds)
+    return duration(seconds)
 
 
 def render(view: View, plain: bool = False) -> Any:
@@ -209,23 +207,21 @@ def _interval(text: str) -> float:
 
 
 def top_command(argv: Sequence[str]) -> int:
-    from .commands import _common, _error, _locate, _parser
-
-    parser = _parser("top", "[NAME] [--once] [--interval SECONDS]",
+    parser = command_parser("top", "[NAME] [--once] [--interval SECONDS]",
                      "A live view of a running broker: ZPIPES clients and pipes with their "
                      "byte rates, pzq queues with their rates and backlog, cluster peers with "
                      "their round trips; the busiest first, refreshed every second. q quits. "
                      "With --once, or when standard output is not a terminal, plain text.")
-    _common(parser, json_flag=False)
+    common_options(parser, json_flag=False)
     parser.add_argument("--once", action="store_true",
                         help="print one view as plain text (rates over one interval) and exit")
     parser.add_argument("--interval", "-i", type=_interval, default=1.0, metavar="SECONDS",
                         help="seconds between refreshes (default 1)")
     args = parser.parse_args(argv)
     try:
-        name, run_dir = _locate(args)
+        name, run_dir = locate(args)
     except ConfigError as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1
 
     def sample() -> Sample:
@@ -236,7 +232,7 @@ def top_command(argv: Sequence[str]) -> int:
             return _plain(sample, args.interval, once=args.once)
         return _live(sample, args.interval)
     except (NotRunning, NoAccess, CommandError) as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1
     except KeyboardInterrupt:
         return 0

@@ -16,69 +16,31 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .config import LOG_LEVELS, Config, ConfigError, find_config_file, load_config, parse_config
-from .management import CommandError, NoAccess, NotRunning, follow_logs, request
-
-
-def _error(message: str) -> None:
-    print(f"zbroker: {message}", file=sys.stderr)
-
-
-def _parser(command: str, usage_args: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"zbroker {command}", description=description)
-    parser.usage = f"%(prog)s {usage_args}"
-    return parser
-
-
-def _common(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
-    parser.add_argument("name", metavar="NAME", nargs="?",
-                        help="the broker's name (default: broker.name of the config, 'local')")
-    parser.add_argument("--config", "-c", metavar="FILE",
-                        help="the broker's config file, to find its run directory")
-    parser.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
-    if json_flag:
-        parser.add_argument("--json", action="store_true", help="output JSON, for scripts")
-
-
-def _locate(args: argparse.Namespace) -> tuple[str, Path]:
-    """(broker name, run directory). Raises ConfigError.
-
-    A config file with errors elsewhere than in its ``broker`` section still locates the
-    broker (its errors are what `zbroker reload` is then about to report)."""
-    overrides = {"broker": {"name": args.name}} if args.name else None
-    try:
-        config = load_config(args.config, overrides)
-    except ConfigError as exc:
-        config = _broker_section_only(args.config, overrides)
-        if config is None:
-            raise
-        print(f"zbroker: note: {exc}", file=sys.stderr)
-    run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
-    assert run_dir is not None
-    return config.broker.name, run_dir
-
-
-def _broker_section_only(path: str | None, overrides: dict | None) -> Config | None:
-    file = Path(path) if path else find_config_file()
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) if file else None
-        broker = data.get("broker") if isinstance(data, dict) else None
-        return parse_config({"broker": broker} if broker is not None else None, overrides)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError):
-        return None
+from zbroker.cli.common import (
+    command_parser,
+    common_options,
+    duration,
+    error,
+    locate,
+    seconds_argument,
+)
+from zbroker.config import (
+    LOG_LEVELS,
+    ConfigError,
+)
+from zbroker.management import CommandError, NoAccess, NotRunning, follow_logs, request
 
 
 def _call(args: argparse.Namespace, message: dict[str, Any]) -> tuple[int, Any]:
     try:
-        name, run_dir = _locate(args)
+        name, run_dir = locate(args)
         return 0, request(run_dir, name, message)
     except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1, None
 
 
@@ -95,25 +57,12 @@ def _show(value: Any) -> str:
 # --- status --------------------------------------------------------------------------------
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{days}d"] if days else []
-    if days or hours:
-        parts.append(f"{hours}h")
-    if days or hours or minutes:
-        parts.append(f"{minutes}m")
-    parts.append(f"{secs}s")
-    return " ".join(parts)
-
 
 def _service_lines(name: str, status: dict[str, Any]) -> list[str]:
     """A service's lines: its own ``status_lines`` if this host has the plug-in (a broker
     may have one that this command cannot load), else each key on a line."""
-    from .service import generic_status_lines
-    from .services import PluginError, installed
+    from zbroker.service import generic_status_lines
+    from zbroker.services import PluginError, installed
 
     try:
         service = installed().get(name)
@@ -126,7 +75,7 @@ def _service_lines(name: str, status: dict[str, Any]) -> list[str]:
 def format_status(status: dict[str, Any]) -> str:
     """The human form of a broker's status."""
     lines = [f"broker {status['name']} (pid {status['pid']}), up "
-             f"{_duration(status['uptime'])}",
+             f"{duration(status['uptime'])}",
              f"  config: {status['config'] or 'embedded defaults'}",
              f"  run dir: {status['run_dir']}",
              f"  metrics: {status.get('metrics') or 'off (metrics.bind)'}"]
@@ -175,11 +124,11 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def status_command(argv: Sequence[str]) -> int:
-    parser = _parser("status", "[NAME] [--json]",
+    parser = command_parser("status", "[NAME] [--json]",
                      "Show what a running broker is doing: uptime, its services (for ZPIPES: "
                      "clients, pipes with their readers, writers and buffered bytes), its log "
                      "outputs (syslog: sent, dropped, queued records).")
-    _common(parser)
+    common_options(parser)
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "status"})
     if rc == 0:
@@ -191,11 +140,11 @@ def status_command(argv: Sequence[str]) -> int:
 
 
 def get_command(argv: Sequence[str]) -> int:
-    parser = _parser("get", "[KEY] [NAME] [--json]",
+    parser = command_parser("get", "[KEY] [NAME] [--json]",
                      "Show settings of a running broker: KEY is a dotted key of the config "
                      "(log.level) or a section (log); all settings without KEY.")
     parser.add_argument("key", metavar="KEY", nargs="?", help="e.g. log.level, clients, log")
-    _common(parser)
+    common_options(parser)
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "get", "key": args.key})
     if rc == 0:
@@ -220,7 +169,7 @@ def parse_value(text: str) -> Any:
 
 
 def set_command(argv: Sequence[str]) -> int:
-    parser = _parser("set", "KEY VALUE [NAME] [--json]",
+    parser = command_parser("set", "KEY VALUE [NAME] [--json]",
                      "Change one setting of a running broker, applied as a reload applies it; "
                      "an invalid value is refused with the reason. The change lasts until the "
                      "next reload (SIGHUP, zbroker reload) re-reads the config file: put it in "
@@ -228,7 +177,7 @@ def set_command(argv: Sequence[str]) -> int:
     parser.add_argument("key", metavar="KEY", help="a dotted key, e.g. log.level")
     parser.add_argument("value", metavar="VALUE",
                         help="the value as in the config file, e.g. debug, 30, 1MiB, null")
-    _common(parser)
+    common_options(parser)
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "set", "key": args.key,
                               "value": parse_value(args.value)})
@@ -246,11 +195,11 @@ def set_command(argv: Sequence[str]) -> int:
 
 
 def reload_command(argv: Sequence[str]) -> int:
-    parser = _parser("reload", "[NAME] [--json]",
+    parser = command_parser("reload", "[NAME] [--json]",
                      "Make a running broker re-read its config file, as SIGHUP does; a broken "
                      "config is refused (exit status 1, with the reason) and the broker keeps "
                      "the one it has.")
-    _common(parser)
+    common_options(parser)
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "reload"})
     if rc == 0:
@@ -260,17 +209,17 @@ def reload_command(argv: Sequence[str]) -> int:
 
 
 def stop_command(argv: Sequence[str]) -> int:
-    parser = _parser("stop", "[NAME] [--json] [--wait SECONDS]",
+    parser = command_parser("stop", "[NAME] [--json] [--wait SECONDS]",
                      "Stop a running broker, as SIGTERM does, and return once its process has "
                      "exited. Exit status 1 if it is still running after --wait seconds.")
-    _common(parser)
+    common_options(parser)
     parser.add_argument("--wait", type=seconds_argument, default=10.0, metavar="SECONDS",
                         help="how long to wait for the broker to exit (default 10)")
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "stop"})
     if rc != 0:
         return rc
-    name, _ = _locate(args)
+    name, _ = locate(args)
     pid = int(result["pid"])
     deadline = time.monotonic() + args.wait
     while not process_gone(pid) and time.monotonic() < deadline:
@@ -281,21 +230,10 @@ def stop_command(argv: Sequence[str]) -> int:
     elif gone:
         print(f"broker {name} (pid {pid}) stopped")
     if not gone:
-        _error(f"broker {name} (pid {pid}) was asked to stop but is still running after "
+        error(f"broker {name} (pid {pid}) was asked to stop but is still running after "
                f"{args.wait:g} s; see `zbroker logs {name}`, or kill it: kill -KILL {pid}")
         return 1
     return 0
-
-
-def seconds_argument(text: str) -> float:
-    """An argparse type: seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1e9:
-        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
-    return value
 
 
 def process_gone(pid: int) -> bool:
@@ -322,7 +260,7 @@ def process_gone(pid: int) -> bool:
 
 
 def logs_command(argv: Sequence[str]) -> int:
-    parser = _parser("logs", "[-f] [--level LEVEL] [--pipe NAME] [-n LINES] [NAME] [--json]",
+    parser = command_parser("logs", "[-f] [--level LEVEL] [--pipe NAME] [-n LINES] [NAME] [--json]",
                      "Show a running broker's recent events and, with -f, follow new ones "
                      "until the broker stops (or Ctrl-C). Filtering is done by the broker. "
                      "A follower that reads too slowly loses events (it is told how many); it "
@@ -333,22 +271,22 @@ def logs_command(argv: Sequence[str]) -> int:
     parser.add_argument("--pipe", "-p", metavar="PIPE", help="only events of this pipe")
     parser.add_argument("-n", "--lines", type=int, default=20, metavar="LINES",
                         help="recent events shown first (default 20)")
-    _common(parser)
+    common_options(parser)
     args = parser.parse_args(argv)
     try:
-        name, run_dir = _locate(args)
+        name, run_dir = locate(args)
         return follow_logs(run_dir, name, sys.stdout, format="json" if args.json else "console",
                            level=args.level, pipe=args.pipe, lines=max(args.lines, 0),
                            follow=args.follow)
     except (ConfigError, NotRunning, NoAccess, CommandError) as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1
     except KeyboardInterrupt:
         return 0
 
 
 def top_command(argv: Sequence[str]) -> int:
-    from .top import top_command as top
+    from zbroker.cli.top import top_command as top
 
     return top(argv)
 

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from . import peering, wire
-from .actions import (
+from zbroker.pzq.core import peering, wire
+from zbroker.pzq.core.actions import (
     Adopted,
     BatchResult,
     ForgetTaken,
@@ -47,10 +47,10 @@ from .actions import (
     SendStatic,
     Unreplicate,
 )
-from .peering import is_node
-from .placement import Placement
-from .queue import QUEUE_FULL, Budget, Limits, QueueCore
-from .records import MessageRecord
+from zbroker.pzq.core.peering import is_node
+from zbroker.pzq.core.placement import Placement
+from zbroker.pzq.core.queue import QUEUE_FULL, Budget, Limits, QueueCore
+from zbroker.pzq.core.records import MessageRecord
 
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)

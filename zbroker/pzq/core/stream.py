@@ -39,10 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import wire
-from .actions import Log, StreamReply, WriteCommitted
-from .queue import Message, QueueCore
-from .records import MessageRecord
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.actions import Log, StreamReply, WriteCommitted
+from zbroker.pzq.core.queue import Message, QueueCore
+from zbroker.pzq.core.records import MessageRecord
 
 DEFAULT_GROUP = wire.DEFAULT_GROUP
 MAX_GROUPS = 64  # reader groups of one queue

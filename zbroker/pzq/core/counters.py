@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .queue import QueueCore
+from zbroker.pzq.core.queue import QueueCore
 
 
 @dataclass

@@ -40,13 +40,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from zbroker.config import SYSLOG_FORMATS
+
 FACILITIES = {
     "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5, "lpr": 6, "news": 7,
     "uucp": 8, "cron": 9, "authpriv": 10, "ftp": 11,
     **{f"local{i}": 16 + i for i in range(8)},
 }
 SEVERITIES = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
-FORMATS = ("auto", "rfc5424", "rfc3164")
+FORMATS = SYSLOG_FORMATS
 TRANSPORTS = ("udp", "tcp", "unix")
 DEFAULT_PORT = 514
 APP_NAME = "zbroker"

@@ -42,9 +42,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, TypeAlias, cast, final
 
-from ..stats import Buckets
-from . import wire
-from .actions import (
+from zbroker.pzq.core import wire
+from zbroker.pzq.core.actions import (
     AckMany,
     Adopted,
     Append,
@@ -56,9 +55,10 @@ from .actions import (
     Reply,
     Unreplicate,
 )
-from .dispatcher import Deliveries, Delivery, Dispatcher
-from .id_window import IdWindow
-from .records import MessageRecord
+from zbroker.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
+from zbroker.pzq.core.id_window import IdWindow
+from zbroker.pzq.core.records import MessageRecord
+from zbroker.runtime.stats import Buckets
 
 QUEUE_FULL = "Queue full"
 #: why producers get "0" ACKs, for metrics (QueueCore.refusals): the queue is full, the

@@ -15,10 +15,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import logs
-from .commands import MANAGEMENT_COMMANDS
-from .config import CONFIG_SEARCH_PATH, LOG_LEVELS, ConfigError, find_config_file, load_config
-from .pzq.shell import main as queue_command
+from zbroker import logs
+from zbroker.cli.commands import MANAGEMENT_COMMANDS
+from zbroker.cli.common import error
+from zbroker.config import (
+    CONFIG_SEARCH_PATH,
+    LOG_LEVELS,
+    ConfigError,
+    find_config_file,
+    load_config,
+)
+from zbroker.runtime.version import version
 
 DESCRIPTION = """\
 Run a zbroker: one process per host that hosts ZeroMQ messaging services. The first service
@@ -54,21 +61,6 @@ commands (NAME: the broker's name, default broker.name of the config):
 
 exit status: 0 after a clean stop, 1 if the broker could not start (the reason is printed
 on standard error as "zbroker: ...")."""
-
-
-def _error(message: str) -> None:
-    print(f"zbroker: {message}", file=sys.stderr)
-
-
-def version() -> str:
-    import importlib.metadata  # here: a tenth of a second of every start otherwise
-
-    try:
-        return importlib.metadata.version("zbroker")
-    except importlib.metadata.PackageNotFoundError:
-        import zbroker
-
-        return getattr(zbroker, "__version__", "(version unknown: not installed)")
 
 
 class _VersionAction(argparse.Action):
@@ -131,21 +123,21 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_broker(argv: Sequence[str]) -> int:
-    from .broker import Broker, StartupError
-    from .service import ServiceError
+    from zbroker.broker import Broker, StartupError
+    from zbroker.service import ServiceError
 
     args = broker_parser().parse_args(argv)
     overrides = overrides_from(args)
     try:
         config = load_config(args.config, overrides)
     except ConfigError as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1
     try:
         logs.configure(config.log.level, config.log.format, config.log.file,
                        syslog=config.log.syslog)
     except OSError as exc:
-        _error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
+        error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
     broker = Broker(config, config_path=args.config, overrides=overrides)
     try:
@@ -153,7 +145,7 @@ def run_broker(argv: Sequence[str]) -> int:
     except (ServiceError, StartupError, ConfigError) as exc:
         if config.log.file is not None:
             broker.log.error("broker failed to start", name=config.broker.name, reason=str(exc))
-        _error(str(exc))
+        error(str(exc))
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the broker's own handler was in place
         return 130
@@ -174,7 +166,7 @@ def check_config(argv: Sequence[str]) -> int:
         path = args.file if args.file is not None else find_config_file()
         load_config(path) if path is not None else load_config(None, search=())
     except ConfigError as exc:
-        _error(str(exc))
+        error(str(exc))
         return 1
     if path is None:
         print("OK: no config file found; the broker would run on the embedded defaults")
@@ -194,18 +186,26 @@ def keygen(argv: Sequence[str]) -> int:
     parser.add_argument("file", metavar="FILE", help="where to write the key pair (must not "
                                                      "exist)")
     args = parser.parse_args(argv)
-    from .cluster.security import generate_key_file
+    from zbroker.cluster.security import generate_key_file
 
     try:
         public = generate_key_file(args.file)
     except FileExistsError:
-        _error(f"cannot write {args.file}: it exists (keygen never overwrites a file)")
+        error(f"cannot write {args.file}: it exists (keygen never overwrites a file)")
         return 1
     except OSError as exc:
-        _error(f"cannot write {args.file}: {exc.strerror}")
+        error(f"cannot write {args.file}: {exc.strerror}")
         return 1
     print(f"{args.file}: cluster key pair written (public key {public})")
     return 0
+
+
+def queue_command(argv: Sequence[str]) -> int:
+    """``zbroker queue ...``: pzq's shell (loaded when used: it imports this package's
+    helpers)."""
+    from zbroker.pzq.shell import main
+
+    return main(argv)
 
 
 #: sub-commands by name: each takes the arguments after its name and returns an exit status

@@ -7,7 +7,7 @@
 Shape of the pipeline: a few shared processors add the level and an ISO-8601 UTC timestamp;
 the event dict then goes to every *sink* of the output, and each sink renders it its own way
 (console line, JSON line) and writes it. A sink is any object with ``emit(level, event_dict)``
-and ``close()``: the stream sink here, the syslog sink (zbroker.syslog: a bounded queue and a
+and ``close()``: the stream sink here, the syslog sink (zbroker.logs.syslog: a bounded queue and a
 sender thread, never blocking), and *taps* that the broker adds for the life of the process
 (the live log stream of ``zbroker logs``), which re-configuring leaves in place.
 
@@ -41,8 +41,8 @@ from typing import IO, Any, Protocol
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from .config import LOG_FORMATS, LOG_LEVELS
-from .syslog import SyslogSink
+from zbroker.config import LOG_FORMATS, LOG_LEVELS
+from zbroker.logs.syslog import SyslogSink
 
 LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 #: the fields that say where an event came from, for collapsing repeats: a network address

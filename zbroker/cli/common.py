@@ -1,0 +1,86 @@
+"""What the ``zbroker`` commands share: error lines, parsers with the options that find a
+broker (NAME, --config, --run-dir, --json), finding its run directory, and durations as
+people read them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from zbroker.config import Config, ConfigError, find_config_file, load_config, parse_config
+
+
+def error(message: str) -> None:
+    print(f"zbroker: {message}", file=sys.stderr)
+
+
+def command_parser(command: str, usage_args: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"zbroker {command}", description=description)
+    parser.usage = f"%(prog)s {usage_args}"
+    return parser
+
+
+def common_options(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+    parser.add_argument("name", metavar="NAME", nargs="?",
+                        help="the broker's name (default: broker.name of the config, 'local')")
+    parser.add_argument("--config", "-c", metavar="FILE",
+                        help="the broker's config file, to find its run directory")
+    parser.add_argument("--run-dir", metavar="DIR", help="the broker's run directory")
+    if json_flag:
+        parser.add_argument("--json", action="store_true", help="output JSON, for scripts")
+
+
+def locate(args: argparse.Namespace) -> tuple[str, Path]:
+    """(broker name, run directory). Raises ConfigError.
+
+    A config file with errors elsewhere than in its ``broker`` section still locates the
+    broker (its errors are what `zbroker reload` is then about to report)."""
+    overrides = {"broker": {"name": args.name}} if args.name else None
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        config = _broker_section_only(args.config, overrides)
+        if config is None:
+            raise
+        print(f"zbroker: note: {exc}", file=sys.stderr)
+    run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
+    assert run_dir is not None
+    return config.broker.name, run_dir
+
+
+def _broker_section_only(path: str | None, overrides: dict | None) -> Config | None:
+    file = Path(path) if path else find_config_file()
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) if file else None
+        broker = data.get("broker") if isinstance(data, dict) else None
+        return parse_config({"broker": broker} if broker is not None else None, overrides)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError):
+        return None
+
+
+def duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    if days or hours:
+        parts.append(f"{hours}h")
+    if days or hours or minutes:
+        parts.append(f"{minutes}m")
+    parts.append(f"{secs}s")
+    return " ".join(parts)
+
+
+def seconds_argument(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
+    return value
