@@ -2,97 +2,11 @@
 link that carries their peer messages. The same scenarios run over real namespaces in
 test_cluster_netns.py."""
 
-from collections import Counter
-
 import pytest
-from zpipes_core import Core
+from zpipes_cluster import Cluster
 
 from zbroker.services.zpipes import peering
-from zbroker.services.zpipes.server import ServerConfig
 from zpipes import protocol as p
-
-
-class Cluster:
-    """``fanout``: the brokers that take a DATA for several readers (all, or some);
-    ``write_frames``: those that take a chunk in its WRITE frame; ``confirm``: those that
-    answer CONFIRM; ``writable``: frames arrive in writable buffers, as ZeroMQ's do (not
-    bytes). Messages from one broker to another wait while that direction is ``paused``."""
-
-    def __init__(self, names, fanout=(), write_frames=(), confirm=(), writable=False,
-                 **config):
-        self.servers = {n: Core(ServerConfig(**config)) for n in names}
-        self.fanout = set(names) if fanout is True else set(fanout or ())
-        self.write_frames = set(names) if write_frames is True else set(write_frames or ())
-        self.confirm = set(names) if confirm is True else set(confirm or ())
-        self.paused: set[tuple[str, str]] = set()
-        self.waiting: list[tuple[str, str, list]] = []
-        self.frame = (lambda f: memoryview(bytearray(f))) if writable else bytes
-        self.now = 0.0
-        self.cut: set[frozenset] = set()
-        self.sent: Counter[tuple[str, str, bytes]] = Counter()  # (from, to, kind) -> messages
-
-    def join(self, a, b):
-        self.servers[a].peer_up(b, self.now, fanout=b in self.fanout,
-                                write_frames=b in self.write_frames, confirm=b in self.confirm)
-        self.servers[b].peer_up(a, self.now, fanout=a in self.fanout,
-                                write_frames=a in self.write_frames, confirm=a in self.confirm)
-        self.pump()
-
-    def join_all(self):
-        names = list(self.servers)
-        for i, a in enumerate(names):
-            for b in names[i + 1:]:
-                self.join(a, b)
-
-    def lose(self, victim):
-        """``victim`` dies: every other broker notices (heartbeat timeout)."""
-        del self.servers[victim]
-        for s in self.servers.values():
-            if victim in s.peers:
-                s.peer_down(victim, self.now)
-        self.pump()
-
-    def pump(self):
-        moved = True
-        while moved:
-            moved = False
-            for name, s in list(self.servers.items()):
-                out, s.peer_outbox = s.peer_outbox, []
-                for peer, frames in out:
-                    moved = True
-                    self.sent[name, peer, bytes(frames[0])] += 1
-                    if (name, peer) in self.paused:
-                        self.waiting.append((name, peer, frames))
-                    elif peer in self.servers and frozenset((name, peer)) not in self.cut:
-                        self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
-                                                        self.now)
-
-    def resume(self, a, b):
-        """Messages from ``a`` to ``b`` go again: those that waited arrive first."""
-        self.paused.discard((a, b))
-        waited = [w for w in self.waiting if w[:2] == (a, b)]
-        self.waiting = [w for w in self.waiting if w[:2] != (a, b)]
-        for name, peer, frames in waited:
-            if peer in self.servers:
-                self.servers[peer].peer_receive(name, [self.frame(f) for f in frames],
-                                                self.now)
-        self.pump()
-
-    def send(self, broker, client, msg):
-        self.servers[broker].receive(client, [self.frame(p.encode(msg))], self.now)
-        self.pump()
-
-    def advance(self, seconds):
-        self.now += seconds
-        for s in self.servers.values():
-            s.tick(self.now)
-        self.pump()
-
-    def replies(self, broker, client):
-        s = self.servers[broker]
-        mine = [p.decode(f) for c, f in s.outbox if c == client]
-        s.outbox[:] = [(c, f) for c, f in s.outbox if c != client]
-        return [p.ReadOk(bytes(m.chunk)) if isinstance(m, p.ReadOk) else m for m in mine]
 
 
 @pytest.fixture
@@ -247,7 +161,7 @@ def test_broker_joining_late_learns_the_open_pipes():
     c = Cluster("AB")
     c.send("A", b"w", p.Output(b"late"))
     c.send("A", b"w", p.Write(b"waiting", 0))
-    c.join("A", "B")
+    c.link("A", "B")
     c.send("B", b"r", p.Input(b"late"))
     c.send("B", b"r", p.Read(100, 0))
     assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]

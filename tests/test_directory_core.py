@@ -10,39 +10,26 @@ import random
 
 import pytest
 import test_cluster_core as base
-from directory_sim import Net
+from zpipes_cluster import Cluster
 
 from zbroker.services.zpipes import peering
 from zbroker.services.zpipes.directory import Directory, home_of
 from zpipes import protocol as p
 
 
-class DirectoryCluster(base.Cluster):
+def directory_cluster(names, **config):
     """test_cluster_core's cluster, with brokers that speak the directory."""
-
-    def __init__(self, names, **config):
-        super().__init__(names, **config)
-        for name, server in self.servers.items():
-            server.set_member(name)
-
-    def join(self, a, b):
-        self.servers[a].peer_up(b, self.now, member=b, directory=True,
-                                fanout=b in self.fanout, write_frames=b in self.write_frames,
-                                confirm=b in self.confirm)
-        self.servers[b].peer_up(a, self.now, member=a, directory=True,
-                                fanout=a in self.fanout, write_frames=a in self.write_frames,
-                                confirm=a in self.confirm)
-        self.pump()
+    return Cluster(names, directory=True, **config)
 
 
 @pytest.fixture(autouse=True)
 def directory_brokers(monkeypatch):
-    monkeypatch.setattr(base, "Cluster", DirectoryCluster)
+    monkeypatch.setattr(base, "Cluster", directory_cluster)
 
 
 @pytest.fixture
 def c():
-    cl = DirectoryCluster("ABC")
+    cl = directory_cluster("ABC")
     cl.join_all()
     return cl
 
@@ -61,7 +48,7 @@ def test_every_cross_broker_scenario_holds_with_the_directory(scenario, c):
     for case in cases:
         kwargs = dict(case)
         if "c" in fn.__code__.co_varnames[:fn.__code__.co_argcount]:
-            kwargs["c"] = DirectoryCluster("ABC")
+            kwargs["c"] = directory_cluster("ABC")
             kwargs["c"].join_all()
         fn(**kwargs)
 
@@ -87,7 +74,7 @@ def open_pipe(net, name, writer, reader, data=b""):
 
 
 def test_opening_a_pipe_costs_at_most_4_messages_at_20_brokers():
-    net = Net([f"b{i:02d}" for i in range(20)])
+    net = Cluster([f"b{i:02d}" for i in range(20)], directory=True)
     net.join_all()
     rng = random.Random(1)
     costs = []
@@ -122,7 +109,7 @@ def streams(net, pipes):
 
 
 def test_homes_move_on_join_and_leave_and_only_pipes_of_the_lost_broker_fail():
-    net = Net([f"b{i:02d}" for i in range(20)])
+    net = Cluster([f"b{i:02d}" for i in range(20)], directory=True)
     net.join_all()
     rng = random.Random(2)
     pipes, half = [], []
@@ -166,7 +153,7 @@ def test_homes_move_on_join_and_leave_and_only_pipes_of_the_lost_broker_fail():
 
 
 def test_a_lost_home_fails_no_pipe_whose_ends_are_alive():
-    net = Net("ABCDE")
+    net = Cluster("ABCDE", directory=True)
     net.join_all()
     name = next(b"h%d" % i for i in range(100) if net.home(b"h%d" % i) == "E")
     open_pipe(net, name, "A", "B", b"one")
@@ -189,7 +176,7 @@ def test_messages_overtaking_each_other_lose_no_data_and_leave_nothing(seed):
     """Links are independent: a writer's DATA may come before the home's INTRODUCE, a
     DETACH before it, an introduction of an end closed meanwhile after its close."""
     rng = random.Random(seed)
-    net = Net("ABCDE")
+    net = Cluster("ABCDE", directory=True)
     net.join_all()
     clients = {}
     ops = []
@@ -239,7 +226,7 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
     once everything has arrived, no broker holds anything of them, and a reader that stays
     meets the writers that stay."""
     rng = random.Random(seed)
-    net = Net("ABCDE")
+    net = Cluster("ABCDE", directory=True)
     net.join_all()
     lists = []
     for i in range(30):
@@ -268,7 +255,7 @@ def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
     """A broker joins and a broker with no pipe end (only homes) is lost while registrations,
     introductions and data are on their way: every stream still ends whole."""
     rng = random.Random(seed)
-    net = Net("ABCDE")
+    net = Cluster("ABCDE", directory=True)
     net.join_all()
     lists = []
     for i in range(10):
@@ -331,25 +318,16 @@ def interleave(net, lists, rng, after=None):
             after(n)
 
 
-def deliver(net, src, dst):
-    """Deliver what ``src`` has in flight to ``dst`` only."""
-    s = net.servers[src]
-    out = [frames for peer, frames in s.peer_outbox if peer == dst]
-    s.peer_outbox = [m for m in s.peer_outbox if m[0] != dst]
-    for frames in out:
-        net.servers[dst].peer_receive(src, [bytes(f) for f in frames], net.now)
-
-
 def test_a_writer_whose_close_overtakes_its_introduction_ends_only_the_readers_it_met():
-    net = Net("ABC")
+    net = Cluster("ABC", directory=True)
     net.join_all()
     name = next(b"c%d" % i for i in range(100) if net.home(b"c%d" % i) == "C")
     net.send("B", b"r", p.Input(name))  # registered with C
     net.send("A", b"w", p.Output(name), pump=False)
-    deliver(net, "A", "C")  # C introduces w to B and r to A, at once
-    deliver(net, "C", "A")  # only A's introduction arrives
+    net.deliver("A", "C")  # C introduces w to B and r to A, at once
+    net.deliver("C", "A")  # only A's introduction arrives
     net.send("A", b"w", p.Close(), pump=False)  # it closes, telling B, which it met
-    deliver(net, "A", "B")  # the DETACH overtakes C's introduction to B
+    net.deliver("A", "B")  # the DETACH overtakes C's introduction to B
     net.send("B", b"late", p.Input(name), pump=False)  # opened after w closed
     net.send("B", b"r", p.Read(10, 0), pump=False)
     net.send("B", b"late", p.Read(10, 0), pump=False)
@@ -363,7 +341,7 @@ def test_a_writer_whose_close_overtakes_its_introduction_ends_only_the_readers_i
 def test_a_writer_with_a_reader_beside_it_waits_for_the_readers_registered_elsewhere():
     """A reader on B registered before the writer on A opened is in the writer's audience,
     even though a reader on A could have taken the stream before the home's answer came."""
-    net = Net("ABC")
+    net = Cluster("ABC", directory=True)
     net.join_all()
     name = next(b"w%d" % i for i in range(100) if net.home(b"w%d" % i) == "C")
     net.send("B", b"far", p.Input(name))
@@ -384,7 +362,7 @@ def test_a_writer_waiting_for_its_home_goes_on_when_the_home_is_lost():
     """Its registration is answered by the new home; the readers elsewhere that the new home
     learns of only after that (their brokers register with it in turn) may miss the stream,
     all or none, like readers that came late."""
-    net = Net("ABC")
+    net = Cluster("ABC", directory=True)
     net.join_all()
     name = next(b"l%d" % i for i in range(100) if net.home(b"l%d" % i) == "C")
     net.send("B", b"far", p.Input(name))
@@ -402,8 +380,8 @@ def test_a_writer_waiting_for_its_home_goes_on_when_the_home_is_lost():
 
 
 def test_a_cluster_mixing_brokers_with_and_without_the_directory():
-    net = Net("ABC", legacy="L")
-    net.add("L", legacy=True)
+    net = Cluster("ABC", directory=True)
+    net.add("L", directory=False)
     net.join_all()
     pairs = [(w, r) for w in "ABCL" for r in "ABCL" if w != r]
     for i, (w, r) in enumerate(pairs):
@@ -411,12 +389,12 @@ def test_a_cluster_mixing_brokers_with_and_without_the_directory():
         net.send(r, b"r-m%d" % i, p.Read(100, 0))
         assert net.replies(r, b"r-m%d" % i)[-1] == p.ReadOk(b"mixed"), (w, r)
     # the old broker is told of every end (ATTACH), directory brokers of none
-    assert net.sent[b"ATTACH"] == 3 * 2 * len(pairs) // 2
+    assert net.sent_by_kind[b"ATTACH"] == 3 * 2 * len(pairs) // 2
     assert net.servers["L"].pipes.pipes.keys() == {b"m%d" % i for i in range(len(pairs))}
 
 
 def test_hostile_directory_messages_are_dropped():
-    net = Net("AB")
+    net = Cluster("AB", directory=True)
     net.join_all()
     b = net.servers["B"]
     for frames in ([b"REGISTER"], [b"REGISTER", b"x"], [b"REGISTER", b"r" + b"\0" * 8],
