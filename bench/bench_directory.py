@@ -1,5 +1,5 @@
 """The pipe directory at scale, in memory: ZPIPES server cores wired together without sockets
-(tests/directory_sim.py), 5 to 300 brokers, each pipe a writer and a reader on two random
+(tests/zpipes_cluster.py), 5 to 300 brokers, each pipe a writer and a reader on two random
 brokers. Printed per cluster size:
 
 * cluster messages per pipe opened (REGISTER, INTRODUCE, ATTACH: not DATA nor CREDIT), mean
@@ -29,13 +29,13 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from directory_sim import Net  # noqa: E402
+from zpipes_cluster import Cluster  # noqa: E402
 
 from zbroker.cluster.membership import Hello, Membership  # noqa: E402
 from zpipes import protocol as p  # noqa: E402
 
 
-def open_pipes(net: Net, count: int, rng: random.Random, tag: str) -> tuple[list, list[int]]:
+def open_pipes(net: Cluster, count: int, rng: random.Random, tag: str) -> tuple[list, list[int]]:
     names = sorted(net.servers)
     pipes, costs = [], []
     for i in range(count):
@@ -51,7 +51,7 @@ def open_pipes(net: Net, count: int, rng: random.Random, tag: str) -> tuple[list
     return pipes, costs
 
 
-def flows(net: Net, pipes: list, chunk: bytes) -> list[bool]:
+def flows(net: Cluster, pipes: list, chunk: bytes) -> list[bool]:
     """Each pipe's writer writes ``chunk`` and its reader reads it: True where it arrived."""
     ok = []
     for name, writer, reader in pipes:
@@ -63,7 +63,7 @@ def flows(net: Net, pipes: list, chunk: bytes) -> list[bool]:
     return ok
 
 
-def held(net: Net) -> tuple[float, int]:
+def held(net: Cluster) -> tuple[float, int]:
     """Entries a broker holds, mean and max: ends in its pipe table (its own and proxies) and
     directory entries."""
     counts = [len(s.pipes._readers) + len(s.pipes._writers) + s.directory.held.entries()
@@ -117,7 +117,8 @@ def join_known(n: int, timeout: float = 3.0) -> tuple[float, int]:
 def run(n: int, pipes: int, directory: bool, seed: int = 1) -> dict:
     rng = random.Random(seed)
     names = [f"b{i:03d}" for i in range(n)]
-    net = Net(names, legacy=() if directory else names)
+    # counted by kind only: a count per link would be part of the memory measured
+    net = Cluster(names, directory=directory, per_link=False)
     net.join_all()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -135,7 +136,7 @@ def run(n: int, pipes: int, directory: bool, seed: int = 1) -> dict:
     # a broker joins: homes move to it
     before_homes = {name: net.home(name) for name, *_ in opened} if directory else {}
     sent = net.control_messages()
-    net.join("new", legacy=not directory)
+    net.join("new")
     out["join_msgs"] = net.control_messages() - sent
     out["moved_join"] = sum(net.home(name) != before_homes[name]
                             for name, *_ in opened) if directory else 0
