@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import peering
 from .actions import SendPeer
-from .pipes import PipeTable, pipe_name_problem, shown
+from .pipes import PipeTable, Reader, Writer, pipe_name_problem, shown
 
 if TYPE_CHECKING:
     from .engine import ClientEngine
@@ -243,9 +243,13 @@ class DirectoryMember:
         told.update(dict.fromkeys(self._known_at.pop(end, ())))
         pipe = self.pipes.pipe_of(end)
         if pipe is not None and self._member_of:
-            for other in (*pipe.readers.values(), *pipe.writers.values()):
+            others: tuple[Reader | Writer, ...] = (*pipe.readers.values(),
+                                                    *pipe.writers.values())
+            for other in others:
                 if other.remote:
-                    told[self.links.broker_of(other.end)] = None
+                    broker = self.links.broker_of(other.end)
+                    if broker is not None:  # a remote end is a proxy: it has a broker
+                        told[broker] = None
         peers = self.links.peers
         return [peer for peer in told if peer in peers]
 
@@ -272,7 +276,9 @@ class DirectoryMember:
         pipe = self.pipes.pipes.get(name)
         if pipe is None:
             return []
-        return [e for e, x in (*pipe.readers.items(), *pipe.writers.items()) if not x.remote]
+        ends: tuple[tuple[int, Reader | Writer], ...] = (*pipe.readers.items(),
+                                                          *pipe.writers.items())
+        return [e for e, x in ends if not x.remote]
 
     def _rehome(self, joined: str | None = None, lost: str | None = None) -> None:
         """The members changed: our ends whose pipe's home moved register with the new home
@@ -330,7 +336,8 @@ class DirectoryMember:
         one INTRODUCE per broker; then REGISTERED to the owner for those that ask it."""
         owner_member = self.member_id if owner == SELF else self._member_of[owner]
         # recipient -> (pipe, member, role of theirs) -> (theirs, yours)
-        intros: dict[str, dict[tuple[bytes, str, str], tuple[list, list]]] = {}
+        intros: dict[str, dict[tuple[bytes, str, str],
+                                tuple[list[tuple[str, int]], list[int]]]] = {}
         refused = 0
         answered = [end for _, end, _, answer in entries if answer]
         for role, end, name, _ in entries:

@@ -96,9 +96,9 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
     Event.WRITE: p.WriteFailed,
 }
 
-_ENCODED = {cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout,
-                                             p.WriteOk, p.WriteTimeout, p.CloseOk, p.PingOk,
-                                             p.Invalid)}
+_ENCODED: dict[type, bytes] = {
+    cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout, p.WriteOk,
+                                     p.WriteTimeout, p.CloseOk, p.PingOk, p.Invalid)}
 
 #: what ``failure_kind`` can return: the bounded label set of failed ends
 FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large",
@@ -137,8 +137,9 @@ class Client:
     dequeued: bool = False  # the command being handled came from the client's queue
     deadline: float | None = None  # when the active request times out
     timer_armed: bool = False
-    # the event being handled and what the actions pass along
-    event: Event | None = None
+    # the event being handled and what the actions pass along; ``event`` is None only until
+    # the first event, and only actions read it, after ``_run`` has set it: typed for them
+    event: Event = None  # type: ignore[assignment]  # see above
     msg: Any = None
     reason: str = ""
     next_event: Event | None = None
@@ -229,7 +230,8 @@ class ClientEngine:
         """A WRITE of ``size`` bytes that the transport let go as it arrived, being over the
         limit (``max_chunk``), or for ``reason`` (it did not fit the budget): it is refused in
         its turn, as if it had arrived whole, and holds nothing meanwhile."""
-        self._take(routing_id, p.Write(p.Withheld(size, reason), 0), now)
+        # a Withheld stands in for the chunk (the protocol types it bytes): _try_write refuses it
+        self._take(routing_id, p.Write(p.Withheld(size, reason), 0), now)  # type: ignore[arg-type]
 
     def _take(self, routing_id: bytes, msg: Any, now: float) -> None:
         self.now = now
@@ -351,7 +353,7 @@ class ClientEngine:
         finally:
             self.held += _held_by(client) - before
 
-    def _run(self, client: Client, event: Event, msg: Any) -> None:
+    def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
         while True:
             while event is not None:
@@ -455,20 +457,22 @@ class ClientEngine:
         if size == 0:  # like read(2) with a count of 0
             client.read_data, client.next_event = [], Event.HAVE_DATA
             return
-        result, woken = self.pipes.read(client.end, size)
+        # reading: the client's end is open (the same below and in _try_write)
+        result, woken = self.pipes.read(client.end, size)  # type: ignore[arg-type]
         self._woken.extend(woken)
         if result is ReadEnd.WAIT:
             client.next_event = Event.WAIT
         elif result is ReadEnd.END:
             client.next_event = Event.END_OF_PIPE
         elif result is ReadEnd.FAILED:
-            client.reason = self.pipes.failure(client.end) or "failed"
+            client.reason = self.pipes.failure(client.end) or "failed"  # type: ignore[arg-type]
             client.next_event = Event.FAILED
         else:
             client.read_data, client.next_event = result, Event.HAVE_DATA
 
     def _try_write(self, client: Client) -> None:
         chunk = client.request.chunk
+        problem: str | None
         if type(chunk) is p.Withheld:  # let go as it arrived: refused, whatever the limit now
             problem = chunk.reason or self._over_max_chunk(chunk.size)
         else:
@@ -478,10 +482,10 @@ class ClientEngine:
             self._break_stream(client, problem)
             client.next_event = Event.FAILED
             return
-        result, woken = self.pipes.write(client.end, chunk)
+        result, woken = self.pipes.write(client.end, chunk)  # type: ignore[arg-type]
         self._woken.extend(woken)
         if result is WriteResult.FAILED:
-            client.reason = self.pipes.failure(client.end) or "failed"
+            client.reason = self.pipes.failure(client.end) or "failed"  # type: ignore[arg-type]
         client.next_event = _WRITE_EVENT[result]
 
     def _write_problem(self, client: Client, size: int) -> str | None:
@@ -540,7 +544,9 @@ class ClientEngine:
         client.last_seen = self.now  # its silence counts from our answer
 
     def _send_read_ok(self, client: Client) -> None:
-        self.out.append(Reply(client.routing_id, p.encode_read_ok(client.read_data)))
+        # HAVE_DATA: _try_read has set read_data
+        self.out.append(Reply(client.routing_id,
+                              p.encode_read_ok(client.read_data)))  # type: ignore[arg-type]
 
     def _reply(self, cls: type) -> Callable[[Client], None]:
         frame = _ENCODED[cls]
@@ -588,6 +594,9 @@ class ClientEngine:
             self.out.append(Reply(client.routing_id,
                                   p.encode(cls(p.reason_text(client.reason)))))
 
+        if role is None:
+            return send
+
         def send_counted(client: Client) -> None:
             if client.failed_end != client.end or client.end is None:
                 client.failed_end = client.end
@@ -595,7 +604,7 @@ class ClientEngine:
                 self.ends_failed[key] = self.ends_failed.get(key, 0) + 1
             send(client)
 
-        return send if role is None else send_counted
+        return send_counted
 
     def _queue_command(self, client: Client) -> None:
         event, msg = client.event, client.msg

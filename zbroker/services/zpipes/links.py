@@ -165,6 +165,7 @@ class PeerLinks:
                 self._tombs.popitem(last=False)
         if proxy is not None:
             pipe = self.pipes.pipe_of(proxy)
+            assert pipe is not None  # a proxy is attached until here
             del self._proxy_of[proxy]
             self._woken.extend(self.pipes.detach(proxy, msg.lost))
             self.log.info("remote end detached", peer=peer, pipe=shown(pipe.name),
@@ -222,7 +223,7 @@ class PeerLinks:
             pipe = self.pipes.pipe_of(reader_end)
             reader = pipe.readers.get(reader_end) if pipe is not None else None
             if reader is not None and not reader.remote:
-                return self.attach_remote(peer, "writer", writer_end, pipe.name)
+                return self.attach_remote(peer, "writer", writer_end, reader.pipe.name)
         return None
 
     # --- our ends, for peers -----------------------------------------------------------------

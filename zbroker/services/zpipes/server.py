@@ -196,8 +196,8 @@ class ZpipesServer:
             "pipes": {
                 shown(name): {
                     "readers": len(pipe.readers), "writers": len(pipe.writers),
-                    "remote_ends": sum(1 for e in (*pipe.readers.values(),
-                                                   *pipe.writers.values()) if e.remote),
+                    "remote_ends": (sum(1 for r in pipe.readers.values() if r.remote)
+                                    + sum(1 for w in pipe.writers.values() if w.remote)),
                     "buffered": sum(r.queued for r in pipe.readers.values() if not r.remote),
                     "bytes_written": sum(w.bytes_in for w in pipe.writers.values()),
                     "bytes_read": sum(r.bytes_out for r in pipe.readers.values()),
