@@ -94,7 +94,7 @@ def heartbeats(n: int, timeout: float = 3.0, seconds: float = 30.0) -> tuple[flo
 
 def join_known(n: int, timeout: float = 3.0) -> tuple[float, int]:
     """A broker joins a full mesh of ``n - 1`` through one seed (the membership and gossip
-    cores, wired in memory by tests/test_gossip.py): seconds until every member has it as a
+    cores, wired in memory by tests/unit/test_gossip.py): seconds until every member has it as a
     peer and it has every member, and the messages that took."""
     from test_gossip import Net as Members
 

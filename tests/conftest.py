@@ -1,4 +1,5 @@
-"""Shared fixtures. Broker processes: see helpers.py.
+"""Shared fixtures. Broker processes: see helpers.py. The tests are in unit/, processes/ and
+namespaces/, by what they need.
 
     def test_x(broker):                     # a running broker with the default config
         broker.name, broker.endpoint, broker.proc, broker.stop()
@@ -22,7 +23,12 @@ from typing import Any
 import pytest
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the shared helpers live here; the tests, by what they need, in unit/ (one process: cores,
+# codecs, real sockets and disks), processes/ (real brokers and clients as processes) and
+# namespaces/ (several hosts in network namespaces, as root); tests import shared pieces of
+# one another across them
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), *(str(_HERE / d) for d in ("unit", "processes", "namespaces"))]
 
 from helpers import REPO_ROOT, BrokerProcess, spawn_broker  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""A tiny broker service that lives outside zbroker, for tests/test_service_plugins.py: found
+"""A tiny broker service that lives outside zbroker, for processes/test_service_plugins.py: found
 by its entry point (tiny_service-0.dist-info beside it, on the broker's PYTHONPATH), with a
 config section, a metric, status lines and features of its own. It serves nothing: it says
 its greeting in its log and its status, and tells peer brokers' echo services that it does."""

@@ -24,7 +24,7 @@ from zbroker.config import (
 )
 from zbroker.services.zpipes.config import MAX_CHUNK_LIMIT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO_ROOT / "zbroker.cfg.example"
 
 

@@ -12,7 +12,7 @@ Sessions of two kinds run concurrently, each with its own pipe:
 * latency: one writer sends 100 timestamped lines, a few ms apart, to one reader; the reader
   measures how long each line took (the namespaces share the machine's monotonic clock).
 
-    python tests/cluster_sim.py --brokers 8 --duration 60     # by hand, larger
+    python tests/netns_simulation.py --brokers 8 --duration 60     # by hand, larger
 """
 
 from __future__ import annotations

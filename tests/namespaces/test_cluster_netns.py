@@ -391,8 +391,8 @@ def test_a_broker_with_another_key_is_refused_in_a_few_log_lines(testbed, tmp_pa
 
 def test_cluster_simulation(testbed):
     """The seed's "full cluster test case": 5 brokers, random sessions, every byte checked.
-    More brokers or time: ZBROKER_SIM_BROKERS / ZBROKER_SIM_SECONDS, or run cluster_sim.py."""
-    from cluster_sim import simulate
+    More brokers or time: ZBROKER_SIM_BROKERS / ZBROKER_SIM_SECONDS, or run netns_simulation.py."""
+    from netns_simulation import simulate
 
     brokers = int(os.environ.get("ZBROKER_SIM_BROKERS", "5"))
     seconds = float(os.environ.get("ZBROKER_SIM_SECONDS", "25"))

@@ -15,8 +15,8 @@ import pytest
 from helpers import free_port, run_zbroker, wait_for, write_config
 from metrics_helpers import scrape, value
 
-PLUGINS = Path(__file__).parent / "plugins"
-BROKEN = Path(__file__).parent / "plugins_broken"
+PLUGINS = Path(__file__).parents[1] / "plugins"
+BROKEN = Path(__file__).parents[1] / "plugins_broken"
 
 
 @pytest.fixture

@@ -351,7 +351,7 @@ def test_example_pzq_pipeline_in_its_own_group_counts_every_event(
     import zpipes
     from zbroker.spark.lines import hold_pipe_open
 
-    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
     sys.path.insert(0, examples)
     try:
         import produce_logs_pzq
