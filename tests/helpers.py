@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -310,3 +311,34 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
             del _HANDED_OUT[next(iter(_HANDED_OUT))]
         return port
     raise RuntimeError("no free loopback port found")
+
+
+#: connections that hold: ``python -c FLOOD COUNT SEND SOURCE TARGET...`` opens COUNT
+#: connections to each TARGET (``@NAME``: an abstract ipc socket, else ``HOST:PORT``), from
+#: SOURCE (a local address to bind, or ``-``), sending SEND's bytes (hex, ``-``: none) on
+#: each; prints how many it holds, and holds them until its standard input closes
+FLOOD = textwrap.dedent("""
+    import socket, sys
+    count, send, source = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    first = b"" if send == "-" else bytes.fromhex(send)
+    held = []
+    for target in sys.argv[4:]:
+        for _ in range(count):
+            if target.startswith("@"):
+                s, address = socket.socket(socket.AF_UNIX), "\\0" + target[1:]
+            else:
+                host, port = target.rsplit(":", 1)
+                s, address = socket.socket(socket.AF_INET), (host, int(port))
+                if source != "-":
+                    s.bind((source, 0))
+            try:
+                s.connect(address)
+                if first:
+                    s.send(first)
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+    print(len(held), flush=True)
+    sys.stdin.read()
+""")

@@ -14,11 +14,10 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
-from helpers import broker_env, free_port, run_zbroker, unique_name, wait_for, write_config
+from helpers import FLOOD, broker_env, free_port, run_zbroker, unique_name, wait_for, write_config
 from pipe_stream import (
     CLOSE_OK,
     INPUT_OK,
@@ -41,30 +40,6 @@ from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
 MAX_CLIENTS = 1500
 FLOOD_EACH = 1700  # connections on each of the three endpoints: 5 100 in all
-
-FLOOD = textwrap.dedent("""
-    import socket, sys
-    held = []
-    for target in sys.argv[2:]:
-        for _ in range(int(sys.argv[1])):
-            if target.startswith("@"):
-                s = socket.socket(socket.AF_UNIX)
-                address = "\\0" + target[1:]
-            else:
-                host, port = target.rsplit(":", 1)
-                s = socket.socket(socket.AF_INET)
-                address = (host, int(port))
-            try:
-                s.connect(address)
-                s.send(b"\\xff")  # the first byte of a greeting, and never the rest
-            except OSError:
-                s.close()
-                continue
-            held.append(s)
-    print(len(held), flush=True)
-    sys.stdin.read()  # hold them until told
-""")
-
 
 def status(name: str, cwd) -> dict:
     r = run_zbroker(["status", name, "--json"], cwd=cwd)
@@ -109,7 +84,8 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
 
         flood_start = time.monotonic()
         flood = subprocess.Popen(
-            [sys.executable, "-c", FLOOD, str(FLOOD_EACH), f"@/zpipes/{name}", receive, send],
+            [sys.executable, "-c", FLOOD, str(FLOOD_EACH), "ff", "-", f"@/zpipes/{name}",
+             receive, send],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=limit_files(8192))
         assert int(flood.stdout.readline()) > 0
 
@@ -181,30 +157,6 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         broker.wait(30)
 
 
-FLOOD_FROM = textwrap.dedent("""
-    import socket, sys
-    kind, target, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    held = []
-    for _ in range(count):
-        if kind == "ipc":
-            s = socket.socket(socket.AF_UNIX)
-            address = "\\0" + target
-        else:
-            s = socket.socket(socket.AF_INET)
-            s.bind(("127.0.0.2", 0))  # another host, as the broker sees it
-            host, port = target.rsplit(":", 1)
-            address = (host, int(port))
-        try:
-            s.connect(address)
-        except OSError:
-            s.close()
-            continue
-        held.append(s)
-    print(len(held), flush=True)
-    sys.stdin.read()
-""")
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root and setpriv to connect as another uid")
 def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(tmp_path,
@@ -231,8 +183,9 @@ def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(
         wait_for(lambda: "pzq queue started" in log_path.read_text(), 30, "the broker")
         nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                   "/usr/bin/python3"]
-        for argv in ([*nobody, "-c", FLOOD_FROM, "ipc", f"/zpipes/{name}", "600"],
-                     [sys.executable, "-c", FLOOD_FROM, "tcp", receive, "600"]):
+        # (the first byte of a greeting; from another address, as another host)
+        for argv in ([*nobody, "-c", FLOOD, "600", "ff", "-", f"@/zpipes/{name}"],
+                     [sys.executable, "-c", FLOOD, "600", "ff", "127.0.0.2", receive]):
             flood = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      preexec_fn=limit_files(4096), cwd=tmp_path)
             floods.append(flood)

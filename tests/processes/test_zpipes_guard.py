@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import broker_env, rss_bytes, run_zbroker, wait_for, write_config
+from helpers import FLOOD, broker_env, rss_bytes, run_zbroker, wait_for, write_config
 from pipe_stream import lockstep
 
 from zbroker.runtime.limits import FD_RESERVE, clients_problem
@@ -120,23 +120,6 @@ def test_reload_changes_who_is_allowed(start_broker):
 
 # --- the open-file limit -----------------------------------------------------------------------
 
-FLOOD = textwrap.dedent("""
-    import socket, sys, time
-    address, count = "\\0" + sys.argv[1], int(sys.argv[2])
-    held = []
-    for _ in range(count):
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect(address)
-        except OSError:
-            s.close()
-            continue
-        held.append(s)
-    print(len(held), flush=True)
-    sys.stdin.read()  # hold them until told
-""")
-
-
 def limit_files(n: int):
     def set_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
@@ -173,7 +156,8 @@ def test_a_connection_flood_past_the_open_file_limit_does_not_kill_the_broker(tm
         prefix = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}",
                                          "--clear-groups"]
         python = sys.executable if uid is None else "/usr/bin/python3"
-        flood = subprocess.Popen([*prefix, python, "-c", FLOOD, f"/zpipes/{name}", "2100"],
+        flood = subprocess.Popen([*prefix, python, "-c", FLOOD, "2100", "-", "-",
+                                  f"@/zpipes/{name}"],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  preexec_fn=limit_files(4096), cwd=tmp_path)
         assert int(flood.stdout.readline()) > 0
