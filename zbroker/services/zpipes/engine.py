@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
+from zbroker.runtime.log_rate import LogRate
 from zpipes import protocol as p
 
 from .actions import Reply
@@ -165,6 +166,8 @@ class ClientEngine:
                  woken: deque[int], end_ids: Iterator[int]) -> None:
         self.config = config
         self.log = log
+        #: per-client and per-pipe lines: a budget of lines a second for each kind
+        self.lines = LogRate(log)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self.clients: dict[bytes, Client] = {}
@@ -244,8 +247,8 @@ class ClientEngine:
             self.clients[routing_id] = client
         client.last_seen = now
         if isinstance(msg, p.DecodeError):
-            self.log.warning("invalid frame", client=client.id, pipe=shown(client.pipe),
-                             error=msg.reason)
+            self.lines.line("invalid frame", level="warning", client=client.id,
+                            pipe=shown(client.pipe), error=msg.reason)
         self._execute(client, EVENT_OF[type(msg)], msg)
         self.wake()
 
@@ -265,8 +268,8 @@ class ClientEngine:
             # a client with a request held by us is waiting for us, not silent
             for client in [c for c in self.clients.values()
                            if c.last_seen <= limit and c.request is None]:
-                self.log.info("client expired", client=client.id, pipe=shown(client.pipe),
-                              silent_s=round(now - client.last_seen, 3))
+                self.lines.line("client expired", client=client.id, pipe=shown(client.pipe),
+                                silent_s=round(now - client.last_seen, 3))
                 self.clients_expired += 1
                 self._execute(client, Event.EXPIRED)
         self.wake()
@@ -284,9 +287,9 @@ class ClientEngine:
         client = self.clients.get(routing_id)
         if client is not None:
             # a client that had closed its end and then went is the normal case
-            log = self.log.info if client.end is not None else self.log.debug
-            log("client disconnected", client=client.id, pipe=shown(client.pipe),
-                state=str(client.state))
+            self.lines.line("client disconnected",
+                            level="info" if client.end is not None else "debug",
+                            client=client.id, pipe=shown(client.pipe), state=str(client.state))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -297,7 +300,7 @@ class ClientEngine:
         self.now = now
         client = self.clients.get(routing_id)
         if client is not None:
-            self.log.info("client unreachable", client=client.id, pipe=shown(client.pipe))
+            self.lines.line("client unreachable", client=client.id, pipe=shown(client.pipe))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -359,9 +362,9 @@ class ClientEngine:
             while event is not None:
                 rule = rule_for(client.state, event)
                 if self.config.animate:
-                    self.log.info("animate", client=client.id, pipe=shown(client.pipe),
-                                  state=str(client.state), on=str(event),
-                                  actions=list(rule.actions), next=str(rule.next))
+                    self.lines.line("animate", client=client.id, pipe=shown(client.pipe),
+                                    state=str(client.state), on=str(event),
+                                    actions=list(rule.actions), next=str(rule.next))
                 client.event, client.msg, client.next_event = event, msg, None
                 if event in _REASONS:
                     client.reason = _REASONS[event]
@@ -390,8 +393,8 @@ class ClientEngine:
         if problem:
             client.reason = problem
             client.next_event = Event.ERROR
-            self.log.info("pipe open refused", client=client.id, pipe=shown(name), role=role,
-                          reason=problem)
+            self.lines.line("pipe open refused", client=client.id, pipe=shown(name), role=role,
+                            reason=problem)
             return
         end = next(self._end_ids)
         self._woken.extend(attach(name, end))
@@ -400,8 +403,8 @@ class ClientEngine:
         client.next_event = Event.OK
         self.directory.announce(role, end, name)
         pipe = self.pipes.pipes[name]
-        self.log.info("pipe opened", client=client.id, pipe=shown(name), role=role,
-                      readers=len(pipe.readers), writers=len(pipe.writers))
+        self.lines.line("pipe opened", client=client.id, pipe=shown(name), role=role,
+                        readers=len(pipe.readers), writers=len(pipe.writers))
 
     def _cut_pipe_end(self, client: Client) -> None:
         self._close_pipe_end(client, "closed with a WRITE pending")
@@ -435,9 +438,10 @@ class ClientEngine:
         if confirming:  # its CLOSE waits until the brokers of its readers have its end
             self.links.await_confirmation(client, end, confirming)
         self.directory.unregister(end, failure)
-        self.log.info("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
-                      why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
-                      **({"lost": lost} if lost else {}), **sizes)
+        fields: dict[str, Any] = {**sizes, **({"lost": lost} if lost else {})}
+        self.lines.line("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
+                        why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
+                        **fields)
         client.end = client.pipe = None
 
     def _start_request(self, client: Client) -> None:
@@ -514,8 +518,8 @@ class ClientEngine:
 
     def _break_stream(self, client: Client, reason: str) -> None:
         """A chunk of the client's stream was refused: its stream is cut for its readers."""
-        self.log.warning("write refused", client=client.id, pipe=shown(client.pipe),
-                         reason=reason)
+        self.lines.line("write refused", level="warning", client=client.id, pipe=shown(client.pipe),
+                        reason=reason)
         if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
             self._woken.extend(self.pipes.break_writer(client.end, reason))
 
@@ -612,8 +616,9 @@ class ClientEngine:
         problem = None
         if (len(client.queue) >= self.config.max_pipelined
                 or client.queued_bytes + size > self.config.max_pipelined_bytes):
-            self.log.warning("pipelining limit", client=client.id, pipe=shown(client.pipe),
-                             queued=len(client.queue), queued_bytes=client.queued_bytes)
+            self.lines.line("pipelining limit", level="warning", client=client.id,
+                            pipe=shown(client.pipe), queued=len(client.queue),
+                            queued_bytes=client.queued_bytes)
             problem = "too many pipelined requests"
         elif size and self._over_budget(size):
             problem = self._budget_reason()
