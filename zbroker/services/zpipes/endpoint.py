@@ -142,6 +142,12 @@ class Endpoint(Server):
                 self._backed_up.discard(link)
         return total
 
+    def source_of(self, routing_id: bytes) -> Any:
+        """Who ``routing_id``'s connection is from: ("uid", n) on ipc, ("host", address) on
+        tcp; None if it has none."""
+        link = self.links.get(routing_id)
+        return None if link is None else link.source
+
     def set_max_bytes(self, max_bytes: int) -> None:
         """The limit of a message, from now on, on every connection."""
         self.max_bytes = max_bytes

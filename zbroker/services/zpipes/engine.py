@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,9 @@ class ServerConfig:
     client_timeout: float = 60.0  # seconds of silence, with nothing of it held, before expiry
     max_chunk: int = 16 << 20  # the largest chunk a WRITE may carry
     max_buffered: int = 256 << 20  # bytes of pipe data the broker holds for all its clients
+    #: bytes of WRITE data the clients of one source (a uid, a host) may hold, waiting or
+    #: queued: no one source can take everyone's share
+    max_buffered_per_source: int = 128 << 20
     max_clients: int = 10_000
     max_pipelined: int = 64  # commands queued behind a pending one
     max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
@@ -131,6 +134,7 @@ class Client:
     pipe: bytes | None = None
     queue: deque[tuple[Event, Any]] = field(default_factory=deque)
     queued_bytes: int = 0
+    source: Hashable = None  # who it is (a uid, a host): its writes count in its share
     request: Any = None  # the active READ or WRITE
     request_event: Event | None = None
     request_serial: int = 0
@@ -179,6 +183,9 @@ class ClientEngine:
         self.now = 0.0
         self._next_sweep = 0.0
         self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
+        self.held_by_source: dict[Hashable, int] = {}  # the same, by client source
+        #: who a connection is from (the I/O layer's: a uid, a host), for the shares
+        self.source_of: Callable[[bytes], Hashable] = lambda routing_id: None
         #: bytes answered to clients that have not taken them yet (their connections are
         #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
         self.unsent_bytes: Callable[[], int] = lambda: 0
@@ -243,7 +250,8 @@ class ClientEngine:
             if len(self.clients) >= self.config.max_clients:
                 self._refuse(routing_id, msg, "too many clients")
                 return
-            client = Client(routing_id, next(self._client_ids), now)
+            client = Client(routing_id, next(self._client_ids), now,
+                            source=self.source_of(routing_id))
             self.clients[routing_id] = client
         client.last_seen = now
         if isinstance(msg, p.DecodeError):
@@ -354,7 +362,14 @@ class ClientEngine:
         try:
             self._run(client, event, msg)
         finally:
-            self.held += _held_by(client) - before
+            if (change := _held_by(client) - before):
+                self.held += change
+                shares = self.held_by_source
+                left = shares.get(client.source, 0) + change
+                if left:
+                    shares[client.source] = left
+                else:
+                    del shares[client.source]
 
     def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
@@ -500,8 +515,8 @@ class ClientEngine:
             return self._over_max_chunk(size)
         if client.request_serial != client.budget_serial:  # its first try
             client.budget_serial = client.request_serial
-            if not client.dequeued and self._over_budget(size):  # (queued: admitted then)
-                return self._budget_reason()
+            if not client.dequeued:  # (queued: admitted then)
+                return self._budget_problem(client, size)
         return None
 
     def _over_max_chunk(self, size: int) -> str:
@@ -511,6 +526,17 @@ class ClientEngine:
     def _over_budget(self, size: int) -> bool:
         return (self.held + self.pipes.buffered + self.unsent_bytes() + self.incoming_bytes()
                 + size > self.config.max_buffered)
+
+    def _budget_problem(self, client: Client, size: int) -> str | None:
+        """Why ``client`` cannot hold ``size`` more bytes: the broker-wide budget, or its
+        source's share of it; or None."""
+        if self._over_budget(size):
+            return self._budget_reason()
+        share = self.config.max_buffered_per_source
+        if self.held_by_source.get(client.source, 0) + size > share:
+            return (f"this user's or host's share of the broker's buffers is full "
+                    f"(clients.max_buffered_per_source, {share} bytes)")
+        return None
 
     def _budget_reason(self) -> str:
         return (f"the broker's buffers for all clients are full (clients.max_buffered, "
@@ -620,8 +646,8 @@ class ClientEngine:
                             pipe=shown(client.pipe), queued=len(client.queue),
                             queued_bytes=client.queued_bytes)
             problem = "too many pipelined requests"
-        elif size and self._over_budget(size):
-            problem = self._budget_reason()
+        elif size:
+            problem = self._budget_problem(client, size)
         if problem:
             self._fail_command(client.routing_id, event, problem)
             if event is Event.WRITE:  # the stream has lost that chunk
