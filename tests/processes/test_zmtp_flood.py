@@ -39,7 +39,7 @@ from zbroker.runtime.limits import FD_RESERVE
 from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
 MAX_CLIENTS = 1500
-FLOOD_EACH = 1700  # connections on each of the three endpoints: 5 100 in all
+FLOOD_EACH = 6700  # connections on each of the three endpoints: 20 100 in all
 
 def status(name: str, cwd) -> dict:
     r = run_zbroker(["status", name, "--json"], cwd=cwd)
@@ -86,7 +86,8 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         flood = subprocess.Popen(
             [sys.executable, "-c", FLOOD, str(FLOOD_EACH), "ff", "-", f"@/zpipes/{name}",
              receive, send],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=limit_files(8192))
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=limit_files(3 * FLOOD_EACH + 256))
         assert int(flood.stdout.readline()) > 0
 
         # the broker is up, its management socket answers, and it counts the refusals

@@ -48,3 +48,18 @@ def test_a_steady_trickle_under_the_burst_is_never_held_back():
         now[0] = i * 0.25  # 4 a second
         assert rate.line("client expired")
     assert rate.suppressed == 0
+
+
+def test_flush_tells_what_a_flood_that_stopped_held_back():
+    now = [0.0]
+    log = Log()
+    rate = LogRate(log, burst=2, clock=lambda: now[0])
+    for _ in range(10):
+        rate.line("invalid frame", level="warning", client=1)
+    rate.flush()  # within the interval: nothing yet
+    assert len(log.lines) == 2
+    now[0] = 1.5
+    rate.flush()
+    assert log.lines[-1] == ("warning", "invalid frame (held back)", {"suppressed": 8})
+    rate.flush()  # told once
+    assert len(log.lines) == 3

@@ -30,6 +30,7 @@ class LogRate:
         self.context = context
         self._window: dict[str, tuple[float, int]] = {}  # kind -> (its start, lines in it)
         self._held: dict[str, int] = {}  # kind -> lines held back since its last line
+        self._level: dict[str, str] = {}  # kind -> the level of its lines held back
         self.suppressed = 0  # lines held back, all kinds
 
     def line(self, event: str, /, level: str = "info", **fields: Any) -> bool:
@@ -42,6 +43,7 @@ class LogRate:
             start, n = now, 0
         if n >= self.burst:
             self._held[kind] = self._held.get(kind, 0) + 1
+            self._level[kind] = level
             self.suppressed += 1
             self._window[kind] = (start, n)
             return False
@@ -51,3 +53,15 @@ class LogRate:
             fields["suppressed"] = held
         getattr(self.log, level)(event, **self.context, **fields)
         return True
+
+    def flush(self) -> None:
+        """Tell the lines held back of each kind whose interval is over and that no line has
+        told yet, in one line each (``suppressed``): call it every interval or so, so that the
+        count of a flood that stopped is not left untold."""
+        now = self.clock()
+        for kind in [k for k, (start, _) in self._window.items()
+                     if k in self._held and now - start >= self.interval]:
+            held = self._held.pop(kind)
+            self._window[kind] = (now, 1)
+            getattr(self.log, self._level.pop(kind, "info"))(
+                f"{kind} (held back)", **self.context, suppressed=held)
