@@ -317,6 +317,8 @@ class ClientsConfig:
     #: ZPIPES data held for all clients together (waiting and queued WRITEs, pipe buffers,
     #: answers not yet taken by their readers)
     max_buffered: int = setting(256 << 20, size(minimum=1))
+    #: what one source's clients may hold of it (WRITEs waiting or queued); null: half
+    max_buffered_per_source: int | None = setting(None, optional(size(minimum=1)))
 
 
 def id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:

@@ -348,7 +348,7 @@ def test_schema_keys():
         "log.level", "log.format", "log.file", "log.animate",
         "log.syslog.target", "log.syslog.facility", "log.syslog.format", "log.syslog.queue",
         "clients.timeout", "clients.max_clients", "clients.max_per_source", "clients.max_pipelined",
-        "clients.max_pipelined_bytes", "clients.max_buffered",
+        "clients.max_pipelined_bytes", "clients.max_buffered", "clients.max_buffered_per_source",
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "cluster.insecure",

@@ -39,7 +39,7 @@ from zbroker.runtime.limits import FD_RESERVE
 from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
 MAX_CLIENTS = 1500
-FLOOD_EACH = 1700  # connections on each of the three endpoints: 5 100 in all
+FLOOD_EACH = 6700  # connections on each of the three endpoints: 20 100 in all
 
 def status(name: str, cwd) -> dict:
     r = run_zbroker(["status", name, "--json"], cwd=cwd)
@@ -58,7 +58,9 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
     name = unique_name("flood")
     receive, send = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path / "zbroker.cfg", {
-        "clients": {"max_clients": MAX_CLIENTS},
+        # (timeout: the live clients below do not ping, and 20 000 connections take a while
+        # to make on a busy machine)
+        "clients": {"max_clients": MAX_CLIENTS, "timeout": 600},
         "services": {"pzq": {"enabled": True, "queues": {"jobs": {
             "receive_endpoint": f"tcp://{receive}", "send_endpoint": f"tcp://{send}",
             "data_dir": str(tmp_path / "jobs")}}}}})
@@ -69,7 +71,7 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
                                   stderr=err, stdin=subprocess.DEVNULL,
                                   preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + 100))
     endpoint = f"ipc://@/zpipes/{name}"
-    flood = None
+    floods: list[subprocess.Popen] = []
     w, r = RawClient(ctx, endpoint), RawClient(ctx, endpoint)
     producer = consumer = None
     try:
@@ -83,11 +85,13 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         pipe_round(w, r, 0)
 
         flood_start = time.monotonic()
-        flood = subprocess.Popen(
-            [sys.executable, "-c", FLOOD, str(FLOOD_EACH), "ff", "-", f"@/zpipes/{name}",
-             receive, send],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=limit_files(8192))
-        assert int(flood.stdout.readline()) > 0
+        # two processes, each holding half (a process may hold 20 000 descriptors here)
+        floods = [subprocess.Popen(
+            [sys.executable, "-c", FLOOD, str(FLOOD_EACH // 2), "ff", "-",
+             f"@/zpipes/{name}", receive, send],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=limit_files(3 * FLOOD_EACH // 2 + 256)) for _ in range(2)]
+        assert sum(int(f.stdout.readline()) for f in floods) > 0
 
         # the broker is up, its management socket answers, and it counts the refusals
         assert broker.poll() is None, log_path.read_text()[-3000:]
@@ -145,7 +149,7 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         assert len(lines) < 100
         assert w.call(close()) == (CLOSE_OK, None)
     finally:
-        if flood is not None:
+        for flood in floods:
             flood.kill()
             flood.wait(30)
         for c in (producer, consumer):

@@ -39,6 +39,11 @@ MAX_ACK_FRAMES = 16  # [key][status]; READY [window][bytes]; ACK [id][packed key
 #: a consumer's message: an ACK of a batch of MAX_BATCH keys is about 4 MiB
 MAX_CONSUMER_MESSAGE = 8 << 20
 MAX_HELD = 64 << 20  # messages read and not yet taken, all connections of an endpoint
+#: the same for an endpoint of requests (a stream's, a monitor's): each a few words
+MAX_HELD_REQUESTS = 4 << 20
+#: what one read of such an endpoint takes: about a hundred requests (a larger one takes
+#: several reads), so that one asker's flood is few requests ahead of the others
+REQUEST_READ = 4 << 10
 #: a monitor or stream request: its envelope (up to its empty delimiter) and a few words
 MAX_REQUEST_FRAMES = 64
 MAX_REQUEST = 64 << 10
@@ -52,10 +57,13 @@ class _Endpoint(Receiver):
                  on_writable: Callable[[], None], *, log: Any, name: str,
                  connection: type[zmtp.Connection], high: int = HIGH_WATER,
                  role: str = "consumer", max_frames: int = MAX_ACK_FRAMES,
-                 max_bytes: int = MAX_CONSUMER_MESSAGE):
+                 max_bytes: int = MAX_CONSUMER_MESSAGE, read_while_full: bool = True):
         super().__init__(loop, on_input, max_frames=max_frames, max_bytes=max_bytes,
-                         frame_cost=0, keep_first=256, max_held=MAX_HELD, log=log,
-                         name=name, connection=connection, role=role)
+                         frame_cost=0, keep_first=256,
+                         max_held=MAX_HELD if read_while_full else MAX_HELD_REQUESTS, log=log,
+                         name=name, connection=connection, role=role,
+                         read_while_full=read_while_full,
+                         read_size=None if read_while_full else REQUEST_READ)
         self.on_writable = on_writable
         self.high = high
 
@@ -130,15 +138,24 @@ class RouterEndpoint(_Endpoint):
                  on_writable: Callable[[], None] | None = None, *, log: Any, name: str,
                  role: str = "consumer", max_frames: int = MAX_ACK_FRAMES,
                  max_bytes: int = MAX_CONSUMER_MESSAGE, high: int = HIGH_WATER,
-                 on_gone: Callable[[bytes], None] | None = None):
+                 on_gone: Callable[[bytes], None] | None = None,
+                 read_while_full: bool = True):
         super().__init__(loop, on_input, on_writable or _nothing, log=log, name=name,
                          connection=zmtp.Connection, high=high, role=role,
-                         max_frames=max_frames, max_bytes=max_bytes)
+                         max_frames=max_frames, max_bytes=max_bytes,
+                         read_while_full=read_while_full)
         self.on_gone = on_gone
 
     def unlinked(self, link: _Link) -> None:
         if self.on_gone is not None:
             self.on_gone(link.routing_id)
+
+    def room(self, routing_id: bytes) -> str:
+        """Whether ``routing_id`` can be sent something now: SENT (it can), FULL or GONE."""
+        link = self.links.get(routing_id)
+        if link is None:
+            return GONE
+        return FULL if self._full(link) else SENT
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         """Send ``frames`` to ``routing_id`` at :meth:`flush`: SENT, FULL or GONE."""

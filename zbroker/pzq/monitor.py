@@ -24,7 +24,7 @@ class Monitor:
         drain = Drain(loop, self._on_request, self._sent, MONITOR_BUDGET)
         self.endpoint = drain.endpoint = RouterEndpoint(
             loop, drain, log=log, name=name, role="monitor", max_frames=MAX_REQUEST_FRAMES,
-            max_bytes=MAX_REQUEST)
+            max_bytes=MAX_REQUEST, read_while_full=False)
 
     async def start(self, address: str) -> None:
         await bind(self.endpoint, address, "monitor", self.name)

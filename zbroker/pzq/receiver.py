@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
+from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import default_policy
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
@@ -34,17 +35,28 @@ SENT, FULL, GONE = "sent", "full", "gone"
 WRITE_HIGH = 4 << 20  # bytes of answers queued on a connection before send() says FULL
 MAX_HELD_ANSWERS = 100_000  # answers held back for producers whose connection is full
 RETRY_HELD = 0.01  # seconds before held answers are tried again
+#: what a received message costs in memory besides its bytes: its tuple and list in the
+#: inbox, and a bytes object for each frame (counted in ``max_held``, so that many small
+#: messages cannot hold many times their size)
+MESSAGE_OVERHEAD, FRAME_OVERHEAD = 120, 40
+#: requests of one connection waiting in the inbox of an endpoint of requests before that
+#: connection is no longer read (one asker's flood cannot make the others wait long)
+MAX_WAITING_REQUESTS = 16
 
 
 class Receiver(Server):
     """``connection``: the ZMTP side the connections speak (a ROUTER's by default); ``role``:
     who connects, as the log says it. Who may connect over ipc: the broker's own user, root
-    and the members of its group (``local_access.default_policy``)."""
+    and the members of its group (``local_access.default_policy``). ``read_while_full``:
+    False for peers that only ask and are answered (a stream reader, a monitor): a connection
+    whose answers are not taken is not read until they are, so a peer that asks and never
+    reads costs at most the write buffer and one answer."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None], *,
                  max_frames: int, max_bytes: int, frame_cost: int, keep_first: int,
                  max_held: int, log: Any, name: str,
-                 connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer"):
+                 connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer",
+                 read_while_full: bool = True, read_size: int | None = None):
         admission = Admission(f"pzq {role}", Refusals(log, queue=name), default_policy())
         super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH)
         self.connection = connection
@@ -53,6 +65,10 @@ class Receiver(Server):
         self.limits = (max_frames, max_bytes, frame_cost, keep_first)
         self.max_held = max_held
         self.name = name
+        self.read_while_full = read_while_full
+        #: what one read of a connection may take (and so what it adds to the inbox before
+        #: it can be paused): small for endpoints of small requests
+        self.read_buffer = self.scratch[:read_size] if read_size else self.scratch
         self.inbox: deque[tuple[bytes, list[bytes], str | None]] = deque()
         self._inbox_sizes: deque[int] = deque()  # each one's bytes, as they came
         self.inbox_bytes = 0
@@ -94,11 +110,24 @@ class Receiver(Server):
             for _ in range(n):
                 out.append(inbox.popleft())
                 self.inbox_bytes -= sizes.popleft()
+        if not self.read_while_full:
+            self._taken_from(out)
         if self._paused and self.unfinished + self.inbox_bytes <= self.max_held // 2:
             paused, self._paused = self._paused, set()
             for link in paused:
                 link.resume()
         return out
+
+    def _taken_from(self, taken: list[tuple[bytes, list[bytes], str | None]]) -> None:
+        """Requests were taken: a connection with none left waiting is read again."""
+        links = self.links
+        for rid, _, _ in taken:
+            link = links.get(rid)
+            if link is not None:
+                link.waiting -= 1
+                if link.crowded and link.waiting <= 0:
+                    link.crowded = False
+                    link.resume()
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         link = self.links.get(routing_id)
@@ -152,16 +181,20 @@ class _Link(Link):
         self.full = False
         self.held = 0  # this connection's part of receiver.unfinished
         self.paused = False
+        #: an endpoint of requests: its requests in the inbox; past MAX_WAITING_REQUESTS it
+        #: is ``crowded``, and not read until they are all taken (each asker gets its turn)
+        self.waiting = 0
+        self.crowded = False
 
     def codec(self, server: Receiver) -> zmtp.Connection:  # type: ignore[override]
         return server.connection(*server.limits)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.server.scratch
+        return self.server.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         conn, r = self.conn, self.server
-        conn.receive_data(r.scratch[:nbytes])
+        conn.receive_data(r.read_buffer[:nbytes])
         got = self._take_events()
         r.unfinished += conn.buffered - self.held
         self.held = conn.buffered
@@ -182,6 +215,10 @@ class _Link(Link):
             self.transport.write(out)
         if conn.closed:
             self.hang_up()
+        if got and not r.read_while_full and self.waiting > MAX_WAITING_REQUESTS \
+                and not self.paused and not conn.closed:
+            self.crowded = self.paused = True
+            self.transport.pause_reading()
         if got:
             r.on_input()
 
@@ -190,11 +227,15 @@ class _Link(Link):
         for ev in self.conn.next_events():
             if type(ev) is zmtp.Message:  # (Receiver.received, inline: one for each message)
                 r.inbox.append((self.routing_id, ev.frames, None))
-                r._inbox_sizes.append(ev.size)
-                r.inbox_bytes += ev.size
+                # what it takes in memory: its bytes, and the objects that hold them
+                size = ev.size + MESSAGE_OVERHEAD + FRAME_OVERHEAD * len(ev.frames)
+                r._inbox_sizes.append(size)
+                r.inbox_bytes += size
+                self.waiting += 1
                 got = True
             elif type(ev) is zmtp.Refused:
                 r.received((self.routing_id, [ev.first], ev.reason), len(ev.first))
+                self.waiting += 1
                 got = True
             elif type(ev) is zmtp.Ready:
                 self.ready(ev)
@@ -203,21 +244,35 @@ class _Link(Link):
         return got
 
     def resume(self) -> None:
+        """The inbox has room again: read this connection again (unless it is full and its
+        endpoint does not read full connections)."""
         if self.paused and self.transport is not None and not self.transport.is_closing():
             self.paused = False
-            self.transport.resume_reading()
+            if not self._held_back():
+                self.transport.resume_reading()
+
+    def _held_back(self) -> bool:
+        """Not read because its answers are not taken."""
+        return self.full and not self.server.read_while_full
 
     def write_pending(self) -> None:
         if self.pending and self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(self.pending)  # one writev (large frames not copied)
+            # one writev: large frames not copied, the rest joined (a transport holds a
+            # descriptor for each piece it cannot write at once)
+            self.transport.writelines(gather(self.pending, zmtp.LARGE_FRAME)[0])
         self.pending.clear()
         self.queued = 0
 
     def pause_writing(self) -> None:
         self.full = True
+        if self._held_back() and not self.paused:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        held_back = self._held_back()
         self.full = False
+        if held_back and not self.paused and not self.transport.is_closing():
+            self.transport.resume_reading()
         self.server.writable(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

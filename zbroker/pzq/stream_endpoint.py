@@ -36,7 +36,7 @@ class StreamEndpoint:
         drain = Drain(loop, self._on_request, flush, STREAM_BUDGET)
         self.endpoint = drain.endpoint = RouterEndpoint(
             loop, drain, log=log, name=settings.name, role="stream reader",
-            max_frames=MAX_REQUEST_FRAMES, max_bytes=MAX_REQUEST)
+            max_frames=MAX_REQUEST_FRAMES, max_bytes=MAX_REQUEST, read_while_full=False)
 
     async def start(self) -> None:
         await bind(self.endpoint, self.address, "stream", self.name)
@@ -46,7 +46,11 @@ class StreamEndpoint:
 
     def _on_request(self, rid: bytes, frames: list[bytes], refused: str | None) -> None:
         if refused is None:
-            self.core.serve([rid, *frames])
+            # a reader that does not take its answers (its connection full, or gone) is not
+            # answered a question: the answer would be dropped after it was made
+            core, unanswered = self.core, self.core.unanswered
+            core.serve([rid, *frames], self.endpoint.room(rid) is SENT)
+            self.dropped.stream_replies += core.unanswered - unanswered
         else:  # too large to be a request: nothing to answer to
             self.core.requests += 1
             self.core.errors += 1

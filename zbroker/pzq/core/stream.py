@@ -49,6 +49,8 @@ MAX_GROUPS = 64  # reader groups of one queue
 #: requests that may wait for the offsets file at once; past it a request is refused as busy
 #: (a slow or failing disk must not let readers make the queue hold any number of them)
 MAX_WAITING = 10_000
+#: the requests that only ask: not answered to a reader that takes no answers
+QUESTIONS = frozenset((wire.HEAD, wire.RANGE, wire.GROUPS))
 BUSY = f"busy: {MAX_WAITING} requests wait for the offsets file; ask again"
 
 
@@ -147,6 +149,7 @@ class StreamCore:
         self.out: list[Any] = []  # StreamReply, WriteCommitted, Log (take_output)
         self.requests = 0
         self.errors = 0
+        self.unanswered = 0  # questions of readers that took no answers (not answered)
         self.commits = 0  # offsets file writes
         self.retention_dropped = 0  # messages dropped by the retention limits
         self._floor = offsets.floor()
@@ -166,9 +169,9 @@ class StreamCore:
 
     # --- the server's calls ----------------------------------------------------------------
 
-    def serve(self, frames: list[bytes]) -> None:
+    def serve(self, frames: list[bytes], answerable: bool = True) -> None:
         """:meth:`request`, its reply recorded (StreamReply)."""
-        reply = self.request(frames)
+        reply = self.request(frames, answerable)
         if reply is not None:
             self.out.append(StreamReply(reply))
 
@@ -188,9 +191,12 @@ class StreamCore:
 
     # --- requests --------------------------------------------------------------------------
 
-    def request(self, frames: list[bytes]) -> Sequence[bytes | list[bytes]] | None:
+    def request(self, frames: list[bytes], answerable: bool = True
+                ) -> Sequence[bytes | list[bytes]] | None:
         """A request as received (routing id first); the reply to send now, or None when it
-        waits for the offsets file (see :meth:`to_write`)."""
+        waits for the offsets file (see :meth:`to_write`). Not ``answerable``: its reader
+        takes no answers now (they would be dropped), so a question (HEAD, RANGE, GROUPS) is
+        not answered at all (counted in ``unanswered``); a change (COMMIT, DELETE) is made."""
         self.requests += 1
         envelope, body = wire.split_stream_request(frames[1:])
         envelope.insert(0, frames[0])
@@ -198,6 +204,9 @@ class StreamCore:
         if isinstance(req, wire.WireError):
             self.errors += 1
             return wire.stream_error(envelope, req.reason)
+        if not answerable and req.command in QUESTIONS:
+            self.unanswered += 1  # a RANGE's answer can be megabytes read from disk
+            return None
         return self._answer(envelope, req)
 
     def _answer(self, envelope: list[bytes], req: wire.StreamRequest,

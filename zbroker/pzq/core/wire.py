@@ -234,7 +234,8 @@ STREAM_OK = b"OK"
 STREAM_ERROR = b"ERROR"
 RANGE_MAX_BYTES = 1 << 20  # defaults of a RANGE without its limits
 RANGE_MAX_MESSAGES = 10_000
-RANGE_BYTES_CAP = 64 << 20  # what the queue serves at most in one RANGE answer
+RANGE_BYTES_CAP = 8 << 20  # what the queue serves at most in one RANGE answer (a reader
+# that asks and never reads holds at most this and a write buffer of the broker)
 RANGE_MESSAGES_CAP = 100_000
 MAX_OFFSET = (1 << 63) - 1
 _MAX_ENVELOPE = 16  # frames before the empty delimiter

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from zbroker.runtime.log_rate import LogRate
+
 from . import peering
 from .actions import SendPeer
 from .pipes import PipeTable, Reader, Writer, pipe_name_problem, shown
@@ -139,6 +141,7 @@ class DirectoryMember:
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int]) -> None:
         self.log = log
+        self.lines = LogRate(log)  # per-pipe lines: a budget a second for each kind
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
@@ -359,8 +362,8 @@ class DirectoryMember:
                 yours.append(m.end)
         if len(entries) == 1 and not refused:
             role, end, name, _ = entries[0]
-            self.log.info("pipe end registered", pipe=shown(name), role=role, end=end,
-                          peer=owner or "self", met=len(intros) - (owner in intros))
+            self.lines.line("pipe end registered", pipe=shown(name), role=role, end=end,
+                            peer=owner or "self", met=len(intros) - (owner in intros))
         elif entries:
             self.log.info("pipe ends registered", ends=len(entries) - refused,
                           peer=owner or "self")

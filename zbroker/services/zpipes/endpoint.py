@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
+from zbroker.runtime.iovec import gather
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
 
@@ -48,6 +49,14 @@ WRITE_HIGH = 4 << 20
 UNIX_SNDBUF = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
 DIRECT_MIN = 128 << 10
+#: messages a connection may send before the others get their turn: past it, it is not read
+#: again until the loop has gone round once (a client that sends a flood of small requests
+#: cannot keep the others waiting more than this many requests' time)
+TURN_MESSAGES = 512
+#: after a read that held more than SMALL_AFTER messages, a connection is read SMALL_READ
+#: bytes at a time (as libzmq reads), so that one read's messages are few: a read is handled
+#: whole before the others get their turn (bulk data stays in large reads)
+SMALL_READ, SMALL_AFTER = 8 << 10, 64
 
 _LONG = struct.Struct(">BQ")
 _SHORT_HEADS = [bytes((0, n)) for n in range(256)]  # the head of a last frame of n bytes
@@ -80,6 +89,7 @@ class Endpoint(Server):
         self.on_message, self.on_refused, self.on_gone = on_message, on_refused, on_gone
         self.after_input, self.admit_frame = after_input, admit_frame
         self.incoming = 0  # bytes held of messages still arriving, all connections
+        self.small_reads = self.scratch[:SMALL_READ]
         self.max_bytes, self.max_frames = max_bytes, max_frames
         self._dirty: list[_Link] = []  # connections with sends queued
         self._backed_up: set[_Link] = set()  # connections with sends not yet written out
@@ -104,7 +114,10 @@ class Endpoint(Server):
             out, link.out = link.out, []
             transport = link.transport
             if transport is not None and not transport.is_closing():
-                transport.writelines(out)
+                # small pieces joined: a transport holds a descriptor and a reference for
+                # each piece it cannot write at once, so a peer that does not read its many
+                # small replies would cost far more than their bytes
+                transport.writelines(gather(out, zmtp.LARGE_FRAME)[0] if len(out) > 2 else out)
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 
@@ -128,6 +141,12 @@ class Endpoint(Server):
             else:
                 self._backed_up.discard(link)
         return total
+
+    def source_of(self, routing_id: bytes) -> Any:
+        """Who ``routing_id``'s connection is from: ("uid", n) on ipc, ("host", address) on
+        tcp; None if it has none."""
+        link = self.links.get(routing_id)
+        return None if link is None else link.source
 
     def set_max_bytes(self, max_bytes: int) -> None:
         """The limit of a message, from now on, on every connection."""
@@ -157,6 +176,9 @@ class _Link(Link):
         self.direct = False  # the last read went to the frame's own buffer
         self.out: list[Any] = []
         self.paused = False  # not read: its replies wait to be written
+        self.turn = 0  # messages it sent since it last let the others go first
+        self.many = False  # its last read held many messages: read it SMALL_READ at a time
+        self.yielding = False  # not read until the loop has gone round once
 
     def codec(self, server: Endpoint) -> zmtp.Connection:  # type: ignore[override]
         conn = zmtp.Connection(server.max_frames, server.max_bytes, keep_first=16,
@@ -167,14 +189,16 @@ class _Link(Link):
     def get_buffer(self, sizehint: int) -> memoryview:
         direct = self.conn.frame_buffer()
         self.direct = direct is not None
-        return self.server.scratch if direct is None else direct
+        if direct is not None:
+            return direct
+        return self.server.small_reads if self.many else self.server.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         e, conn = self.server, self.conn
         if self.direct:
             conn.frame_filled(nbytes)
         else:
-            conn.receive_data(e.scratch[:nbytes])
+            conn.receive_data(e.scratch[:nbytes])  # (small_reads is its head)
         self._count_incoming()  # (before the messages are handed on: a whole one is the
         # core's to count)
         if (self.incoming and not conn.receiving_large and e.admit_frame is not None
@@ -182,7 +206,8 @@ class _Link(Link):
             # past the budget, a message under way in frames too small to have been asked
             # about (each under DIRECT_MIN) is let go too, as a large one is at its head
             self._count_incoming()
-        for ev in conn.next_events():
+        events = conn.next_events()
+        for ev in events:
             kind = type(ev)
             if kind is zmtp.Message:
                 e.on_message(self.routing_id, ev.frames)
@@ -197,7 +222,22 @@ class _Link(Link):
             self.transport.write(out)
         if conn.closed:
             self.transport.close()
+        else:
+            self.many = len(events) > SMALL_AFTER
+            self.turn += len(events)
+            if self.turn > TURN_MESSAGES and not self.yielding:
+                self.yielding = True
+                if not self.paused:
+                    self.transport.pause_reading()
+                e.loop.call_soon(self._next_turn)
         e.after_input()
+
+    def _next_turn(self) -> None:
+        """The loop went round: read it again (unless its replies are not taken)."""
+        self.yielding = False
+        self.turn = 0
+        if not self.paused and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def _count_incoming(self) -> None:
         """What this connection holds of messages still arriving, in the endpoint's count."""
@@ -208,12 +248,13 @@ class _Link(Link):
     def pause_writing(self) -> None:
         if not self.paused:
             self.paused = True
-            self.transport.pause_reading()
+            if not self.yielding:
+                self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         if self.paused:
             self.paused = False
-            if not self.transport.is_closing():
+            if not self.yielding and not self.transport.is_closing():
                 self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
+from zbroker.runtime.log_rate import LogRate
 from zpipes import protocol as p
 
 from .actions import Reply
@@ -50,6 +51,9 @@ class ServerConfig:
     client_timeout: float = 60.0  # seconds of silence, with nothing of it held, before expiry
     max_chunk: int = 16 << 20  # the largest chunk a WRITE may carry
     max_buffered: int = 256 << 20  # bytes of pipe data the broker holds for all its clients
+    #: bytes of WRITE data the clients of one source (a uid, a host) may hold, waiting or
+    #: queued: no one source can take everyone's share
+    max_buffered_per_source: int = 128 << 20
     max_clients: int = 10_000
     max_pipelined: int = 64  # commands queued behind a pending one
     max_pipelined_bytes: int = 8 << 20  # WRITE data queued behind a pending one
@@ -130,6 +134,7 @@ class Client:
     pipe: bytes | None = None
     queue: deque[tuple[Event, Any]] = field(default_factory=deque)
     queued_bytes: int = 0
+    source: Hashable = None  # who it is (a uid, a host): its writes count in its share
     request: Any = None  # the active READ or WRITE
     request_event: Event | None = None
     request_serial: int = 0
@@ -165,6 +170,8 @@ class ClientEngine:
                  woken: deque[int], end_ids: Iterator[int]) -> None:
         self.config = config
         self.log = log
+        #: per-client and per-pipe lines: a budget of lines a second for each kind
+        self.lines = LogRate(log)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self.clients: dict[bytes, Client] = {}
@@ -176,6 +183,9 @@ class ClientEngine:
         self.now = 0.0
         self._next_sweep = 0.0
         self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
+        self.held_by_source: dict[Hashable, int] = {}  # the same, by client source
+        #: who a connection is from (the I/O layer's: a uid, a host), for the shares
+        self.source_of: Callable[[bytes], Hashable] = lambda routing_id: None
         #: bytes answered to clients that have not taken them yet (their connections are
         #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
         self.unsent_bytes: Callable[[], int] = lambda: 0
@@ -240,12 +250,13 @@ class ClientEngine:
             if len(self.clients) >= self.config.max_clients:
                 self._refuse(routing_id, msg, "too many clients")
                 return
-            client = Client(routing_id, next(self._client_ids), now)
+            client = Client(routing_id, next(self._client_ids), now,
+                            source=self.source_of(routing_id))
             self.clients[routing_id] = client
         client.last_seen = now
         if isinstance(msg, p.DecodeError):
-            self.log.warning("invalid frame", client=client.id, pipe=shown(client.pipe),
-                             error=msg.reason)
+            self.lines.line("invalid frame", level="warning", client=client.id,
+                            pipe=shown(client.pipe), error=msg.reason)
         self._execute(client, EVENT_OF[type(msg)], msg)
         self.wake()
 
@@ -261,12 +272,14 @@ class ClientEngine:
                 self._execute(client, Event.TIMEOUT)
         if now >= self._next_sweep:
             self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
+            for lines in (self.lines, self.links.lines, self.directory.lines):
+                lines.flush()  # the count of a flood of lines that stopped
             limit = now - self.config.client_timeout
             # a client with a request held by us is waiting for us, not silent
             for client in [c for c in self.clients.values()
                            if c.last_seen <= limit and c.request is None]:
-                self.log.info("client expired", client=client.id, pipe=shown(client.pipe),
-                              silent_s=round(now - client.last_seen, 3))
+                self.lines.line("client expired", client=client.id, pipe=shown(client.pipe),
+                                silent_s=round(now - client.last_seen, 3))
                 self.clients_expired += 1
                 self._execute(client, Event.EXPIRED)
         self.wake()
@@ -284,9 +297,9 @@ class ClientEngine:
         client = self.clients.get(routing_id)
         if client is not None:
             # a client that had closed its end and then went is the normal case
-            log = self.log.info if client.end is not None else self.log.debug
-            log("client disconnected", client=client.id, pipe=shown(client.pipe),
-                state=str(client.state))
+            self.lines.line("client disconnected",
+                            level="info" if client.end is not None else "debug",
+                            client=client.id, pipe=shown(client.pipe), state=str(client.state))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -297,7 +310,7 @@ class ClientEngine:
         self.now = now
         client = self.clients.get(routing_id)
         if client is not None:
-            self.log.info("client unreachable", client=client.id, pipe=shown(client.pipe))
+            self.lines.line("client unreachable", client=client.id, pipe=shown(client.pipe))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -351,7 +364,14 @@ class ClientEngine:
         try:
             self._run(client, event, msg)
         finally:
-            self.held += _held_by(client) - before
+            if (change := _held_by(client) - before):
+                self.held += change
+                shares = self.held_by_source
+                left = shares.get(client.source, 0) + change
+                if left:
+                    shares[client.source] = left
+                else:
+                    del shares[client.source]
 
     def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
@@ -359,9 +379,9 @@ class ClientEngine:
             while event is not None:
                 rule = rule_for(client.state, event)
                 if self.config.animate:
-                    self.log.info("animate", client=client.id, pipe=shown(client.pipe),
-                                  state=str(client.state), on=str(event),
-                                  actions=list(rule.actions), next=str(rule.next))
+                    self.lines.line("animate", client=client.id, pipe=shown(client.pipe),
+                                    state=str(client.state), on=str(event),
+                                    actions=list(rule.actions), next=str(rule.next))
                 client.event, client.msg, client.next_event = event, msg, None
                 if event in _REASONS:
                     client.reason = _REASONS[event]
@@ -390,8 +410,8 @@ class ClientEngine:
         if problem:
             client.reason = problem
             client.next_event = Event.ERROR
-            self.log.info("pipe open refused", client=client.id, pipe=shown(name), role=role,
-                          reason=problem)
+            self.lines.line("pipe open refused", client=client.id, pipe=shown(name), role=role,
+                            reason=problem)
             return
         end = next(self._end_ids)
         self._woken.extend(attach(name, end))
@@ -400,8 +420,8 @@ class ClientEngine:
         client.next_event = Event.OK
         self.directory.announce(role, end, name)
         pipe = self.pipes.pipes[name]
-        self.log.info("pipe opened", client=client.id, pipe=shown(name), role=role,
-                      readers=len(pipe.readers), writers=len(pipe.writers))
+        self.lines.line("pipe opened", client=client.id, pipe=shown(name), role=role,
+                        readers=len(pipe.readers), writers=len(pipe.writers))
 
     def _cut_pipe_end(self, client: Client) -> None:
         self._close_pipe_end(client, "closed with a WRITE pending")
@@ -435,9 +455,10 @@ class ClientEngine:
         if confirming:  # its CLOSE waits until the brokers of its readers have its end
             self.links.await_confirmation(client, end, confirming)
         self.directory.unregister(end, failure)
-        self.log.info("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
-                      why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
-                      **({"lost": lost} if lost else {}), **sizes)
+        fields: dict[str, Any] = {**sizes, **({"lost": lost} if lost else {})}
+        self.lines.line("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
+                        why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
+                        **fields)
         client.end = client.pipe = None
 
     def _start_request(self, client: Client) -> None:
@@ -496,8 +517,8 @@ class ClientEngine:
             return self._over_max_chunk(size)
         if client.request_serial != client.budget_serial:  # its first try
             client.budget_serial = client.request_serial
-            if not client.dequeued and self._over_budget(size):  # (queued: admitted then)
-                return self._budget_reason()
+            if not client.dequeued:  # (queued: admitted then)
+                return self._budget_problem(client, size)
         return None
 
     def _over_max_chunk(self, size: int) -> str:
@@ -508,14 +529,25 @@ class ClientEngine:
         return (self.held + self.pipes.buffered + self.unsent_bytes() + self.incoming_bytes()
                 + size > self.config.max_buffered)
 
+    def _budget_problem(self, client: Client, size: int) -> str | None:
+        """Why ``client`` cannot hold ``size`` more bytes: the broker-wide budget, or its
+        source's share of it; or None."""
+        if self._over_budget(size):
+            return self._budget_reason()
+        share = self.config.max_buffered_per_source
+        if self.held_by_source.get(client.source, 0) + size > share:
+            return (f"this user's or host's share of the broker's buffers is full "
+                    f"(clients.max_buffered_per_source, {share} bytes)")
+        return None
+
     def _budget_reason(self) -> str:
         return (f"the broker's buffers for all clients are full (clients.max_buffered, "
                 f"{self.config.max_buffered} bytes)")
 
     def _break_stream(self, client: Client, reason: str) -> None:
         """A chunk of the client's stream was refused: its stream is cut for its readers."""
-        self.log.warning("write refused", client=client.id, pipe=shown(client.pipe),
-                         reason=reason)
+        self.lines.line("write refused", level="warning", client=client.id, pipe=shown(client.pipe),
+                        reason=reason)
         if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
             self._woken.extend(self.pipes.break_writer(client.end, reason))
 
@@ -612,11 +644,12 @@ class ClientEngine:
         problem = None
         if (len(client.queue) >= self.config.max_pipelined
                 or client.queued_bytes + size > self.config.max_pipelined_bytes):
-            self.log.warning("pipelining limit", client=client.id, pipe=shown(client.pipe),
-                             queued=len(client.queue), queued_bytes=client.queued_bytes)
+            self.lines.line("pipelining limit", level="warning", client=client.id,
+                            pipe=shown(client.pipe), queued=len(client.queue),
+                            queued_bytes=client.queued_bytes)
             problem = "too many pipelined requests"
-        elif size and self._over_budget(size):
-            problem = self._budget_reason()
+        elif size:
+            problem = self._budget_problem(client, size)
         if problem:
             self._fail_command(client.routing_id, event, problem)
             if event is Event.WRITE:  # the stream has lost that chunk

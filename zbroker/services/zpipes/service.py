@@ -70,6 +70,7 @@ def server_config(config: Any) -> ServerConfig:
         max_pipelined=clients.max_pipelined,
         max_pipelined_bytes=clients.max_pipelined_bytes,
         max_buffered=clients.max_buffered,
+        max_buffered_per_source=clients.max_buffered_per_source or clients.max_buffered // 2,
         animate=config.log.animate,
     )
 
@@ -127,6 +128,7 @@ class ZpipesService(Service):
         self._receive = server.receive
         server.unsent_bytes = ep.unsent_bytes  # held for readers that do not read: budgeted
         server.incoming_bytes = ep.incoming_bytes  # WRITEs arriving: their buffers, budgeted
+        server.engine.source_of = ep.source_of  # each source's writes: a share of the budget
         try:
             sock = self._listen(ep, self.endpoint, f"a broker named {ctx.broker_name!r} is "
                                 f"already running on this host ({self.endpoint} is in use)")
@@ -280,9 +282,10 @@ class ZpipesService(Service):
                                                refused.reason if over_budget else None)
             return
         client = self.server.clients.get(routing_id)
-        self._log.warning("zpipes message refused; its connection is dropped",
-                          client=client.id if client is not None else None,
-                          reason=refused.reason)
+        self.server.engine.lines.line("zpipes message refused; its connection is dropped",
+                                      level="warning",
+                                      client=client.id if client is not None else None,
+                                      reason=refused.reason)
         self._ep.hang_up(routing_id)
 
     def _on_gone(self, routing_id: bytes) -> None:
