@@ -352,8 +352,9 @@ class Membership:
         change = Change()
         if known is not None:
             self._leave(known, now)
-            change.left.append((known, "it has a life of another session of ours (a HELLO of "
-                                       "ours from before, held back on the way, started it)"))
+            change.left.append((known, "its life of us is of a session of ours given up (a "
+                                       "HELLO of ours from before, held back on the way, "
+                                       "started it)"))
         if hello.endpoint not in self.contacts:
             change.dropped = self.add_contact(hello.endpoint, now, pinned=False).dropped
             self.contacts[hello.endpoint].their_nonce = hello.nonce
