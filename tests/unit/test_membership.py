@@ -1,5 +1,7 @@
 """Cluster membership without sockets: admission, heartbeats, loss, new lives, contacts."""
 
+import dataclasses
+
 import pytest
 
 from zbroker.cluster.membership import PROTOCOL_VERSION, Hello, Membership
@@ -277,6 +279,33 @@ def test_the_session_crosses_the_wire_and_a_broker_of_before_sends_none():
     assert h.session and Hello.from_dict(h.to_dict()).session == h.session
     old = {k: v for k, v in h.to_dict().items() if k != "session"}
     assert Hello.from_dict(old).session == ""
+
+
+def test_a_hello_names_the_session_its_sender_admitted_and_a_broker_of_before_none():
+    m = Membership(ME, secret=SECRET, timeout=3)
+    m.hello(dataclasses.replace(hello(), session="theirs"), 0)
+    assert m.greeting("tcp://b:5670", reply=True).admitted == "theirs"
+    assert m.greeting("tcp://c:5670", reply=False).admitted == ""  # no peer there
+    h = m.greeting("tcp://b:5670", reply=True)
+    assert Hello.from_dict(h.to_dict()).admitted == "theirs"
+    old = {k: v for k, v in h.to_dict().items() if k != "admitted"}
+    assert Hello.from_dict(old).admitted == ""
+
+
+def test_only_an_answer_at_its_endpoint_naming_another_session_of_ours_ends_a_life():
+    """A peer's HELLO that names a session of ours we do not have with it ends our life of
+    it, and we say HELLO again (with ours), only if it echoes our nonce for its endpoint."""
+    m = Membership(ME, secret=SECRET, timeout=3)
+    m.add_contact("tcp://b:5670", 0)
+    m.hello(hello(), 0)
+    ours = m.contacts["tcp://b:5670"].session
+    assert m.hello(dataclasses.replace(hello(reply=True), admitted=ours), 1).left == []
+    forged = dataclasses.replace(hello(reply=True, proven=False), admitted="another")
+    assert m.hello(forged, 1).left == [] and list(m.peers) == ["b"]
+    change = m.hello(dataclasses.replace(hello(reply=True), admitted="another"), 1)
+    assert [p.id for p, _ in change.left] == ["b"] and change.joined == []
+    assert change.challenge == "tcp://b:5670" and m.peers == {}
+    assert m.greeting("tcp://b:5670", reply=False).session not in (ours, "another")
 
 
 def test_only_our_own_hello_makes_us_give_up_a_contact_that_is_ourselves():

@@ -21,7 +21,11 @@ the receiver, a token made anew each time the sender loses the peer there: the H
 cross when two brokers meet carry the session that the receiver admitted, a HELLO after a loss
 a new one. So a loss is told from a crossing however soon after the meeting it comes (a broker
 of before sends no session: its HELLO within a heartbeat interval of its admission is taken
-as a crossing).
+as a crossing). A HELLO to a peer also names the receiver's session that the sender admitted
+(``admitted``): a HELLO of ours from before a partition, held back on the way and delivered
+once the link is back, can start a life of a session we no longer have (its contact given up
+since); the answer says so, and instead of a life whose every message the peer would refuse,
+we say our HELLO again, with our session now, and the peer starts afresh with that one.
 
 A HELLO proves nothing by itself: anyone who reaches the peer socket can send one, with any id
 and any endpoint. So a broker is admitted only once it *answers at the endpoint it claims*:
@@ -89,6 +93,10 @@ class Hello:
     gossip: bool = True
     #: the sender's session with the receiver: new each time the sender lost the peer there
     session: str = ""
+    #: the receiver's session the sender has a life of it with (the one its admitting HELLO
+    #: named), if it has it as a peer: a HELLO of the receiver's from before, held back on
+    #: the way, may have started it (see Membership.hello); brokers of before say nothing
+    admitted: str = ""
     #: the sender numbers its service messages within a life (numbering.py); brokers of
     #: before say nothing of it and are sent the plain ones
     numbered: bool = True
@@ -102,7 +110,8 @@ class Hello:
         return {"id": self.id, "name": self.name, "cluster": self.cluster,
                 "endpoint": self.endpoint, "version": self.version, "reply": self.reply,
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
-                "session": self.session, "numbered": self.numbered, **legacy,
+                "session": self.session, "admitted": self.admitted,
+                "numbered": self.numbered, **legacy,
                 "services": self.features}
 
     @classmethod
@@ -112,7 +121,8 @@ class Hello:
                         str(data["endpoint"]), int(data["version"]), bool(data["reply"]),
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, str(data.get("session", "")),
-                        data.get("numbered") is True, _features(data))
+                        str(data.get("admitted", "")), data.get("numbered") is True,
+                        _features(data))
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
@@ -245,9 +255,11 @@ class Membership:
         """Our HELLO to ``endpoint``."""
         contact = self.contacts.get(endpoint)
         me = self.me
+        admitted = next((p.session for p in self.peers.values() if p.endpoint == endpoint), "")
         return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
                      nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "",
-                     session=contact.session if contact else "", features=me.features)
+                     session=contact.session if contact else "", admitted=admitted,
+                     features=me.features)
 
     def own_contact(self, hello: Hello) -> str | None:
         """The contact at which ``hello``, naming this broker, was said by this broker itself
@@ -283,6 +295,9 @@ class Membership:
         if contact is not None and hello.nonce:
             contact.their_nonce = hello.nonce
         known = self.peers.get(hello.id)
+        if hello.admitted and hello.admitted != (contact.session if contact else "") \
+                and hello.echo and hmac.compare_digest(hello.echo, self.nonce(hello.endpoint)):
+            return self._admitted_another(hello, known, now)
         if known is not None and known.endpoint == hello.endpoint and (
                 hello.reply or (hello.session == known.session if hello.session
                                 else now - known.joined < self.interval)):
@@ -323,6 +338,27 @@ class Membership:
         change.joined.append(peer)
         if not hello.reply:
             change.reply_hello_to = hello.endpoint
+        return change
+
+    def _admitted_another(self, hello: Hello, known: Peer | None, now: float) -> Change:
+        """``hello`` (which answered us) says its sender has a life of us of a session that is
+        not ours with it now: a HELLO of ours from before started it, one held back on the way
+        (a partition: the kernel sends what was in flight on a connection again once the link
+        is back) after we had lost the peer and given its contact up. Our messages in that
+        life would be of a session it did not admit, and the life would end at its first
+        message, or PING. So no life of ours starts on it (and one that did, on a HELLO of
+        the sender's that crossed this one, ends): we say our HELLO, with the session we
+        have, and the sender starts afresh with that one."""
+        change = Change()
+        if known is not None:
+            self._leave(known, now)
+            change.left.append((known, "its life of us is of a session of ours given up (a "
+                                       "HELLO of ours from before, held back on the way, "
+                                       "started it)"))
+        if hello.endpoint not in self.contacts:
+            change.dropped = self.add_contact(hello.endpoint, now, pinned=False).dropped
+            self.contacts[hello.endpoint].their_nonce = hello.nonce
+        change.challenge = hello.endpoint
         return change
 
     # --- contacts ------------------------------------------------------------------------------

@@ -206,6 +206,12 @@ class ClusterNode:
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.RCVHWM, 0)
         router.setsockopt(zmq.MAXMSGSIZE, self.max_message)
+        # a peer's connection silent for peer_timeout is dropped here too, not only by the
+        # peer: a partition then leaves none for what was in flight on it (HELLOs the peer said
+        # once it had lost us, that the kernel sends again when the link returns) to arrive on
+        timeout_ms = int(cfg.peer_timeout * 1000)
+        router.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self._secure(router, server=True)
         try:
             router.bind(cfg.bind)
