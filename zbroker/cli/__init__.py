@@ -137,7 +137,10 @@ def run_broker(argv: Sequence[str]) -> int:
         logs.configure(config.log.level, config.log.format, config.log.file,
                        syslog=config.log.syslog)
     except OSError as exc:
-        error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
+        from zbroker.config_checks import log_file_problem
+
+        error(log_file_problem(config.log.file)  # as check-config says it
+              or f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
     broker = Broker(config, config_path=args.config, overrides=overrides)
     try:
@@ -154,19 +157,28 @@ def run_broker(argv: Sequence[str]) -> int:
 
 
 def check_config(argv: Sequence[str]) -> int:
+    from zbroker.config_checks import config_problems
+
     parser = argparse.ArgumentParser(
         prog="zbroker check-config",
-        description="Validate a zbroker config file: print OK, or the first error with the key "
-                    "at fault, and exit with status 0 or 1. Without FILE, check the file the "
-                    "broker would read: " + ", then ".join(CONFIG_SEARCH_PATH) + ".",
+        description="Validate a zbroker config file as the broker's start does (all but what "
+                    "needs binding: a port another process holds is found only then): print "
+                    "OK, or each problem on a line with the key(s) at fault, and exit with "
+                    "status 0 or 1. Without FILE, check the file the broker would read: "
+                    + ", then ".join(CONFIG_SEARCH_PATH) + ".",
     )
     parser.add_argument("file", metavar="FILE", nargs="?", help="the config file to check")
     args = parser.parse_args(argv)
     try:
         path = args.file if args.file is not None else find_config_file()
-        load_config(path) if path is not None else load_config(None, search=())
+        config = load_config(path) if path is not None else load_config(None, search=())
+        problems = config_problems(config)
     except ConfigError as exc:
         error(str(exc))
+        return 1
+    if problems:
+        for problem in problems:
+            error(f"{path}: {problem}" if path is not None else problem)
         return 1
     if path is None:
         print("OK: no config file found; the broker would run on the embedded defaults")

@@ -14,7 +14,9 @@ from zbroker.config import Config, ConfigError, find_config_file, load_config, p
 
 
 def error(message: str) -> None:
-    print(f"zbroker: {message}", file=sys.stderr)
+    """``zbroker: `` and the message on standard error; each line of it so (one a problem)."""
+    for line in message.splitlines() or [""]:
+        print(f"zbroker: {line}", file=sys.stderr)
 
 
 def command_parser(command: str, usage_args: str, description: str) -> argparse.ArgumentParser:
