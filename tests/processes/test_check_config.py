@@ -154,3 +154,19 @@ def test_a_duplicated_queue_name_is_one_line_naming_it(tmp_path):
     assert r.returncode == 1
     assert r.stderr.splitlines() == [f"zbroker: {path}: line 6, column 7: not valid YAML: "
                                      "duplicate key 'jobs'"]
+
+
+def test_reload_refuses_a_config_that_would_not_start(start_broker, tmp_path):
+    jobs = queue(tmp_path, "jobs")
+    b = start_broker(config=pzq(jobs=jobs))
+    clashing = pzq(jobs=jobs, events=queue(tmp_path, "events",
+                                           receive_endpoint=jobs["receive_endpoint"]))
+    b.config_path.write_text(yaml.safe_dump(clashing, sort_keys=False))
+    r = run_zbroker(["reload", b.name], cwd=b.dir)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "zbroker: reload refused: services.pzq.queues.jobs.receive_endpoint and "
+        "services.pzq.queues.events.receive_endpoint both use "
+        f"{jobs['receive_endpoint']}: give each its own"]
+    assert b.alive()
+    assert b.stop() == 0

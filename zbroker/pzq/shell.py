@@ -40,8 +40,8 @@ from typing import Any
 
 import zmq
 
-from zbroker.cli.common import seconds_argument
-from zbroker.config import ConfigError, load_config
+from zbroker.cli.common import load_for_locating, seconds_argument
+from zbroker.config import ConfigError
 from zbroker.management import CommandError, NotRunning, request
 from zbroker.pzq.core import wire
 from zpipes import progress
@@ -286,14 +286,17 @@ def _lookup(args: argparse.Namespace) -> QueueInfo:
         return QueueInfo("push", None, args.send, None)
     if getattr(args, "stream", None):
         return QueueInfo("stream", None, None, args.stream)
-    overrides = {"broker": {"name": args.broker}} if args.broker else None
-    config = load_config(args.config, overrides)
+    # the config finds the broker; its errors elsewhere matter only when the broker does not
+    # answer and the queue is looked up in the config
+    config, problem = load_for_locating(args.config, args.broker)
     broker = config.broker.name
     run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
     assert run_dir is not None
     try:
         status = request(run_dir, broker, {"command": "status"}, timeout=STATUS_TIMEOUT)
     except (NotRunning, CommandError) as exc:
+        if problem is not None:
+            raise problem from None
         return _from_config(config, args.queue, str(exc))
     queues: dict[str, Any] = (status.get("services") or {}).get("pzq") or {}
     q = queues.get(args.queue)
