@@ -301,13 +301,26 @@ def _lookup(args: argparse.Namespace) -> QueueInfo:
     queues: dict[str, Any] = (status.get("services") or {}).get("pzq") or {}
     q = queues.get(args.queue)
     if not isinstance(q, dict):
-        known = ", ".join(queues) if queues else "none: services.pzq is not enabled"
-        raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: {known})")
+        if not queues:
+            raise ConfigError(f"broker {broker!r} has no queue {args.queue!r}: services.pzq "
+                              f"is not enabled; {not_enabled(broker)}")
+        raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: "
+                          f"{', '.join(queues)})")
     return QueueInfo(str(q.get("mode", "push")), q.get("receive"), q.get("send"),
                      q.get("stream"), credit=q.get("credit"))
 
 
+def not_enabled(broker: str) -> str:
+    """What to do when a broker hosts no queue."""
+    return ("set services.pzq.enabled: true and its queues in the broker's config, or run "
+            "the broker with the queues of the examples (jobs, events): "
+            f"zbroker {broker} --config config/queues.cfg (see docs/pzq.md)")
+
+
 def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
+    if not config.services.pzq.enabled:
+        raise ConfigError(f"{note}, and its config does not enable services.pzq: "
+                          f"{not_enabled(config.broker.name)}")
     queues = config.services.pzq.queue_configs()
     q = queues.get(queue)
     if q is None:
