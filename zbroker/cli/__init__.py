@@ -46,7 +46,8 @@ signals:
                             is refused and the broker keeps running on the one it has
 
 commands (NAME: the broker's name, default broker.name of the config):
-  zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
+  zbroker check-config [FILE]   check a config file as the broker's start does, and exit
+                                (status 0 if it would start)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
   zbroker status [NAME]         uptime, services, clients, pipes, log outputs
   zbroker top [NAME] [--once]   a live view: pipes, queues and peers, the busiest first
