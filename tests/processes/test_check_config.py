@@ -91,6 +91,14 @@ def refused_configs(tmp_path: Path) -> dict[str, tuple[dict[str, object], list[s
             {"services": {"zpipes": {"endpoint": f"ipc://{tmp_path}/nothing/here.sock"}}},
             [f"services.zpipes.endpoint: cannot bind ipc://{tmp_path}/nothing/here.sock: "
              f"there is no folder '{tmp_path}/nothing'"]),
+        "a log folder that is not there, and a clash": (
+            {"log": {"file": str(tmp_path / "no" / "broker.log")},
+             "metrics": {"bind": port},
+             **pzq(q=queue(tmp_path, "q", send_endpoint=f"tcp://127.0.0.1:{port}"))},
+            [f"log.file: cannot open log file '{tmp_path / 'no' / 'broker.log'}': there is no "
+             f"folder '{tmp_path / 'no'}'",
+             f"services.pzq.queues.q.send_endpoint and metrics.bind both use "
+             f"tcp://127.0.0.1:{port}"]),
         "a cluster key file that is not there": (
             {"cluster": {"enabled": True, "discovery": False, "bind": "tcp://127.0.0.1:*",
                          "key_file": str(tmp_path / "no.key")}},
@@ -103,7 +111,8 @@ CASES = ["two queues on the default endpoints", "a queue's endpoint is another q
          "a monitor on the control socket", "two queues on one data_dir",
          "a run directory that cannot be made", "a data_dir that cannot be made",
          "replicas without peers", "retention on a push queue", "an endpoint with no port",
-         "an ipc socket in no folder", "a cluster key file that is not there"]
+         "an ipc socket in no folder", "a log folder that is not there, and a clash",
+         "a cluster key file that is not there"]
 
 
 def problem_lines(stderr: str, prefix: str) -> list[str]:

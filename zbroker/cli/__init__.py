@@ -138,9 +138,11 @@ def run_broker(argv: Sequence[str]) -> int:
         logs.configure(config.log.level, config.log.format, config.log.file,
                        syslog=config.log.syslog)
     except OSError as exc:
-        from zbroker.config_checks import log_file_problem
+        from zbroker.config_checks import config_problems
 
-        error(log_file_problem(config.log.file)  # as check-config says it
+        # every problem, as check-config says them (the log file's among them, when a check
+        # finds it)
+        error("\n".join(config_problems(config))
               or f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
     broker = Broker(config, config_path=args.config, overrides=overrides)
