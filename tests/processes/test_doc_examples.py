@@ -154,8 +154,9 @@ def test_example_runs_as_written(start_broker, file, line, lang, code):
 
 
 def on_free_ports(config: Any, data: Path) -> Any:
-    """``config`` with every tcp port of 1024 and up moved to a free one (the same port to
-    the same free one) and each queue's data in ``data``."""
+    """``config`` with the port of every ``tcp://127.0.0.1:PORT`` (its queues' default
+    endpoints included) moved to a free one, the same port to the same free one, and each
+    queue's data in ``data``."""
     ports: dict[str, int] = {}
 
     def move(value: Any) -> Any:
