@@ -34,7 +34,6 @@ from zbroker.runtime import event_loop, heap
 from zbroker.runtime.limits import raise_open_file_limit
 
 from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
-from .config_checks import config_problems
 from .management import CommandError, ControlServer
 from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from .zmtp.admission import PROCESS_BUDGET
@@ -172,6 +171,8 @@ class Broker:
         everything and raises (StartupError, ServiceError, or a bug's own exception)."""
         self.loop = asyncio.get_running_loop()
         wanted = self._enabled_services(self.config)
+        from .config_checks import config_problems
+
         problems = config_problems(self.config, self.registry)  # as check-config does
         if problems:
             raise StartupError("\n".join(problems))
@@ -312,6 +313,8 @@ class Broker:
             self.log.error("config reload refused", reason=str(exc))
             self.reloads["refused"] += 1
             return str(exc)
+        from .config_checks import config_problems
+
         problems = config_problems(new, self.registry)  # a config that could not start
         if problems:
             self._reopen_log()
