@@ -171,6 +171,11 @@ class Broker:
         everything and raises (StartupError, ServiceError, or a bug's own exception)."""
         self.loop = asyncio.get_running_loop()
         wanted = self._enabled_services(self.config)
+        from .config_checks import config_problems
+
+        problems = config_problems(self.config, self.registry)  # as check-config does
+        if problems:
+            raise StartupError("\n".join(problems))
         if not wanted:
             self.log.warning("no service is enabled", name=self.name)
         self._created_dirs = make_private_dir(self.config.broker.run_dir)
@@ -308,6 +313,14 @@ class Broker:
             self.log.error("config reload refused", reason=str(exc))
             self.reloads["refused"] += 1
             return str(exc)
+        from .config_checks import config_problems
+
+        problems = config_problems(new, self.registry)  # a config that could not start
+        if problems:
+            self._reopen_log()
+            self.log.error("config reload refused", reason="; ".join(problems))
+            self.reloads["refused"] += 1
+            return "\n".join(problems)
         reason = self.apply_config(new)
         if reason is not None:
             self._reopen_log()

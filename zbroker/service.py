@@ -126,6 +126,22 @@ class Service(ABC):
         return generic_status_lines(status)
 
     @classmethod
+    def config_problems(cls, config: Any, run_dir: Path) -> list[str]:
+        """Why the service could not start with ``config`` (the broker's whole config; its
+        own run directory ``run_dir``), as far as can be told without binding, opening or
+        making anything: one line each, naming the key(s) at fault. The broker checks these
+        before it starts anything, and ``zbroker check-config`` shows them (as it shows the
+        clashes of ``bound_endpoints``)."""
+        return []
+
+    @classmethod
+    def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
+        """(key, endpoint) of each endpoint the service binds with ``config``: the key names
+        the setting (``services.zpipes.endpoint``), the endpoint is resolved (``{name}``
+        filled in). A config in which two endpoints of any services meet is refused."""
+        return []
+
+    @classmethod
     def largest_message(cls, section: Any) -> int:
         """The largest payload the service takes with its section ``section`` (a pipe's
         chunk, a queue's message): a message to peer brokers may be that large."""

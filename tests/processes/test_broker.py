@@ -278,6 +278,13 @@ async def test_reload_refuses_a_log_file_it_cannot_open(setup, tmp_path):
     await b.start()
     old = b.config
     setup.write({"log": {"file": str(tmp_path / "no" / "dir.log")}})
+    assert b.try_reload() == (f"log.file: cannot open log file '{tmp_path / 'no' / 'dir.log'}'"
+                              f": there is no folder '{tmp_path / 'no'}'")
+    assert b.config is old
+    assert all(len(s.reloads) == 0 for s in b.services)  # refused before they saw it
+    # a file that only opening finds unopenable (a link to a folder that is not there)
+    (tmp_path / "link.log").symlink_to(tmp_path / "gone" / "dir.log")
+    setup.write({"log": {"file": str(tmp_path / "link.log")}})
     assert b.reload() is False and b.config is old
     assert all(len(s.reloads) == 2 for s in b.services)  # applied, rolled back
     assert "cannot open log file" in setup.events()[-1]["reason"]

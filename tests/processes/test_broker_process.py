@@ -87,7 +87,8 @@ def test_unopenable_log_file_fails(start_broker, tmp_path):
     b = start_broker(config={"log": {"file": str(tmp_path / "no" / "such" / "dir.log")}},
                      wait=False)
     assert b.wait() == 1
-    assert b.stderr().startswith("zbroker: cannot open log file")
+    assert b.stderr().startswith("zbroker: log.file: cannot open log file")
+    assert "there is no folder" in b.stderr()
 
 
 def test_help_explains_endpoint_and_stopping(tmp_path):

@@ -373,3 +373,24 @@ def test_a_group_behind_retention_is_told_which_offsets_it_lost(start_broker, tm
     sh.put("events", lines(1, start=200))
     r = sh.run("get", "events", "-n", "0", "-t", "0", "--group", "slow")  # told once: done
     assert (r.returncode, r.stdout, r.stderr) == (0, b"event 200\n", b""), r
+
+
+def test_a_broker_without_queues_says_how_to_enable_them(start_broker, tmp_path):
+    b = start_broker()  # the embedded defaults: ZPIPES only, as the README's broker
+    shell = Shell(b, {})
+    r = shell.run("put", "jobs", stdin=b"a\n")
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines() == [
+        f"zbroker queue: broker {b.name!r} has no queue 'jobs': services.pzq is not enabled; "
+        "set services.pzq.enabled: true and its queues in the broker's config, or run the "
+        "broker with the queues of the examples (jobs, events): "
+        f"zbroker {b.name} --config config/queues.cfg (see docs/pzq.md)"]
+    assert b.stop() == 0
+    r = shell.run("put", "jobs", stdin=b"a\n")  # no broker: its config says the same
+    assert r.returncode == 1
+    line, = r.stderr.decode().splitlines()
+    assert line.startswith(f"zbroker queue: no broker named {b.name!r} is running")
+    assert line.endswith("and its config does not enable services.pzq: set "
+                         "services.pzq.enabled: true and its queues in the broker's config, "
+                         "or run the broker with the queues of the examples (jobs, events): "
+                         f"zbroker {b.name} --config config/queues.cfg (see docs/pzq.md)")

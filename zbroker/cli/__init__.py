@@ -46,7 +46,8 @@ signals:
                             is refused and the broker keeps running on the one it has
 
 commands (NAME: the broker's name, default broker.name of the config):
-  zbroker check-config [FILE]   validate a config file and exit (status 0 if valid)
+  zbroker check-config [FILE]   check a config file as the broker's start does, and exit
+                                (status 0 if it would start)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
   zbroker status [NAME]         uptime, services, clients, pipes, log outputs
   zbroker top [NAME] [--once]   a live view: pipes, queues and peers, the busiest first
@@ -137,7 +138,12 @@ def run_broker(argv: Sequence[str]) -> int:
         logs.configure(config.log.level, config.log.format, config.log.file,
                        syslog=config.log.syslog)
     except OSError as exc:
-        error(f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
+        from zbroker.config_checks import config_problems
+
+        # every problem, as check-config says them (the log file's among them, when a check
+        # finds it)
+        error("\n".join(config_problems(config))
+              or f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
     broker = Broker(config, config_path=args.config, overrides=overrides)
     try:
@@ -154,19 +160,28 @@ def run_broker(argv: Sequence[str]) -> int:
 
 
 def check_config(argv: Sequence[str]) -> int:
+    from zbroker.config_checks import config_problems
+
     parser = argparse.ArgumentParser(
         prog="zbroker check-config",
-        description="Validate a zbroker config file: print OK, or the first error with the key "
-                    "at fault, and exit with status 0 or 1. Without FILE, check the file the "
-                    "broker would read: " + ", then ".join(CONFIG_SEARCH_PATH) + ".",
+        description="Validate a zbroker config file as the broker's start does (all but what "
+                    "needs binding: a port another process holds is found only then): print "
+                    "OK, or each problem on a line with the key(s) at fault, and exit with "
+                    "status 0 or 1. Without FILE, check the file the broker would read: "
+                    + ", then ".join(CONFIG_SEARCH_PATH) + ".",
     )
     parser.add_argument("file", metavar="FILE", nargs="?", help="the config file to check")
     args = parser.parse_args(argv)
     try:
         path = args.file if args.file is not None else find_config_file()
-        load_config(path) if path is not None else load_config(None, search=())
+        config = load_config(path) if path is not None else load_config(None, search=())
+        problems = config_problems(config)
     except ConfigError as exc:
         error(str(exc))
+        return 1
+    if problems:
+        for problem in problems:
+            error(f"{path}: {problem}" if path is not None else problem)
         return 1
     if path is None:
         print("OK: no config file found; the broker would run on the embedded defaults")

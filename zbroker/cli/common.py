@@ -14,7 +14,9 @@ from zbroker.config import Config, ConfigError, find_config_file, load_config, p
 
 
 def error(message: str) -> None:
-    print(f"zbroker: {message}", file=sys.stderr)
+    """``zbroker: `` and the message on standard error; each line of it so (one a problem)."""
+    for line in message.splitlines() or [""]:
+        print(f"zbroker: {line}", file=sys.stderr)
 
 
 def command_parser(command: str, usage_args: str, description: str) -> argparse.ArgumentParser:
@@ -34,21 +36,30 @@ def common_options(parser: argparse.ArgumentParser, json_flag: bool = True) -> N
 
 
 def locate(args: argparse.Namespace) -> tuple[str, Path]:
-    """(broker name, run directory). Raises ConfigError.
+    """(broker name, run directory). Raises ConfigError when the config does not say them.
 
     A config file with errors elsewhere than in its ``broker`` section still locates the
-    broker (its errors are what `zbroker reload` is then about to report)."""
-    overrides = {"broker": {"name": args.name}} if args.name else None
-    try:
-        config = load_config(args.config, overrides)
-    except ConfigError as exc:
-        config = _broker_section_only(args.config, overrides)
-        if config is None:
-            raise
-        print(f"zbroker: note: {exc}", file=sys.stderr)
+    broker, and says nothing of them: a command that only finds the broker does not use
+    the rest (``zbroker reload`` gets the errors from the broker, which reads the file)."""
+    config, _ = load_for_locating(args.config, args.name)
     run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
     assert run_dir is not None
     return config.broker.name, run_dir
+
+
+def load_for_locating(path: str | None, name: str | None) -> tuple[Config, ConfigError | None]:
+    """The config of ``path`` (None: the broker's search) with broker ``name`` (if given), and
+    None; or, when it has errors outside its ``broker`` section, a config of that section
+    alone and the error, for a command that needs more of the config to report. Raises
+    ConfigError when even the broker section cannot be read."""
+    overrides = {"broker": {"name": name}} if name else None
+    try:
+        return load_config(path, overrides), None
+    except ConfigError as exc:
+        config = _broker_section_only(path, overrides)
+        if config is None:
+            raise
+        return config, exc
 
 
 def _broker_section_only(path: str | None, overrides: dict | None) -> Config | None:

@@ -23,14 +23,20 @@ from .sockets import ZERO_COPY_MIN
 
 
 def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
-    """Every configured queue, resolved: data directories, monitor endpoints, checks."""
+    """Every configured queue, resolved: data directories, monitor endpoints. Raises
+    ServiceError with the first of ``queue_problems``."""
+    problems = queue_problems(config, run_dir)
+    if problems:
+        raise ServiceError(problems[0])
+    return resolved_queues(config, run_dir)
+
+
+def resolved_queues(config: Any, run_dir: Path) -> list[QueueSettings]:
+    """Every configured queue as it would run (unchecked): ``{name}`` filled in, the data
+    directories and monitor endpoints of those that name none."""
     broker = config.broker.name
     out = []
     for name, q in config.services.pzq.queue_configs().items():
-        if q.replicas > len(q.peers) and (q.peers or not config.cluster.enabled):
-            raise ServiceError(f"pzq queue {name!r}: replicas: {q.replicas} needs "
-                               + (f"at least as many peers (has {len(q.peers)})" if q.peers
-                                  else "a cluster (cluster.enabled: true) or static peers"))
         data_dir = (Path(q.data_dir.replace("{name}", broker)).expanduser() if q.data_dir
                     else default_data_dir(broker, name))
         monitor = q.monitor_endpoint or default_monitor_endpoint(run_dir, broker, name)
@@ -44,20 +50,60 @@ def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
             if values.get(key):
                 values[key] = values[key].replace("{name}", broker)
         out.append(QueueSettings(**values))
-    seen: dict[str, str] = {}
-    for s in out:
-        used = ("receive_endpoint", "send_endpoint", "monitor_endpoint", "data_dir")
-        if s.mode == "stream":
-            used += ("stream_endpoint",)
-        elif s.credit_endpoint:
-            used += ("credit_endpoint",)
-        for what in used:
-            value = str(getattr(s, what))
-            if value in seen and seen[value] != s.name:
-                raise ServiceError(f"pzq queues {seen[value]!r} and {s.name!r} both use "
-                                   f"{value}; give each queue its own {what}")
-            seen[value] = s.name
     return out
+
+
+def queue_key(config: Any, queue: str, key: str) -> str:
+    """The dotted key a queue's setting comes from: the queue's own, or the defaults'."""
+    queues = dict(config.services.pzq.queues or ())
+    if queue in queues and key in dict(queues[queue]):
+        return f"services.pzq.queues.{queue}.{key}"
+    return f"services.pzq.defaults.{key} (queue {queue!r})"
+
+
+def queue_endpoints(config: Any, run_dir: Path) -> list[tuple[str, str]]:
+    """(key, endpoint) of every endpoint the queues bind."""
+    out = []
+    for s in resolved_queues(config, run_dir):
+        used = ["receive_endpoint", "send_endpoint", "monitor_endpoint"]
+        if s.mode == "stream":
+            used.append("stream_endpoint")
+        elif s.credit_endpoint:
+            used.append("credit_endpoint")
+        out += [(queue_key(config, s.name, what), str(getattr(s, what))) for what in used]
+    return out
+
+
+def queue_problems(config: Any, run_dir: Path) -> list[str]:
+    """Why the queues could not run as configured (no endpoint clashes: ``queue_endpoints``
+    are checked with every service's), one line each naming the key."""
+    from zbroker.config_checks import directory_problem
+
+    problems = []
+    cluster = config.cluster.enabled
+    by_dir: dict[Path, str] = {}
+    for s in resolved_queues(config, run_dir):
+        q = s.name
+        if s.replicas > len(s.peers) and (s.peers or not cluster):
+            problems.append(
+                f"{queue_key(config, q, 'replicas')}: {s.replicas} needs "
+                + (f"at least as many peers (has {len(s.peers)}) in "
+                   f"{queue_key(config, q, 'peers')}" if s.peers
+                   else "a cluster (cluster.enabled: true) or static peers"))
+        else:
+            try:
+                s.check(cluster=cluster)
+            except QueueError as exc:
+                problems.append(f"services.pzq: {exc}")
+        if s.data_dir in by_dir:
+            problems.append(f"{queue_key(config, by_dir[s.data_dir], 'data_dir')} and "
+                            f"{queue_key(config, q, 'data_dir')} both use {s.data_dir}: give "
+                            "each queue its own data_dir")
+        by_dir.setdefault(s.data_dir, q)
+        problem = directory_problem(queue_key(config, q, "data_dir"), s.data_dir)
+        if problem:
+            problems.append(problem)
+    return problems
 
 
 def default_monitor_endpoint(run_dir: Path, broker: str, queue: str) -> str:
@@ -73,6 +119,14 @@ class PzqService(Service):
     name = "pzq"
     start_order = 20
     config_section = PzqConfig
+
+    @classmethod
+    def config_problems(cls, config: Any, run_dir: Path) -> list[str]:
+        return queue_problems(config, run_dir)
+
+    @classmethod
+    def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
+        return queue_endpoints(config, run_dir)
 
     @classmethod
     def largest_message(cls, section: PzqConfig) -> int:

@@ -40,8 +40,8 @@ from typing import Any
 
 import zmq
 
-from zbroker.cli.common import seconds_argument
-from zbroker.config import ConfigError, load_config
+from zbroker.cli.common import load_for_locating, seconds_argument
+from zbroker.config import ConfigError
 from zbroker.management import CommandError, NotRunning, request
 from zbroker.pzq.core import wire
 from zpipes import progress
@@ -286,25 +286,41 @@ def _lookup(args: argparse.Namespace) -> QueueInfo:
         return QueueInfo("push", None, args.send, None)
     if getattr(args, "stream", None):
         return QueueInfo("stream", None, None, args.stream)
-    overrides = {"broker": {"name": args.broker}} if args.broker else None
-    config = load_config(args.config, overrides)
+    # the config finds the broker; its errors elsewhere matter only when the broker does not
+    # answer and the queue is looked up in the config
+    config, problem = load_for_locating(args.config, args.broker)
     broker = config.broker.name
     run_dir = Path(args.run_dir) if args.run_dir else config.broker.run_dir
     assert run_dir is not None
     try:
         status = request(run_dir, broker, {"command": "status"}, timeout=STATUS_TIMEOUT)
     except (NotRunning, CommandError) as exc:
+        if problem is not None:
+            raise problem from None
         return _from_config(config, args.queue, str(exc))
     queues: dict[str, Any] = (status.get("services") or {}).get("pzq") or {}
     q = queues.get(args.queue)
     if not isinstance(q, dict):
-        known = ", ".join(queues) if queues else "none: services.pzq is not enabled"
-        raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: {known})")
+        if not queues:
+            raise ConfigError(f"broker {broker!r} has no queue {args.queue!r}: services.pzq "
+                              f"is not enabled; {not_enabled(broker)}")
+        raise ConfigError(f"broker {broker!r} has no queue {args.queue!r} (queues: "
+                          f"{', '.join(queues)})")
     return QueueInfo(str(q.get("mode", "push")), q.get("receive"), q.get("send"),
                      q.get("stream"), credit=q.get("credit"))
 
 
+def not_enabled(broker: str) -> str:
+    """What to do when a broker hosts no queue."""
+    return ("set services.pzq.enabled: true and its queues in the broker's config, or run "
+            "the broker with the queues of the examples (jobs, events): "
+            f"zbroker {broker} --config config/queues.cfg (see docs/pzq.md)")
+
+
 def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
+    if not config.services.pzq.enabled:
+        raise ConfigError(f"{note}, and its config does not enable services.pzq: "
+                          f"{not_enabled(config.broker.name)}")
     queues = config.services.pzq.queue_configs()
     q = queues.get(queue)
     if q is None:

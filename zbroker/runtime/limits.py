@@ -27,6 +27,15 @@ def raise_open_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+def open_file_limit_at_start() -> int:
+    """The soft open-file limit a broker starting now would have: the hard limit, as
+    ``raise_open_file_limit`` raises it (the soft one if that is higher)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
+    return max(soft, hard)
+
+
 def clients_problem(max_clients: int, limit: int | None = None) -> str | None:
     """Why ``max_clients`` connections cannot be taken under the open-file limit, or None."""
     if limit is None:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.runtime.limits import clients_problem
+from zbroker.runtime.limits import clients_problem, open_file_limit_at_start
 from zbroker.runtime.local_access import Policy, default_policy
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.zmtp.addresses import EndpointError
@@ -79,6 +80,15 @@ class ZpipesService(Service):
     name = "zpipes"
     start_order = 10
     config_section = ZpipesConfig
+
+    @classmethod
+    def config_problems(cls, config: Any, run_dir: Path) -> list[str]:
+        problem = clients_problem(config.clients.max_clients, open_file_limit_at_start())
+        return [problem] if problem else []
+
+    @classmethod
+    def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
+        return [("services.zpipes.endpoint", config.services.zpipes.endpoint)]
 
     @classmethod
     def largest_message(cls, section: ZpipesConfig) -> int:

@@ -1,0 +1,181 @@
+"""`zbroker check-config` runs the checks the broker's start runs (zbroker.config_checks):
+a config the start refuses is refused by check-config with the same lines, and a config
+check-config passes starts. Real broker processes; every config is a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import free_port, run_zbroker, unique_name
+
+KEY = "zbroker: "
+
+
+def queue(tmp_path: Path, name: str, **kw: object) -> dict[str, object]:
+    """A queue on free loopback ports, its data in the test's folder."""
+    return {"receive_endpoint": f"tcp://127.0.0.1:{free_port()}",
+            "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
+            "data_dir": str(tmp_path / f"data-{name}"), **kw}
+
+
+def pzq(**queues: dict[str, object]) -> dict[str, object]:
+    return {"services": {"pzq": {"enabled": True, "queues": queues}}}
+
+
+def refused_configs(tmp_path: Path) -> dict[str, tuple[dict[str, object], list[str]]]:
+    """name -> (config, pieces of the one line of each problem, in order)."""
+    port = free_port()
+    run_dir = tmp_path / "run"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    shared = f"tcp://127.0.0.1:{free_port()}"
+    return {
+        # the issue's case: two queues on the defaults' endpoints
+        "two queues on the default endpoints": (
+            {"services": {"pzq": {"enabled": True, "queues": {
+                "jobs": {"data_dir": str(tmp_path / "jobs")},
+                "events": {"mode": "stream", "data_dir": str(tmp_path / "events")}}}}},
+            ["services.pzq.defaults.receive_endpoint (queue 'jobs') and "
+             "services.pzq.defaults.receive_endpoint (queue 'events') both use "
+             "tcp://127.0.0.1:11131",
+             "services.pzq.defaults.send_endpoint (queue 'jobs') and "
+             "services.pzq.defaults.send_endpoint (queue 'events') both use "
+             "tcp://127.0.0.1:11132"]),
+        "a queue's endpoint is another queue's": (
+            pzq(a=queue(tmp_path, "a", send_endpoint=shared),
+                b=queue(tmp_path, "b", credit_endpoint=shared)),
+            ["services.pzq.queues.a.send_endpoint and services.pzq.queues.b.credit_endpoint "
+             f"both use {shared}"]),
+        "ZPIPES and the cluster on one port": (
+            {"services": {"zpipes": {"endpoint": f"tcp://127.0.0.1:{port}"}},
+             "cluster": {"enabled": True, "insecure": True, "discovery": False,
+                         "bind": f"tcp://*:{port}"}},
+            [f"services.zpipes.endpoint (tcp://127.0.0.1:{port}) and cluster.bind "
+             f"(tcp://*:{port}) both use port {port}"]),
+        "metrics on a queue's port": (
+            {**pzq(q=queue(tmp_path, "q", receive_endpoint=f"tcp://127.0.0.1:{port}")),
+             "metrics": {"bind": port}},
+            [f"services.pzq.queues.q.receive_endpoint and metrics.bind both use "
+             f"tcp://127.0.0.1:{port}"]),
+        "a monitor on the control socket": (
+            {"broker": {"run_dir": str(run_dir)},
+             **pzq(q=queue(tmp_path, "q", monitor_endpoint=f"ipc://{run_dir}/ctl"))},
+            [f"broker.run_dir (its control socket) and services.pzq.queues.q.monitor_endpoint "
+             f"both use ipc://{run_dir}/ctl"]),
+        "two queues on one data_dir": (
+            pzq(a=queue(tmp_path, "a", data_dir=str(tmp_path / "d")),
+                b=queue(tmp_path, "b", data_dir=str(tmp_path / "d"))),
+            ["services.pzq.queues.a.data_dir and services.pzq.queues.b.data_dir both use "
+             f"{tmp_path / 'd'}"]),
+        "a run directory that cannot be made": (
+            {"broker": {"run_dir": str(a_file / "run")}},
+            [f"broker.run_dir: cannot create '{a_file / 'run'}': '{a_file}' is not a "
+             "directory"]),
+        "a data_dir that cannot be made": (
+            pzq(q=queue(tmp_path, "q", data_dir=str(a_file / "q"))),
+            [f"services.pzq.queues.q.data_dir: cannot create '{a_file / 'q'}'"]),
+        "replicas without peers": (
+            pzq(q=queue(tmp_path, "q", replicas=1)),
+            ["services.pzq.queues.q.replicas: 1 needs a cluster (cluster.enabled: true) or "
+             "static peers"]),
+        "retention on a push queue": (
+            pzq(q=queue(tmp_path, "q", retention_bytes="1MiB")),
+            ["services.pzq: queue 'q': retention_bytes and retention_seconds are for stream "
+             "queues"]),
+        "an endpoint with no port": (
+            {"services": {"zpipes": {"endpoint": "tcp://127.0.0.1:http"}}},
+            ["services.zpipes.endpoint: 'tcp://127.0.0.1:http': 'http' is not a port"]),
+        "an ipc socket in no folder": (
+            {"services": {"zpipes": {"endpoint": f"ipc://{tmp_path}/nothing/here.sock"}}},
+            [f"services.zpipes.endpoint: cannot bind ipc://{tmp_path}/nothing/here.sock: "
+             f"there is no folder '{tmp_path}/nothing'"]),
+        "a log folder that is not there, and a clash": (
+            {"log": {"file": str(tmp_path / "no" / "broker.log")},
+             "metrics": {"bind": port},
+             **pzq(q=queue(tmp_path, "q", send_endpoint=f"tcp://127.0.0.1:{port}"))},
+            [f"log.file: cannot open log file '{tmp_path / 'no' / 'broker.log'}': there is no "
+             f"folder '{tmp_path / 'no'}'",
+             f"services.pzq.queues.q.send_endpoint and metrics.bind both use "
+             f"tcp://127.0.0.1:{port}"]),
+        "a cluster key file that is not there": (
+            {"cluster": {"enabled": True, "discovery": False, "bind": "tcp://127.0.0.1:*",
+                         "key_file": str(tmp_path / "no.key")}},
+            [f"cluster.key_file: cannot read cluster key file {tmp_path / 'no.key'}"]),
+    }
+
+
+CASES = ["two queues on the default endpoints", "a queue's endpoint is another queue's",
+         "ZPIPES and the cluster on one port", "metrics on a queue's port",
+         "a monitor on the control socket", "two queues on one data_dir",
+         "a run directory that cannot be made", "a data_dir that cannot be made",
+         "replicas without peers", "retention on a push queue", "an endpoint with no port",
+         "an ipc socket in no folder", "a log folder that is not there, and a clash",
+         "a cluster key file that is not there"]
+
+
+def problem_lines(stderr: str, prefix: str) -> list[str]:
+    lines = stderr.splitlines()
+    assert all(line.startswith(prefix) for line in lines), stderr
+    return [line[len(prefix):] for line in lines]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_config_start_refuses_check_config_refuses_with_the_same_lines(start_broker,
+                                                                          tmp_path, case):
+    config, pieces = refused_configs(tmp_path)[case]
+    b = start_broker(config=config, wait=False)
+    assert b.wait() == 1
+    started = problem_lines(b.stderr(), KEY)
+    checked = run_zbroker(["check-config", str(b.config_path)], cwd=tmp_path)
+    assert checked.returncode == 1 and checked.stdout == ""
+    assert problem_lines(checked.stderr, f"{KEY}{b.config_path}: ") == started
+    assert len(started) == len(pieces), started  # one line a problem
+    for line, piece in zip(started, pieces, strict=True):
+        assert piece in line, (piece, started)
+    assert "Traceback" not in b.stderr()
+    assert not (b.dir / "zbroker" / b.name).exists()  # refused before anything was made
+
+
+def test_a_config_check_config_passes_starts(start_broker, tmp_path):
+    port = free_port()
+    config = {**pzq(jobs=queue(tmp_path, "jobs"),
+                    events=queue(tmp_path, "events", mode="stream",
+                                 stream_endpoint=f"tcp://127.0.0.1:{free_port()}")),
+              "metrics": {"bind": f"127.0.0.1:{port}"},
+              "cluster": {"enabled": True, "insecure": True, "discovery": False,
+                          "bind": f"tcp://127.0.0.1:{free_port()}"},
+              "log": {"file": str(tmp_path / "broker.log")}}
+    path = tmp_path / "good.cfg"
+    path.write_text(yaml.safe_dump(config))
+    checked = run_zbroker(["check-config", str(path)], cwd=tmp_path)
+    assert checked.returncode == 0 and checked.stdout == f"{path}: OK\n", checked
+    b = start_broker(name=unique_name(), config=config)
+    assert b.stop() == 0
+
+
+def test_a_duplicated_queue_name_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "twice.cfg"
+    path.write_text("services:\n  pzq:\n    enabled: true\n    queues:\n"
+                    "      jobs: {}\n      jobs: {mode: stream}\n")
+    r = run_zbroker(["check-config", str(path)], cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [f"zbroker: {path}: line 6, column 7: not valid YAML: "
+                                     "duplicate key 'jobs'"]
+
+
+def test_reload_refuses_a_config_that_would_not_start(start_broker, tmp_path):
+    jobs = queue(tmp_path, "jobs")
+    b = start_broker(config=pzq(jobs=jobs))
+    clashing = pzq(jobs=jobs, events=queue(tmp_path, "events",
+                                           receive_endpoint=jobs["receive_endpoint"]))
+    b.config_path.write_text(yaml.safe_dump(clashing, sort_keys=False))
+    r = run_zbroker(["reload", b.name], cwd=b.dir)
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "zbroker: reload refused: services.pzq.queues.jobs.receive_endpoint and "
+        "services.pzq.queues.events.receive_endpoint both use "
+        f"{jobs['receive_endpoint']}: give each its own"]
+    assert b.alive()
+    assert b.stop() == 0
