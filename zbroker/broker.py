@@ -33,16 +33,29 @@ from zbroker import logs
 from zbroker.runtime import event_loop, heap
 from zbroker.runtime.limits import raise_open_file_limit
 
-from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
+from .config import (
+    Config,
+    ConfigError,
+    config_diff,
+    iter_settings,
+    load_config,
+    with_setting,
+    with_value,
+)
 from .management import CommandError, ControlServer
 from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from .zmtp.admission import PROCESS_BUDGET
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
+RELINK_BIND_WAIT = 5.0  # seconds a new cluster node waits for the peer socket's port
 LOG_FLUSH_INTERVAL = 1.0  # seconds between writing the counts of collapsed repeated warnings
-#: keys a running broker cannot change; SIGHUP refuses a config that changes them
+#: keys a running broker cannot change: a reload keeps their running values and names them
+#: ("restart needed for: ..."), a ``set`` of one is refused
 RESTART_KEYS = ("broker.name", "broker.run_dir")
+#: the cluster keys a reload applies (a new key: the cluster node starts anew with it and links
+#: its peers again); every other cluster key of a running cluster needs a restart
+CLUSTER_RELOAD_KEYS = ("cluster.key_file", "cluster.insecure")
 
 
 class StartupError(Exception):
@@ -89,7 +102,8 @@ class Broker:
 
     def __init__(self, config: Config, *, config_path: str | os.PathLike[str] | None = None,
                  overrides: Mapping[str, Any] | None = None,
-                 registry: Mapping[str, type[Service]] | None = None):
+                 registry: Mapping[str, type[Service]] | None = None,
+                 seeds: tuple[str, ...] = ()):
         if registry is None:
             from .services import installed
 
@@ -115,6 +129,12 @@ class Broker:
         self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
         self.metrics: Any = None  # the metrics endpoint (zbroker.metrics), when metrics.bind
         self._build: tuple[str, str] | None = None  # (zbroker version, Python version)
+        self.seeds = tuple(seeds)  # a join token's: said HELLO to as cluster.peers are
+        #: what the cluster runs with: (key pair or None, key file, made), once it started
+        self._cluster_keys: Any = None
+        self._relinking: asyncio.Task[None] | None = None  # the node started anew
+        #: what the last reload or set applied: keys changed, keys that need a restart
+        self.last_applied: dict[str, Any] = {}
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -208,8 +228,9 @@ class Broker:
         return max((self.registry[name].largest_message(getattr(self.config.services, name))
                     for name in self._enabled_services(self.config)), default=0)
 
-    async def _start_cluster(self) -> None:
-        from .cluster.node import ClusterError, ClusterNode, message_limit
+    def _cluster_node(self) -> Any:
+        """A cluster node for the running config and services (not started)."""
+        from .cluster.node import ClusterNode, message_limit
 
         by_name = {service.name: service for service in self.services}
 
@@ -218,20 +239,120 @@ class Broker:
             if target is not None:
                 target.peer_message(peer, frames)
 
-        node = ClusterNode(
+        return ClusterNode(
             self.config.cluster, self.name, self.zmq_context, self.loop,
             logs.get_logger(component="cluster"),
             on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
             on_message=on_message, max_message=message_limit(self._largest_payload()),
-            features={service.name: service.features() for service in self.services})
+            features={service.name: service.features() for service in self.services},
+            seeds=self.seeds)
+
+    async def _start_cluster(self) -> None:
+        from .cluster.node import ClusterError
+        from .cluster.security import KeyFileError, cluster_keys
+
         try:
-            await node.start()
+            keys = cluster_keys(self.config.cluster)
+        except KeyFileError as exc:
+            raise StartupError(str(exc)) from None
+        node = self._cluster_node()
+        try:
+            await node.start(keys)
         except ClusterError as exc:
             raise StartupError(str(exc)) from None
+        self.cluster, self._cluster_keys = node, keys
+        for port in self._ports:
+            port.node = node
+        if keys[0] is not None:
+            try:
+                self._write_join_file(announce=True)
+            except CommandError:
+                pass  # (logged)
+
+    def _relink_cluster(self, keys: Any) -> None:
+        """Start the cluster node anew with ``keys`` (a new cluster key), after the one
+        that runs, or will once a relink under way is done."""
+        self._cluster_keys = keys
+        before = self._relinking
+        self._relinking = self.loop.create_task(self._relink(keys, before))
+
+    async def _relink(self, keys: Any, before: asyncio.Task[None] | None) -> None:
+        """The node of before says BYE to its peers ("the cluster key changed") and goes,
+        every peer's life ends; a new node binds the same peer socket with the new key and
+        says HELLO to the seeds, to zeroconf's brokers and to the peers of before: those that
+        have the same key link again."""
+        from .cluster.node import ClusterError
+
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        old = self.cluster
+        contacts = [peer["endpoint"] for peer in old.peers()] if old is not None else []
+        self.log.info("cluster key changed: linking the peers anew",
+                      key_file=str(keys[1]) if keys[1] else None, peers=len(contacts))
+        node = self._cluster_node()
+        if old is not None:
+            self.cluster = None
+            for port in self._ports:
+                port.node = None
+            await old.stop(why="the cluster key changed")
+            node.carry_counters(old)
+        try:
+            await node.start(keys, bind_wait=RELINK_BIND_WAIT)
+        except ClusterError as exc:
+            self.log.error("cluster stopped: the new key could not be applied", reason=str(exc))
+            await node.stop()
+            return
+        except asyncio.CancelledError:
+            await node.stop()
+            raise
+        for endpoint in contacts:
+            node.add_contact(endpoint, pinned=False)
         self.cluster = node
         for port in self._ports:
             port.node = node
+        if keys[0] is not None:
+            try:
+                self._write_join_file()
+            except CommandError:
+                pass  # (logged)
+
+    def _write_join_file(self, announce: bool = False) -> dict[str, Any]:
+        """Write the cluster's join file (a join token: our key and our endpoint as the seed,
+        mode 0600; see cluster/joining.py) and, with ``announce``, say what to run on another
+        host (on standard output and in the log). Returns what ``zbroker join-token`` shows;
+        CommandError when there is nothing to join (no cluster, no key) or it cannot be
+        written."""
+        from .cluster import joining
+        from .cluster.join_token import JoinToken
+
+        node = self.cluster
+        if node is None or node.keys() is None:
+            raise CommandError("this broker has no cluster with a key to join: start it with "
+                               "--cluster (and without cluster.insecure)")
+        public, secret = node.keys()
+        seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
+        token = JoinToken(self.config.cluster.name, (seed,), public, secret)
+        path = joining.join_file_path(token.cluster)
+        try:
+            joining.write_private(path, joining.join_file_text(token))
+        except OSError as exc:
+            self.log.warning("cannot write the cluster's join file", file=str(path),
+                             reason=exc.strerror or str(exc))
+            raise CommandError(f"cannot write the join file {path}: "
+                               f"{exc.strerror or exc}") from None
+        text = joining.instructions(path, self.name)
+        if loopback:
+            text += ("\n(the seed in it, " + seed + ", is a loopback address that no other "
+                     "host reaches: name this host's address with --advertise ADDRESS)")
+        if announce:
+            print(text, flush=True)
+            self.log.info("cluster join file written", file=str(path), seed=seed,
+                          run_on_another_host=f"zbroker {self.name} --join-file {path.name}")
+        from .cluster.join_token import encode
+
+        return {"file": str(path), "cluster": token.cluster, "seed": seed,
+                "token": encode(token), "instructions": text}
 
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.
@@ -242,6 +363,10 @@ class Broker:
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, metrics.stop)
+        relinking, self._relinking = self._relinking, None
+        if relinking is not None and not relinking.done():
+            relinking.cancel()
+            await asyncio.gather(relinking, return_exceptions=True)
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             for port in self._ports:
@@ -324,16 +449,35 @@ class Broker:
             self.log.error("cannot reopen the log file", file=str(log.file), reason=str(exc))
 
     def apply_config(self, new: Config, what: str = "config reload") -> str | None:
-        """Apply ``new`` to the services and logging, all or nothing (SIGHUP, ``zbroker
-        reload``, ``zbroker set``): None if applied, else why not (also logged)."""
+        """Apply ``new`` to the services, logging and the cluster's key, all or nothing
+        (SIGHUP, ``zbroker reload``, ``zbroker set``): None if applied, else why not (also
+        logged). The keys that only change with a restart keep their running values: a
+        reload names them (``self.last_applied["restart_needed"]``, and the log), a ``set`` of
+        one is refused. A new cluster key (cluster.key_file, cluster.insecure, or what the
+        key file holds) makes the cluster node start anew with it, its peers linked again."""
         old = self.config
         changed = config_diff(old, new)
-        fixed = [k for k in changed if k in RESTART_KEYS or k.startswith("cluster.")
-                 or self._needs_restart(k)]
-        if fixed:
+        fixed = [k for k in changed if self._restart_needed(k)]
+        if fixed and what != "config reload":
             reason = "these keys only change with a restart: " + ", ".join(fixed)
             self.log.error(f"{what} refused", reason=reason)
             return reason
+        if fixed:  # the running values stay until a restart
+            running = dict(iter_settings(old))
+            for key in fixed:
+                new = with_value(new, key, running[key])
+        new_keys = None  # the cluster's new key, when it changes
+        if self._cluster_keys is not None:
+            from .cluster.security import KeyFileError, cluster_keys
+
+            try:
+                keys = cluster_keys(new.cluster)
+            except KeyFileError as exc:
+                reason = f"cluster key: {exc}"
+                self.log.error(f"{what} refused", reason=reason)
+                return reason
+            if keys[:2] != self._cluster_keys[:2]:
+                new_keys = keys
         new_metrics = None
         if new.metrics.bind != old.metrics.bind and self.loop is not None \
                 and new.metrics.bind is not None:
@@ -385,11 +529,22 @@ class Broker:
             from .cluster.node import message_limit
 
             self.cluster.set_max_message(message_limit(self._largest_payload()))
+        applied = [k for k in changed if k not in fixed]
+        if new_keys is not None:
+            self._relink_cluster(new_keys)
+        self.last_applied = {"changed": applied, "restart_needed": fixed,
+                             "cluster_key_changed": new_keys is not None}
         if what == "config reload":
             self.log.info("config reloaded",
-                          config=str(new.source) if new.source else "defaults", changed=changed)
+                          config=str(new.source) if new.source else "defaults", changed=applied,
+                          **({"cluster_key": "changed: the peers are linked anew"}
+                             if new_keys is not None else {}))
         else:
-            self.log.info(f"{what} applied", changed=changed)
+            self.log.info(f"{what} applied", changed=applied)
+        if fixed:
+            self.log.warning("restart needed for: " + ", ".join(fixed),
+                             keys=fixed, why="a reload cannot change these: the broker runs "
+                                             "on their values of before until it restarts")
         return None
 
     def _roll_back(self, applied: list[Service], old: Config, new: Config,
@@ -518,6 +673,7 @@ class Broker:
                 "get": lambda req: self.get_settings(req.get("key")),
                 "set": lambda req: self.set_setting(str(req.get("key")), req.get("value")),
                 "reload": self._reload_command,
+                "join-token": lambda req: self._write_join_file(),
                 "stop": self._stop_command,
             })
         try:
@@ -528,10 +684,14 @@ class Broker:
 
     def _reload_command(self, request: dict[str, Any]) -> dict[str, Any]:
         self.log.info("reload requested", by="zbroker reload")
+        self.last_applied = {}
         reason = self.try_reload()
         if reason is not None:
             raise CommandError(f"reload refused: {reason}")
-        return {"config": str(self.config.source) if self.config.source else None}
+        return {"config": str(self.config.source) if self.config.source else None,
+                "changed": self.last_applied.get("changed", []),
+                "restart_needed": self.last_applied.get("restart_needed", []),
+                "cluster_key_changed": self.last_applied.get("cluster_key_changed", False)}
 
     def _stop_command(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.loop is not None
@@ -539,6 +699,13 @@ class Broker:
         return {"pid": os.getpid()}
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _restart_needed(self, key: str) -> bool:
+        """Whether a change of ``key`` only takes effect with a restart."""
+        if key.startswith("cluster."):
+            return key == "cluster.enabled" or (self._cluster_keys is not None
+                                                and key not in CLUSTER_RELOAD_KEYS)
+        return key in RESTART_KEYS or self._needs_restart(key)
 
     def _needs_restart(self, key: str) -> bool:
         """Whether a service's ``key`` only changes with a restart: ``enabled``, and each
