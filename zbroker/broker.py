@@ -346,7 +346,10 @@ class Broker:
             text += ("\n(the seed in it, " + seed + ", is a loopback address that no other "
                      "host reaches: name this host's address with --advertise ADDRESS)")
         if announce:
-            print(text, flush=True)
+            try:
+                print(text, flush=True)
+            except OSError:  # no standard output to speak of: the log says it
+                pass
             self.log.info("cluster join file written", file=str(path), seed=seed,
                           run_on_another_host=f"zbroker {self.name} --join-file {path.name}")
         from .cluster.join_token import encode
