@@ -265,10 +265,7 @@ class Broker:
         for port in self._ports:
             port.node = node
         if keys[0] is not None:
-            try:
-                self._write_join_file(announce=True)
-            except CommandError:
-                pass  # (logged)
+            self._write_join_file(announce=True)
 
     def _relink_cluster(self, keys: Any) -> None:
         """Start the cluster node anew with ``keys`` (a new cluster key), after the one
@@ -312,19 +309,16 @@ class Broker:
         for port in self._ports:
             port.node = node
         if keys[0] is not None:
-            try:
-                self._write_join_file()
-            except CommandError:
-                pass  # (logged)
+            self._write_join_file()
 
     def _write_join_file(self, announce: bool = False) -> dict[str, Any]:
         """Write the cluster's join file (a join token: our key and our endpoint as the seed,
-        mode 0600; see cluster/joining.py) and, with ``announce``, say what to run on another
-        host (on standard output and in the log). Returns what ``zbroker join-token`` shows;
-        CommandError when there is nothing to join (no cluster, no key) or it cannot be
-        written."""
+        mode 0600, beside the key file; see cluster/joining.py) and, with ``announce``, say
+        what to run on another host (on standard output and in the log). Returns what
+        ``zbroker join-token`` shows (the token even when the file cannot be written: that is
+        logged and said); CommandError when there is nothing to join (no cluster, no key)."""
         from .cluster import joining
-        from .cluster.join_token import JoinToken
+        from .cluster.join_token import JoinToken, encode
 
         node = self.cluster
         if node is None or node.keys() is None:
@@ -333,15 +327,19 @@ class Broker:
         public, secret = node.keys()
         seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
         token = JoinToken(self.config.cluster.name, (seed,), public, secret)
-        path = joining.join_file_path(token.cluster)
+        path = joining.join_file_path(node.key_file)
         try:
             joining.write_private(path, joining.join_file_text(token))
+            text = joining.instructions(path, self.name)
+            written = True
         except OSError as exc:
-            self.log.warning("cannot write the cluster's join file", file=str(path),
+            self.log.warning("cannot write the cluster's join file: `zbroker join-token "
+                             "--token` prints the token", file=str(path),
                              reason=exc.strerror or str(exc))
-            raise CommandError(f"cannot write the join file {path}: "
-                               f"{exc.strerror or exc}") from None
-        text = joining.instructions(path, self.name)
+            text = (f"To add a host to this cluster, run there: zbroker {self.name} --join - "
+                    f"with the output of `zbroker join-token --token` here as its input "
+                    f"(the join file {path} cannot be written: {exc.strerror or exc})")
+            written = False
         if loopback:
             text += ("\n(the seed in it, " + seed + ", is a loopback address that no other "
                      "host reaches: name this host's address with --advertise ADDRESS)")
@@ -350,12 +348,12 @@ class Broker:
                 print(text, flush=True)
             except OSError:  # no standard output to speak of: the log says it
                 pass
-            self.log.info("cluster join file written", file=str(path), seed=seed,
-                          run_on_another_host=f"zbroker {self.name} --join-file {path.name}")
-        from .cluster.join_token import encode
-
-        return {"file": str(path), "cluster": token.cluster, "seed": seed,
-                "token": encode(token), "instructions": text}
+            if written:
+                self.log.info("cluster join file written", file=str(path), seed=seed,
+                              run_on_another_host=f"zbroker {self.name} --join-file "
+                                                  f"{path.name}")
+        return {"file": str(path) if written else None, "cluster": token.cluster,
+                "seed": seed, "token": encode(token), "instructions": text}
 
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.

@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import stat
+from pathlib import Path
 
 import pytest
 import zmq
@@ -135,6 +136,21 @@ def test_a_token_is_read_from_a_file_with_comments_or_from_standard_input(tmp_pa
     assert joining.read_token(file=str(path)) == t
     assert joining.read_token("-", stdin=io.StringIO(encode(t) + "\n")) == t
     assert joining.read_token(encode(t)) == t
+
+
+def test_standard_input_is_read_up_to_the_token_line():
+    """(a terminal need not end its input: the line of the token is enough)"""
+    t = token()
+    stdin = io.StringIO(f"# pasted\n\n{encode(t)}\nwhat follows is not read\n")
+    assert joining.read_token("-", stdin=stdin) == t
+    assert stdin.read() == "what follows is not read\n"
+
+
+def test_the_join_file_is_named_after_the_key_file_beside_it(tmp_path):
+    assert joining.join_file_path(tmp_path / "cluster-default.key") == (
+        tmp_path / "cluster-default.join")
+    assert joining.join_file_path("/etc/zbroker/prod.key") == Path("/etc/zbroker/prod.join")
+    assert joining.join_file_path("/k/key.join") == Path("/k/key.join.join")
 
 
 def test_reading_a_bad_token_says_where_it_came_from(tmp_path):

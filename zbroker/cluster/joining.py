@@ -1,8 +1,8 @@
 """Joining a cluster in two commands: the join file a member writes, and what a joining host
 does with it.
 
-A clustered broker with a key writes, at every start, its cluster's *join file* beside the
-default key file (``~/.config/zbroker/cluster-NAME.join``, mode 0600): a join token
+A clustered broker with a key writes, at every start, its cluster's *join file* beside its
+key file (``~/.config/zbroker/cluster-NAME.join`` for the default key, mode 0600): a join token
 (join_token.py) with the cluster's key and this broker's cluster endpoint as the seed, and
 says what to run on another host. There, ``zbroker NAME --join-file FILE`` (or ``--join -``,
 the token on standard input) reads the token, installs its key as that host's key of the
@@ -25,9 +25,12 @@ from .security import KeyFileError, default_key_path, load_key_file, write_key_f
 MAX_INPUT = 64 << 10
 
 
-def join_file_path(cluster: str) -> Path:
-    """Where a member writes the join file of cluster ``cluster``: beside its default key."""
-    return default_key_path(cluster).with_suffix(".join")
+def join_file_path(key_file: str | Path) -> Path:
+    """Where a member writes its cluster's join file: beside its key file, named after it
+    (``cluster-NAME.key`` -> ``cluster-NAME.join``)."""
+    key = Path(key_file)
+    path = key.with_name(key.stem + ".join")
+    return path if path != key else key.with_name(key.name + ".join")
 
 
 def read_token(value: str | None = None, file: str | None = None,
@@ -42,9 +45,14 @@ def read_token(value: str | None = None, file: str | None = None,
             raise JoinTokenError(f"cannot read the join file {file}: "
                                  f"{exc.strerror or exc}") from None
         where = f"the join file {file}"
-    elif value == "-":
-        text = (stdin or sys.stdin).read(MAX_INPUT)
-        where = "standard input"
+    elif value == "-":  # up to the token's line (a terminal need not end the input)
+        text, where = "", "standard input"
+        source = stdin or sys.stdin
+        while len(text) < MAX_INPUT:
+            line = source.readline(MAX_INPUT)
+            text += line
+            if not line or line.strip() and not line.lstrip().startswith("#"):
+                break
     elif value is not None:
         text, where = value, "--join"
     else:
