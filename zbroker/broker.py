@@ -2,9 +2,11 @@
 
     SIGINT, SIGTERM   stop every service (each within STOP_TIMEOUT), end the context, exit 0
     SIGHUP            re-read the config; every service reloads it, logging is re-configured
-                      and the log file reopened. A config that fails to load, changes what
-                      needs a restart, or that a service refuses, is refused as a whole: the
-                      broker logs why and keeps running on the config it has.
+                      and the log file reopened, a new cluster key links the peers anew. A
+                      config that fails to load, a key that cannot be read, or a change that a
+                      service refuses, is refused as a whole: the broker logs why and keeps
+                      running on the config it has. Keys that only change with a restart keep
+                      their running values and are named ("restart needed for: ...").
 
 While it runs, the broker answers management commands (status, get, set, reload, stop, logs)
 on ``<run_dir>/ctl`` (zbroker.management). ``set`` applies one setting through the same path
@@ -427,14 +429,22 @@ class Broker:
     def try_reload(self) -> str | None:
         """Re-read the config and apply it, all or nothing: None if applied, else why not
         (also logged). The log file is reopened either way (log rotation)."""
+        renamed = []
         try:
             new = load_config(self.config_path, self.overrides, schema=type(self.config))
+            if new.broker.name != self.name:
+                # a new name needs a restart, and what "{name}" became in other keys (an
+                # endpoint, a directory) must stay what it is: loaded again with our name
+                renamed = ["broker.name"]
+                over = {**self.overrides,
+                        "broker": {**self.overrides.get("broker", {}), "name": self.name}}
+                new = load_config(self.config_path, over, schema=type(self.config))
         except ConfigError as exc:
             self._reopen_log()
             self.log.error("config reload refused", reason=str(exc))
             self.reloads["refused"] += 1
             return str(exc)
-        reason = self.apply_config(new)
+        reason = self.apply_config(new, restart_needed=renamed)
         if reason is not None:
             self._reopen_log()
         self.reloads["ok" if reason is None else "refused"] += 1
@@ -449,16 +459,18 @@ class Broker:
         except (OSError, ValueError) as exc:
             self.log.error("cannot reopen the log file", file=str(log.file), reason=str(exc))
 
-    def apply_config(self, new: Config, what: str = "config reload") -> str | None:
+    def apply_config(self, new: Config, what: str = "config reload",
+                     restart_needed: list[str] | None = None) -> str | None:
         """Apply ``new`` to the services, logging and the cluster's key, all or nothing
         (SIGHUP, ``zbroker reload``, ``zbroker set``): None if applied, else why not (also
         logged). The keys that only change with a restart keep their running values: a
-        reload names them (``self.last_applied["restart_needed"]``, and the log), a ``set`` of
-        one is refused. A new cluster key (cluster.key_file, cluster.insecure, or what the
-        key file holds) makes the cluster node start anew with it, its peers linked again."""
+        reload names them (``self.last_applied["restart_needed"]``, and the log; with the keys
+        ``restart_needed`` the caller kept already), a ``set`` of one is refused. A new
+        cluster key (cluster.key_file, cluster.insecure, or what the key file holds) makes the
+        cluster node start anew with it, its peers linked again."""
         old = self.config
         changed = config_diff(old, new)
-        fixed = [k for k in changed if self._restart_needed(k)]
+        fixed = [*(restart_needed or []), *(k for k in changed if self._restart_needed(k))]
         if fixed and what != "config reload":
             reason = "these keys only change with a restart: " + ", ".join(fixed)
             self.log.error(f"{what} refused", reason=reason)
@@ -468,6 +480,7 @@ class Broker:
             for key in fixed:
                 new = with_value(new, key, running[key])
         new_keys = None  # the cluster's new key, when it changes
+        keys_moved = None  # the same key, in another file
         if self._cluster_keys is not None:
             from .cluster.security import KeyFileError, cluster_keys
 
@@ -477,8 +490,10 @@ class Broker:
                 reason = f"cluster key: {exc}"
                 self.log.error(f"{what} refused", reason=reason)
                 return reason
-            if keys[:2] != self._cluster_keys[:2]:
+            if keys[0] != self._cluster_keys[0]:
                 new_keys = keys
+            elif keys[1] != self._cluster_keys[1]:
+                keys_moved = keys
         new_metrics = None
         if new.metrics.bind != old.metrics.bind and self.loop is not None \
                 and new.metrics.bind is not None:
@@ -533,6 +548,9 @@ class Broker:
         applied = [k for k in changed if k not in fixed]
         if new_keys is not None:
             self._relink_cluster(new_keys)
+        elif keys_moved is not None and self.cluster is not None:  # the same key elsewhere
+            self._cluster_keys = keys_moved
+            self.cluster.key_file = str(keys_moved[1])
         self.last_applied = {"changed": applied, "restart_needed": fixed,
                              "cluster_key_changed": new_keys is not None}
         if what == "config reload":
