@@ -328,7 +328,10 @@ class Broker:
                                "--cluster (and without cluster.insecure)")
         public, secret = node.keys()
         seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
-        token = JoinToken(self.config.cluster.name, (seed,), public, secret)
+        # and the seeds we were given: a join file copied back over the one it came from
+        # still names a member other than ourselves
+        seeds = joining.usable_seeds((seed, *self.config.cluster.peers, *self.seeds))
+        token = JoinToken(self.config.cluster.name, seeds, public, secret)
         path = joining.join_file_path(node.key_file)
         try:
             joining.write_private(path, joining.join_file_text(token))

@@ -165,6 +165,9 @@ def test_the_readme_two_host_section_runs_as_written(two_subnets):
     assert key_b.read_bytes() == key_a.read_bytes()
     assert stat.S_IMODE(key_b.stat().st_mode) == 0o600
     assert a.peers()[0]["endpoint"] == f"tcp://{b.host.address}:5670"
+    # B's own join file names B, then the member it joined through
+    assert read_token(file=str(b.home / ".config" / "zbroker" / name)).seeds == (
+        f"tcp://{b.host.address}:5670", f"tcp://{a.host.address}:5670")
 
     # a pipe written on A is read on B
     reader = hosts["host-b"].bash(read_b)

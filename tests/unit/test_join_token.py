@@ -226,6 +226,13 @@ def test_the_seed_is_the_advertised_endpoint_or_an_address_of_this_host():
     assert loopback == host.startswith("127.")
 
 
+def test_a_join_file_names_this_broker_first_then_the_seeds_it_was_given():
+    assert joining.usable_seeds(["tcp://10.0.0.2:5670", "tcp://10.0.0.1:5670", "ipc://@/x",
+                                 "tcp://*:5670", "tcp://10.0.0.2:5670"]) == (
+        "tcp://10.0.0.2:5670", "tcp://10.0.0.1:5670")
+    assert len(joining.usable_seeds(f"tcp://10.0.1.{i}:5670" for i in range(40))) == 16
+
+
 @pytest.mark.parametrize("text,endpoint", [
     ("10.0.0.5", "tcp://10.0.0.5:5670"),
     ("10.0.0.5:6000", "tcp://10.0.0.5:6000"),

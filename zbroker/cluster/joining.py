@@ -15,10 +15,12 @@ import ipaddress
 import os
 import socket
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from .join_token import JoinToken, JoinTokenError, decode, encode
+from .join_token import MAX_SEEDS, JoinToken, JoinTokenError, decode, encode
+from .membership import endpoint_problem
 from .security import KeyFileError, default_key_path, load_key_file, write_key_file
 
 #: what a token's file or standard input may hold, at most
@@ -130,6 +132,16 @@ def instructions(path: Path, broker: str) -> str:
     return (f"To add a host to this cluster, copy {path} to it (it holds the cluster key: "
             "keep it private), then run there:\n"
             f"    zbroker {broker} --join-file {path.name}")
+
+
+def usable_seeds(endpoints: Iterable[str]) -> tuple[str, ...]:
+    """The endpoints a join token can name as seeds (tcp://HOST:PORT), each once, in order,
+    at most MAX_SEEDS."""
+    found: dict[str, None] = {}
+    for endpoint in endpoints:
+        if endpoint_problem(endpoint, "tcp") is None:
+            found.setdefault(endpoint)
+    return tuple(found)[:MAX_SEEDS]
 
 
 def seed_endpoint(advertised: str, bound: str) -> tuple[str, bool]:
