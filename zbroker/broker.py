@@ -354,11 +354,11 @@ class Broker:
             except OSError:  # no standard output to speak of: the log says it
                 pass
             if written:
-                self.log.info("cluster join file written", file=str(path), seed=seed,
+                self.log.info("cluster join file written", file=str(path), seeds=list(seeds),
                               run_on_another_host=f"zbroker {self.name} --join-file "
                                                   f"{path.name}")
         return {"file": str(path) if written else None, "cluster": token.cluster,
-                "seed": seed, "token": encode(token), "instructions": text}
+                "seeds": list(seeds), "token": encode(token), "instructions": text}
 
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.

@@ -48,7 +48,7 @@ def test_a_clustered_broker_says_how_to_join_and_keeps_the_join_file_private(sta
     r = zb(b, "join-token")
     assert r.returncode == 0 and f"copy {join} to it" in r.stdout
     r = zb(b, "join-token", "--json")
-    assert json.loads(r.stdout)["seed"] == f"tcp://192.0.2.7:{port}"
+    assert json.loads(r.stdout)["seeds"] == [f"tcp://192.0.2.7:{port}"]
 
 
 def test_a_seed_on_loopback_is_said_to_be_of_no_use_to_other_hosts(start_broker):

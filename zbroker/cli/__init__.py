@@ -250,8 +250,8 @@ def _say_joined(log: Any, token: Any, installed: tuple[Any, str], args: Any) -> 
         log.warning("cluster key replaced by the join token's", **fields,
                     old_key=f"{path}.old")
     else:
-        log.info(f"cluster key {'installed from' if done == 'installed' else 'same as'} "
-                 "the join token", **fields)
+        log.info("cluster key installed from the join token" if done == "installed" else
+                 "cluster key already the join token's", **fields)
     if args.join_file is not None:
         try:
             mode = os.stat(args.join_file).st_mode
