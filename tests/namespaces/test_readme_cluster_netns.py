@@ -214,7 +214,7 @@ def test_reload_applies_a_new_key_and_relinks(tmp_path):
         key_a = a.dir / "config" / "zbroker" / "cluster-default.key"
         key_b = b.dir / "config" / "zbroker" / "cluster-default.key"
         assert key_a.read_bytes() != key_b.read_bytes()  # each made its own
-        a.wait_for_log("cluster connection refused", timeout=15)
+        wait_until(lambda: refused(a) > 0 and refused(b) > 0, WAIT, "each refuses the other")
         assert a.peers() == set() and b.peers() == set()
 
         # the issue's case: A's key copied over B's, then a reload, no restart
@@ -256,6 +256,12 @@ def test_reload_applies_a_new_key_and_relinks(tmp_path):
         assert a.peers() == {b.endpoint}
     finally:
         bed.close()
+
+
+def refused(host: netns.Host) -> int:
+    """Handshakes the host's broker refused (its status)."""
+    status = json.loads(host.zbroker("status", "--json"))
+    return int((status.get("cluster") or {}).get("refused") or 0)
 
 
 def set_key_file(host: netns.Host, key: Path, **cluster) -> None:
