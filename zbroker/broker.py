@@ -2,9 +2,11 @@
 
     SIGINT, SIGTERM   stop every service (each within STOP_TIMEOUT), end the context, exit 0
     SIGHUP            re-read the config; every service reloads it, logging is re-configured
-                      and the log file reopened. A config that fails to load, changes what
-                      needs a restart, or that a service refuses, is refused as a whole: the
-                      broker logs why and keeps running on the config it has.
+                      and the log file reopened, a new cluster key links the peers anew. A
+                      config that fails to load, a key that cannot be read, or a change that a
+                      service refuses, is refused as a whole: the broker logs why and keeps
+                      running on the config it has. Keys that only change with a restart keep
+                      their running values and are named ("restart needed for: ...").
 
 While it runs, the broker answers management commands (status, get, set, reload, stop, logs)
 on ``<run_dir>/ctl`` (zbroker.management). ``set`` applies one setting through the same path
@@ -33,16 +35,29 @@ from zbroker import logs
 from zbroker.runtime import event_loop, heap
 from zbroker.runtime.limits import raise_open_file_limit
 
-from .config import Config, ConfigError, config_diff, iter_settings, load_config, with_setting
+from .config import (
+    Config,
+    ConfigError,
+    config_diff,
+    iter_settings,
+    load_config,
+    with_setting,
+    with_value,
+)
 from .management import CommandError, ControlServer
 from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from .zmtp.admission import PROCESS_BUDGET
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
+RELINK_BIND_WAIT = 5.0  # seconds a new cluster node waits for the peer socket's port
 LOG_FLUSH_INTERVAL = 1.0  # seconds between writing the counts of collapsed repeated warnings
-#: keys a running broker cannot change; SIGHUP refuses a config that changes them
+#: keys a running broker cannot change: a reload keeps their running values and names them
+#: ("restart needed for: ..."), a ``set`` of one is refused
 RESTART_KEYS = ("broker.name", "broker.run_dir")
+#: the cluster keys a reload applies (a new key: the cluster node starts anew with it and links
+#: its peers again); every other cluster key of a running cluster needs a restart
+CLUSTER_RELOAD_KEYS = ("cluster.key_file", "cluster.insecure")
 
 
 class StartupError(Exception):
@@ -89,7 +104,8 @@ class Broker:
 
     def __init__(self, config: Config, *, config_path: str | os.PathLike[str] | None = None,
                  overrides: Mapping[str, Any] | None = None,
-                 registry: Mapping[str, type[Service]] | None = None):
+                 registry: Mapping[str, type[Service]] | None = None,
+                 seeds: tuple[str, ...] = ()):
         if registry is None:
             from .services import installed
 
@@ -115,6 +131,12 @@ class Broker:
         self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
         self.metrics: Any = None  # the metrics endpoint (zbroker.metrics), when metrics.bind
         self._build: tuple[str, str] | None = None  # (zbroker version, Python version)
+        self.seeds = tuple(seeds)  # a join token's: said HELLO to as cluster.peers are
+        #: what the cluster runs with: (key pair or None, key file, made), once it started
+        self._cluster_keys: Any = None
+        self._relinking: asyncio.Task[None] | None = None  # the node started anew
+        #: what the last reload or set applied: keys changed, keys that need a restart
+        self.last_applied: dict[str, Any] = {}
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -213,8 +235,9 @@ class Broker:
         return max((self.registry[name].largest_message(getattr(self.config.services, name))
                     for name in self._enabled_services(self.config)), default=0)
 
-    async def _start_cluster(self) -> None:
-        from .cluster.node import ClusterError, ClusterNode, message_limit
+    def _cluster_node(self) -> Any:
+        """A cluster node for the running config and services (not started)."""
+        from .cluster.node import ClusterNode, message_limit
 
         by_name = {service.name: service for service in self.services}
 
@@ -223,20 +246,124 @@ class Broker:
             if target is not None:
                 target.peer_message(peer, frames)
 
-        node = ClusterNode(
+        return ClusterNode(
             self.config.cluster, self.name, self.zmq_context, self.loop,
             logs.get_logger(component="cluster"),
             on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
             on_message=on_message, max_message=message_limit(self._largest_payload()),
-            features={service.name: service.features() for service in self.services})
+            features={service.name: service.features() for service in self.services},
+            seeds=self.seeds)
+
+    async def _start_cluster(self) -> None:
+        from .cluster.node import ClusterError
+        from .cluster.security import KeyFileError, cluster_keys
+
         try:
-            await node.start()
+            keys = cluster_keys(self.config.cluster)
+        except KeyFileError as exc:
+            raise StartupError(str(exc)) from None
+        node = self._cluster_node()
+        try:
+            await node.start(keys)
         except ClusterError as exc:
             raise StartupError(str(exc)) from None
+        self.cluster, self._cluster_keys = node, keys
+        for port in self._ports:
+            port.node = node
+        if keys[0] is not None:
+            self._write_join_file(announce=True)
+
+    def _relink_cluster(self, keys: Any) -> None:
+        """Start the cluster node anew with ``keys`` (a new cluster key), after the one
+        that runs, or will once a relink under way is done."""
+        self._cluster_keys = keys
+        before = self._relinking
+        self._relinking = self.loop.create_task(self._relink(keys, before))
+
+    async def _relink(self, keys: Any, before: asyncio.Task[None] | None) -> None:
+        """The node of before says BYE to its peers ("the cluster key changed") and goes,
+        every peer's life ends; a new node binds the same peer socket with the new key and
+        says HELLO to the seeds, to zeroconf's brokers and to the peers of before: those that
+        have the same key link again."""
+        from .cluster.node import ClusterError
+
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        old = self.cluster
+        contacts = [peer["endpoint"] for peer in old.peers()] if old is not None else []
+        self.log.info("cluster key changed: linking the peers anew",
+                      key_file=str(keys[1]) if keys[1] else None, peers=len(contacts))
+        node = self._cluster_node()
+        if old is not None:
+            self.cluster = None
+            for port in self._ports:
+                port.node = None
+            await old.stop(why="the cluster key changed")
+            node.carry_counters(old)
+        try:
+            await node.start(keys, bind_wait=RELINK_BIND_WAIT)
+        except ClusterError as exc:
+            self.log.error("cluster stopped: the new key could not be applied", reason=str(exc))
+            await node.stop()
+            return
+        except asyncio.CancelledError:
+            await node.stop()
+            raise
+        for endpoint in contacts:
+            node.add_contact(endpoint, pinned=False)
         self.cluster = node
         for port in self._ports:
             port.node = node
+        if keys[0] is not None:
+            self._write_join_file()
+
+    def _write_join_file(self, announce: bool = False) -> dict[str, Any]:
+        """Write the cluster's join file (a join token: our key and our endpoint as the seed,
+        mode 0600, beside the key file; see cluster/joining.py) and, with ``announce``, say
+        what to run on another host (on standard output and in the log). Returns what
+        ``zbroker join-token`` shows (the token even when the file cannot be written: that is
+        logged and said); CommandError when there is nothing to join (no cluster, no key)."""
+        from .cluster import joining
+        from .cluster.join_token import JoinToken, encode
+
+        node = self.cluster
+        if node is None or node.keys() is None:
+            raise CommandError("this broker has no cluster with a key to join: start it with "
+                               "--cluster (and without cluster.insecure)")
+        public, secret = node.keys()
+        seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
+        # and the seeds we were given: a join file copied back over the one it came from
+        # still names a member other than ourselves
+        seeds = joining.usable_seeds((seed, *self.config.cluster.peers, *self.seeds))
+        token = JoinToken(self.config.cluster.name, seeds, public, secret)
+        path = joining.join_file_path(node.key_file)
+        try:
+            joining.write_private(path, joining.join_file_text(token))
+            text = joining.instructions(path, self.name)
+            written = True
+        except OSError as exc:
+            self.log.warning("cannot write the cluster's join file: `zbroker join-token "
+                             "--token` prints the token", file=str(path),
+                             reason=exc.strerror or str(exc))
+            text = (f"To add a host to this cluster, run there: zbroker {self.name} --join - "
+                    f"with the output of `zbroker join-token --token` here as its input "
+                    f"(the join file {path} cannot be written: {exc.strerror or exc})")
+            written = False
+        if loopback:
+            text += ("\n(the seed in it, " + seed + ", is a loopback address that no other "
+                     "host reaches: name this host's address with --advertise ADDRESS)")
+        if announce:
+            try:
+                print(text, flush=True)
+            except OSError:  # no standard output to speak of: the log says it
+                pass
+            if written:
+                self.log.info("cluster join file written", file=str(path), seeds=list(seeds),
+                              run_on_another_host=f"zbroker {self.name} --join-file "
+                                                  f"{path.name}")
+        return {"file": str(path) if written else None, "cluster": token.cluster,
+                "seeds": list(seeds), "token": encode(token), "instructions": text}
 
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.
@@ -247,6 +374,10 @@ class Broker:
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             await asyncio.get_running_loop().run_in_executor(None, metrics.stop)
+        relinking, self._relinking = self._relinking, None
+        if relinking is not None and not relinking.done():
+            relinking.cancel()
+            await asyncio.gather(relinking, return_exceptions=True)
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             for port in self._ports:
@@ -306,8 +437,16 @@ class Broker:
     def try_reload(self) -> str | None:
         """Re-read the config and apply it, all or nothing: None if applied, else why not
         (also logged). The log file is reopened either way (log rotation)."""
+        renamed = []
         try:
             new = load_config(self.config_path, self.overrides, schema=type(self.config))
+            if new.broker.name != self.name:
+                # a new name needs a restart, and what "{name}" became in other keys (an
+                # endpoint, a directory) must stay what it is: loaded again with our name
+                renamed = ["broker.name"]
+                over = {**self.overrides,
+                        "broker": {**self.overrides.get("broker", {}), "name": self.name}}
+                new = load_config(self.config_path, over, schema=type(self.config))
         except ConfigError as exc:
             self._reopen_log()
             self.log.error("config reload refused", reason=str(exc))
@@ -321,7 +460,7 @@ class Broker:
             self.log.error("config reload refused", reason="; ".join(problems))
             self.reloads["refused"] += 1
             return "\n".join(problems)
-        reason = self.apply_config(new)
+        reason = self.apply_config(new, restart_needed=renamed)
         if reason is not None:
             self._reopen_log()
         self.reloads["ok" if reason is None else "refused"] += 1
@@ -336,17 +475,41 @@ class Broker:
         except (OSError, ValueError) as exc:
             self.log.error("cannot reopen the log file", file=str(log.file), reason=str(exc))
 
-    def apply_config(self, new: Config, what: str = "config reload") -> str | None:
-        """Apply ``new`` to the services and logging, all or nothing (SIGHUP, ``zbroker
-        reload``, ``zbroker set``): None if applied, else why not (also logged)."""
+    def apply_config(self, new: Config, what: str = "config reload",
+                     restart_needed: list[str] | None = None) -> str | None:
+        """Apply ``new`` to the services, logging and the cluster's key, all or nothing
+        (SIGHUP, ``zbroker reload``, ``zbroker set``): None if applied, else why not (also
+        logged). The keys that only change with a restart keep their running values: a
+        reload names them (``self.last_applied["restart_needed"]``, and the log; with the keys
+        ``restart_needed`` the caller kept already), a ``set`` of one is refused. A new
+        cluster key (cluster.key_file, cluster.insecure, or what the key file holds) makes the
+        cluster node start anew with it, its peers linked again."""
         old = self.config
         changed = config_diff(old, new)
-        fixed = [k for k in changed if k in RESTART_KEYS or k.startswith("cluster.")
-                 or self._needs_restart(k)]
-        if fixed:
+        fixed = [*(restart_needed or []), *(k for k in changed if self._restart_needed(k))]
+        if fixed and what != "config reload":
             reason = "these keys only change with a restart: " + ", ".join(fixed)
             self.log.error(f"{what} refused", reason=reason)
             return reason
+        if fixed:  # the running values stay until a restart
+            running = dict(iter_settings(old))
+            for key in fixed:
+                new = with_value(new, key, running[key])
+        new_keys = None  # the cluster's new key, when it changes
+        keys_moved = None  # the same key, in another file
+        if self._cluster_keys is not None:
+            from .cluster.security import KeyFileError, cluster_keys
+
+            try:
+                keys = cluster_keys(new.cluster)
+            except KeyFileError as exc:
+                reason = f"cluster key: {exc}"
+                self.log.error(f"{what} refused", reason=reason)
+                return reason
+            if keys[0] != self._cluster_keys[0]:
+                new_keys = keys
+            elif keys[1] != self._cluster_keys[1]:
+                keys_moved = keys
         new_metrics = None
         if new.metrics.bind != old.metrics.bind and self.loop is not None \
                 and new.metrics.bind is not None:
@@ -398,11 +561,25 @@ class Broker:
             from .cluster.node import message_limit
 
             self.cluster.set_max_message(message_limit(self._largest_payload()))
+        applied = [k for k in changed if k not in fixed]
+        if new_keys is not None:
+            self._relink_cluster(new_keys)
+        elif keys_moved is not None and self.cluster is not None:  # the same key elsewhere
+            self._cluster_keys = keys_moved
+            self.cluster.key_file = str(keys_moved[1])
+        self.last_applied = {"changed": applied, "restart_needed": fixed,
+                             "cluster_key_changed": new_keys is not None}
         if what == "config reload":
             self.log.info("config reloaded",
-                          config=str(new.source) if new.source else "defaults", changed=changed)
+                          config=str(new.source) if new.source else "defaults", changed=applied,
+                          **({"cluster_key": "changed: the peers are linked anew"}
+                             if new_keys is not None else {}))
         else:
-            self.log.info(f"{what} applied", changed=changed)
+            self.log.info(f"{what} applied", changed=applied)
+        if fixed:
+            self.log.warning("restart needed for: " + ", ".join(fixed),
+                             keys=fixed, why="a reload cannot change these: the broker runs "
+                                             "on their values of before until it restarts")
         return None
 
     def _roll_back(self, applied: list[Service], old: Config, new: Config,
@@ -531,6 +708,7 @@ class Broker:
                 "get": lambda req: self.get_settings(req.get("key")),
                 "set": lambda req: self.set_setting(str(req.get("key")), req.get("value")),
                 "reload": self._reload_command,
+                "join-token": lambda req: self._write_join_file(),
                 "stop": self._stop_command,
             })
         try:
@@ -541,10 +719,14 @@ class Broker:
 
     def _reload_command(self, request: dict[str, Any]) -> dict[str, Any]:
         self.log.info("reload requested", by="zbroker reload")
+        self.last_applied = {}
         reason = self.try_reload()
         if reason is not None:
             raise CommandError(f"reload refused: {reason}")
-        return {"config": str(self.config.source) if self.config.source else None}
+        return {"config": str(self.config.source) if self.config.source else None,
+                "changed": self.last_applied.get("changed", []),
+                "restart_needed": self.last_applied.get("restart_needed", []),
+                "cluster_key_changed": self.last_applied.get("cluster_key_changed", False)}
 
     def _stop_command(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.loop is not None
@@ -552,6 +734,13 @@ class Broker:
         return {"pid": os.getpid()}
 
     # --- helpers ---------------------------------------------------------------------------
+
+    def _restart_needed(self, key: str) -> bool:
+        """Whether a change of ``key`` only takes effect with a restart."""
+        if key.startswith("cluster."):
+            return key == "cluster.enabled" or (self._cluster_keys is not None
+                                                and key not in CLUSTER_RELOAD_KEYS)
+        return key in RESTART_KEYS or self._needs_restart(key)
 
     def _needs_restart(self, key: str) -> bool:
         """Whether a service's ``key`` only changes with a restart: ``enabled``, and each

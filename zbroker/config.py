@@ -711,6 +711,15 @@ def with_setting(cfg: Config, key: str, value: Any, *, origin: str = "set") -> C
     return _resolve(replace(cfg, 0))
 
 
+def with_value(cfg: Any, key: str, value: Any) -> Any:
+    """``cfg`` with the setting at dotted ``key`` replaced by ``value``, a value as a loaded
+    config holds it (not parsed again: e.g. a running value put back)."""
+    head, _, rest = key.partition(".")
+    if not rest:
+        return dataclasses.replace(cfg, **{head: value})
+    return dataclasses.replace(cfg, **{head: with_value(getattr(cfg, head), rest, value)})
+
+
 def schema_keys() -> list[str]:
     """Every dotted key of the schema."""
     return [key for key, _ in iter_settings(Config())]

@@ -85,7 +85,8 @@ class Service(ABC):
     #: returning the section with what depends on the broker's name filled in.
     config_section: ClassVar[type]
     #: keys of the section (dotted, below it) that only change with a restart: a reload that
-    #: changes one is refused. ``enabled`` is always one.
+    #: changes one keeps its running value and names it ("restart needed for: ..."), a
+    #: ``zbroker set`` of one is refused. ``enabled`` is always one.
     restart_keys: ClassVar[tuple[str, ...]] = ()
     #: services start in this order (then by name), stop in the reverse one, and their
     #: sections are listed so

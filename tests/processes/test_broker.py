@@ -17,7 +17,8 @@ import zmq
 from zbroker import broker as broker_module
 from zbroker import logs
 from zbroker.broker import Broker, StartupError, make_private_dir
-from zbroker.config import Config, load_config, section, services_schema
+from zbroker.config import Config, config_diff, load_config, section, services_schema
+from zbroker.management import CommandError
 from zbroker.service import Service, ServiceContext, ServiceError
 from zbroker.services.zpipes.config import ZpipesConfig
 
@@ -243,13 +244,24 @@ async def test_reload_refuses_a_broken_file(setup):
     ({"broker": {"name": "other"}}, "broker.name"),
     ({"services": {"beta": {"enabled": False}}}, "services.beta.enabled"),
 ])
-async def test_reload_refuses_what_needs_a_restart(setup, change, key):
+async def test_reload_keeps_and_names_what_needs_a_restart(setup, change, key):
+    """What only changes with a restart keeps its running value and is named; the rest of
+    the file is applied."""
     b = setup()
     await b.start()
     old = b.config
-    setup.write(change)
-    assert b.reload() is False and b.config is old
-    assert key in setup.events()[-1]["reason"]
+    setup.write({**change, "clients": {"timeout": 5}})
+    assert b.reload() is True
+    assert config_diff(old, b.config) == ["clients.timeout"]
+    assert b.last_applied == {"changed": ["clients.timeout"], "restart_needed": [key],
+                              "cluster_key_changed": False}
+    named = setup.events()[-1]
+    assert named["event"] == f"restart needed for: {key}" and named["keys"] == [key]
+    assert named["level"] == "warning"
+    assert setup.events()[-2]["changed"] == ["clients.timeout"]
+    with pytest.raises(CommandError, match=f"these keys only change with a restart: {key}"):
+        b.set_setting(key, {"broker.run_dir": "/elsewhere", "broker.name": "other",
+                            "services.beta.enabled": False}[key])
     await b.stop()
 
 

@@ -135,3 +135,62 @@ def test_an_endpoint_given_is_named_not_the_default_broker(tmp_path):
     assert "'local'" not in r.stderr
     assert r.stderr == ("zpipes: no broker is running at tcp://127.0.0.1:1 (nothing listens "
                         "there)\n")
+
+
+def test_a_bad_join_token_is_one_line_and_exit_status_2(tmp_path):
+    """Whatever is wrong with a join token (none at all, garbled, another version, a field
+    missing, a file that cannot be read), the broker does not start: one line, status 2."""
+    import base64
+    import json
+
+    body = json.dumps({"cluster": "default", "seeds": ["tcp://10.0.0.1:5670"]}).encode()
+    import hashlib
+
+    lacking = (f"zbjoin1.{base64.urlsafe_b64encode(body).decode().rstrip('=')}."
+               f"{hashlib.sha256(body).hexdigest()[:8]}")
+    (tmp_path / "empty.join").write_text("")
+    cases = [
+        (["--join-file", str(tmp_path / "none.join")], b"", "cannot read the join file"),
+        (["--join-file", str(tmp_path / "empty.join")], b"", "the join token is empty"),
+        (["--join", "-"], b"hello\n", "standard input: not a zbroker join token"),
+        (["--join", "-"], b"zbjoin1.eyJjbHVzdGVy.0123abcd\n", "garbled"),
+        (["--join", "zbjoin2.eyJjbHVzdGVy.0123abcd"], b"", "version 2"),
+        (["--join", lacking], b"", "the join token lacks public, secret"),
+    ]
+    for args, stdin, words in cases:
+        r = run("zbroker", ["local", *args], tmp_path, input=stdin)
+        assert "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("zbroker: "), r.stderr
+        assert words in r.stderr, (args, r.stderr)
+        assert r.stdout == ""
+    assert not (tmp_path / "config").exists()  # no key was installed anywhere
+    r = run("zbroker", ["local", "--join", "-", "--join-file", "x"], tmp_path)
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
+    r = run("zbroker", ["local", "--cluster", "--advertise", "tcp://*:5670"], tmp_path)
+    assert (r.returncode, r.stderr) == (2, "zbroker: --advertise: not an address: "
+                                           "'tcp://*:5670' (HOST, HOST:PORT or "
+                                           "tcp://HOST:PORT)\n")
+
+
+def test_a_join_token_never_overwrites_a_named_key_file_with_another_key(tmp_path):
+    """A good token, but cluster.key_file names a file with another key: refused before the
+    broker starts (so nothing is announced on the network here), the file untouched."""
+    import zmq
+
+    from zbroker.cluster.join_token import JoinToken, encode
+    from zbroker.cluster.security import generate_key_file
+
+    key = tmp_path / "mine.key"
+    generate_key_file(key)
+    before = key.read_bytes()
+    (tmp_path / "zbroker.cfg").write_text(f"cluster: {{key_file: {key}}}\n")
+    public, secret = zmq.curve_keypair()
+    (tmp_path / "c.join").write_text(encode(JoinToken("default", ("tcp://10.0.0.1:5670",),
+                                                      public, secret)) + "\n")
+    r = run("zbroker", ["local", "--join-file", "c.join"], tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == (f"zbroker: cluster.key_file {key} holds another key than the join "
+                        "token's: remove that setting (the token's key then goes to "
+                        f"{tmp_path}/config/zbroker/cluster-default.key) or that file\n")
+    assert key.read_bytes() == before

@@ -169,6 +169,41 @@ def test_reload_command_refuses_a_broken_file(start_broker):
     assert zb(b, "get", "log.level", b.name).stdout == "warning\n"
 
 
+def test_reload_says_what_it_changed_and_names_what_needs_a_restart(start_broker):
+    b = start_broker(config={"clients": {"timeout": 30}})
+    r = zb(b, "reload", b.name)
+    assert (r.returncode, r.stdout) == (0, f"reloaded {b.config_path}: nothing changed\n")
+    config = yaml.safe_load(b.config_path.read_text())
+    config["clients"]["timeout"] = 20
+    config.setdefault("services", {})["zpipes"] = {"enabled": False}
+    config.setdefault("cluster", {})["enabled"] = True
+    b.config_path.write_text(yaml.safe_dump(config))
+    r = zb(b, "reload", b.name)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (f"reloaded {b.config_path}: changed clients.timeout\n"
+                        "restart needed for: cluster.enabled, services.zpipes.enabled (the "
+                        "broker runs on their values of before until it restarts)\n")
+    # the running values stay (and the next reload names them again)
+    assert zb(b, "get", "cluster.enabled", b.name).stdout == "false\n"
+    assert zb(b, "get", "clients.timeout", b.name).stdout == "20.0\n"
+    assert status(b)["cluster"] is None and "zpipes" in status(b)["services"]
+    r = zb(b, "reload", b.name, "--json")
+    assert json.loads(r.stdout) == {"config": str(b.config_path), "changed": [],
+                                    "restart_needed": ["cluster.enabled",
+                                                       "services.zpipes.enabled"],
+                                    "cluster_key_changed": False}
+    assert b.stderr().count("restart needed for: cluster.enabled, services.zpipes.enabled") \
+        == 2
+    assert b.alive()
+
+
+def test_join_token_without_a_keyed_cluster_says_so(broker):
+    r = zb(broker, "join-token", broker.name)
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == ("zbroker: this broker has no cluster with a key to join: start it "
+                        "with --cluster (and without cluster.insecure)\n")
+
+
 def test_sighup_with_a_broken_config_still_reopens_the_log_file(start_broker, tmp_path):
     log_file = tmp_path / "broker.log"
     b = start_broker(config={"log": {"file": str(log_file)}})

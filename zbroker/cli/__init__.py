@@ -49,6 +49,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker check-config [FILE]   check a config file as the broker's start does, and exit
                                 (status 0 if it would start)
   zbroker keygen FILE           write a CURVE key pair for the cluster (cluster.key_file)
+  zbroker join-token [NAME]     what to run on another host to join this broker's cluster
   zbroker status [NAME]         uptime, services, clients, pipes, log outputs
   zbroker top [NAME] [--once]   a live view: pipes, queues and peers, the busiest first
   zbroker get [KEY] [NAME]      settings of the running broker
@@ -60,8 +61,18 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
   Each takes --json for scripts and --help for more.
 
+a cluster in two commands:
+  On the first host, `zbroker local --cluster` starts a clustered broker: it makes the
+  cluster's key (~/.config/zbroker/cluster-NAME.key, mode 0600) and writes the cluster's join
+  file beside it (cluster-NAME.join, mode 0600: the key and this broker's address), and
+  prints what to run on other hosts. Copy the join file to another host and run there
+  `zbroker local --join-file cluster-NAME.join`: that broker installs the key and joins.
+  `zbroker join-token` on a member prints it again. The join file holds the cluster's key:
+  whoever has it can join; keep it private and delete the copy once the key is installed.
+  --advertise ADDRESS names this host's address when the one chosen is not the right one.
+
 exit status: 0 after a clean stop, 1 if the broker could not start (the reason is printed
-on standard error as "zbroker: ...")."""
+on standard error as "zbroker: ..."), 2 on a usage error or a bad join token."""
 
 
 class _VersionAction(argparse.Action):
@@ -82,7 +93,7 @@ def broker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker",
         usage="%(prog)s [NAME] [--config FILE] [--log-level LEVEL] [--animate] [--cluster]\n"
-              "       [--metrics ADDR]\n"
+              "       [--join-file FILE | --join TOKEN|-] [--advertise ADDRESS] [--metrics ADDR]\n"
               "       %(prog)s COMMAND [ARGS]",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -100,6 +111,22 @@ def broker_parser() -> argparse.ArgumentParser:
                         help="join the cluster: find peer brokers (zeroconf and cluster.peers) "
                              "and route pipes between hosts (key cluster.enabled; off by "
                              "default, so a standalone broker announces nothing)")
+    parser.add_argument("--advertise", metavar="ADDRESS",
+                        help="the address other hosts reach this broker's cluster socket at: "
+                             "HOST, HOST:PORT or tcp://HOST:PORT (key cluster.advertise; "
+                             "default: the address the broker's traffic comes from, and in "
+                             "the join file an address of this host that is not loopback)")
+    join = parser.add_mutually_exclusive_group()
+    join.add_argument("--join-file", metavar="FILE",
+                      help="join the cluster of the join token in FILE (what a member "
+                           "prints at its start, or `zbroker join-token` on it, tells you to "
+                           "copy): implies --cluster, takes the cluster's name, installs its "
+                           "key as this host's (mode 0600) and says HELLO to the member it "
+                           "names; zeroconf still finds the brokers of this subnet")
+    join.add_argument("--join", metavar="TOKEN",
+                      help="the same with the token itself; '-': read it from standard input "
+                           "(a token on the command line shows in ps to every user of the "
+                           "host: prefer --join-file or -)")
     parser.add_argument("--metrics", metavar="ADDR",
                         help="serve Prometheus metrics over HTTP on ADDR: PORT (on 127.0.0.1), "
                              "HOST:PORT or [IPv6]:PORT (key metrics.bind; off by default)")
@@ -123,17 +150,73 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return over
 
 
+def advertise_endpoint(text: str, bind: str) -> str:
+    """``--advertise``: HOST, HOST:PORT or tcp://HOST:PORT (an IPv6 host in brackets when a
+    port follows) as an endpoint, with the port of ``bind`` (cluster.bind) when none is
+    given. ValueError if it is none of those."""
+    bad = ValueError(f"--advertise: not an address: {text!r} (HOST, HOST:PORT or "
+                     "tcp://HOST:PORT)")
+    address = text.removeprefix("tcp://")
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise bad
+        port = rest[1:]
+    elif address.count(":") == 1:
+        host, _, port = address.partition(":")
+    else:  # a host alone (or an IPv6 address without brackets)
+        host, port = address, ""
+    if not host or "*" in host or "/" in host or any(c.isspace() for c in address) \
+            or port and not (port.isdigit() and 0 < int(port) < 65536) \
+            or address.endswith(":"):
+        raise bad
+    if ":" in host:
+        host = f"[{host}]"
+    return f"tcp://{host}:{port or bind.rpartition(':')[2]}"
+
+
 def run_broker(argv: Sequence[str]) -> int:
     from zbroker.broker import Broker, StartupError
+    from zbroker.cluster.join_token import JoinTokenError
     from zbroker.service import ServiceError
 
     args = broker_parser().parse_args(argv)
+    token = None
+    if args.join is not None or args.join_file is not None:
+        from zbroker.cluster.joining import read_token
+
+        try:
+            token = read_token(args.join, args.join_file)
+        except JoinTokenError as exc:
+            error(str(exc))
+            return 2
     overrides = overrides_from(args)
+    if token is not None:  # its cluster, with a key
+        overrides.setdefault("cluster", {}).update(enabled=True, name=token.cluster,
+                                                   insecure=False)
     try:
         config = load_config(args.config, overrides)
+        if args.advertise is not None:
+            try:
+                advertised = advertise_endpoint(args.advertise, config.cluster.bind)
+            except ValueError as exc:
+                error(str(exc))
+                return 2
+            overrides.setdefault("cluster", {})["advertise"] = advertised
+            config = load_config(args.config, overrides)
     except ConfigError as exc:
         error(str(exc))
         return 1
+    installed = None
+    if token is not None:
+        from zbroker.cluster.joining import install_key
+        from zbroker.cluster.security import KeyFileError
+
+        try:
+            installed = install_key(token, config.cluster.key_file)
+        except KeyFileError as exc:
+            error(str(exc))
+            return 1
     try:
         logs.configure(config.log.level, config.log.format, config.log.file,
                        syslog=config.log.syslog)
@@ -145,7 +228,10 @@ def run_broker(argv: Sequence[str]) -> int:
         error("\n".join(config_problems(config))
               or f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
-    broker = Broker(config, config_path=args.config, overrides=overrides)
+    broker = Broker(config, config_path=args.config, overrides=overrides,
+                    seeds=token.seeds if token is not None else ())
+    if token is not None and installed is not None:
+        _say_joined(broker.log, token, installed, args)
     try:
         return broker.run_forever()
     except (ServiceError, StartupError, ConfigError) as exc:
@@ -157,6 +243,33 @@ def run_broker(argv: Sequence[str]) -> int:
         return 130
     finally:
         logs.shutdown()  # bounded: lets syslog send its last records
+
+
+def _say_joined(log: Any, token: Any, installed: tuple[Any, str], args: Any) -> None:
+    """Log what a join token did here: the key installed, kept or replaced; and a join file
+    others can read."""
+    import os
+
+    path, done = installed
+    fields = {"cluster": token.cluster, "key_file": str(path), "seeds": list(token.seeds)}
+    if done == "replaced":
+        log.warning("cluster key replaced by the join token's", **fields,
+                    old_key=f"{path}.old")
+    else:
+        log.info("cluster key installed from the join token" if done == "installed" else
+                 "cluster key already the join token's", **fields)
+    if args.join_file is not None:
+        try:
+            mode = os.stat(args.join_file).st_mode
+        except OSError:
+            return
+        if mode & 0o077:
+            log.warning("the join file can be read by other users: it holds the cluster key "
+                        "(chmod 600 it, or delete it: the key is installed)",
+                        file=args.join_file)
+    elif args.join not in (None, "-"):
+        log.warning("the join token was on the command line, where ps shows it to every user "
+                    "of this host: next time use --join-file FILE or --join -")
 
 
 def check_config(argv: Sequence[str]) -> int:

@@ -203,8 +203,43 @@ def reload_command(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     rc, result = _call(args, {"command": "reload"})
     if rc == 0:
-        _print_json(result) if args.json else print(
-            f"reloaded {result['config'] or '(embedded defaults)'}")
+        _print_json(result) if args.json else print(format_reload(result))
+    return rc
+
+
+def format_reload(result: dict[str, Any]) -> str:
+    """What a reload did, in words: the file, the keys applied, a new cluster key, and the
+    keys whose new values wait for a restart."""
+    line = f"reloaded {result['config'] or '(embedded defaults)'}"
+    changed = result.get("changed")
+    if changed is not None:
+        line += f": changed {', '.join(changed)}" if changed else ": nothing changed"
+    if result.get("cluster_key_changed"):
+        line += "; the cluster key changed: the peers are linked anew with it"
+    restart = result.get("restart_needed")
+    if restart:
+        line += ("\nrestart needed for: " + ", ".join(restart) + " (the broker runs on their "
+                 "values of before until it restarts)")
+    return line
+
+
+def join_token_command(argv: Sequence[str]) -> int:
+    parser = command_parser("join-token", "[NAME] [--token] [--json]",
+                     "Say what to run on another host to join the cluster of a running "
+                     "broker: the broker writes its cluster's join file again (its key and "
+                     "this broker's cluster address, mode 0600) and this prints where it is "
+                     "and the command. The file holds the cluster key: keep it private.")
+    parser.add_argument("--token", action="store_true",
+                        help="print only the token, e.g. for "
+                             "`zbroker join-token --token | ssh HOST zbroker local --join -`")
+    common_options(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": "join-token"})
+    if rc == 0:
+        if args.json:
+            _print_json(result)
+        else:
+            print(result["token"] if args.token else result["instructions"])
     return rc
 
 
@@ -297,6 +332,7 @@ MANAGEMENT_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "get": get_command,
     "set": set_command,
     "reload": reload_command,
+    "join-token": join_token_command,
     "stop": stop_command,
     "logs": logs_command,
 }

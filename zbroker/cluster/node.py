@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import errno
 import functools
 import itertools
 import json
@@ -46,7 +47,6 @@ import struct
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -137,7 +137,8 @@ class ClusterNode:
                  on_leave: Callable[[PeerBroker, str], None],
                  on_message: Callable[[PeerBroker, str, list[Any]], None],
                  max_message: int = MIN_MESSAGE_LIMIT,
-                 features: dict[str, dict[str, Any]] | None = None) -> None:
+                 features: dict[str, dict[str, Any]] | None = None,
+                 seeds: tuple[str, ...] = ()) -> None:
         self.config = config
         self.features = dict(features or {})  # our services' (Service.features), by service
         self.max_message = max_message
@@ -152,7 +153,7 @@ class ClusterNode:
         self._monitors: dict[str, SocketReader] = {}  # endpoint -> its DEALER's events
         self._monitor_ids = itertools.count()
         self._link_made: dict[str, float] = {}  # endpoint -> when our link there was made
-        self._static: set[str] = set(config.peers)
+        self._static: set[str] = {*config.peers, *seeds}  # and a join token's seeds
         self._lives: dict[str, PeerBroker] = {}  # peer id -> the life services know
         self._held: dict[str, _Held] = {}  # peer id -> what waits for its link
         self._timer: asyncio.Handle | None = None
@@ -172,25 +173,20 @@ class ClusterNode:
 
     # --- life cycle ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, keys: Any = None, bind_wait: float = 0.0) -> None:
+        """Start: load the cluster key (or take ``keys``, what security.cluster_keys gave),
+        bind the peer socket (waiting up to ``bind_wait`` seconds for its port to be free),
+        say HELLO to the seeds, start discovery. ClusterError if it cannot."""
         cfg = self.config
-        if cfg.key_file or not cfg.insecure:
-            from .security import (
-                Guard,
-                KeyFileError,
-                default_key_path,
-                load_key_file,
-                load_or_create_key_file,
-            )
+        from .security import Guard, KeyFileError, cluster_keys
 
-            path = Path(cfg.key_file) if cfg.key_file else default_key_path(cfg.name)
+        if keys is None:
             try:
-                if cfg.key_file:
-                    self._keys, made = load_key_file(path), False
-                else:
-                    self._keys, made = load_or_create_key_file(path)
+                keys = cluster_keys(cfg)
             except KeyFileError as exc:
                 raise ClusterError(str(exc)) from None
+        self._keys, path, made = keys
+        if self._keys is not None:
             self.key_file = str(path)
             if made:
                 self._log.warning("cluster key made: copy this file to every broker of the "
@@ -213,13 +209,22 @@ class ClusterNode:
         router.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self._secure(router, server=True)
-        try:
-            router.bind(cfg.bind)
-        except zmq.ZMQError as exc:
-            router.close(linger=0)
-            if self._guard is not None:
-                self._guard.close()
-            raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: {exc}") from None
+        # a port let go by this process a moment ago (the node of before a new key) is free
+        # again within milliseconds: libzmq closes its listener in its own thread
+        deadline = self._loop.time() + bind_wait
+        while True:
+            try:
+                router.bind(cfg.bind)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EADDRINUSE and self._loop.time() < deadline:
+                    await asyncio.sleep(0.01)
+                    continue
+                router.close(linger=0)
+                if self._guard is not None:
+                    self._guard.close()
+                raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: "
+                                   f"{exc}") from None
         self._router = router
         if self._guard is not None:
             self._guard.watch(router)
@@ -243,14 +248,19 @@ class ClusterNode:
         self._schedule(0.0)
         self._reader.start()
 
-    async def stop(self) -> None:
+    async def stop(self, why: str | None = None) -> None:
+        """Stop: say BYE to every peer and close every socket. With ``why`` (the broker goes
+        on: a new node takes this one's place), the BYEs say it and every peer's life ends
+        here too, the services told as of a loss."""
         if self._timer is not None:
             self._timer.cancel()
         if self.discovery is not None:
             await self.discovery.stop()
         if self.membership is not None:
             for peer in list(self.membership.peers.values()):
-                self._send_raw(peer.endpoint, [KIND_BYE])
+                self._send_raw(peer.endpoint, [KIND_BYE, *([why.encode()] if why else [])])
+                if why is not None:
+                    self._apply(self.membership.bye(peer.id, self._loop.time()), why)
         if self._router is not None:
             self._reader.stop()
             self._router.close(linger=0)
@@ -316,12 +326,22 @@ class ClusterNode:
                 "peer_losses": self.peer_losses, "bytes_sent": self.bytes_sent,
                 "bytes_received": self.bytes_received, "rtt": self.rtt.snapshot()}
 
-    def add_contact(self, endpoint: str) -> None:
-        """An endpoint where a peer may listen (static list, discovery): said HELLO to for
-        good."""
+    def add_contact(self, endpoint: str, pinned: bool = True) -> None:
+        """An endpoint where a peer may listen: said HELLO to for good (static list,
+        discovery), or unpinned (a peer of the node before this one) until given up."""
         if endpoint != self.endpoint and endpoint not in self.membership.contacts:
-            self._apply(self.membership.add_contact(endpoint, self._loop.time(), pinned=True))
+            self._apply(self.membership.add_contact(endpoint, self._loop.time(),
+                                                    pinned=pinned))
             self._schedule(0.0)
+
+    def keys(self) -> tuple[bytes, bytes] | None:
+        """The cluster's CURVE key pair (public, secret) this node runs with; None: none."""
+        return self._keys
+
+    def carry_counters(self, before: ClusterNode) -> None:
+        """Go on counting from the node this one takes the place of (a new cluster key)."""
+        self.bytes_sent, self.bytes_received = before.bytes_sent, before.bytes_received
+        self.peer_losses, self.rtt = before.peer_losses, before.rtt
 
     def security(self) -> dict[str, Any]:
         """For the status: the key file (none: insecure) and the handshakes refused."""

@@ -35,12 +35,31 @@ class KeyFileError(Exception):
 def generate_key_file(path: str | os.PathLike[str]) -> str:
     """Write a new cluster key pair to ``path`` (mode 0600); returns the public key."""
     public, secret = zmq.curve_keypair()
-    target = Path(path)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    write_key_file(path, public, secret)
+    return public.decode()
+
+
+def write_key_file(path: str | os.PathLike[str], public: bytes, secret: bytes) -> None:
+    """Write a cluster key pair to ``path``, which must not exist (mode 0600)."""
+    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write("# zbroker cluster key pair: copy this file to every broker of the cluster\n")
         yaml.safe_dump({"public": public.decode(), "secret": secret.decode()}, f)
-    return public.decode()
+
+
+def cluster_keys(cfg: Any) -> tuple[tuple[bytes, bytes] | None, Path | None, bool]:
+    """The key pair a cluster config (cluster.*) asks for: ((public, secret), its file,
+    whether the file was made now), or (None, None, False) for a cluster without a key
+    (cluster.insecure and no key_file). The default file is made on first use; KeyFileError
+    if a key cannot be had."""
+    if not cfg.key_file and cfg.insecure:
+        return None, None, False
+    if cfg.key_file:
+        path = Path(cfg.key_file)
+        return load_key_file(path), path, False
+    path = default_key_path(cfg.name)
+    keys, made = load_or_create_key_file(path)
+    return keys, path, made
 
 
 def default_key_path(cluster: str) -> Path:
@@ -119,6 +138,10 @@ class Guard:
         reader.start()
 
     def close(self) -> None:
+        try:  # at once, so that a new guard can bind it (closing lets it go later)
+            self._zap.unbind(ZAP_ENDPOINT)
+        except zmq.ZMQError:
+            pass
         for reader in self._readers:
             reader.stop()
             reader.sock.close(linger=0)

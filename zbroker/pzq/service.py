@@ -119,6 +119,9 @@ class PzqService(Service):
     name = "pzq"
     start_order = 20
     config_section = PzqConfig
+    #: a queue's settings are its sockets', its log's and its cores' from their start: a
+    #: reload keeps them and names them ("restart needed for: ...")
+    restart_keys = ("defaults", "queues")
 
     @classmethod
     def config_problems(cls, config: Any, run_dir: Path) -> list[str]:
@@ -167,8 +170,7 @@ class PzqService(Service):
             await server.stop()
 
     def reload(self, new: Any, old: Any) -> None:
-        if new.services.pzq != old.services.pzq:
-            self._log.warning("pzq settings changed: restart the broker to apply them")
+        pass  # (every setting of its own is a restart key: see restart_keys)
 
     # --- the cluster -------------------------------------------------------------------------
 
