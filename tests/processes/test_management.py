@@ -123,7 +123,7 @@ def test_get_set_and_reload_back_to_the_file(start_broker):
      'expected a size in bytes, as an integer or a string like "512KiB" or "16 MiB" >= 1\n'),
     ("clients.timout", "5", "zbroker: set: unknown key 'clients.timout' (did you mean "
      "'timeout'?); known keys under 'clients': timeout, max_clients, max_per_source, "
-     "max_pipelined, max_pipelined_bytes, max_buffered\n"),
+     "max_pipelined, max_pipelined_bytes, max_buffered, max_buffered_per_source\n"),
     ("broker.name", "other",
      "zbroker: set: broker.name: these keys only change with a restart: broker.name\n"),
     ("log.syslog.target", "syslog://x", "zbroker: set: log.syslog.target: got 'syslog://x', "
