@@ -239,14 +239,18 @@ class RawProducer:
     ``version=3`` as libzmq 4 does, ``version=2`` as libzmq 3.2 (the oldest the original pzq
     works with) does. It can send part of a message and stop there."""
 
-    def __init__(self, endpoint: str, version: int = 3, identity: bytes = b""):
+    def __init__(self, endpoint: str, version: int = 3, identity: bytes = b"",
+                 source: str | None = None):
+        """``source``: the local address to connect from (another loopback address is
+        another host to the queue)."""
         import socket
         import struct
 
         from zbroker import zmtp
         self._zmtp, self._struct = zmtp, struct
         host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock = socket.create_connection((host, int(port)), timeout=10,
+                                             source_address=(source, 0) if source else None)
         self._in = b""
         if version == 3:
             props = b""

@@ -126,6 +126,7 @@ class Broker:
         self.cluster: Any = None  # the cluster node, when config.cluster.enabled
         self._ports: list[ClusterPort] = []
         self._flusher: asyncio.TimerHandle | None = None
+        self._next_give_back = 0.0  # (the loop's clock) when the heap is next trimmed
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
@@ -184,8 +185,13 @@ class Broker:
         return 0
 
     def _flush_logs(self) -> None:
-        """Every LOG_FLUSH_INTERVAL: the counts of collapsed repeated warnings that are due."""
+        """Every LOG_FLUSH_INTERVAL: the counts of collapsed repeated warnings that are due;
+        and every heap.GIVE_BACK_INTERVAL, the heap's free pages back to the system."""
         logs.flush_repeats()
+        now = self.loop.time()
+        if now >= self._next_give_back:
+            self._next_give_back = now + heap.GIVE_BACK_INTERVAL
+            heap.give_back()
         self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
 
     async def start(self) -> None:

@@ -251,15 +251,40 @@ def test_large_frames_in_many_pieces_and_a_huge_length_header(start_pzq):
     assert (vm_kb(q.pid, "VmHWM") - base) << 10 < 32 << 20
 
 
+def test_one_host_holds_at_most_half_of_what_is_being_received(start_pzq):
+    """What is still arriving counts against its sender's share first: a host whose unfinished
+    messages would hold more than half of max_backlog is refused ("Server busy: this host's
+    ..."), while another host's message of the same size is taken."""
+    q = start_pzq(*FAST, "--max-message-size", "1MiB", "--max-backlog", "4MiB")
+    stalled = []
+    for k in range(2):  # 2 x 900 KB from one host: under its 2 MiB
+        p = RawProducer(q.receive, source="127.0.0.2")
+        p.send_raw(zmtp.encode_message([b"slow%d" % k, b"", b"s" * 900_000, b"end"])[:-6])
+        stalled.append(p)
+    wait_for(lambda: q.counters()["receiving_bytes"] >= 1_800_000, 10,
+             "the unfinished messages to be held")
+    third = RawProducer(q.receive, source="127.0.0.2")
+    third.send_raw(zmtp.encode_message([b"third", b"", b"s" * 900_000, b"end"])[:-6])
+    answer = third.recv()
+    assert answer[:3] == [b"third", b"0", b""] and b"this host's or user's" in answer[3], answer
+    other = RawProducer(q.receive)  # another host (127.0.0.1)
+    other.send([b"other", b"", b"s" * 900_000])
+    assert other.recv() == [b"other", b"1", b""]
+    assert q.counters()["refused_busy"] == 1
+    for p in (*stalled, third, other):
+        p.close()
+
+
 def test_unfinished_messages_together_are_bounded(start_pzq):
     """Producers that start big messages and never finish them: together they hold at most
     max_backlog bytes; the message that would pass it is refused ("Server busy"), and the
-    queue goes on serving everyone else. Hanging up frees what a producer held."""
+    queue goes on serving everyone else. Hanging up frees what a producer held. (Each stalled
+    producer from a host of its own: one host may hold at most half, see below.)"""
     q = start_pzq(*FAST, "--max-message-size", "1MiB", "--max-backlog", "4MiB")
     base = vm_kb(q.pid, "VmHWM")
     stalled = []
     for k in range(4):  # 4 x 900 KB: under the 4 MiB
-        p = RawProducer(q.receive)
+        p = RawProducer(q.receive, source=f"127.0.0.{2 + k}")
         p.send_raw(zmtp.encode_message([b"slow%d" % k, b"", b"s" * 900_000, b"end"])[:-6])
         stalled.append(p)
     wait_for(lambda: q.counters()["receiving_bytes"] >= 3_600_000, 10,

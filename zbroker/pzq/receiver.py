@@ -73,6 +73,8 @@ class Receiver(Server):
         self._inbox_sizes: deque[int] = deque()  # each one's bytes, as they came
         self.inbox_bytes = 0
         self.unfinished = 0  # bytes the connections hold of messages not yet whole
+        #: the same by source (a uid on ipc, a host on tcp): one may hold at most half
+        self.unfinished_by_source: dict[Any, int] = {}
         self.refused_busy = 0
         self.held: deque[tuple[bytes, list[bytes]]] = deque()  # answers (answer())
         self.dropped_answers = 0
@@ -196,16 +198,22 @@ class _Link(Link):
         conn, r = self.conn, self.server
         conn.receive_data(r.read_buffer[:nbytes])
         got = self._take_events()
-        r.unfinished += conn.buffered - self.held
-        self.held = conn.buffered
+        self._count_held()
+        if r.unfinished_by_source.get(self.source, 0) > r.max_held // 2 and not conn.closed \
+                and conn.refuse_current(
+                    f"Server busy: this host's or user's messages being received hold more "
+                    f"than half of {r.max_held} bytes; send it again later"):
+            # what is still arriving counts against its source's share first
+            r.refused_busy += 1
+            got |= self._take_events()
+            self._count_held()
         if r.unfinished + r.inbox_bytes > r.max_held and not conn.closed:
             if conn.refuse_current(
                     f"Server busy: more than {r.max_held} bytes of messages are being "
                     f"received; send it again later"):
                 r.refused_busy += 1
                 got |= self._take_events()
-                r.unfinished += conn.buffered - self.held
-                self.held = conn.buffered
+                self._count_held()
             elif r.inbox_bytes and not self.paused:
                 self.paused = True
                 self.transport.pause_reading()
@@ -221,6 +229,19 @@ class _Link(Link):
             self.transport.pause_reading()
         if got:
             r.on_input()
+
+    def _count_held(self) -> None:
+        """What this connection holds of a message not yet whole, in the receiver's counts."""
+        change = self.conn.buffered - self.held
+        if change:
+            r = self.server
+            r.unfinished += change
+            self.held += change
+            left = r.unfinished_by_source.get(self.source, 0) + change
+            if left:
+                r.unfinished_by_source[self.source] = left
+            else:
+                del r.unfinished_by_source[self.source]
 
     def _take_events(self) -> bool:
         r, got = self.server, False
@@ -277,8 +298,14 @@ class _Link(Link):
 
     def connection_lost(self, exc: Exception | None) -> None:
         r = self.server
-        r.unfinished -= self.held
-        self.held = 0
+        if self.held:
+            r.unfinished -= self.held
+            left = r.unfinished_by_source.get(self.source, 0) - self.held
+            if left:
+                r.unfinished_by_source[self.source] = left
+            else:
+                r.unfinished_by_source.pop(self.source, None)
+            self.held = 0
         r._paused.discard(self)
         r._dirty.discard(self)
         super().connection_lost(exc)

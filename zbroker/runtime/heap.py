@@ -8,6 +8,12 @@ body to be written over them. :func:`keep_freed_memory` has glibc keep up to ``t
 free at the top of its heap instead, and serve allocations below ``mmap`` bytes from the heap
 (the most its own adaptive threshold reaches; setting one threshold turns that adaptation
 off, so both are set). Where the C library is not glibc it does nothing.
+
+What that keeps is bounded at the top of the heap only: memory freed below live blocks (a
+flood of connections that each held a buffer, then went) stays resident until
+:func:`give_back` returns its free pages to the system (glibc's ``malloc_trim``, which also
+releases whole free pages inside the heap); the broker calls it every ``GIVE_BACK_INTERVAL``
+seconds, keeping ``trim`` bytes at the top for the next messages.
 """
 
 from __future__ import annotations
@@ -18,6 +24,22 @@ M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 64 << 20
 MMAP_THRESHOLD = 32 << 20
+
+
+GIVE_BACK_INTERVAL = 10.0
+
+
+def give_back(pad: int = TRIM_THRESHOLD) -> bool:
+    """Return the heap's free pages to the system but ``pad`` bytes at its top; False where
+    there is no ``malloc_trim`` (not glibc) or nothing was returned."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+
+    return bool(malloc_trim(pad))
 
 
 def keep_freed_memory(trim: int = TRIM_THRESHOLD, mmap: int = MMAP_THRESHOLD) -> bool:

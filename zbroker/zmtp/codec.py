@@ -238,6 +238,16 @@ class Connection:
         return len(self._in) + self._size + (len(self._direct) if self._direct is not None
                                              else 0)
 
+    def release(self) -> None:
+        """The connection is gone: let go of the unfinished input at once (a connection's
+        objects may wait in a reference cycle for the garbage collector, and the buffers of
+        thousands of half-sent messages with them)."""
+        self._in = bytearray()
+        self._direct, self._direct_have = None, 0
+        self._frames, self._size = [], 0
+        self._events = []
+        self.closed = True
+
     def frame_buffer(self) -> memoryview | None:
         """Where the rest of the large frame being received goes, or None."""
         if self._direct is None:

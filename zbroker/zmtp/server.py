@@ -227,6 +227,7 @@ class Link(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         s = self.server
         self.transport = None
+        self.conn.release()
         if self._handshake is not None:
             self._handshake.cancel()
             self._handshake = None

@@ -83,12 +83,13 @@ class Endpoint(Server):
                  after_input: Callable[[], None],
                  admission: Admission,
                  max_bytes: int, max_frames: int, log: Any,
-                 admit_frame: Callable[[int], str | None] | None = None):
+                 admit_frame: Callable[[int, Any], str | None] | None = None):
         super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH,
                          unix_sndbuf=UNIX_SNDBUF)
         self.on_message, self.on_refused, self.on_gone = on_message, on_refused, on_gone
         self.after_input, self.admit_frame = after_input, admit_frame
         self.incoming = 0  # bytes held of messages still arriving, all connections
+        self.incoming_by_source: dict[Any, int] = {}  # the same, by source
         self.small_reads = self.scratch[:SMALL_READ]
         self.max_bytes, self.max_frames = max_bytes, max_frames
         self._dirty: list[_Link] = []  # connections with sends queued
@@ -142,6 +143,10 @@ class Endpoint(Server):
                 self._backed_up.discard(link)
         return total
 
+    def incoming_of(self, source: Any) -> int:
+        """Bytes held of messages still arriving from ``source``'s connections."""
+        return self.incoming_by_source.get(source, 0)
+
     def source_of(self, routing_id: bytes) -> Any:
         """Who ``routing_id``'s connection is from: ("uid", n) on ipc, ("host", address) on
         tcp; None if it has none."""
@@ -183,7 +188,9 @@ class _Link(Link):
     def codec(self, server: Endpoint) -> zmtp.Connection:  # type: ignore[override]
         conn = zmtp.Connection(server.max_frames, server.max_bytes, keep_first=16,
                                writable=True, direct_min=DIRECT_MIN)
-        conn.admit = server.admit_frame
+        admit = server.admit_frame
+        if admit is not None:  # asked with this connection's source (known once connected)
+            conn.admit = lambda size: admit(size, self.source)
         return conn
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -202,7 +209,8 @@ class _Link(Link):
         self._count_incoming()  # (before the messages are handed on: a whole one is the
         # core's to count)
         if (self.incoming and not conn.receiving_large and e.admit_frame is not None
-                and (why := e.admit_frame(0)) is not None and conn.refuse_current(why)):
+                and (why := e.admit_frame(0, self.source)) is not None
+                and conn.refuse_current(why)):
             # past the budget, a message under way in frames too small to have been asked
             # about (each under DIRECT_MIN) is let go too, as a large one is at its head
             self._count_incoming()
@@ -242,8 +250,16 @@ class _Link(Link):
     def _count_incoming(self) -> None:
         """What this connection holds of messages still arriving, in the endpoint's count."""
         held = self.conn.buffered
-        self.server.incoming += held - self.incoming
-        self.incoming = held
+        if (change := held - self.incoming):
+            e = self.server
+            e.incoming += change
+            by_source = e.incoming_by_source
+            left = by_source.get(self.source, 0) + change
+            if left:
+                by_source[self.source] = left
+            else:
+                del by_source[self.source]
+            self.incoming = held
 
     def pause_writing(self) -> None:
         if not self.paused:
@@ -260,7 +276,13 @@ class _Link(Link):
     def connection_lost(self, exc: Exception | None) -> None:
         e = self.server
         self.out = []
-        e.incoming -= self.incoming
-        self.incoming = 0
+        if self.incoming:
+            e.incoming -= self.incoming
+            left = e.incoming_by_source.get(self.source, 0) - self.incoming
+            if left:
+                e.incoming_by_source[self.source] = left
+            else:
+                e.incoming_by_source.pop(self.source, None)
+            self.incoming = 0
         e._backed_up.discard(self)
         super().connection_lost(exc)

@@ -186,6 +186,8 @@ class ClientEngine:
         self.held_by_source: dict[Hashable, int] = {}  # the same, by client source
         #: who a connection is from (the I/O layer's: a uid, a host), for the shares
         self.source_of: Callable[[bytes], Hashable] = lambda routing_id: None
+        #: bytes of messages still arriving from a source (the I/O layer's count)
+        self.incoming_of: Callable[[Hashable], int] = lambda source: 0
         #: bytes answered to clients that have not taken them yet (their connections are
         #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
         self.unsent_bytes: Callable[[], int] = lambda: 0
@@ -352,10 +354,12 @@ class ClientEngine:
         self._confirmed(client)
         self._execute(client, Event.CONFIRMED)
 
-    def budget_problem(self, size: int) -> str | None:
-        """Why ``size`` more bytes of a client's cannot be held (the broker-wide budget,
-        ``max_buffered``), or None."""
-        return self._budget_reason() if self._over_budget(size) else None
+    def budget_problem(self, size: int, source: Hashable = None) -> str | None:
+        """Why ``size`` more bytes of a client's (of ``source``) cannot be held: the
+        broker-wide budget (``max_buffered``), or its source's share; or None."""
+        if self._over_budget(size):
+            return self._budget_reason()
+        return self._share_problem(source, size)
 
     # --- the state machine -------------------------------------------------------------------
 
@@ -534,8 +538,13 @@ class ClientEngine:
         source's share of it; or None."""
         if self._over_budget(size):
             return self._budget_reason()
+        return self._share_problem(client.source, size)
+
+    def _share_problem(self, source: Hashable, size: int) -> str | None:
+        """Why ``source`` cannot hold ``size`` more bytes (what its clients' WRITEs hold,
+        waiting, queued or still arriving, past its share), or None."""
         share = self.config.max_buffered_per_source
-        if self.held_by_source.get(client.source, 0) + size > share:
+        if self.held_by_source.get(source, 0) + self.incoming_of(source) + size > share:
             return (f"this user's or host's share of the broker's buffers is full "
                     f"(clients.max_buffered_per_source, {share} bytes)")
         return None

@@ -139,6 +139,7 @@ class ZpipesService(Service):
         server.unsent_bytes = ep.unsent_bytes  # held for readers that do not read: budgeted
         server.incoming_bytes = ep.incoming_bytes  # WRITEs arriving: their buffers, budgeted
         server.engine.source_of = ep.source_of  # each source's writes: a share of the budget
+        server.engine.incoming_of = ep.incoming_of
         try:
             sock = self._listen(ep, self.endpoint, f"a broker named {ctx.broker_name!r} is "
                                 f"already running on this host ({self.endpoint} is in use)")
