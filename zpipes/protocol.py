@@ -250,6 +250,11 @@ COMMAND_IDS = frozenset(
 )
 REPLY_IDS = frozenset(MessageId) - COMMAND_IDS
 _MESSAGE_IDS = {int(m): m for m in MessageId}  # faster than MessageId(n)
+# By class (a set of classes is faster to ask than one of enum members)
+_COMMAND_TYPES = frozenset(LAYOUT[m][0] for m in COMMAND_IDS)
+_REPLY_TYPES = frozenset(LAYOUT[m][0] for m in REPLY_IDS)
+# The messages without fields, by id: each one value (they are immutable), decoded at once
+_BARE: dict[int, Message] = {int(m): cls() for m, (cls, layout) in LAYOUT.items() if not layout}
 
 # Which string fields carry text (str) rather than names (bytes).
 _TEXT_FIELDS = frozenset({"reason"})
@@ -342,14 +347,25 @@ def decode(frame: bytes | memoryview) -> Message | DecodeError:
     """Decode one frame. Chunks are returned as zero-copy slices of ``frame``."""
     data = memoryview(frame)
     size = len(data)
-    # The bulk of the traffic, READ and WRITE, first and in few steps.
+    # The bulk of the traffic first and in few steps: READ and WRITE, their answers.
     if size >= 11 and data[0] == 0xAA and data[1] == 0xA0:
-        if data[2] == MessageId.WRITE:
+        mid = data[2]
+        if mid == 12:  # WRITE
             length = _U32.unpack_from(data, 3)[0]
             if length == size - 11:
                 return Write(data[7 : size - 4], _U32.unpack_from(data, size - 4)[0])
-        elif data[2] == MessageId.READ and size == 11:
+        elif mid == 8:  # READ_OK
+            if _U32.unpack_from(data, 3)[0] == size - 7:
+                return ReadOk(data[7:])
+        elif mid == 7 and size == 11:  # READ
             return Read(*_TWO_U32.unpack_from(data, 3))
+    elif size == 3 and data[0] == 0xAA and data[1] == 0xA0:
+        bare = _BARE.get(data[2])
+        if bare is not None:
+            return bare
+    elif size >= 7 and data[0] == 0xAA and data[1] == 0xA0 and data[2] == 8:  # short READ_OK
+        if _U32.unpack_from(data, 3)[0] == size - 7:
+            return ReadOk(data[7:])
     return _decode(data)
 
 
@@ -399,7 +415,7 @@ def decode_command(frames: Sequence[bytes | memoryview]) -> Command | DecodeErro
     if len(frames) != 1:
         return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
     msg = decode(frames[0])
-    if not isinstance(msg, DecodeError) and msg.id not in COMMAND_IDS:
+    if type(msg) not in _COMMAND_TYPES and not isinstance(msg, DecodeError):
         return DecodeError(f"{msg.id.name} is a broker reply, not a client command")
     return msg
 
@@ -409,7 +425,7 @@ def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply | DecodeError:
     if len(frames) != 1:
         return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
     msg = decode(frames[0])
-    if not isinstance(msg, DecodeError) and msg.id not in REPLY_IDS:
+    if type(msg) not in _REPLY_TYPES and not isinstance(msg, DecodeError):
         return DecodeError(f"{msg.id.name} is a client command, not a broker reply")
     return msg
 
