@@ -271,8 +271,6 @@ class _Channel:
         lost (once the replies that arrived before are taken) or the broker stays silent."""
         with self._lock:
             inbox = self._inbox
-            if not inbox and self.dead is None:
-                self._take()
             if inbox:
                 return inbox.popleft()
             if self.dead is not None:
@@ -290,7 +288,7 @@ class _Channel:
                 if deadline is not None:
                     wake = min(wake, deadline)
                 if link.wait(max(0, math.ceil((wake - now) * 1000))):
-                    self._take()
+                    self._take(ready=True)
                     if inbox:
                         return inbox.popleft()
                     if self.dead is not None:
@@ -321,11 +319,12 @@ class _Channel:
             inbox.clear()
             return frames
 
-    def _take(self) -> None:
+    def _take(self, ready: bool = False) -> None:
         """Move the replies that arrived into ``_inbox``; the channel is dead once the
-        connection is found closed (after the replies that came before)."""
+        connection is found closed (after the replies that came before). ``ready``: a wait
+        just found something to receive."""
         link = self._link
-        if link.receive():
+        if (ready or link.wait(0)) and link.receive():
             frames, keep = self._frames, self._inbox.append
             while frames:
                 frame = frames.popleft()
@@ -936,7 +935,7 @@ class PipeWriter(WriterCounters, _PipeEnd):
             if frame is None:
                 raise self._timed_out("flush of")
             self._feed([frame])
-            self._feed(channel.drain())
+            self._feed(channel.taken())  # (what came with it)
             proto.check()
 
     # --- closing ---
