@@ -32,6 +32,8 @@ MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 DIRECT_MIN = 64 << 10  # a frame this large is received into its own buffer
 READ_SIZE = 256 << 10  # bytes asked for by one receive of small frames
 MAX_TAKE = 8 << 20  # bytes one call of DealerLink.receive takes at most (others then get a turn)
+#: the largest frame taken: a READ_OK answers a READ of at most 2**32 - 1 bytes
+MAX_FRAME = (1 << 32) + 16
 
 _SHORT_HEADS = [bytes((0, n)) for n in range(256)]
 
@@ -75,7 +77,8 @@ class FrameReader:
     Frames are ``bytes`` (small ones, copied out of the read buffer) or ``bytearray`` (a frame
     of ``DIRECT_MIN`` bytes or more: its own buffer, filled by the caller through
     :meth:`direct_buffer` and :meth:`direct_filled`). Commands are kept apart (``commands``),
-    with the name and the body."""
+    with the name and the body. A frame over ``MAX_FRAME`` bytes, or a command over
+    ``DIRECT_MIN``, breaks the stream: ``broken`` says why, and nothing more is taken."""
 
     def __init__(self) -> None:
         self.frames: deque[bytes | bytearray] = deque()
@@ -84,6 +87,7 @@ class FrameReader:
         self._direct: bytearray | None = None  # a large frame being filled
         self._direct_flags = 0
         self._direct_got = 0
+        self.broken: str | None = None
 
     def direct_buffer(self) -> memoryview | None:
         """Where the next bytes go when a large frame is being received, else None."""
@@ -101,6 +105,8 @@ class FrameReader:
 
     def feed(self, data: bytes | memoryview) -> None:
         """Take bytes received into a shared buffer (copied out of it as needed)."""
+        if self.broken:
+            return
         if self._rest:
             data = self._rest + bytes(data)
             self._rest = b""
@@ -119,6 +125,9 @@ class FrameReader:
                     break
                 size = view[pos + 1]
                 start = pos + 2
+            if size > MAX_FRAME or (flags & COMMAND and size >= DIRECT_MIN):
+                self.broken = f"a {'command' if flags & COMMAND else 'frame'} of {size} bytes"
+                return
             if end - start >= size:
                 self._deliver(flags, bytes(view[start : start + size]))
                 pos = start + size
@@ -194,6 +203,8 @@ class DealerLink:
             if not data:
                 raise HandshakeError("the peer closed the connection during the handshake")
             reader.feed(data)
+            if reader.broken:
+                raise HandshakeError(f"the peer sent {reader.broken}")
             if reader.frames:
                 raise HandshakeError("the peer sent a message before its READY")
         name, body = reader.commands.popleft()
@@ -303,6 +314,9 @@ class DealerLink:
                 reader.direct_filled(n)
             if reader.commands:
                 self._commands()
+            if reader.broken:
+                self.eof = True  # (the stream cannot be read on: as good as closed)
+                break
             if direct is None and n < len(scratch) and reader.direct_buffer() is None:
                 break  # (all there was, most likely: no second call to find nothing)
         return taken
