@@ -31,6 +31,9 @@ GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 DIRECT_MIN = 64 << 10  # a frame this large is received into its own buffer
 READ_SIZE = 256 << 10  # bytes asked for by one receive of small frames
+#: bytes asked for by the first receive after a large frame: most likely the head of the next
+#: large one, whose body then goes straight to its own buffer (not copied out of ours)
+HEAD_READ = 8 << 10
 MAX_TAKE = 8 << 20  # bytes one call of DealerLink.receive takes at most (others then get a turn)
 #: the largest frame taken: a READ_OK answers a READ of at most 2**32 - 1 bytes
 MAX_FRAME = (1 << 32) + 16
@@ -178,6 +181,7 @@ class DealerLink:
         self.reader = FrameReader()
         self.eof = False
         self._scratch = bytearray(READ_SIZE)
+        self._large = False  # the last frame was received into its own buffer
         self._poll = select.poll()
         self._poll.register(self.fd, select.POLLIN)
 
@@ -294,12 +298,17 @@ class DealerLink:
     def receive(self) -> int:
         """Take what has arrived, without waiting: frames into ``reader.frames``, and ``eof``
         once the peer closed. Answers the peer's ZMTP PINGs. Returns the bytes taken."""
-        reader, sock, scratch = self.reader, self.sock, self._scratch
+        reader, sock = self.reader, self.sock
+        scratch = memoryview(self._scratch)
         taken = 0
         while taken < MAX_TAKE and not self.eof:
             direct = reader.direct_buffer()
+            if direct is None:
+                into = scratch[:HEAD_READ] if self._large else scratch
+            else:
+                into = direct
             try:
-                n = sock.recv_into(scratch if direct is None else direct)
+                n = sock.recv_into(into)
             except (BlockingIOError, InterruptedError):
                 break
             except ConnectionResetError:
@@ -309,15 +318,17 @@ class DealerLink:
                 break
             taken += n
             if direct is None:
-                reader.feed(memoryview(scratch)[:n])
+                reader.feed(scratch[:n])
+                self._large = reader.direct_buffer() is not None
             else:
                 reader.direct_filled(n)
+                self._large = True
             if reader.commands:
                 self._commands()
             if reader.broken:
                 self.eof = True  # (the stream cannot be read on: as good as closed)
                 break
-            if direct is None and n < len(scratch) and reader.direct_buffer() is None:
+            if direct is None and n < len(into) and reader.direct_buffer() is None:
                 break  # (all there was, most likely: no second call to find nothing)
         return taken
 
