@@ -21,9 +21,13 @@ Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes 
 pipe; beside, the CPU seconds per GiB of the broker and of the two ``zpipes`` clients (writer +
 reader, each process's user + system time as the kernel counts it when it ends, start-up
 included), and what one client's start-up alone costs (a pair that moves one byte): subtract
-it twice per run for the cost of the stream itself. Latency (``latency``): one small line written
-through the client library until the reader has it, against the same through an os.pipe in
-one process.
+it twice per run for the cost of the stream itself (printed too: "the stream alone"). Latency
+(``latency``): one small line written through the client library until the reader has it,
+against the same through an os.pipe in one process. Sporadic lines (``sporadic``): a line every
+2 ms, written with ``zpipes.open(..., "w")`` + ``flush()`` in one process and read line by line
+in another, arrival minus write time on CLOCK_MONOTONIC (1900 samples after 100 of warm-up),
+against the same two hops through a C relay (``zmq.proxy``) and a plain Unix-socket relay in
+the same run; beside each, the CPU time per line of the writer, the reader and the middle.
 
 Metrics (``--metrics``): the raw wire case (64 KiB WRITEs) through two brokers in the same
 run, one without metrics and one with its metrics endpoint scraped every ``--scrape-interval``
