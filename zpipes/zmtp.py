@@ -39,6 +39,9 @@ MAX_TAKE = 8 << 20  # bytes one call of DealerLink.receive takes at most (others
 MAX_FRAME = (1 << 32) + 16
 
 _SHORT_HEADS = [bytes((0, n)) for n in range(256)]
+#: a write to a connection the peer closed fails (EPIPE) instead of raising SIGPIPE, whatever
+#: the program did with that signal (as libzmq does)
+_NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class HandshakeError(Exception):
@@ -192,7 +195,7 @@ class DealerLink:
         or OSError (a timeout included) from the socket."""
         sock = self.sock
         sock.settimeout(timeout)
-        sock.sendall(GREETING)
+        sock.sendall(GREETING, _NOSIGNAL)
         greeting = self._recv_exactly(64)
         if greeting[0] != 0xFF or not greeting[9] & 1:
             raise HandshakeError("the peer does not speak ZMTP")
@@ -200,7 +203,7 @@ class DealerLink:
             raise HandshakeError(f"the peer speaks ZMTP {greeting[10]}, not 3")
         if greeting[12:32].rstrip(b"\x00") != b"NULL":
             raise HandshakeError("the peer asks for a security mechanism other than NULL")
-        sock.sendall(ready_command())
+        sock.sendall(ready_command(), _NOSIGNAL)
         reader = self.reader
         while not reader.commands:
             data = sock.recv(READ_SIZE)
@@ -241,7 +244,7 @@ class DealerLink:
             return self.send_framed(head + bytes(frame), give_up)
         sock = self.sock
         try:
-            sent = sock.sendmsg([head, frame])
+            sent = sock.sendmsg([head, frame], (), _NOSIGNAL)
         except BlockingIOError:
             sent = 0
         if sent == len(head) + size:
@@ -253,7 +256,7 @@ class DealerLink:
     def send_framed(self, data: bytes, give_up: float | None = None) -> bool:
         """Like :meth:`send`, for ``data`` that holds whole frames, heads included."""
         try:
-            sent = self.sock.send(data)
+            sent = self.sock.send(data, _NOSIGNAL)
         except BlockingIOError:
             sent = 0
         if sent == len(data):
@@ -278,7 +281,7 @@ class DealerLink:
                         poll.modify(self.fd, select.POLLOUT)
                 if events & (select.POLLOUT | select.POLLERR | select.POLLHUP):
                     try:
-                        sent = self.sock.sendmsg(rest)
+                        sent = self.sock.sendmsg(rest, (), _NOSIGNAL)
                     except BlockingIOError:
                         continue
                     while sent and rest:
@@ -339,7 +342,7 @@ class DealerLink:
             if name == b"PING":  # ZMTP 3.1 heartbeat: [TTL, 2 bytes][context]
                 rest = body[1 + body[0] :]
                 try:
-                    self.sock.send(command(b"PONG", rest[2:18]))
+                    self.sock.send(command(b"PONG", rest[2:18]), _NOSIGNAL)
                 except OSError:
                     pass
             elif name == b"ERROR":
