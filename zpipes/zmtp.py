@@ -314,7 +314,7 @@ class DealerLink:
                 n = sock.recv_into(into)
             except (BlockingIOError, InterruptedError):
                 break
-            except ConnectionResetError:
+            except OSError:  # reset, timed out (keepalive): the connection is gone
                 n = 0
             if n == 0:
                 self.eof = True
