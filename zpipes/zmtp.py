@@ -196,11 +196,12 @@ class DealerLink:
         sock = self.sock
         sock.settimeout(timeout)
         sock.sendall(GREETING, _NOSIGNAL)
-        greeting = self._recv_exactly(64)
+        greeting = self._recv_exactly(11)  # (what a ZMTP 2 peer sends before it waits)
         if greeting[0] != 0xFF or not greeting[9] & 1:
             raise HandshakeError("the peer does not speak ZMTP")
         if greeting[10] < 3:
-            raise HandshakeError(f"the peer speaks ZMTP {greeting[10]}, not 3")
+            raise HandshakeError(f"the peer speaks ZMTP {greeting[10] + 1} (libzmq 3), not 3")
+        greeting += self._recv_exactly(53)
         if greeting[12:32].rstrip(b"\x00") != b"NULL":
             raise HandshakeError("the peer asks for a security mechanism other than NULL")
         sock.sendall(ready_command(), _NOSIGNAL)
