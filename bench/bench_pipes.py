@@ -21,9 +21,13 @@ Bulk and lines (``bulk``, ``lines``): ``SOURCE | zpipes write p`` into ``zpipes 
 pipe; beside, the CPU seconds per GiB of the broker and of the two ``zpipes`` clients (writer +
 reader, each process's user + system time as the kernel counts it when it ends, start-up
 included), and what one client's start-up alone costs (a pair that moves one byte): subtract
-it twice per run for the cost of the stream itself. Latency (``latency``): one small line written
-through the client library until the reader has it, against the same through an os.pipe in
-one process.
+it twice per run for the cost of the stream itself (printed too: "the stream alone"). Latency
+(``latency``): one small line written through the client library until the reader has it,
+against the same through an os.pipe in one process. Sporadic lines (``sporadic``): a line every
+2 ms, written with ``zpipes.open(..., "w")`` + ``flush()`` in one process and read line by line
+in another, arrival minus write time on CLOCK_MONOTONIC (1900 samples after 100 of warm-up),
+against the same two hops through a C relay (``zmq.proxy``) and a plain Unix-socket relay in
+the same run; beside each, the CPU time per line of the writer, the reader and the middle.
 
 Metrics (``--metrics``): the raw wire case (64 KiB WRITEs) through two brokers in the same
 run, one without metrics and one with its metrics endpoint scraped every ``--scrape-interval``
@@ -129,7 +133,7 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
     fifo = tmp / "fifo"
     os.mkfifo(fifo)
     bname = broker.args[len(ZBROKER)]
-    fifo_s, pipe_s, cpu, writer_cpu, reader_cpu, start_cpu = [], [], [], [], [], []
+    fifo_s, pipe_s, cpu, writer_cpu, reader_cpu, start_cpu, start_s = [], [], [], [], [], [], []
     for i in range(runs):  # interleaved, so that noise hits both alike
         fifo_s.append(timed_pair(f"{source} | cat > {fifo}", f"cat {fifo} > /dev/null", env))
         c = cpu_seconds(broker.pid)
@@ -138,8 +142,9 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
         pipe_s.append(t)
         writer_cpu.append(w)
         reader_cpu.append(r)
-        _, w, r = zpipes_pair("printf x", bname, f"start{i}", env)
+        t, w, r = zpipes_pair("printf x", bname, f"start{i}", env)
         start_cpu.append((w + r) / 2)
+        start_s.append(t)
     fifo.unlink()
     f, z = statistics.median(fifo_s), statistics.median(pipe_s)
     clients = [w + r for w, r in zip(writer_cpu, reader_cpu, strict=True)]
@@ -147,11 +152,19 @@ def throughput(name: str, source: str, nbytes: int, broker: subprocess.Popen, tm
     def per_gib(xs: list[float]) -> float:
         return statistics.median(xs) * GIB / nbytes
 
+    # The stream alone: less what a pair that moves one byte takes (seconds until both ended)
+    # and costs (each client's start-up), so that a short stream shows its own rate and cost.
+    stream_s = z - statistics.median(start_s)
+    stream_cpu = [c - 2 * s for c, s in zip(clients, start_cpu, strict=True)]
     print(f"{name:<28} fifo {nbytes / f / 1e6:8.0f} MB/s   zpipes {nbytes / z / 1e6:8.0f} MB/s"
           f"   ratio {f / z:5.2f}x   CPU s/GiB: broker {per_gib(cpu):5.2f} "
           f"{_spread(cpu, nbytes)}  clients {per_gib(clients):5.2f} {_spread(clients, nbytes)} "
           f"(write {per_gib(writer_cpu):.2f}, read {per_gib(reader_cpu):.2f}; start-up "
           f"{statistics.median(start_cpu):.2f} s each)   (median of {runs})")
+    print(f"{'  the stream alone':<28} less a one-byte pair ({statistics.median(start_s):.2f} s): "
+          f"zpipes {nbytes / stream_s / 1e6:8.0f} MB/s   ratio {f / stream_s:5.2f}x   "
+          f"clients {per_gib(stream_cpu):5.2f} CPU s/GiB "
+          f"({per_gib(stream_cpu) / per_gib(cpu):.1f}x the broker's)")
 
 
 # --- raw wire: a client like the original C client -------------------------------------------
@@ -458,6 +471,194 @@ def latency(broker: str, samples: int) -> None:
           f"{pct(got, .5):6.1f} us  p99 {pct(got, .99):7.1f} us   ({samples} samples)")
 
 
+# --- sporadic lines: one line every few ms, as ``tail -f | zpipes write`` makes them ----------
+
+# Each end runs in a process of its own (``python -c``): ``argv``: kind, address, pipe, lines,
+# warm-up, interval in seconds. The writer stamps each line with CLOCK_MONOTONIC (one clock for
+# every process of the machine) just before it writes it; the reader takes the arrival time as
+# it has the line. Both count their own CPU time (user + system, all threads) over the lines
+# after the warm-up. Kinds: "zpipes" (zpipes.open, write + flush, readline), "zmq" (pyzmq
+# PUSH/PULL through a C relay, zmq.proxy), "unix" (plain Unix stream sockets through a
+# minimal relay, no libzmq at all).
+SPORADIC_WRITER = r"""
+import os, resource, sys, time
+kind, address, pipe, n, warm, every = sys.argv[1:7]
+n, warm, every = int(n), int(warm), float(every)
+if kind == "zpipes":
+    import zpipes
+    out = zpipes.open(pipe, "w", broker=address)
+    def send(line):
+        out.write(line)
+        out.flush()
+elif kind == "zmq":
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.connect(address)
+    send = s.send
+else:
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(address)
+    send = s.sendall
+sys.stdin.readline()  # the reader is ready
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+tick = time.monotonic() + every
+for i in range(n + warm):
+    if i == warm:
+        c = cpu()
+    delay = tick - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+    tick += every
+    send(b"%d %d\n" % (time.monotonic_ns(), i))
+c = cpu() - c
+if kind == "zpipes":
+    out.close()
+print(c, flush=True)
+"""
+
+SPORADIC_READER = r"""
+import resource, sys, time
+kind, address, pipe, n, warm, every = sys.argv[1:7]
+n, warm = int(n), int(warm)
+if kind == "zpipes":
+    import zpipes
+    src = zpipes.open(pipe, "r", broker=address)
+    readline = src.readline
+elif kind == "zmq":
+    import zmq
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PULL)
+    s.connect(address)
+    readline = s.recv
+else:
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(address)
+    readline = s.makefile("rb", buffering=0).readline
+print("ready", flush=True)
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+got = []
+for i in range(n + warm):
+    line = readline()
+    now = time.monotonic_ns()
+    if i == warm:
+        c = cpu()
+    if i >= warm:
+        got.append(now - int(line.split()[0]))
+c = cpu() - c
+print(c, *got, flush=True)
+"""
+
+# The floors' relays: the C one forwards with libzmq alone (zmq.proxy runs in C); the Unix one
+# is a plain Python loop over two sockets (what the kernel and one process in the middle cost).
+C_RELAY = r"""
+import sys, zmq
+ctx = zmq.Context(); a = ctx.socket(zmq.PULL); a.bind(sys.argv[1])
+b = ctx.socket(zmq.PUSH); b.bind(sys.argv[2])
+print("ready", flush=True)
+zmq.proxy(a, b)
+"""
+UNIX_RELAY = r"""
+import os, socket, sys
+srv_in = socket.socket(socket.AF_UNIX); srv_in.bind(sys.argv[1]); srv_in.listen()
+srv_out = socket.socket(socket.AF_UNIX); srv_out.bind(sys.argv[2]); srv_out.listen()
+print("ready", flush=True)
+dst, _ = srv_out.accept()
+src, _ = srv_in.accept()
+while True:
+    data = src.recv(1 << 16)
+    if not data:
+        break
+    dst.sendall(data)
+"""
+
+
+def _sporadic_run(kind: str, address: tuple[str, str], pipe: str, n: int, warm: int,
+                  every: float, pid: int, env: dict) -> tuple[list[float], float, float, float]:
+    """One run of ``n`` lines: (latencies in seconds, the writer's CPU seconds, the reader's,
+    the middle's: the broker's or the relay's)."""
+    args = [kind, "", pipe, str(n), str(warm), str(every)]
+    reader = subprocess.Popen([sys.executable, "-c", SPORADIC_READER, *args[:1], address[1],
+                               *args[2:]], stdout=subprocess.PIPE, env=env)
+    if reader.stdout.readline() != b"ready\n":  # type: ignore[union-attr]
+        raise SystemExit(f"sporadic {kind}: the reader did not start")
+    writer = subprocess.Popen([sys.executable, "-c", SPORADIC_WRITER, *args[:1], address[0],
+                               *args[2:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=env)
+    time.sleep(0.3)  # (connected and opened by then; the warm-up covers the rest)
+    middle = cpu_seconds(pid)
+    w_out, _ = writer.communicate(b"go\n", timeout=600)
+    r_out, _ = reader.communicate(timeout=60)
+    middle = cpu_seconds(pid) - middle
+    if writer.returncode or reader.returncode:
+        raise SystemExit(f"sporadic {kind}: writer/reader failed")
+    fields = r_out.split()
+    return ([int(x) * 1e-9 for x in fields[1:]], float(w_out), float(fields[0]), middle)
+
+
+def _spawn(script: str, *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE)
+    if proc.stdout.readline() != b"ready\n":  # type: ignore[union-attr]
+        raise SystemExit("a relay did not start")
+    return proc
+
+
+def sporadic(broker: subprocess.Popen, tmp: Path, n: int, warm: int, every: float,
+             runs: int) -> None:
+    """One line every ``every`` seconds through the broker (zpipes.open, write + flush in one
+    process, readline in another), and the same two hops through the floors' relays, runs
+    interleaved; arrival minus write time, and the CPU time per line of each process."""
+    env = dict(os.environ)
+    bname = broker.args[len(ZBROKER)]
+    tag = uuid.uuid4().hex[:8]
+    c_in, c_out = f"ipc://@/zpipes-bench-c-in/{tag}", f"ipc://@/zpipes-bench-c-out/{tag}"
+    u_in, u_out = str(tmp / "relay-in"), str(tmp / "relay-out")
+    c_relay = _spawn(C_RELAY, c_in, c_out)
+    results: dict[str, list[tuple[list[float], float, float, float]]] = {
+        "zpipes": [], "zmq": [], "unix": []}
+    try:
+        for i in range(runs):
+            results["zpipes"].append(_sporadic_run("zpipes", (bname, bname), f"sporadic{i}", n,
+                                                   warm, every, broker.pid, env))
+            results["zmq"].append(_sporadic_run("zmq", (c_in, c_out), "", n, warm, every,
+                                                c_relay.pid, env))
+            u_relay = _spawn(UNIX_RELAY, u_in, u_out)  # (one pair of connections each)
+            try:
+                results["unix"].append(_sporadic_run("unix", (u_in, u_out), "", n, warm,
+                                                     every, u_relay.pid, env))
+            finally:
+                u_relay.kill()
+                u_relay.wait()
+                for path in (u_in, u_out):
+                    os.unlink(path)
+    finally:
+        c_relay.kill()
+        c_relay.wait()
+
+    def pct(xs: list[float], q: float) -> float:
+        return sorted(xs)[int(q * (len(xs) - 1))] * 1e6
+
+    def us_per_line(k: int, label: str) -> float:
+        return statistics.median(r[k] for r in results[label]) / n * 1e6
+
+    parts = []
+    for label, name, middle in (("zpipes", "zpipes", "broker"), ("zmq", "C relay", "relay"),
+                                ("unix", "unix relay", "relay")):
+        every_sample = [x for r in results[label] for x in r[0]]
+        parts.append(f"{name} p50 {pct(every_sample, .5):5.0f} us p99 "
+                     f"{pct(every_sample, .99):6.0f} us (CPU us/line: write "
+                     f"{us_per_line(1, label):.0f}, read {us_per_line(2, label):.0f}, "
+                     f"{middle} {us_per_line(3, label):.0f})")
+    print(f"{f'sporadic, a line every {every * 1e3:g} ms':<28} " + "   ".join(parts)
+          + f"   ({n} samples after {warm} of warm-up, x{runs} runs)")
+
+
 def metrics_cost(chunk: int, nbytes: int, runs: int, interval: float) -> None:
     """The raw wire case through a broker without metrics and one whose endpoint is scraped,
     interleaved in the same run."""
@@ -496,8 +697,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--size", type=int, metavar="MIB",
                     help="MiB per raw-wire and bulk transfer (default 1024, --quick 128)")
-    ap.add_argument("--cases", default="raw,bulk,lines,latency",
-                    help="comma-separated subset of raw,bulk,lines,latency (default: all)")
+    ap.add_argument("--cases", default="raw,bulk,lines,latency,sporadic",
+                    help="comma-separated subset of raw,bulk,lines,latency,sporadic "
+                    "(default: all)")
     ap.add_argument("--metrics", action="store_true",
                     help="only: metrics off against metrics on and scraped, in the same run")
     ap.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS")
@@ -528,6 +730,9 @@ def main() -> None:
                        nbytes, proc, tmp, runs)
         if "latency" in cases:
             latency(broker, 200 if args.quick else 2000)
+        if "sporadic" in cases:
+            sporadic(proc, tmp, 200 if args.quick else 1900, 20 if args.quick else 100, 0.002,
+                     runs)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)

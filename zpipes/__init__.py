@@ -8,9 +8,10 @@
     with zpipes.open("results", "r") as pipe:
         data = pipe.read()
 
-The client (and with it pyzmq) is imported on first use of one of its names, so that the core
-modules (``zpipes.protocol``, ``zpipes.client_protocol``, and the broker's ZPIPES cores in
-``zbroker.services.zpipes``) import without pyzmq.
+The client is imported on first use of one of its names, so that the core modules
+(``zpipes.protocol``, ``zpipes.client_protocol``, and the broker's ZPIPES cores in
+``zbroker.services.zpipes``) import without it. The sync client and the command speak ZMTP
+themselves (``zpipes.zmtp``); only the asyncio client (``zpipes.aio``) needs pyzmq.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ __all__ = [
 
 #: the names above that ``zpipes.client`` defines (all but the errors, imported already)
 _CLIENT_NAMES = frozenset(__all__) - set(globals())
-#: submodules that need pyzmq, reachable as attributes as when the package imported the client
+#: the client's submodules, reachable as attributes as when the package imported the client
 _SUBMODULES = frozenset({"aio", "cli", "client"})
 
 

@@ -62,12 +62,8 @@ from zpipes._common import (
     WriterCounters,
     check_intervals,
     check_options,
-    close_socket,
     connection_lost,
     not_taking,
-    open_socket,
-    saw_disconnect,
-    take_replies,
 )
 from zpipes.client import (
     CLOSE_SEND_BOUND,
@@ -91,6 +87,12 @@ from zpipes.client_protocol import (
     fresh,
 )
 from zpipes.errors import BrokerUnavailable, ProtocolError, ZpipesError
+from zpipes.zmq_socket import (
+    close_socket,
+    open_socket,
+    saw_disconnect,
+    take_replies,
+)
 
 DRAIN_BATCH = 1000  # replies the pump takes in one go before it lets other tasks run
 

@@ -26,9 +26,10 @@ Layout:
   with the asyncio client) hold the protocol logic of one pipe end: which requests are
   outstanding, what each reply means, the reader's stream buffer. They do no I/O and read no
   clock, so they are tested without sockets. This module still exports them.
-* :class:`_Channel` does the I/O: one DEALER socket to the broker, shared under a lock with a
-  heartbeat thread that pings the broker while the program does not call the library (and
-  drains replies so that they never pile up in the socket). It notices a lost connection (a
+* :class:`_Channel` does the I/O: one connection to the broker, ZMTP as a DEALER on a plain
+  socket (:mod:`zpipes.zmtp`: no libzmq I/O thread to hand each message to), shared under a
+  lock with a heartbeat thread that pings the broker while the program does not call the
+  library (and takes replies so that they never pile up). It notices a lost connection (a
   broker that stopped, died or restarted) at once, after taking the replies that came before
   it, and a silent (hung) broker after ``broker_timeout``.
 * :class:`PipeReader` and :class:`PipeWriter` are the file objects that tie the two together.
@@ -39,7 +40,9 @@ a pipe end returns once its waiting is done.
 
 Throughput: a reader keeps ``read_ahead`` READs of ``read_size`` bytes outstanding, sent with
 wire timeout 0 (timeouts are kept by the client, so that a timeout never loses a request that
-the broker may still answer), and receives without copying. A writer sends chunks of up to
+the broker may still answer), and receives large chunks into buffers of their own. The READs
+that replace answered ones are sent as the next call starts (while others are outstanding),
+so that data reaches the program before the wake-ups a READ causes. A writer sends chunks of up to
 ``chunk_size`` bytes with up to ``window`` WRITEs unacknowledged; ``write`` returns once the
 data is sent, and ``flush``/``close`` wait until the broker took all of it.
 """
@@ -60,12 +63,8 @@ from collections.abc import Iterable
 from time import monotonic
 from typing import Any
 
-import zmq
-import zmq.utils.garbage  # noqa: F401 - see _close_open_ends
-
-from zpipes import trust
+from zpipes import trust, zmtp
 from zpipes._common import (
-    CLOSE_LINGER_MS,
     PING,
     EndBase,
     Liveness,
@@ -73,12 +72,8 @@ from zpipes._common import (
     WriterCounters,
     check_options,
     check_timeout,
-    close_socket,
     connection_lost,
     not_taking,
-    open_socket,
-    saw_disconnect,
-    take_replies,
 )
 from zpipes.client_protocol import (
     DEFAULT_CHUNK_SIZE,
@@ -106,7 +101,9 @@ DEFAULT_PING_INTERVAL = 1.0  # seconds: ping the broker when we sent nothing for
 DEFAULT_BROKER_TIMEOUT = 5.0  # seconds: a broker silent for this long while we wait is gone
 CLOSE_SEND_BOUND = 0.5  # seconds: the longest a CLOSE may wait for room in the queue to the broker
 
-ZERO_COPY_MIN = 64 << 10  # below this, copying into the frame is cheaper than zero-copy
+ZERO_COPY_MIN = 64 << 10  # (the asyncio client's) below this, copying is cheaper than zero-copy
+
+PING_OK = b"\xaa\xa0\x14"  # (the heartbeat's answers are taken by the channel)
 
 
 def endpoint(broker: str) -> str:
@@ -144,42 +141,51 @@ def _probe_address(address: str) -> tuple[int, Any] | None:
     return None
 
 
-def check_broker_running(broker: str, address: str | None = None) -> None:
-    """Fail fast when nothing listens on the broker's endpoint (by default the Linux abstract
-    socket of ``ipc://@/zpipes/<broker>``), with a plain connect; and, on a local socket, when
-    the process listening there is run by a user we do not trust (see zpipes/trust.py). The
-    message names what was given: the endpoint if one was, else the broker."""
+def _connect(broker: str, address: str | None, timeout: float) -> socket.socket:
+    """A plain socket connected to the broker's endpoint (by default the Linux abstract socket
+    of ``ipc://@/zpipes/<broker>``). Fails fast when nothing listens there, and, on a local
+    socket, when the process listening there is run by a user we do not trust (see
+    zpipes/trust.py). The message names what was given: the endpoint if one was, else the
+    broker."""
     given = address is not None
     address = address or endpoint(broker)
-    probe = _probe_address(address)
-    if probe is None:
-        return  # cannot tell: let ZeroMQ try
-    sock = socket.socket(probe[0], socket.SOCK_STREAM)
+    target = _probe_address(address)
+    if target is None:
+        raise BrokerUnavailable(f"cannot connect to {address!r}: a broker's endpoint is "
+                                "ipc://PATH, ipc://@NAME or tcp://HOST:PORT")
     try:
-        sock.settimeout(1.0)
-        sock.connect(probe[1])
-        uid = trust.peer_uid(sock) if probe[0] == socket.AF_UNIX else None
+        sock = zmtp.connect(target[0], target[1], min(timeout, 10.0))
     except (ConnectionRefusedError, FileNotFoundError):
         raise BrokerUnavailable(
             f"no broker is running at {address} (nothing listens there)" if given
             else f"broker {broker!r} is not running (nothing listens on {address})"
         ) from None
-    except OSError:
-        uid = None  # cannot tell (e.g. no route, a timeout): let ZeroMQ try
-    finally:
-        sock.close()
+    except OSError as exc:
+        raise BrokerUnavailable(f"cannot connect to broker at {address!r}: "
+                                f"{exc.strerror or exc}") from None
+    uid = trust.peer_uid(sock) if target[0] == socket.AF_UNIX else None
     problem = None if uid is None else trust.distrust(uid, broker, address)
     if problem:
+        sock.close()
         raise BrokerUnavailable(problem)
+    return sock
+
+
+def check_broker_running(broker: str, address: str | None = None) -> None:
+    """Fail fast when nothing listens on the broker's endpoint, or a user we do not trust
+    runs what listens there (see :func:`_connect`), with a plain connect."""
+    _connect(broker, address, 1.0).close()
 
 
 class _Channel:
-    """One DEALER socket to the broker, shared by the caller's thread and a heartbeat thread.
+    """One connection to the broker, shared by the caller's thread and a heartbeat thread: ZMTP
+    as a DEALER on a plain socket (:mod:`zpipes.zmtp`), so that the caller's thread writes
+    and waits on the connection itself (no I/O thread to hand each message to).
 
-    The socket is only ever used under ``_lock``. The caller's thread holds it while it waits
-    for a reply, and then pings by itself; the heartbeat thread only works while the lock is
-    free (the program is busy elsewhere): it pings when due and drains replies into ``_inbox``
-    so that PING_OKs never pile up in the socket. Replies keep their order: ``_inbox`` first.
+    The connection is only ever used under ``_lock``. The caller's thread holds it while it
+    waits for a reply, and then pings by itself; the heartbeat thread only works while the lock
+    is free (the program is busy elsewhere): it pings when due and takes the replies into
+    ``_inbox`` so that PING_OKs never pile up. Replies keep their order: ``_inbox`` first.
 
     The channel is *dead* (``dead`` holds the error, and every later send and wait raises it)
     once the connection to the broker dropped, or the broker stayed silent for
@@ -192,22 +198,23 @@ class _Channel:
         ping_interval: float = DEFAULT_PING_INTERVAL,
         broker_timeout: float = DEFAULT_BROKER_TIMEOUT,
         address: str | None = None,
-        context: zmq.Context | None = None,
     ) -> None:
         self._live = Liveness(ping_interval, broker_timeout)
         self.broker = check_broker_name(broker)
-        check_broker_running(broker, address)  # names the endpoint if one was given
-        address = address or endpoint(broker)
-        # A disconnect makes the channel take what arrived before it, then dead (see _lose).
-        sock, monitor = open_socket(context or _context(), address)
-        self._address = address
-        self._sock = sock
-        self._monitor = monitor
-        self._poller = zmq.Poller()
-        self._poller.register(sock, zmq.POLLIN)
-        self._poller.register(monitor, zmq.POLLIN)
+        sock = _connect(broker, address, broker_timeout)  # names the endpoint if one was given
+        self._address = address or endpoint(broker)
+        link = zmtp.DealerLink(sock)
+        try:
+            link.handshake(min(broker_timeout, 10.0))
+        except (OSError, zmtp.HandshakeError) as exc:
+            link.close()
+            why = exc if isinstance(exc, zmtp.HandshakeError) else (exc.strerror or exc)
+            raise BrokerUnavailable(
+                f"cannot connect to broker at {self._address!r}: {why}") from None
+        self._link = link
+        self._frames = link.reader.frames  # what the connection received, in order
         self._lock = threading.Lock()
-        self._inbox: deque[zmq.Frame] = deque()
+        self._inbox: deque[bytes | bytearray] = deque()
         self._live.start(monotonic())
         self.dead: BrokerUnavailable | None = None
         self.closed = False
@@ -220,53 +227,55 @@ class _Channel:
     # --- sending ---
 
     def send(self, frame: Any, copy: bool = True, bound: float | None = None) -> None:
-        """Send one frame. While the queue to the broker is full, wait for it at most ``bound``
-        seconds (default: ``broker_timeout``, after which the broker counts as gone)."""
+        """Send one frame, whole. While the connection has no room, wait for it at most
+        ``bound`` seconds (default: ``broker_timeout``, after which the broker counts as
+        gone). ``copy`` is for the callers' sake only: the frame is written before this returns,
+        so its buffer is free again at once."""
         with self._lock:
-            self._send(frame, copy, bound)
+            self._send(frame, bound)
 
     def send_many(self, frame: bytes, count: int) -> None:
         with self._lock:
-            for _ in range(count):
-                self._send(frame, True)
+            self._send(frame, None, count)
 
-    def _send(self, frame: Any, copy: bool, bound: float | None = None) -> None:
-        if self.dead is None:
-            self._check_link()
+    def _send(self, frame: Any, bound: float | None, count: int = 1) -> None:
+        """``count``: send ``frame`` that many times (a small frame: in one write)."""
         if self.dead is not None:
             raise fresh(self.dead)
-        sock = self._sock
+        link = self._link
+        limit = self._live.send_limit(bound)
         try:
-            sock.send(frame, zmq.NOBLOCK, copy=copy)
-        except zmq.Again:
-            # The queue to the broker is full: the broker has not taken anything for a while.
-            limit = self._live.send_limit(bound)
-            give_up = monotonic() + limit
-            while not sock.poll(100, zmq.POLLOUT):
-                if self._check_link():
-                    raise fresh(self.dead) from None  # type: ignore[arg-type]
-                if monotonic() >= give_up:
-                    if bound is None:
-                        self._die()
-                    raise not_taking(self.broker, limit) from None
-            sock.send(frame, zmq.NOBLOCK, copy=copy)
+            if count == 1:
+                done = link.send(frame, monotonic() + limit)
+            else:
+                done = link.send_framed((zmtp.frame_head(len(frame)) + frame) * count,
+                                        monotonic() + limit)
+        except OSError:
+            self._take_rest()
+            raise fresh(self.dead) from None  # type: ignore[arg-type]
+        if not done:
+            if link.eof:
+                self._lose()
+                raise fresh(self.dead) from None  # type: ignore[arg-type]
+            if bound is None:
+                self._die()
+            self._lose(not_taking(self.broker, limit))
+            raise fresh(self.dead) from None  # type: ignore[arg-type]
         self._live.sent(monotonic())
 
     # --- receiving ---
 
-    def recv(self, deadline: float | None) -> zmq.Frame | None:
+    def recv(self, deadline: float | None) -> bytes | bytearray | None:
         """The next reply (never a PING_OK); None once ``deadline`` (monotonic) has passed.
         Pings while it waits; raises BrokerUnavailable when the connection to the broker is
         lost (once the replies that arrived before are taken) or the broker stays silent."""
         with self._lock:
             inbox = self._inbox
-            if not inbox and self.dead is None:
-                self._check_link()
             if inbox:
                 return inbox.popleft()
             if self.dead is not None:
                 raise fresh(self.dead)
-            live = self._live
+            live, link = self._live, self._link
             start = monotonic()
             while True:
                 now = monotonic()
@@ -278,62 +287,80 @@ class _Channel:
                 wake = min(alive_until, live.ping_due())
                 if deadline is not None:
                     wake = min(wake, deadline)
-                if self._poller.poll(max(0, math.ceil((wake - now) * 1000))):
-                    if self._check_link():
-                        if inbox:
-                            return inbox.popleft()
-                        raise fresh(self.dead)  # type: ignore[arg-type]
-                    self._drain(1)
+                if link.wait(max(0, math.ceil((wake - now) * 1000))):
+                    self._take(ready=True)
                     if inbox:
                         return inbox.popleft()
+                    if self.dead is not None:
+                        raise fresh(self.dead)
                 elif deadline is not None and monotonic() >= deadline:
                     return None
 
-    def drain(self, limit: int = 1000) -> list[zmq.Frame]:
-        """Every reply that has arrived, without waiting."""
+    def taken(self) -> list[bytes | bytearray]:
+        """The replies already taken from the connection (by the last wait), without asking
+        it for more."""
         with self._lock:
-            if self.dead is None and not self.closed and not self._check_link():
-                self._drain(limit)
-            frames = list(self._inbox)
-            self._inbox.clear()
+            inbox = self._inbox
+            if not inbox:
+                return []
+            frames = list(inbox)
+            inbox.clear()
             return frames
 
-    def _drain(self, limit: int | None) -> None:
-        """Move the replies that arrived into ``_inbox``: at most ``limit`` (None: all)."""
-        sock = self._sock
-        if take_replies(lambda: sock.recv(zmq.NOBLOCK, copy=False), self._inbox.append, limit):
+    def drain(self, limit: int = 1000) -> list[bytes | bytearray]:
+        """Every reply that has arrived, without waiting."""
+        with self._lock:
+            if self.dead is None and not self.closed:
+                self._take()
+            inbox = self._inbox
+            if not inbox:
+                return []
+            frames = list(inbox)
+            inbox.clear()
+            return frames
+
+    def _take(self, ready: bool = False) -> None:
+        """Move the replies that arrived into ``_inbox``; the channel is dead once the
+        connection is found closed (after the replies that came before). ``ready``: a wait
+        just found something to receive."""
+        link = self._link
+        if (ready or link.wait(0)) and link.receive():
+            frames, keep = self._frames, self._inbox.append
+            while frames:
+                frame = frames.popleft()
+                if frame != PING_OK:
+                    keep(frame)
             self._live.heard(monotonic())
+        if link.eof:
+            self._lose()
+
+    def _take_rest(self) -> None:
+        """Writing failed (the connection is gone): take what the broker sent before, and the
+        channel is dead."""
+        try:
+            self._link.receive()
+        except OSError:
+            pass
+        self._lose()
 
     # --- liveness ---
 
-    def _check_link(self) -> bool:
-        """True if the connection to the broker has dropped (the channel is then dead)."""
-        monitor = self._monitor
-        if not monitor.get(zmq.EVENTS) & zmq.POLLIN:
-            return False
-        dropped = saw_disconnect(lambda: monitor.recv_multipart(zmq.NOBLOCK))
-        if dropped:
-            self._lose()
-        return dropped
-
-    def _lose(self) -> None:
-        """The connection dropped. Every reply the broker sent before is readable now (ZeroMQ
-        keeps the inbound queue of a connection it will re-establish): take them all, so that
-        they win over the lost connection. Then stop reconnecting: a new connection would lead
-        to a broker that does not know our pipe end (a restarted one)."""
-        self._drain(None)
+    def _lose(self, error: BrokerUnavailable | None = None) -> None:
+        """The connection dropped (or is of no use any more: ``error`` says why). What the
+        broker sent before is delivered first; nothing is sent any more."""
         if self.dead is None:
-            self.dead = connection_lost(self.broker)
-        try:
-            self._sock.disconnect(self._address)
-        except zmq.ZMQError:
-            pass
+            self.dead = error or connection_lost(self.broker)
+            frames, keep = self._frames, self._inbox.append
+            while frames:
+                frame = frames.popleft()
+                if frame != PING_OK:
+                    keep(frame)
 
     def _ping(self, now: float) -> None:
         try:
-            self._sock.send(PING, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # the queue to the broker is full; the broker is not reading anyway
+            self._link.send(PING, None)  # no room: the broker is not reading anyway
+        except OSError:
+            pass  # seen when the connection is read
         self._live.pinged(now)
 
     def _die(self) -> None:
@@ -345,34 +372,34 @@ class _Channel:
         wait = min(self._live.ping_interval / 2, 0.5)
         while not stop.wait(wait):
             if not self._lock.acquire(blocking=False):
-                continue  # the caller is using the socket (and pings by itself)
+                continue  # the caller is using the connection (and pings by itself)
             try:
-                if self.closed or self.dead is not None or self._check_link():
+                if self.closed or self.dead is not None:
                     return
-                self._drain(1000)
+                self._take()
+                if self.dead is not None:
+                    return
                 now = monotonic()
                 if now >= self._live.ping_due():
                     self._ping(now)
-            except zmq.ZMQError:
-                return
             finally:
                 self._lock.release()
 
     def send_last(self, frame: bytes) -> None:
-        """Send a last frame (a CLOSE that nobody waits for) if the queue to the broker has
-        room and the connection is up; never waits, never raises. The socket's linger takes
-        it out once the channel is closed."""
+        """Send a last frame (a CLOSE that nobody waits for) if the connection has room and
+        is up; never waits (beyond finishing a frame begun), never raises."""
         with self._lock:
             if self.closed or self.dead is not None:
                 return
             try:
-                self._sock.send(frame, zmq.NOBLOCK)
-            except zmq.ZMQError:
+                self._link.send(frame, None)
+            except OSError:
                 pass
 
     def close(self, at_once: bool = False) -> None:
-        """Stop the heartbeat and close the socket; ``at_once``: with no linger, so that the
-        connection goes away now and what is still queued for the broker is dropped."""
+        """Stop the heartbeat and close the connection. Every frame sent is written already;
+        ``at_once`` is for the callers' sake (an aborted writer's connection goes now, as
+        any does)."""
         if self.closed:
             return
         self._stop.set()
@@ -380,27 +407,13 @@ class _Channel:
             self._thread.join(timeout=5)
         with self._lock:
             self.closed = True
-            close_socket(self._sock, self._monitor, at_once or self.dead is not None)
+            self._link.close()
 
 
 # --- the file objects --------------------------------------------------------------------
 
 _open_ends: weakref.WeakSet[_PipeEnd] = weakref.WeakSet()
 _open_texts: weakref.WeakSet[_TextPipe] = weakref.WeakSet()
-_zmq_context: zmq.Context | None = None
-_context_lock = threading.Lock()
-
-
-def _context() -> zmq.Context:
-    """The library's own ZeroMQ context (not the program's ``Context.instance()``), so that it
-    can be shut down at exit without disturbing anybody."""
-    global _zmq_context
-    with _context_lock:
-        if _zmq_context is None or _zmq_context.closed:
-            _zmq_context = zmq.Context()
-        return _zmq_context
-
-
 def _ending_by_exception() -> bool:
     """True while an uncaught exception ends the program: the interpreter keeps it in
     ``sys.last_value`` (``sys.last_exc``) before it runs the exit handlers. Not in an
@@ -414,17 +427,12 @@ def _ending_by_exception() -> bool:
 
 @atexit.register
 def _close_open_ends() -> None:
-    """Close what the program left open, so that no written data is left behind unsent; then
-    end our ZeroMQ context, which waits until ZeroMQ is done with every message.
+    """Close what the program left open, so that no written data is left behind unsent.
 
     A program that exits normally (``sys.exit()`` included) closes its ends: their readers
     see the end of the stream. One that an uncaught exception (a ``KeyboardInterrupt``, too)
     ends aborts them instead, so that their readers fail rather than take a cut stream for
-    a whole one. Text ends go first, so that the text they still hold is written.
-
-    This must run before pyzmq's own exit handler, which drops the buffers of zero-copy
-    messages, whether or not ZeroMQ is still sending them: exit handlers run last-registered
-    first, and importing ``zmq.utils.garbage`` above registers pyzmq's before this one."""
+    a whole one. Text ends go first, so that the text they still hold is written."""
     cut = _ending_by_exception()
     ends: list[_TextPipe | _PipeEnd] = [*_open_texts, *_open_ends]
     for end in ends:
@@ -435,9 +443,6 @@ def _close_open_ends() -> None:
                 end.close()
         except Exception:  # nothing to report to at exit
             pass
-    with _context_lock:
-        if _zmq_context is not None and not _zmq_context.closed:
-            _zmq_context.destroy(linger=CLOSE_LINGER_MS)
 
 
 class _PipeEnd(EndBase, io.BufferedIOBase):
@@ -479,7 +484,7 @@ class _PipeEnd(EndBase, io.BufferedIOBase):
     def _deadline(self) -> float | None:
         return None if self._timeout is None else monotonic() + self._timeout
 
-    def _feed(self, frames: Iterable[zmq.Frame]) -> None:
+    def _feed(self, frames: Iterable[Any]) -> None:
         receive = self._proto.receive_frame
         for frame in frames:
             receive(frame)
@@ -601,9 +606,30 @@ class PipeReader(ReaderResults, _PipeEnd):
         self._check_usable()
         return True
 
+    def _check_usable(self) -> None:
+        """Every call starts here: it also sends the READs owed (see :meth:`_top_up`)."""
+        super()._check_usable()
+        if self._reads_owed:
+            self._send_reads()
+
     # --- the engine ---
 
+    _reads_owed = False  # READs to send at the start of the next call
+
     def _top_up(self, blocking: bool = False) -> None:
+        """Keep ``read_ahead`` READs outstanding. When a call is about to return data
+        (``blocking`` false) while READs are still outstanding, the new ones are owed instead,
+        and sent at the start of the next call: the data reaches the program first, before the
+        wake-ups a READ causes (the broker's, and the writer's it may answer), which on a busy
+        machine compete with it for a CPU. With none outstanding they go at once: the stream never
+        waits for the program's next call."""
+        if not blocking and self._proto.outstanding:
+            self._reads_owed = True
+            return
+        self._send_reads(blocking)
+
+    def _send_reads(self, blocking: bool = False) -> None:
+        self._reads_owed = False
         proto = self._proto
         count = proto.reads_wanted(blocking)
         if count:
@@ -633,7 +659,7 @@ class PipeReader(ReaderResults, _PipeEnd):
         if frame is None:
             raise self._timed_out("read from")
         proto.receive_frame(frame)
-        self._feed(channel.drain())
+        self._feed(channel.taken())  # what came with it (the wait took all that was there)
         self._top_up()
 
     def _pump(self) -> None:
@@ -788,10 +814,8 @@ class PipeWriter(WriterCounters, _PipeEnd):
         super().__init__()
         self._proto = WriterProtocol(name, chunk_size, window)
         self._fd_at_eof: set[int] = set()
-        # Buffers of write_from: those of unanswered zero-copy WRITEs (None for copied ones),
-        # and spare ones. A WRITE's buffer is free again once the broker answered it (it
-        # cannot answer before it got the whole frame, so ZeroMQ is done with it).
-        self._inflight: deque[bytearray | None] = deque()
+        # Spare buffers of write_from (a WRITE is written out before send returns: its
+        # buffer is free again at once).
         self._pool: list[bytearray] = []
         self._open(broker, timeout, ping_interval, broker_timeout, endpoint)
 
@@ -804,15 +828,7 @@ class PipeWriter(WriterCounters, _PipeEnd):
     def _pump(self) -> None:
         self._feed(self._channel.drain())  # type: ignore[union-attr]
 
-    def _feed(self, frames: Iterable[zmq.Frame]) -> None:
-        super()._feed(frames)
-        inflight, outstanding = self._inflight, self._proto.outstanding
-        while len(inflight) > outstanding:
-            buf = inflight.popleft()
-            if buf is not None and len(self._pool) < 2:
-                self._pool.append(buf)
-
-    def _recv(self, deadline: float | None) -> zmq.Frame | None:
+    def _recv(self, deadline: float | None) -> bytes | bytearray | None:
         """The next reply; on a dead channel, fail the end and raise its (first) error."""
         try:
             return self._channel.recv(deadline)  # type: ignore[union-attr]
@@ -834,16 +850,14 @@ class PipeWriter(WriterCounters, _PipeEnd):
             self._pump()
             proto.check()
 
-    def _send_chunk(self, frame: Any, size: int, buf: bytearray | None = None) -> None:
-        zero_copy = size >= ZERO_COPY_MIN
+    def _send_chunk(self, frame: Any, size: int) -> None:
         try:
-            self._channel.send(frame, copy=not zero_copy)  # type: ignore[union-attr]
+            self._channel.send(frame)  # type: ignore[union-attr]
         except BrokerUnavailable as exc:
             self._lost(exc)
             self._proto.check()
             raise
         self._proto.write_sent(size)
-        self._inflight.append(buf if zero_copy else None)
 
     # --- writing ---
 
@@ -897,9 +911,11 @@ class PipeWriter(WriterCounters, _PipeEnd):
                 self._fd_at_eof.add(fd)
                 break
             got += more
-        self._send_chunk(proto.fill_write_frame(view, got), got, buf)
-        if got < ZERO_COPY_MIN and len(self._pool) < 2:
-            self._pool.append(buf)  # ZeroMQ copied it
+        try:
+            self._send_chunk(proto.fill_write_frame(view, got), got)
+        finally:
+            if len(self._pool) < 2:
+                self._pool.append(buf)
         return got
 
     def flush(self) -> None:
@@ -919,7 +935,7 @@ class PipeWriter(WriterCounters, _PipeEnd):
             if frame is None:
                 raise self._timed_out("flush of")
             self._feed([frame])
-            self._feed(channel.drain())
+            self._feed(channel.taken())  # (what came with it)
             proto.check()
 
     # --- closing ---

@@ -11,6 +11,7 @@ drive them without sockets.
 from __future__ import annotations
 
 import re
+import struct
 from collections import deque
 from collections.abc import Iterable
 from enum import Enum
@@ -32,6 +33,8 @@ WRITE_HEADROOM = 7  # signature, id, chunk length: in front of a WRITE's data
 WRITE_TAILROOM = 4  # timeout: after a WRITE's data
 
 _CLOSE = p.encode(p.Close())
+_WRITE_HEAD = struct.Struct(">2sBI")  # signature, WRITE, chunk length
+_NO_TIMEOUT = bytes(4)  # a WRITE's wire timeout: 0, wait for ever
 # *_FAILED reasons after which the broker holds no pipe end for us any more: a CLOSE would only
 # go to a broker that is gone (or get INVALID), so none is sent.
 DETACHING_REASONS = frozenset({"broker stopping", "client expired: silent for too long"})
@@ -464,8 +467,8 @@ class WriterProtocol(_EndProtocol):
 
     def write_frame(self, chunk: bytes | memoryview) -> bytes:
         """A WRITE of ``chunk`` (wire timeout 0) as one frame, copying the chunk once."""
-        header, trailer = p.encode_write_parts(chunk, 0)
-        return b"".join((header, chunk, trailer))
+        head = _WRITE_HEAD.pack(p.SIGNATURE, p.MessageId.WRITE, len(chunk))
+        return b"".join((head, chunk, _NO_TIMEOUT))
 
     def fill_write_frame(self, buf: memoryview, length: int) -> memoryview:
         """A WRITE frame built in place: ``buf`` holds ``length`` bytes of data after

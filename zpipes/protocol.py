@@ -14,12 +14,10 @@ wrong, so a service can answer INVALID and carry on.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 SIGNATURE = b"\xaa\xa0"
 MAX_STRING = 255
@@ -54,41 +52,92 @@ class MessageId(IntEnum):
     INVALID = 21
 
 
+_set = object.__setattr__
+
+
+class _Message:
+    """What every message is: immutable, equal to another of its kind with equal fields,
+    shown with its fields (as a frozen dataclass would be; written out, because importing
+    dataclasses and building the classes with it was most of a client's start-up)."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), self._values()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__name__}({fields})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of {type(self).__name__}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r} of {type(self).__name__}")
+
+
 # --- messages a client sends (commands) ------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Input:
+class Input(_Message):
     """Open the pipe for reading."""
 
+    __slots__ = ("pipename",)
+    _fields = ("pipename",)
     pipename: bytes
     id = MessageId.INPUT
 
+    def __init__(self, pipename: bytes) -> None:
+        _set(self, "pipename", pipename)
 
-@dataclass(frozen=True, slots=True)
-class Output:
+
+class Output(_Message):
     """Open the pipe for writing."""
 
+    __slots__ = ("pipename",)
+    _fields = ("pipename",)
     pipename: bytes
     id = MessageId.OUTPUT
 
+    def __init__(self, pipename: bytes) -> None:
+        _set(self, "pipename", pipename)
 
-@dataclass(frozen=True, slots=True)
-class Read:
+
+class Read(_Message):
     """Read up to ``size`` bytes; ``timeout`` in ms, 0 = wait for ever."""
 
+    __slots__ = ("size", "timeout")
+    _fields = ("size", "timeout")
     size: int
     timeout: int
     id = MessageId.READ
 
+    def __init__(self, size: int, timeout: int) -> None:
+        _set(self, "size", size)
+        _set(self, "timeout", timeout)
 
-@dataclass(frozen=True, slots=True)
-class Write:
+
+class Write(_Message):
     """Write one chunk; ``timeout`` in ms, 0 = wait for ever."""
 
+    __slots__ = ("chunk", "timeout")
+    _fields = ("chunk", "timeout")
     chunk: bytes
     timeout: int
     id = MessageId.WRITE
+
+    def __init__(self, chunk: bytes, timeout: int) -> None:
+        _set(self, "chunk", chunk)
+        _set(self, "timeout", timeout)
 
 
 class Withheld:
@@ -109,97 +158,121 @@ class Withheld:
         return f"Withheld({self.size})"
 
 
-@dataclass(frozen=True, slots=True)
-class Close:
+class Close(_Message):
+    __slots__ = ()
     id = MessageId.CLOSE
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
+class Ping(_Message):
+    __slots__ = ()
     id = MessageId.PING
 
 
 # --- messages the broker sends (replies) -----------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class InputOk:
+class InputOk(_Message):
+    __slots__ = ()
     id = MessageId.INPUT_OK
 
 
-@dataclass(frozen=True, slots=True)
-class InputFailed:
+class InputFailed(_Message):
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
     id = MessageId.INPUT_FAILED
 
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
-@dataclass(frozen=True, slots=True)
-class OutputOk:
+
+class OutputOk(_Message):
+    __slots__ = ()
     id = MessageId.OUTPUT_OK
 
 
-@dataclass(frozen=True, slots=True)
-class OutputFailed:
+class OutputFailed(_Message):
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
     id = MessageId.OUTPUT_FAILED
 
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
-@dataclass(frozen=True, slots=True)
-class ReadOk:
+
+class ReadOk(_Message):
+    __slots__ = ("chunk",)
+    _fields = ("chunk",)
     chunk: bytes
     id = MessageId.READ_OK
 
+    def __init__(self, chunk: bytes) -> None:
+        _set(self, "chunk", chunk)
 
-@dataclass(frozen=True, slots=True)
-class ReadEnd:
+
+class ReadEnd(_Message):
+    __slots__ = ()
     id = MessageId.READ_END
 
 
-@dataclass(frozen=True, slots=True)
-class ReadTimeout:
+class ReadTimeout(_Message):
+    __slots__ = ()
     id = MessageId.READ_TIMEOUT
 
 
-@dataclass(frozen=True, slots=True)
-class ReadFailed:
+class ReadFailed(_Message):
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
     id = MessageId.READ_FAILED
 
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
-@dataclass(frozen=True, slots=True)
-class WriteOk:
+
+class WriteOk(_Message):
+    __slots__ = ()
     id = MessageId.WRITE_OK
 
 
-@dataclass(frozen=True, slots=True)
-class WriteTimeout:
+class WriteTimeout(_Message):
+    __slots__ = ()
     id = MessageId.WRITE_TIMEOUT
 
 
-@dataclass(frozen=True, slots=True)
-class WriteFailed:
+class WriteFailed(_Message):
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
     id = MessageId.WRITE_FAILED
 
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
-@dataclass(frozen=True, slots=True)
-class CloseOk:
+
+class CloseOk(_Message):
+    __slots__ = ()
     id = MessageId.CLOSE_OK
 
 
-@dataclass(frozen=True, slots=True)
-class CloseFailed:
+class CloseFailed(_Message):
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
     id = MessageId.CLOSE_FAILED
 
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
-@dataclass(frozen=True, slots=True)
-class PingOk:
+
+class PingOk(_Message):
+    __slots__ = ()
     id = MessageId.PING_OK
 
 
-@dataclass(frozen=True, slots=True)
-class Invalid:
+class Invalid(_Message):
+    __slots__ = ()
     id = MessageId.INVALID
 
 
@@ -211,11 +284,15 @@ Reply = (
 Message = Command | Reply
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeError:
+class DecodeError(_Message):
     """A frame that is not a valid ZPIPES message (of the expected direction)."""
 
+    __slots__ = ("reason",)
+    _fields = ("reason",)
     reason: str
+
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
 
 # Field layout of every message: "s" string, "4" number-4, "c" chunk.
@@ -250,6 +327,11 @@ COMMAND_IDS = frozenset(
 )
 REPLY_IDS = frozenset(MessageId) - COMMAND_IDS
 _MESSAGE_IDS = {int(m): m for m in MessageId}  # faster than MessageId(n)
+# By class (a set of classes is faster to ask than one of enum members)
+_COMMAND_TYPES = frozenset(LAYOUT[m][0] for m in COMMAND_IDS)
+_REPLY_TYPES = frozenset(LAYOUT[m][0] for m in REPLY_IDS)
+# The messages without fields, by id: each one value (they are immutable), decoded at once
+_BARE: dict[int, Message] = {int(m): cls() for m, (cls, layout) in LAYOUT.items() if not layout}
 
 # Which string fields carry text (str) rather than names (bytes).
 _TEXT_FIELDS = frozenset({"reason"})
@@ -342,14 +424,25 @@ def decode(frame: bytes | memoryview) -> Message | DecodeError:
     """Decode one frame. Chunks are returned as zero-copy slices of ``frame``."""
     data = memoryview(frame)
     size = len(data)
-    # The bulk of the traffic, READ and WRITE, first and in few steps.
+    # The bulk of the traffic first and in few steps: READ and WRITE, their answers.
     if size >= 11 and data[0] == 0xAA and data[1] == 0xA0:
-        if data[2] == MessageId.WRITE:
+        mid = data[2]
+        if mid == 12:  # WRITE
             length = _U32.unpack_from(data, 3)[0]
             if length == size - 11:
                 return Write(data[7 : size - 4], _U32.unpack_from(data, size - 4)[0])
-        elif data[2] == MessageId.READ and size == 11:
+        elif mid == 8:  # READ_OK
+            if _U32.unpack_from(data, 3)[0] == size - 7:
+                return ReadOk(data[7:])
+        elif mid == 7 and size == 11:  # READ
             return Read(*_TWO_U32.unpack_from(data, 3))
+    elif size == 3 and data[0] == 0xAA and data[1] == 0xA0:
+        bare = _BARE.get(data[2])
+        if bare is not None:
+            return bare
+    elif size >= 7 and data[0] == 0xAA and data[1] == 0xA0 and data[2] == 8:  # short READ_OK
+        if _U32.unpack_from(data, 3)[0] == size - 7:
+            return ReadOk(data[7:])
     return _decode(data)
 
 
@@ -399,7 +492,7 @@ def decode_command(frames: Sequence[bytes | memoryview]) -> Command | DecodeErro
     if len(frames) != 1:
         return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
     msg = decode(frames[0])
-    if not isinstance(msg, DecodeError) and msg.id not in COMMAND_IDS:
+    if type(msg) not in _COMMAND_TYPES and not isinstance(msg, DecodeError):
         return DecodeError(f"{msg.id.name} is a broker reply, not a client command")
     return msg
 
@@ -409,11 +502,10 @@ def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply | DecodeError:
     if len(frames) != 1:
         return DecodeError(f"{len(frames)} frames; a ZPIPES message is exactly one frame")
     msg = decode(frames[0])
-    if not isinstance(msg, DecodeError) and msg.id not in REPLY_IDS:
+    if type(msg) not in _REPLY_TYPES and not isinstance(msg, DecodeError):
         return DecodeError(f"{msg.id.name} is a client command, not a broker reply")
     return msg
 
 
-@functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    return cls._fields  # type: ignore[attr-defined, no-any-return]

@@ -47,15 +47,20 @@ def test_core_module_imports_without_pyzmq(module):
 
 
 def test_package_errors_need_no_pyzmq_and_the_client_names_load_on_use():
+    """The sync client speaks ZMTP itself: it loads (on use) without pyzmq, and so does the
+    command; the asyncio client is the one that needs it."""
     done = run_without_zmq("""
         import zpipes
         assert issubclass(zpipes.PipeFailed, zpipes.ZpipesError)
+        assert 'zpipes.client' not in sys.modules
+        assert callable(zpipes.open) and 'zpipes.client' in sys.modules
+        import zpipes.cli
         try:
-            zpipes.open
+            import zpipes.aio
         except ImportError:
-            print('client needs zmq')
+            print('asyncio client needs zmq')
     """)
-    assert done.returncode == 0 and done.stdout == "client needs zmq\n", done.stderr
+    assert done.returncode == 0 and done.stdout == "asyncio client needs zmq\n", done.stderr
 
 
 def test_public_names_still_resolve():
