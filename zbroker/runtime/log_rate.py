@@ -15,6 +15,8 @@ from typing import Any
 
 #: lines of one kind per ``INTERVAL_S`` before the rest are held back
 BURST = 5
+#: the same for lines that the cluster's brokers cause (ends told by a peer as it links)
+PEER_BURST = 50
 INTERVAL_S = 1.0
 
 

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zbroker.runtime.log_rate import LogRate
+from zbroker.runtime.log_rate import PEER_BURST, LogRate
 
 from . import peering
 from .actions import SendPeer
@@ -141,7 +141,9 @@ class DirectoryMember:
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int]) -> None:
         self.log = log
-        self.lines = LogRate(log)  # per-pipe lines: a budget a second for each kind
+        # per-pipe lines that peers (brokers of the cluster) cause: a budget a second for each
+        # kind, larger than for clients (a peer tells many ends at once when it links)
+        self.lines = LogRate(log, burst=PEER_BURST)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered

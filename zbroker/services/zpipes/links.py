@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from zbroker.runtime.log_rate import LogRate
+from zbroker.runtime.log_rate import PEER_BURST, LogRate
 from zpipes import protocol as p
 
 from . import peering
@@ -60,7 +60,9 @@ class PeerLinks:
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int],
                  end_ids: Iterator[int]) -> None:
         self.log = log
-        self.lines = LogRate(log)  # per-pipe lines: a budget a second for each kind
+        # per-pipe lines that peers (brokers of the cluster) cause: a budget a second for each
+        # kind, larger than for clients (a peer tells many ends at once when it links)
+        self.lines = LogRate(log, burst=PEER_BURST)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
