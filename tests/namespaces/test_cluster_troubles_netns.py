@@ -1,0 +1,157 @@
+"""When hosts do not link, the brokers say why, where the operator looks: a refused handshake
+names the peer and the likely cause, once (then it is counted), ``zbroker status`` names each
+contact not answering and each peer refused, and a seed that does not answer is said so
+(see netns.py for the testbed)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import netns
+import pytest
+
+why_not = netns.available()
+pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+
+
+@pytest.fixture
+def bed(tmp_path):
+    made = []
+
+    def make(hosts):
+        testbed = netns.Testbed(hosts, tmp_path)
+        made.append(testbed)
+        return testbed
+
+    yield make
+    for testbed in made:
+        testbed.close()
+
+
+def events(host, name):
+    return [e for e in host.log_events() if e.get("event") == name]
+
+
+def status(host):
+    return json.loads(host.zbroker("status", "--json"))["cluster"]
+
+
+def wait_until(what, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while not (found := what()):
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.2)
+    return found
+
+
+def test_brokers_with_different_keys_name_each_other_and_the_cause_once(bed, tmp_path):
+    from zbroker.cluster.security import generate_key_file
+
+    a, b = bed(2).hosts
+    for host in (a, b):
+        generate_key_file(host.dir / "cluster.key")
+        host.start_broker({"cluster": {"key_file": str(host.dir / "cluster.key"),
+                                       "insecure": False, "discovery": False,
+                                       "peers": [a.endpoint, b.endpoint]}}, wait=False)
+    for host in (a, b):
+        host.wait_for_log("broker started", timeout=15)
+    for host, other in ((a, b), (b, a)):
+        # we refuse its connections: named by where they come from, not by our own address
+        host.wait_for_log("cluster connection refused", timeout=15, peer=other.endpoint,
+                          why="another cluster key")
+        # and it refuses our link to it
+        host.wait_for_log("cluster link refused", timeout=15, peer=other.endpoint,
+                          why="another cluster key")
+    fix = events(a, "cluster connection refused")[0]["fix"]
+    assert str(a.dir / "cluster.key") in fix and "restart" in fix
+    time.sleep(4)  # several refusals a second go on: counted, not logged
+    for host, other in ((a, b), (b, a)):
+        lines = [e for e in host.log_events() if "refused" in e.get("event", "")]
+        assert sorted((e["event"], e["peer"]) for e in lines) == [
+            ("cluster connection refused", other.endpoint),
+            ("cluster link refused", other.endpoint)], lines
+    cluster = status(a)
+    refusals = {r["refused_by"]: r for r in cluster["refusals"]}
+    assert refusals["us"]["peer"] == refusals["the peer"]["peer"] == b.endpoint
+    assert refusals["us"]["times"] > 5 and refusals["the peer"]["times"] > 5, refusals
+    assert cluster["refused"] >= refusals["us"]["times"] + refusals["the peer"]["times"]
+    text = a.zbroker("status")
+    assert f"{b.endpoint} refused: another cluster key, since " in text, text
+    assert f"{b.endpoint} refuses us: another cluster key, since " in text, text
+    assert " times)" in text, text
+    assert "1 contacts not answering" in text and "handshakes refused" in text, text
+
+
+def test_a_peer_we_do_not_know_of_is_named_by_its_address(bed, tmp_path):
+    """Only b names a as its seed: a refuses b's connections, and says who b is by the
+    address they come from (libzmq's event names only a's own endpoint)."""
+    from zbroker.cluster.security import generate_key_file
+
+    a, b = bed(2).hosts
+    for host in (a, b):
+        generate_key_file(host.dir / "cluster.key")
+    a.start_broker({"cluster": {"key_file": str(a.dir / "cluster.key"), "insecure": False,
+                                "discovery": False}})
+    b.start_broker({"cluster": {"key_file": str(b.dir / "cluster.key"), "insecure": False,
+                                "discovery": False, "peers": [a.endpoint]}})
+    a.wait_for_log("cluster connection refused", timeout=15, peer=b.address,
+                   why="another cluster key")
+    b.wait_for_log("cluster link refused", timeout=15, peer=a.endpoint,
+                   why="another cluster key")
+    b.wait_for_log("cluster seed not answering", timeout=15, seed=a.endpoint,
+                   why="refused: another cluster key")
+    time.sleep(3)
+    refused = [e for e in a.log_events() if "refused" in e.get("event", "")]
+    assert [(e["event"], e["peer"]) for e in refused] == [
+        ("cluster connection refused", b.address)], refused
+    refusals = status(a)["refusals"]
+    assert [(r["peer"], r["refused_by"]) for r in refusals] == [(b.address, "us")], refusals
+    assert refusals[0]["times"] > 3
+    assert f"{b.address} refused: another cluster key, since " in a.zbroker("status")
+
+
+def test_a_keyless_broker_and_a_keyed_one_say_which_has_no_key(bed, tmp_path):
+    from zbroker.cluster.security import generate_key_file
+
+    a, c = bed(2).hosts
+    generate_key_file(tmp_path / "cluster.key")
+    peers = {"discovery": False, "peers": [a.endpoint, c.endpoint]}
+    a.start_broker({"cluster": {**peers, "key_file": str(tmp_path / "cluster.key"),
+                                "insecure": False}})
+    c.start_broker({"cluster": {**peers, "insecure": True}})
+    a.wait_for_log("cluster connection refused", timeout=15, peer=c.endpoint,
+                   why="the peer runs without a key (cluster.insecure)")
+    a.wait_for_log("cluster link refused", timeout=15, peer=c.endpoint,
+                   why="the peer runs without a key (cluster.insecure)")
+    c.wait_for_log("cluster connection refused", timeout=15, peer=a.endpoint,
+                   why="this broker has no key (cluster.insecure), the peer has one")
+    c.wait_for_log("cluster link refused", timeout=15, peer=a.endpoint,
+                   why="this broker has no key (cluster.insecure), the peer has one")
+    assert "cluster.key_file" in events(c, "cluster link refused")[0]["fix"]
+
+
+def test_a_seed_not_answering_is_said_once_named_and_then_that_it_answers(bed):
+    a, b = bed(2).hosts
+    nobody = "tcp://10.231.0.9:5670"
+    seeds = {"discovery": False, "peers": [b.endpoint, nobody]}
+    a.start_broker({"cluster": seeds})
+    a.wait_for_log("cluster seed not answering", timeout=10, seed=nobody)
+    a.wait_for_log("cluster seed not answering", timeout=10, seed=b.endpoint)
+    text = a.zbroker("status")
+    assert f"{nobody} (seed) not answering since " in text, text
+    assert f"{b.endpoint} (seed) not answering since " in text, text
+    b.start_broker({"cluster": {"discovery": False}})
+    a.wait_for_log("cluster seed answers", timeout=15, seed=b.endpoint)
+    time.sleep(2)
+    said = [e for e in a.log_events() if e.get("event", "").startswith("cluster seed")]
+    assert [(e["event"], e["seed"]) for e in said] == [
+        ("cluster seed not answering", nobody), ("cluster seed not answering", b.endpoint),
+        ("cluster seed answers", b.endpoint)] or sorted(
+        (e["event"], e["seed"]) for e in said) == sorted([
+            ("cluster seed not answering", nobody), ("cluster seed not answering", b.endpoint),
+            ("cluster seed answers", b.endpoint)]), said
+    cluster = status(a)
+    assert [c["endpoint"] for c in cluster["not_answering"]] == [nobody]
+    assert cluster["not_answering"][0]["seed"] is True
+    assert cluster["not_answering"][0]["seconds"] > 3
