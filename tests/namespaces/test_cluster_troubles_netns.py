@@ -6,6 +6,7 @@ contact not answering and each peer refused, and a seed that does not answer is 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import netns
@@ -155,3 +156,25 @@ def test_a_seed_not_answering_is_said_once_named_and_then_that_it_answers(bed):
     assert [c["endpoint"] for c in cluster["not_answering"]] == [nobody]
     assert cluster["not_answering"][0]["seed"] is True
     assert cluster["not_answering"][0]["seconds"] > 3
+
+
+def zpipes_timeout(host, *args, input=b""):
+    proc = host.zpipes(*args, "--timeout", "1", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
+    out, err = proc.communicate(input, timeout=30)
+    assert proc.returncode == 1, (out, err)
+    return err.decode()
+
+
+def test_a_timeout_says_when_the_broker_has_no_peers(bed):
+    """As on two hosts whose brokers do not link: the timeouts of ``zpipes`` say that the
+    broker has no peers; once they link, a timeout is only a timeout."""
+    a, b = bed(2).hosts
+    a.start_broker()  # zeroconf, as `zbroker local --cluster`; alone on its network
+    hint = "(this broker has no peers: see zbroker status)"
+    assert zpipes_timeout(a, "write", "xhost", input=b"hi\n") == \
+        f"zpipes: no reader attached to pipe 'xhost' within 1 s {hint}\n"
+    assert zpipes_timeout(a, "read", "xhost").endswith(f"timed out after 1 s {hint}\n")
+    b.start_broker()
+    a.bed.wait_for_cluster()
+    assert zpipes_timeout(a, "read", "xhost").endswith("timed out after 1 s\n")
