@@ -54,7 +54,8 @@ def test_brokers_with_different_keys_name_each_other_and_the_cause_once(bed, tmp
         generate_key_file(host.dir / "cluster.key")
         host.start_broker({"cluster": {"key_file": str(host.dir / "cluster.key"),
                                        "insecure": False, "discovery": False,
-                                       "peers": [a.endpoint, b.endpoint]}}, wait=False)
+                                       "peers": [a.endpoint, b.endpoint]},
+                           "metrics": {"bind": "127.0.0.1:9464"}}, wait=False)
     for host in (a, b):
         host.wait_for_log("broker started", timeout=15)
     for host, other in ((a, b), (b, a)):
@@ -82,6 +83,15 @@ def test_brokers_with_different_keys_name_each_other_and_the_cause_once(bed, tmp
     assert f"{b.endpoint} refuses us: another cluster key, since " in text, text
     assert " times)" in text, text
     assert "1 contacts not answering" in text and "handshakes refused" in text, text
+    scrape = a.python("import urllib.request; print(urllib.request.urlopen("
+                      "'http://127.0.0.1:9464/metrics').read().decode())",
+                      stdout=subprocess.PIPE)
+    samples = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+               for line in scrape.communicate(timeout=30)[0].decode().splitlines()
+               if line.startswith("zbroker_cluster_")}
+    assert samples['zbroker_cluster_handshakes_refused_total{by="us"}'] > 5, samples
+    assert samples['zbroker_cluster_handshakes_refused_total{by="peer"}'] > 5, samples
+    assert samples["zbroker_cluster_contacts_not_answering"] == 1, samples
 
 
 def test_a_peer_we_do_not_know_of_is_named_by_its_address(bed, tmp_path):
