@@ -70,7 +70,9 @@ def test_refusals_end_when_the_peer_links_and_are_bounded():
         r.note(f"10.0.0.{i}", troubles.ANOTHER_KEY, OURS, float(i))
     assert [x.peer for x in r.current(10.0, 30.0)] == ["10.0.0.2", "10.0.0.3", "10.0.0.4"]
     assert [x.peer for x in r.current(33.5, 30.0)] == ["10.0.0.4"]  # only the last is recent
-    assert [x.peer for x in r.linked({"10.0.0.3", "tcp://10.0.0.9:5670"})] == ["10.0.0.3"]
+    # linked: over once they stopped for a while (one that goes on is kept: not said again)
+    assert r.linked({"10.0.0.3", "tcp://10.0.0.9:5670"}, 4.0, quiet=2.0) == []
+    assert [x.peer for x in r.linked({"10.0.0.3"}, 5.0, quiet=2.0)] == ["10.0.0.3"]
     assert [x.peer for x in r.current(10.0, 30.0)] == ["10.0.0.2", "10.0.0.4"]
     assert r.total[OURS] == 5
 
@@ -87,6 +89,10 @@ def test_a_seed_is_said_not_answering_once_then_at_a_bounded_rate_and_when_it_an
     # it stops answering: said again after the grace, from then
     assert seeds.check({"tcp://b:1"}, 300.0) == []
     assert seeds.check({"tcp://b:1"}, 303.0) == [("tcp://a:1", Seeds.NOT_ANSWERING, 300.0)]
+    # a seed found to be this broker itself is none
+    seeds.retain({"tcp://b:1"})
+    assert "tcp://a:1" not in seeds and seeds.check(set(), 1000.0) == []
+    assert seeds.check(set(), 1003.0) == [("tcp://b:1", Seeds.NOT_ANSWERING, 1000.0)]
 
 
 TABLE = """\

@@ -27,6 +27,7 @@ from zbroker.cli.common import (
     error,
     locate,
     seconds_argument,
+    trouble_lines,
 )
 from zbroker.config import (
     LOG_LEVELS,
@@ -72,30 +73,6 @@ def _service_lines(name: str, status: dict[str, Any]) -> list[str]:
             else generic_status_lines(status))
 
 
-def _since(entry: dict[str, Any]) -> str:
-    """``since 12:03:04 (40s)``: the local time of day, how long ago (and how many times)."""
-    since = entry.get("since")
-    clock = time.strftime("%H:%M:%S", time.localtime(since)) if since else "?"
-    times = entry.get("times")
-    return (f"since {clock} ({duration(entry.get('seconds') or 0)}"
-            + (f", {times} times)" if times is not None else ")"))
-
-
-def _trouble_lines(cluster: dict[str, Any]) -> list[str]:
-    """What keeps brokers from linking: each contact not answering, each peer refused."""
-    lines = []
-    refused = {r.get("peer") for r in cluster.get("refusals") or []}
-    for contact in cluster.get("not_answering") or []:
-        if contact.get("endpoint") in refused:
-            continue  # said below, with why
-        seed = " (seed)" if contact.get("seed") else ""
-        lines.append(f"  {contact.get('endpoint')}{seed} not answering {_since(contact)}")
-    for r in cluster.get("refusals") or []:
-        what = "refuses us" if r.get("refused_by") == "the peer" else "refused"
-        lines.append(f"  {r.get('peer')} {what}: {r.get('why')}, {_since(r)}")
-    return lines
-
-
 def format_status(status: dict[str, Any]) -> str:
     """The human form of a broker's status."""
     lines = [f"broker {status['name']} (pid {status['pid']}), up "
@@ -124,7 +101,7 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago"
                          + (f", round trip {rtt * 1000:.2f} ms" if rtt is not None else ""))
-        lines += _trouble_lines(cluster)
+        lines += trouble_lines(cluster)
     log = status["logs"]
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"

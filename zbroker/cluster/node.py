@@ -77,7 +77,9 @@ _HANDSHAKE_FAILED = {
 #: a refusal is shown in the status after the last of it
 DIAGNOSE_EVERY = 1.0
 REFUSAL_SHOWN = 30.0
-ATTRIBUTE_AFTER = 0.05  # seconds after a refusal at our socket before its peer is looked up
+#: seconds after a refusal at our socket before its peer is looked up (the refusals of that
+#: while are looked up at once: a peer may retry ten times a second)
+ATTRIBUTE_AFTER = 0.2
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 #: a numbered peer's messages refused while its link is made again (a reset connection) are
 #: held, in order, for at most this long and this many (and bytes), then the peer counts as
@@ -786,7 +788,8 @@ class ClusterNode:
             return
         now, wall = self._loop.time(), time.time()
         up = {p.endpoint for p in self.membership.peers.values()}
-        self.refusals.linked(up | {e.partition("://")[2].rpartition(":")[0] for e in up})
+        self.refusals.linked(up | {e.partition("://")[2].rpartition(":")[0] for e in up}, now,
+                             2 * DIAGNOSE_EVERY)
         for r in self.refusals.due(now):
             if r.told_at is None:
                 self._say_refused(r)
@@ -795,6 +798,7 @@ class ClusterNode:
                               else "cluster link still refused", peer=r.peer, why=r.why,
                               times=r.times, since=_clock(wall - (now - r.since)))
         if self._seeds is not None:
+            self._seeds.retain(self._static)  # (a seed that is this broker is none)
             for endpoint, what, since in self._seeds.check(up, now):
                 fields = {"seed": endpoint, "since": _clock(wall - (now - since)),
                           "seconds": round(now - since, 1)}

@@ -34,7 +34,10 @@ def parse(text: str, port: int) -> set[tuple[str, int]]:
     """The remote (host, port) of the connections at local ``port`` that this host closed
     first, in the text of a /proc/net/tcp table (lines it cannot read are skipped)."""
     found = set()
+    local = f":{port:04X} "  # (most lines are not at our port: skipped before any parsing)
     for line in text.splitlines()[1:]:
+        if local not in line:
+            continue
         fields = line.split()
         if len(fields) < 4 or fields[3] not in CLOSED_BY_US:
             continue

@@ -139,9 +139,11 @@ class Refusals:
             refusal.told, refusal.told_at = refusal.times, now
         return out
 
-    def linked(self, peers: set[str]) -> list[Refusal]:
-        """The peers (endpoints or hosts) now linked: their refusals are over (returned)."""
-        over = [r for r in self.kept.values() if r.peer in peers]
+    def linked(self, peers: set[str], now: float, quiet: float) -> list[Refusal]:
+        """The peers (endpoints or hosts) now linked: their refusals are over once none came
+        for ``quiet`` seconds (returned, and forgotten; one that goes on, e.g. of another
+        broker on a linked peer's host, is kept, and so not said again)."""
+        over = [r for r in self.kept.values() if r.peer in peers and now - r.last >= quiet]
         for refusal in over:
             del self.kept[(refusal.peer, refusal.side)]
         return over
@@ -193,6 +195,12 @@ class Seeds:
                 seed.told_at = now
                 out.append((endpoint, self.STILL, seed.since))
         return out
+
+    def retain(self, endpoints: set[str]) -> None:
+        """Only these are seeds now (one found to be this broker itself is not)."""
+        for endpoint in set(self._seeds) - endpoints:
+            del self._seeds[endpoint]
+            self._answering.discard(endpoint)
 
     def __contains__(self, endpoint: str) -> bool:
         return endpoint in self._seeds
