@@ -8,8 +8,10 @@ only when a timeout is to be raised, on a connection of its own::
     HINT_OK   0xAA 0xA0 | 23 | string hint          ("" when the broker has nothing to say)
 
 A broker that does not know it answers INVALID (21), or nothing: no hint. Original clients
-never send it. :func:`encode_reply` and :func:`decode_reply` are the wire; :func:`ask`
-does the I/O (a bounded wait), and :func:`with_hint` adds a hint to a timeout's message.
+never send it. :func:`encode_reply` and :func:`decode_reply` are the wire; :func:`ask` does
+the I/O, and :func:`with_hint` adds a hint to a timeout's message. The asking blocks (the
+asyncio client's loop too) for at most ``WAIT``, on the timeout path only, and a broker's
+answer is kept for ``CACHE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -75,5 +77,8 @@ def with_hint(message: str, address: str | None) -> str:
     """``message`` with the hint of the broker at ``address`` after it, in parentheses."""
     if not address:
         return message
-    hint = ask(address)
+    try:
+        hint = ask(address)
+    except Exception:  # (no sockets left, say): the timeout is what is to be told
+        hint = ""
     return f"{message} ({hint})" if hint else message
