@@ -79,7 +79,7 @@ DIAGNOSE_EVERY = 1.0
 REFUSAL_SHOWN = 30.0
 #: seconds after a refusal at our socket before its peer is looked up (the refusals of that
 #: while are looked up at once: a peer may retry ten times a second)
-ATTRIBUTE_AFTER = 0.2
+ATTRIBUTE_AFTER = 0.5
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 #: a numbered peer's messages refused while its link is made again (a reset connection) are
 #: held, in order, for at most this long and this many (and bytes), then the peer counts as

@@ -34,17 +34,21 @@ def parse(text: str, port: int) -> set[tuple[str, int]]:
     """The remote (host, port) of the connections at local ``port`` that this host closed
     first, in the text of a /proc/net/tcp table (lines it cannot read are skipped)."""
     found = set()
-    local = f":{port:04X} "  # (most lines are not at our port: skipped before any parsing)
-    for line in text.splitlines()[1:]:
-        if local not in line:
-            continue
-        fields = line.split()
+    needle = f":{port:04X} "
+    at = text.find(needle)
+    # (only the lines that name the port are read: a host with many connections has a long
+    # table, and this is read while a peer is refused, several times a second)
+    while at >= 0:
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        fields = text[start:end].split()
+        at = text.find(needle, end)
         if len(fields) < 4 or fields[3] not in CLOSED_BY_US:
             continue
         try:
-            if _address(fields[1])[1] != port:
-                continue
-            found.add(_address(fields[2]))
+            if _address(fields[1])[1] == port:
+                found.add(_address(fields[2]))
         except ValueError:
             continue
     return found
