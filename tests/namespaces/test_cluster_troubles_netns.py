@@ -186,3 +186,33 @@ def test_a_timeout_says_when_the_broker_has_no_peers(bed):
     b.start_broker()
     a.bed.wait_for_cluster()
     assert zpipes_timeout(a, "read", "xhost").endswith("timed out after 1 s\n")
+
+
+def test_a_client_with_the_clusters_public_key_but_not_its_secret_is_refused_by_name(bed):
+    """Who knows the cluster's public key but not its secret passes CURVE and is refused by
+    our ZAP handler: named by its address, once, then counted."""
+    from zbroker.cluster.security import generate_key_file
+
+    a, b = bed(2).hosts
+    key = a.dir / "cluster.key"
+    public = generate_key_file(key)
+    a.start_broker({"cluster": {"key_file": str(key), "insecure": False, "discovery": False}})
+    stranger = b.python(
+        "import sys, time, zmq\n"
+        "pub, sec = zmq.curve_keypair()\n"
+        "s = zmq.Context().socket(zmq.DEALER)\n"
+        "s.curve_publickey, s.curve_secretkey = pub, sec\n"
+        "s.curve_serverkey = sys.argv[1].encode()\n"
+        "s.setsockopt(zmq.RECONNECT_IVL, 100)\n"
+        "s.connect(sys.argv[2])\n"
+        "time.sleep(30)\n", public, a.endpoint)
+    a.wait_for_log("cluster connection refused", timeout=15, peer=b.address,
+                   why="not the cluster key")
+    time.sleep(2)
+    stranger.kill()
+    refused = [e for e in a.log_events() if "refused" in e.get("event", "")]
+    assert [(e["event"], e["peer"]) for e in refused] == [
+        ("cluster connection refused", b.address)], refused
+    (refusal,) = status(a)["refusals"]
+    assert (refusal["peer"], refusal["why"], refusal["refused_by"]) == (
+        b.address, "not the cluster key", "us")
