@@ -216,3 +216,20 @@ def test_a_client_with_the_clusters_public_key_but_not_its_secret_is_refused_by_
     (refusal,) = status(a)["refusals"]
     assert (refusal["peer"], refusal["why"], refusal["refused_by"]) == (
         b.address, "not the cluster key", "us")
+
+
+def test_a_seed_named_by_another_address_of_its_host_answers(bed):
+    """The seed names b by a second address of its host; b says it is at its first (where
+    a's HELLO came in). b answers at the seed: no false "not answering", in the log or the
+    status."""
+    a, b = bed(2).hosts
+    other = "10.231.0.102"
+    subprocess.run(["ip", "-n", b.ns, "addr", "add", f"{other}/24", "dev", "eth0"], check=True)
+    b.start_broker({"cluster": {"discovery": False}})
+    a.start_broker({"cluster": {"discovery": False, "peers": [f"tcp://{other}:5670"]}})
+    a.bed.wait_for_cluster()
+    time.sleep(4)  # past the seeds' grace
+    assert not [e for e in a.log_events() if e.get("event", "").startswith("cluster seed")]
+    cluster = status(a)
+    assert cluster["not_answering"] == [] and cluster["pending_contacts"] == 0, cluster
+    assert "not answering" not in a.zbroker("status")

@@ -40,6 +40,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import hmac
 import itertools
 import json
 import struct
@@ -80,6 +81,7 @@ REFUSAL_SHOWN = 30.0
 #: seconds after a refusal at our socket before its peer is looked up (the refusals of that
 #: while are looked up at once: a peer may retry ten times a second)
 ATTRIBUTE_AFTER = 0.5
+ATTRIBUTE_WITHIN = 2.0  # seconds a refusal at our socket may wait for its peer to be found
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 #: a numbered peer's messages refused while its link is made again (a reset connection) are
 #: held, in order, for at most this long and this many (and bytes), then the peer counts as
@@ -180,10 +182,13 @@ class ClusterNode:
         self.refusals = troubles.Refusals()
         self._seeds: troubles.Seeds | None = None
         self._socket_events: SocketReader | None = None  # our peer socket's failed handshakes
-        #: their causes (and whether sure), until their peers are looked up
-        self._unattributed: list[tuple[str, bool]] = []
+        #: their causes (whether sure, and when), until their peers are looked up
+        self._unattributed: list[tuple[str, bool, float]] = []
         self._closed_seen: set[tuple[str, int]] = set()  # connections we closed, looked at
         self._diagnose_timer: asyncio.TimerHandle | None = None
+        #: seed -> id of the broker that answered there under another endpoint (its host's
+        #: other address, a name): its seed answers, though no peer has that endpoint
+        self._seed_answered: dict[str, str] = {}
         self._attribute_timer: asyncio.TimerHandle | None = None
 
     # --- life cycle ----------------------------------------------------------------------------
@@ -359,13 +364,25 @@ class ClusterNode:
 
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
-        return len(self.membership.unanswered()) if self.membership else 0
+        return len(self._unanswered())
+
+    def _unanswered(self) -> list[Any]:
+        """Contacts no peer answers at: not those of a seed a peer answered at under
+        another endpoint."""
+        if self.membership is None:
+            return []
+        answered = self._answering_seeds()
+        return [c for c in self.membership.unanswered() if c.endpoint not in answered]
+
+    def _answering_seeds(self) -> set[str]:
+        peers = self.membership.peers if self.membership else {}
+        return {seed for seed, peer in self._seed_answered.items() if peer in peers}
 
     def diagnosis(self) -> dict[str, Any]:
         """For the status: each contact not answering and each peer refused, since when
         (wall clock, seconds since the epoch) and for how long."""
         now, wall = self._loop.time(), time.time()
-        contacts = self.membership.unanswered() if self.membership else []
+        contacts = self._unanswered()
         return {
             "not_answering": [
                 {"endpoint": c.endpoint, "since": round(wall - (now - c.since), 3),
@@ -620,6 +637,7 @@ class ClusterNode:
             # address it came from
             hello = dataclasses.replace(hello,
                                         endpoint=hello.endpoint.replace("*", address, 1))
+        self._heard_at_seed(hello)
         own = self.membership.own_contact(hello)
         if own is not None:  # a contact that turned out to be ourselves
             self._static.discard(own)
@@ -732,34 +750,47 @@ class ClusterNode:
             return  # our ZAP handler refused it, and told us from where
         self._unattributed.append((troubles.cause(event["event"], event["value"],
                                                   self._keys is not None, troubles.OURS),
-                                   troubles.sure(event["event"])))
+                                   troubles.sure(event["event"]), self._loop.time()))
         if self._attribute_timer is None:
             self._attribute_timer = self._loop.call_later(ATTRIBUTE_AFTER, self._attribute)
 
     def _attribute(self) -> None:
         """Give the refusals at our socket to the peers whose connections we closed since
-        the last look (each refused connection is one); those not found to no one."""
+        the last look, one connection each. A refusal whose connection is not in the table
+        yet waits for the next look; one still not found after ATTRIBUTE_WITHIN is given to
+        no one."""
         self._attribute_timer = None
-        causes, self._unattributed = self._unattributed, []
+        now = self._loop.time()
         closed = self._closed_here()
-        new = closed - self._closed_seen
+        hosts = collections.Counter(host for host, _ in closed - self._closed_seen)
         self._closed_seen = closed
-        if not causes:
+        waiting = []
+        for why, sure, when in self._unattributed:
+            if not sure:  # the other side closed it first: no trace of it here, counted
+                self.refusals.count(troubles.OURS)
+                continue
+            host = next((h for h, left in hosts.items() if left > 0), None)
+            if host is not None:
+                hosts[host] -= 1
+                self._refused(self._peer_at(host), why, troubles.OURS)
+            elif now - when < ATTRIBUTE_WITHIN:
+                waiting.append((why, sure, when))
+            else:
+                self._refused("(address unknown)", why, troubles.OURS)
+        self._unattributed = waiting
+        if waiting:
+            self._attribute_timer = self._loop.call_later(ATTRIBUTE_AFTER, self._attribute)
+
+    def _heard_at_seed(self, hello: Hello) -> None:
+        """A HELLO that echoes our nonce for a seed comes from the broker that answered
+        there, whatever endpoint it says it has (the seed may name its host by another
+        address, or by a name)."""
+        if not hello.echo or self.membership is None:
             return
-        # a refused connection that we closed is one of a sure cause (the other side closed
-        # those of a guessed one first: we keep no trace of them, and only count them)
-        sure = [why for why, known in causes if known]
-        guessed = len(causes) - len(sure)
-        if sure:
-            why = max(set(sure), key=sure.count)  # (several causes at once: rare)
-            by_host = collections.Counter(host for host, _ in new)
-            for host, times in by_host.most_common():
-                self._refused(self._peer_at(host), why, troubles.OURS, min(times, len(sure)))
-            left = len(sure) - sum(by_host.values())
-            if left > 0:
-                self._refused("(address unknown)", why, troubles.OURS, left)
-        if guessed:
-            self.refusals.count(troubles.OURS, guessed)
+        for seed in self._static:
+            if seed != hello.endpoint and hmac.compare_digest(hello.echo,
+                                                              self.membership.nonce(seed)):
+                self._seed_answered[seed] = hello.id
 
     def _peer_at(self, host: str) -> str:
         """A contact's endpoint on ``host``, if we have one, else the host."""
@@ -799,7 +830,7 @@ class ClusterNode:
                               times=r.times, since=_clock(wall - (now - r.since)))
         if self._seeds is not None:
             self._seeds.retain(self._static)  # (a seed that is this broker is none)
-            for endpoint, what, since in self._seeds.check(up, now):
+            for endpoint, what, since in self._seeds.check(up | self._answering_seeds(), now):
                 fields = {"seed": endpoint, "since": _clock(wall - (now - since)),
                           "seconds": round(now - since, 1)}
                 if what == troubles.Seeds.ANSWERS:
