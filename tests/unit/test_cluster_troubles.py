@@ -19,7 +19,9 @@ def test_causes_from_what_libzmq_says():
     # our link closed by a keyed peer that could not read our HELLO: another key, a guess
     assert troubles.cause(NO_DETAIL, 104, True, THEIRS) == troubles.ANOTHER_KEY
     assert not troubles.sure(NO_DETAIL) and troubles.sure(PROTOCOL)
-    assert troubles.cause(NO_DETAIL, 104, False, THEIRS) == troubles.CLOSED
+    # ours closed by a keyed peer, when we have no key: a guess as well
+    assert troubles.cause(NO_DETAIL, 104, False, THEIRS) == troubles.NO_KEY_HERE
+    assert troubles.cause(NO_DETAIL, 104, True, OURS) == troubles.CLOSED
     assert "0x10000001" in troubles.cause(PROTOCOL, 0x10000001, True, OURS)
 
 
@@ -62,6 +64,14 @@ def test_a_guessed_cause_waits_for_a_sure_one():
     (said,) = r.due(2.0)
     assert said.peer == "tcp://10.0.0.4:5670" and said.told_at is None
     assert r.due(3.0) == []
+    # a sure cause after it: said again if it is another, as a correction
+    corrected = r.note("tcp://10.0.0.4:5670", troubles.PEER_NO_KEY, THEIRS, 3.5)
+    assert corrected is not None and corrected.corrected and corrected.times == 2
+    # the guess was right: nothing more to say
+    assert r.note("tcp://10.0.0.5:5670", troubles.NO_KEY_HERE, THEIRS, 0.0, sure=False) is None
+    assert len(r.due(2.0)) == 1
+    assert r.note("tcp://10.0.0.5:5670", troubles.NO_KEY_HERE, THEIRS, 2.5) is None
+    assert r.kept[("tcp://10.0.0.5:5670", THEIRS)].sure
 
 
 def test_refusals_end_when_the_peer_links_and_are_bounded():

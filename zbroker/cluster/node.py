@@ -807,9 +807,12 @@ class ClusterNode:
 
     def _say_refused(self, r: troubles.Refusal) -> None:
         """The first line of a refusal (or the one of the cause found after a guess)."""
-        self._log.warning("cluster connection refused" if r.side == troubles.OURS
-                          else "cluster link refused", peer=r.peer, why=r.why,
-                          fix=troubles.advice(r.why, self.key_file))
+        event = ("cluster connection refused" if r.side == troubles.OURS
+                 else "cluster link refused")
+        # (a cause found after a guess was said: a line of its own name, so that the log's
+        # repeat filter does not hold it back as a repeat of the guess)
+        self._log.warning(f"{event}, cause found" if r.corrected else event, peer=r.peer,
+                          why=r.why, fix=troubles.advice(r.why, self.key_file))
 
     def _diagnose(self) -> None:
         """Say what went on since: refusals that go on (counted), seeds that do not answer

@@ -53,9 +53,10 @@ def cause(event: int, value: int, keyed: bool, side: str) -> str:
         return f"handshake failed (protocol error {value:#x})"
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return KEY_REFUSED if side == THEIRS else NOT_OUR_KEY
-    # no detail: on our link, a peer that cannot read our key's HELLO closes the connection
-    if side == THEIRS and keyed:
-        return ANOTHER_KEY
+    # no detail: on our link, a peer that cannot read our key's HELLO closes the connection;
+    # a keyed peer closes that of a broker without a key (when it sees the mismatch first)
+    if side == THEIRS:
+        return ANOTHER_KEY if keyed else NO_KEY_HERE
     return CLOSED
 
 
@@ -86,6 +87,7 @@ class Refusal:
     sure: bool = True  # ``why`` is what libzmq said, not a guess from a closed connection
     told: int = 0  # ``times`` when last said (logged)
     told_at: float | None = None  # when last said; None: not said yet
+    corrected: bool = False  # a guess was said, and then another, sure cause came
 
 
 class Refusals:
@@ -115,8 +117,10 @@ class Refusals:
             found = self.kept[key] = Refusal(peer, why, side, now, now, 0, sure)
             if len(self.kept) > self.limit:
                 del self.kept[min(self.kept, key=lambda k: self.kept[k].last)]
-        elif sure and not found.sure:  # the cause found: said (again)
-            found.why, found.sure, found.told_at = why, True, None
+        elif sure and not found.sure:  # the cause found: said (again, if the guess was not it)
+            if why != found.why:
+                found.corrected, found.told_at = found.told_at is not None, None
+            found.why, found.sure = why, True
         found.times += times
         found.last = now
         if found.told_at is None and found.sure:
