@@ -627,7 +627,8 @@ class Broker:
                 "peers": node.peers() if hasattr(node, "peers") else [],
                 "pending_contacts": (node.pending_contacts()
                                      if hasattr(node, "pending_contacts") else 0),
-                **(node.security() if hasattr(node, "security") else {})}
+                **(node.security() if hasattr(node, "security") else {}),
+                **(node.diagnosis() if hasattr(node, "diagnosis") else {})}
 
     def get_settings(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all

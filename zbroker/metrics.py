@@ -145,7 +145,22 @@ def _cluster(c: dict[str, Any]) -> list[Metric]:
         counter("zbroker_cluster_sent_bytes", "Bytes sent to peer brokers.", c["bytes_sent"]),
         counter("zbroker_cluster_received_bytes", "Bytes received from peer brokers.",
                  c["bytes_received"]),
+        *_refusals(c),
     ]
+
+
+def _refusals(c: dict[str, Any]) -> list[Metric]:
+    """Why hosts do not link: handshakes refused (by us, or by the peer), contacts silent."""
+    if "refused" not in c:
+        return []
+    refused = counter("zbroker_cluster_handshakes_refused",
+                      "Cluster handshakes refused, by who refused: us (a peer's connection) "
+                      "or the peer (our link).", labels=["by"])
+    for side, label in (("ours", "us"), ("theirs", "peer")):
+        refused.add_metric([label], c["refused"].get(side, 0))
+    return [refused, gauge("zbroker_cluster_contacts_not_answering",
+                           "Endpoints of peers (seeds, discovered, learned) where no broker "
+                           "of the cluster answers now.", c.get("not_answering", 0))]
 
 
 def _syslog(s: dict[str, Any]) -> list[Metric]:

@@ -17,6 +17,7 @@ from typing import Any
 from zpipes import protocol as p
 from zpipes.client_protocol import EOF, fresh
 from zpipes.errors import BrokerUnavailable, PipeTimeout, ZpipesError
+from zpipes.hint import with_hint
 
 PING = p.encode(p.Ping())
 
@@ -146,9 +147,15 @@ class EndBase:
         self._timeout = check_timeout(value)
 
     def _timed_out(self, what: str, written: int = 0) -> PipeTimeout:
-        return PipeTimeout(
-            f"{what} pipe {self._proto.label!r} timed out after {self._timeout:g} s", written
+        return PipeTimeout(self._hinted(
+            f"{what} pipe {self._proto.label!r} timed out after {self._timeout:g} s"), written
         )
+
+    def _hinted(self, message: str) -> str:
+        """A timeout's ``message``, with the broker's hint of what may be wrong there (e.g.
+        "this broker has no peers: see zbroker status"; see zpipes/hint.py)."""
+        channel = getattr(self, "_channel", None)
+        return with_hint(message, getattr(channel, "_address", None))
 
     def __repr__(self) -> str:
         proto = getattr(self, "_proto", None)
@@ -243,6 +250,7 @@ class WriterCounters:
         """A write waits only while no reader is attached or a reader's buffer is full: if
         the broker never took a byte, no reader attached in time, which is what to say."""
         if self._proto.bytes_acked == 0 and (written or self._proto.bytes_sent):
-            return PipeTimeout(f"no reader attached to pipe {self._proto.label!r} within "
-                               f"{self._timeout:g} s", written)  # type: ignore[attr-defined]
+            return PipeTimeout(self._hinted(  # type: ignore[attr-defined]
+                f"no reader attached to pipe {self._proto.label!r} within "
+                f"{self._timeout:g} s"), written)  # type: ignore[attr-defined]
         return super()._timed_out(what, written)  # type: ignore[misc]

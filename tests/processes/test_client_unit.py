@@ -665,8 +665,11 @@ class ScriptedBroker:
                 if not self.sock.poll(10):
                     continue
                 peer, frame = self.sock.recv_multipart()
-                self.peer = peer
                 msg = p.decode(frame)
+                if isinstance(msg, p.DecodeError):  # e.g. a timeout's HINT (zpipes/hint.py):
+                    self.sock.send_multipart([peer, p.encode(p.Invalid())])  # as a broker of
+                    continue  # before answers it, on a connection of its own
+                self.peer = peer
                 self.peer_of[type(msg)] = peer
                 self.seen.append(msg)
                 answer = {
@@ -739,9 +742,11 @@ def broker():
 def test_client_timeout_keeps_outstanding_reads(broker):
     with zpipes.open("p", "r", broker=broker.name, timeout=0.2, read_ahead=2) as reader:
         start = time.monotonic()
-        with pytest.raises(PipeTimeout):
+        with pytest.raises(PipeTimeout) as info:
             reader.read(3)
         assert 0.15 < time.monotonic() - start < 1.5
+        # its HINT answered INVALID, as by a broker of before: no hint
+        assert str(info.value) == "read from pipe 'p' timed out after 0.2 s"
         assert broker.count(p.Read) == 2
         assert all(m.timeout == 0 for m in broker.seen if isinstance(m, p.Read))
         broker.reply(p.ReadOk(b"ab"))

@@ -79,3 +79,35 @@ def test_sub_commands_are_dispatched_by_first_word(monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "status", lambda argv: seen.append(list(argv)) or 0)
     assert cli.main(["status", "--json"]) == 0
     assert seen == [["--json"]]
+
+
+def test_status_and_top_name_each_contact_not_answering_and_each_peer_refused():
+    """What keeps a cluster from linking, as ``zbroker status`` and ``zbroker top`` show it:
+    since when (local time of day) and for how long; a refused contact once, with why."""
+    import time
+
+    from zbroker.cli.common import trouble_lines
+    from zbroker.cli.top import Sample, compute_view, render_text
+
+    since = time.mktime((2026, 11, 28, 12, 3, 4, 0, 0, -1))
+    cluster = {
+        "endpoint": "tcp://0.0.0.0:5670", "peers": [], "pending_contacts": 2,
+        "not_answering": [
+            {"endpoint": "tcp://10.77.0.9:5670", "since": since, "seconds": 40.2, "seed": True},
+            {"endpoint": "tcp://10.77.0.2:5670", "since": since, "seconds": 40.2,
+             "seed": False}],
+        "refusals": [
+            {"peer": "tcp://10.77.0.2:5670", "why": "another cluster key",
+             "refused_by": "the peer", "since": since, "seconds": 40.2, "times": 160},
+            {"peer": "10.77.0.3", "why": "another cluster key", "refused_by": "us",
+             "since": since, "seconds": 3, "times": 176}]}
+    lines = ["  tcp://10.77.0.9:5670 (seed) not answering since 12:03:04 (40s)",
+             "  tcp://10.77.0.2:5670 refuses us: another cluster key, since 12:03:04 "
+             "(40s, 160 times)",
+             "  10.77.0.3 refused: another cluster key, since 12:03:04 (3s, 176 times)"]
+    assert trouble_lines(cluster) == lines
+    status = {"name": "b", "pid": 7, "uptime": 61.0, "services": {}, "cluster": cluster}
+    text = render_text(compute_view(None, Sample(1.0, status)))
+    assert "cluster: 0 peers\n" + "\n".join(lines) in text, text
+    # a broker of before says nothing of them: nothing more is shown
+    assert trouble_lines({"peers": [], "pending_contacts": 1}) == []

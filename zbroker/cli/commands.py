@@ -27,6 +27,7 @@ from zbroker.cli.common import (
     error,
     locate,
     seconds_argument,
+    trouble_lines,
 )
 from zbroker.config import (
     LOG_LEVELS,
@@ -100,6 +101,7 @@ def format_status(status: dict[str, Any]) -> str:
             lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago"
                          + (f", round trip {rtt * 1000:.2f} ms" if rtt is not None else ""))
+        lines += trouble_lines(cluster)
     log = status["logs"]
     lines.append(f"logs: level {log['level']}, {log['format']} to "
                  f"{log['file'] or 'standard error'}"

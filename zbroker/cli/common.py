@@ -1,12 +1,14 @@
 """What the ``zbroker`` commands share: error lines, parsers with the options that find a
-broker (NAME, --config, --run-dir, --json), finding its run directory, and durations as
-people read them."""
+broker (NAME, --config, --run-dir, --json), finding its run directory, durations as people
+read them, and what keeps a broker's cluster from linking."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -95,3 +97,28 @@ def seconds_argument(text: str) -> float:
     if not 0 <= value < 1e9:
         raise argparse.ArgumentTypeError(f"expected seconds (0 or more), got {text!r}")
     return value
+
+
+def _since(entry: dict[str, Any]) -> str:
+    """``since 12:03:04 (40s)``: the local time of day, how long ago (and how many times)."""
+    since = entry.get("since")
+    clock = time.strftime("%H:%M:%S", time.localtime(since)) if since else "?"
+    times = entry.get("times")
+    return (f"since {clock} ({duration(entry.get('seconds') or 0)}"
+            + (f", {times} times)" if times is not None else ")"))
+
+
+def trouble_lines(cluster: dict[str, Any]) -> list[str]:
+    """What keeps brokers from linking, from a cluster's status: each contact not answering,
+    each peer refused (for ``zbroker status`` and ``zbroker top``)."""
+    lines = []
+    refused = {r.get("peer") for r in cluster.get("refusals") or []}
+    for contact in cluster.get("not_answering") or []:
+        if contact.get("endpoint") in refused:
+            continue  # said below, with why
+        seed = " (seed)" if contact.get("seed") else ""
+        lines.append(f"  {contact.get('endpoint')}{seed} not answering {_since(contact)}")
+    for r in cluster.get("refusals") or []:
+        what = "refuses us" if r.get("refused_by") == "the peer" else "refused"
+        lines.append(f"  {r.get('peer')} {what}: {r.get('why')}, {_since(r)}")
+    return lines

@@ -21,7 +21,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zbroker.cli.common import command_parser, common_options, duration, error, locate
+from zbroker.cli.common import (
+    command_parser,
+    common_options,
+    duration,
+    error,
+    locate,
+    trouble_lines,
+)
 from zbroker.config import ConfigError
 from zbroker.management import CommandError, NoAccess, NotRunning, request
 from zpipes.progress import human_bytes
@@ -49,6 +56,7 @@ class View:
     queues: list[dict[str, Any]] = field(default_factory=list)
     peers: list[dict[str, Any]] = field(default_factory=list)
     cluster: bool = False
+    troubles: list[str] = field(default_factory=list)  # contacts not answering, peers refused
 
 
 def _rate(now: float, before: float | None, dt: float | None) -> float | None:
@@ -109,6 +117,7 @@ def compute_view(prev: Sample | None, cur: Sample) -> View:
                               "rtt": p.get("rtt_s"), "last_heard": p.get("last_heard_s")}
                              for p in cluster.get("peers") or []),
                             key=lambda p: (-(p["rtt"] or 0.0), p["name"]))
+        view.troubles = trouble_lines(cluster)
     return view
 
 
@@ -168,6 +177,7 @@ def render(view: View, plain: bool = False) -> Any:
         parts.append(t)
     if view.cluster:
         parts.append(Text(f"cluster: {len(view.peers)} peers"))
+        parts += [Text(line) for line in view.troubles[:MAX_ROWS]]
         if view.peers:
             t = Table(**style)
             for col in ("PEER", "ENDPOINT", "RTT", "LAST HEARD"):

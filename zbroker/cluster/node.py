@@ -41,6 +41,7 @@ import collections
 import dataclasses
 import errno
 import functools
+import hmac
 import itertools
 import json
 import struct
@@ -56,7 +57,7 @@ from zbroker.runtime.stats import LATENCY_BOUNDS, Buckets
 from zbroker.runtime.zmq_reader import SocketReader
 from zbroker.service import PeerBroker
 
-from . import gossip
+from . import gossip, tcp_table, troubles
 from .membership import Change, Hello, Membership, Peer
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
@@ -73,6 +74,14 @@ _HANDSHAKE_FAILED = {
                                          "(a key on one side only?)",
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: our key was refused",
 }
+#: seconds between looks at what to tell of refusals and seeds (troubles.py), and how long
+#: a refusal is shown in the status after the last of it
+DIAGNOSE_EVERY = 1.0
+REFUSAL_SHOWN = 30.0
+#: seconds after a refusal at our socket before its peer is looked up (the refusals of that
+#: while are looked up at once: a peer may retry ten times a second)
+ATTRIBUTE_AFTER = 0.5
+ATTRIBUTE_WITHIN = 2.0  # seconds a refusal at our socket may wait for its peer to be found
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 #: a numbered peer's messages refused while its link is made again (a reset connection) are
 #: held, in order, for at most this long and this many (and bytes), then the peer counts as
@@ -170,6 +179,18 @@ class ClusterNode:
         self.peer_losses = 0
         self.rtt = Buckets(LATENCY_BOUNDS)
         self.last_rtt: dict[str, float] = {}  # peer id -> its last round trip (seconds)
+        # why hosts do not link (troubles.py): refusals by peer and cause, seeds not answering
+        self.refusals = troubles.Refusals()
+        self._seeds: troubles.Seeds | None = None
+        self._socket_events: SocketReader | None = None  # our peer socket's failed handshakes
+        #: their causes (whether sure, and when), until their peers are looked up
+        self._unattributed: list[tuple[str, bool, float]] = []
+        self._closed_seen: set[tuple[str, int]] = set()  # connections we closed, looked at
+        self._diagnose_timer: asyncio.TimerHandle | None = None
+        #: seed -> id of the broker that answered there under another endpoint (its host's
+        #: other address, a name): its seed answers, though no peer has that endpoint
+        self._seed_answered: dict[str, str] = {}
+        self._attribute_timer: asyncio.TimerHandle | None = None
 
     # --- life cycle ----------------------------------------------------------------------------
 
@@ -193,6 +214,8 @@ class ClusterNode:
                                   "cluster (or name one in cluster.key_file)",
                                   key_file=self.key_file, cluster=cfg.name)
             self._guard = Guard(self._ctx, self._loop, self._log, self._keys[0])
+            self._guard.on_refused = functools.partial(self._refused, why=troubles.NOT_OUR_KEY,
+                                                       side=troubles.OURS)
         else:
             self._log.warning("cluster without a key (cluster.insecure): any host that says "
                               "the cluster's name can join and reach every pipe and queue",
@@ -226,8 +249,7 @@ class ClusterNode:
                 raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: "
                                    f"{exc}") from None
         self._router = router
-        if self._guard is not None:
-            self._guard.watch(router)
+        self._watch_socket(router)
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         advertised = cfg.advertise or _wildcard_host(self.endpoint)
         self.advertised = advertised
@@ -245,8 +267,10 @@ class ClusterNode:
         self._log.info("cluster started", cluster=cfg.name, id=self.id, endpoint=self.endpoint,
                        advertised=advertised, discovery=cfg.discovery, curve=bool(self._keys),
                        static_peers=len(self._static), peer_timeout=cfg.peer_timeout)
+        self._seeds = troubles.Seeds(sorted(self._static), self._loop.time())
         self._schedule(0.0)
         self._reader.start()
+        self._diagnose_timer = self._loop.call_later(DIAGNOSE_EVERY, self._diagnose)
 
     async def stop(self, why: str | None = None) -> None:
         """Stop: say BYE to every peer and close every socket. With ``why`` (the broker goes
@@ -254,6 +278,19 @@ class ClusterNode:
         here too, the services told as of a loss."""
         if self._timer is not None:
             self._timer.cancel()
+        for timer in (self._diagnose_timer, self._attribute_timer):
+            if timer is not None:
+                timer.cancel()
+        self._diagnose_timer = self._attribute_timer = None
+        if self._socket_events is not None:
+            self._socket_events.stop()
+            if self._router is not None:
+                try:
+                    self._router.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+            self._socket_events.sock.close(linger=0)
+            self._socket_events = None
         if self.discovery is not None:
             await self.discovery.stop()
         if self.membership is not None:
@@ -324,7 +361,9 @@ class ClusterNode:
         """Counters for metrics, as plain data."""
         return {"peers": len(self.membership.peers) if self.membership else 0,
                 "peer_losses": self.peer_losses, "bytes_sent": self.bytes_sent,
-                "bytes_received": self.bytes_received, "rtt": self.rtt.snapshot()}
+                "bytes_received": self.bytes_received, "rtt": self.rtt.snapshot(),
+                "refused": dict(self.refusals.total),
+                "not_answering": self.pending_contacts() if self.membership else 0}
 
     def add_contact(self, endpoint: str, pinned: bool = True) -> None:
         """An endpoint where a peer may listen: said HELLO to for good (static list,
@@ -344,13 +383,60 @@ class ClusterNode:
         self.peer_losses, self.rtt = before.peer_losses, before.rtt
 
     def security(self) -> dict[str, Any]:
-        """For the status: the key file (none: insecure) and the handshakes refused."""
+        """For the status: the key file (none: insecure) and the handshakes refused (ours
+        and theirs)."""
         return {"key_file": self.key_file, "insecure": self._keys is None,
-                "refused": self._guard.refused if self._guard is not None else 0}
+                "refused": sum(self.refusals.total.values())}
 
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
-        return len(self.membership.unanswered()) if self.membership else 0
+        return len(self._unanswered())
+
+    def _unanswered(self) -> list[Any]:
+        """Contacts no peer answers at: not those of a seed a peer answered at under
+        another endpoint."""
+        if self.membership is None:
+            return []
+        answered = self._answering_seeds()
+        return [c for c in self.membership.unanswered() if c.endpoint not in answered]
+
+    def _answering_seeds(self) -> set[str]:
+        peers = self.membership.peers if self.membership else {}
+        return {seed for seed, peer in self._seed_answered.items() if peer in peers}
+
+    def diagnosis(self) -> dict[str, Any]:
+        """For the status: each contact not answering and each peer refused, since when
+        (wall clock, seconds since the epoch) and for how long."""
+        now, wall = self._loop.time(), time.time()
+        contacts = self._unanswered()
+        return {
+            "not_answering": [
+                {"endpoint": c.endpoint, "since": round(wall - (now - c.since), 3),
+                 "seconds": round(now - c.since, 3), "seed": c.endpoint in self._static}
+                for c in contacts],
+            "refusals": [
+                {"peer": r.peer, "why": r.why, "refused_by": "us" if r.side == troubles.OURS
+                 else "the peer", "since": round(wall - (now - r.since), 3),
+                 "seconds": round(now - r.since, 3), "times": r.times,
+                 "last_s": round(now - r.last, 3)}
+                for r in self.refusals.current(now, REFUSAL_SHOWN)],
+        }
+
+    def hint(self) -> str:
+        """A line for a client whose wait timed out, when links to other brokers are what
+        may be missing: no peers, or peers refused ("" when nothing is wrong here)."""
+        if self.membership is None:
+            return ""
+        refused = {r.peer for r in self.refusals.current(self._loop.time(), REFUSAL_SHOWN)}
+        if not self.membership.peers:
+            what = "this broker has no peers"
+            if refused:
+                what += f", and {len(refused)} refused"
+        elif refused:
+            what = f"this broker refuses or is refused by {len(refused)} brokers"
+        else:
+            return ""
+        return f"{what}: see zbroker status"
 
     # --- I/O ---------------------------------------------------------------------------------
 
@@ -380,6 +466,9 @@ class ClusterNode:
                 return None
             self._dealers[endpoint] = dealer
             self._link_made[endpoint] = self._loop.time()
+            contact = self.membership.contacts.get(endpoint)
+            if contact is not None and contact.pinned:  # a seed's or a discovered one's: a
+                self._watch(endpoint)  # refused handshake is told (one a HELLO named: not)
         return dealer
 
     def _watch(self, endpoint: str) -> None:
@@ -424,7 +513,10 @@ class ClusterNode:
         event = parse_monitor_message(frames)["event"]
         failed = _HANDSHAKE_FAILED.get(event)
         if failed is not None:
-            self._log.warning("cluster link refused", endpoint=endpoint, reason=failed)
+            value = parse_monitor_message(frames)["value"]
+            self._refused(endpoint, troubles.cause(event, value, self._keys is not None,
+                                                   troubles.THEIRS), troubles.THEIRS,
+                          sure=troubles.sure(event))
             self._loop.call_soon(self._close_link, endpoint)
             return
         self._log.debug("cluster link", endpoint=endpoint,
@@ -571,6 +663,7 @@ class ClusterNode:
             # address it came from
             hello = dataclasses.replace(hello,
                                         endpoint=hello.endpoint.replace("*", address, 1))
+        self._heard_at_seed(hello)
         own = self.membership.own_contact(hello)
         if own is not None:  # a contact that turned out to be ourselves
             self._static.discard(own)
@@ -658,6 +751,128 @@ class ClusterNode:
             if peer.id in self._lives:  # still a peer once the services were told
                 self._tell_members(peer, self._loop.time())
 
+    # --- why hosts do not link (troubles.py) ------------------------------------------------
+
+    def _watch_socket(self, router: zmq.Socket) -> None:
+        """Follow the handshakes our peer socket refuses (with a key or without one)."""
+        events = 0
+        for event in _HANDSHAKE_FAILED:
+            events |= event
+        monitor = router.get_monitor_socket(events, addr=f"inproc://zbroker.cluster.socket."
+                                                         f"{self.id}")
+        self._closed_seen = self._closed_here()
+        self._socket_events = SocketReader(self._loop, monitor, self._on_socket_event)
+        self._socket_events.start()
+
+    def _closed_here(self) -> set[tuple[str, int]]:
+        port = self.endpoint.rpartition(":")[2] if self.endpoint else ""
+        return tcp_table.closed_at(int(port)) if port.isdigit() else set()
+
+    def _on_socket_event(self, frames: list[bytes]) -> None:
+        """Our peer socket refused a handshake: which peer it was is looked up soon after
+        (the event does not say; see tcp_table.py)."""
+        event = parse_monitor_message(frames)
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self._guard is not None:
+            return  # our ZAP handler refused it, and told us from where
+        self._unattributed.append((troubles.cause(event["event"], event["value"],
+                                                  self._keys is not None, troubles.OURS),
+                                   troubles.sure(event["event"]), self._loop.time()))
+        if self._attribute_timer is None:
+            self._attribute_timer = self._loop.call_later(ATTRIBUTE_AFTER, self._attribute)
+
+    def _attribute(self) -> None:
+        """Give the refusals at our socket to the peers whose connections we closed since
+        the last look, one connection each. A refusal whose connection is not in the table
+        yet waits for the next look; one still not found after ATTRIBUTE_WITHIN is given to
+        no one."""
+        self._attribute_timer = None
+        now = self._loop.time()
+        closed = self._closed_here()
+        hosts = collections.Counter(host for host, _ in closed - self._closed_seen)
+        self._closed_seen = closed
+        waiting = []
+        for why, sure, when in self._unattributed:
+            if not sure:  # the other side closed it first: no trace of it here, counted
+                self.refusals.count(troubles.OURS)
+                continue
+            host = next((h for h, left in hosts.items() if left > 0), None)
+            if host is not None:
+                hosts[host] -= 1
+                self._refused(self._peer_at(host), why, troubles.OURS)
+            elif now - when < ATTRIBUTE_WITHIN:
+                waiting.append((why, sure, when))
+            else:
+                self._refused("(address unknown)", why, troubles.OURS)
+        self._unattributed = waiting
+        if waiting:
+            self._attribute_timer = self._loop.call_later(ATTRIBUTE_AFTER, self._attribute)
+
+    def _heard_at_seed(self, hello: Hello) -> None:
+        """A HELLO that echoes our nonce for a seed comes from the broker that answered
+        there, whatever endpoint it says it has (the seed may name its host by another
+        address, or by a name)."""
+        if not hello.echo or self.membership is None:
+            return
+        for seed in self._static:
+            if seed != hello.endpoint and hmac.compare_digest(hello.echo,
+                                                              self.membership.nonce(seed)):
+                self._seed_answered[seed] = hello.id
+
+    def _peer_at(self, host: str) -> str:
+        """A contact's endpoint on ``host``, if we have one, else the host."""
+        for endpoint in self.membership.contacts if self.membership else ():
+            if endpoint.partition("://")[2].rpartition(":")[0].strip("[]") == host:
+                return endpoint
+        return host
+
+    def _refused(self, peer: str, why: str, side: str, times: int = 1,
+                 sure: bool = True) -> None:
+        first = self.refusals.note(peer, why, side, self._loop.time(), times, sure)
+        if first is not None:
+            self._say_refused(first)
+
+    def _say_refused(self, r: troubles.Refusal) -> None:
+        """The first line of a refusal (or the one of the cause found after a guess)."""
+        event = ("cluster connection refused" if r.side == troubles.OURS
+                 else "cluster link refused")
+        # (a cause found after a guess was said: a line of its own name, so that the log's
+        # repeat filter does not hold it back as a repeat of the guess)
+        self._log.warning(f"{event}, cause found" if r.corrected else event, peer=r.peer,
+                          why=r.why, fix=troubles.advice(r.why, self.key_file))
+
+    def _diagnose(self) -> None:
+        """Say what went on since: refusals that go on (counted), seeds that do not answer
+        (or answer now)."""
+        self._diagnose_timer = None
+        if self.membership is None or self._router is None:
+            return
+        now, wall = self._loop.time(), time.time()
+        up = {p.endpoint for p in self.membership.peers.values()}
+        self.refusals.linked(up | {e.partition("://")[2].rpartition(":")[0] for e in up}, now,
+                             2 * DIAGNOSE_EVERY)
+        for r in self.refusals.due(now):
+            if r.told_at is None:
+                self._say_refused(r)
+                continue
+            self._log.warning("cluster connection still refused" if r.side == troubles.OURS
+                              else "cluster link still refused", peer=r.peer, why=r.why,
+                              times=r.times, since=_clock(wall - (now - r.since)))
+        if self._seeds is not None:
+            self._seeds.retain(self._static)  # (a seed that is this broker is none)
+            for endpoint, what, since in self._seeds.check(up | self._answering_seeds(), now):
+                fields = {"seed": endpoint, "since": _clock(wall - (now - since)),
+                          "seconds": round(now - since, 1)}
+                if what == troubles.Seeds.ANSWERS:
+                    self._log.info("cluster seed answers", **fields)
+                else:
+                    refused = [r.why for r in self.refusals.current(now, REFUSAL_SHOWN)
+                               if r.peer == endpoint]
+                    self._log.warning(f"cluster seed {what}", **fields,
+                                      why=f"refused: {refused[0]}" if refused else
+                                      "no broker of this cluster answers there (is it "
+                                      "running? cluster.bind and a firewall on its host?)")
+        self._diagnose_timer = self._loop.call_later(DIAGNOSE_EVERY, self._diagnose)
+
     # --- timers ----------------------------------------------------------------------------------
 
     def _schedule(self, delay: float) -> None:
@@ -718,6 +933,11 @@ class ClusterNode:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
         else:
             sock.setsockopt(zmq.CURVE_SERVERKEY, public)
+
+
+def _clock(wall: float) -> str:
+    """A wall-clock time as the log's reader reads it (local time of day)."""
+    return time.strftime("%H:%M:%S", time.localtime(wall))
 
 
 def _address(frame: zmq.Frame) -> str:

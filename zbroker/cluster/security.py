@@ -9,6 +9,7 @@ the peer socket logs connections that fail the handshake (e.g. a broker without 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,8 @@ class Guard:
         self._readers = [SocketReader(loop, self._zap, self._on_zap)]
         self._readers[0].start()
         self.refused = 0
+        #: called with the address of each client refused (else each is logged)
+        self.on_refused: Callable[[str], None] | None = None
 
     def watch(self, sock: zmq.Socket) -> None:
         events = 0
@@ -155,7 +158,10 @@ class Guard:
         rid, _, version, request_id, _domain, address, _identity, mechanism = frames[:8]
         client_key = frames[8] if len(frames) > 8 else b""
         ok = mechanism == b"CURVE" and z85.encode(client_key) == self.public
-        if not ok:
+        if not ok and self.on_refused is not None:
+            self.refused += 1
+            self.on_refused(address.decode(errors="replace"))
+        elif not ok:
             self.refused += 1
             self._log.warning("cluster connection refused", address=address.decode(),
                               mechanism=mechanism.decode(), reason="not the cluster key")

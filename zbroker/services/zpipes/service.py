@@ -34,6 +34,7 @@ from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.refusals import Refusals
+from zpipes import hint
 from zpipes.protocol import SIGNATURE, MessageId
 
 from .actions import Reply
@@ -274,7 +275,19 @@ class ZpipesService(Service):
     # --- I/O: the endpoint calls these -----------------------------------------------------
 
     def _on_message(self, routing_id: bytes, frames: list[Any]) -> None:
+        if len(frames) == 1 and len(frames[0]) == len(hint.QUERY) \
+                and bytes(frames[0]) == hint.QUERY:
+            self._hint(routing_id)
+            return
         self._receive(routing_id, frames, self._loop.time())
+
+    def _hint(self, routing_id: bytes) -> None:
+        """A client whose wait timed out asks what may be wrong here (zpipes/hint.py): the
+        cluster's links, if this broker is in one."""
+        node = self._cluster.node if self._cluster is not None else None
+        text = node.hint() if hasattr(node, "hint") else ""
+        if self._ep is not None and self._ep.send(routing_id, hint.encode_reply(text)):
+            self._ep.flush()
 
     def _on_refused(self, routing_id: bytes, refused: zmtp.Refused) -> None:
         """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout,
