@@ -65,7 +65,7 @@ def advice(why: str, key_file: str | None) -> str:
     if why == ANOTHER_KEY:
         where = key_file or "the key file"
         return (f"copy {where} from a member of the cluster (or ours to the peer), "
-                f"then restart the broker that got the new key")
+                f"then run zbroker reload on the broker that got the new key")
     if why == PEER_NO_KEY:
         return (f"give the peer the cluster key{f' ({key_file})' if key_file else ''} "
                 f"(cluster.key_file), or run every broker without one")
