@@ -141,9 +141,11 @@ class DirectoryMember:
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int]) -> None:
         self.log = log
-        # per-pipe lines that peers (brokers of the cluster) cause: a budget a second for each
-        # kind, larger than for clients (a peer tells many ends at once when it links)
-        self.lines = LogRate(log, burst=PEER_BURST)
+        # per-pipe lines: a budget a second for each kind, larger for the ends peers (brokers
+        # of the cluster) tell than for this broker's own clients' (a peer tells many at once
+        # when it links)
+        self.lines = LogRate(log)
+        self.peer_lines = LogRate(log, burst=PEER_BURST)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
@@ -364,8 +366,9 @@ class DirectoryMember:
                 yours.append(m.end)
         if len(entries) == 1 and not refused:
             role, end, name, _ = entries[0]
-            self.lines.line("pipe end registered", pipe=shown(name), role=role, end=end,
-                            peer=owner or "self", met=len(intros) - (owner in intros))
+            (self.peer_lines if owner else self.lines).line(
+                "pipe end registered", pipe=shown(name), role=role, end=end,
+                peer=owner or "self", met=len(intros) - (owner in intros))
         elif entries:
             self.log.info("pipe ends registered", ends=len(entries) - refused,
                           peer=owner or "self")

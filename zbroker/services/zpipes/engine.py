@@ -274,7 +274,8 @@ class ClientEngine:
                 self._execute(client, Event.TIMEOUT)
         if now >= self._next_sweep:
             self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
-            for lines in (self.lines, self.links.lines, self.directory.lines):
+            for lines in (self.lines, self.links.lines, self.directory.lines,
+                          self.directory.peer_lines):
                 lines.flush()  # the count of a flood of lines that stopped
             limit = now - self.config.client_timeout
             # a client with a request held by us is waiting for us, not silent
