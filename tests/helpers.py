@@ -342,3 +342,16 @@ FLOOD = textwrap.dedent("""
     print(len(held), flush=True)
     sys.stdin.read()
 """)
+
+
+def logged_broker(tmp_path: Path, name: str, config: Path,
+                  preexec_fn: Callable[[], None] | None = None
+                  ) -> tuple[subprocess.Popen[bytes], Path]:
+    """A broker process ``name`` started with ``config`` in ``tmp_path``, its log (its
+    standard output and error) in ``broker.log`` there: (the process, the log's path)."""
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as err:
+        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(config)],
+                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
+                                  stderr=err, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
+    return broker, log_path

@@ -11,12 +11,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import threading
 
 import pytest
-from helpers import broker_env, unique_name, wait_for, write_config
+from helpers import logged_broker, unique_name, wait_for, write_config
 
 import zpipes
 
@@ -72,11 +71,7 @@ def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
     cfg = write_config(tmp_path / "zbroker.cfg", {
         "clients": {"max_buffered": "64MiB"},
         "services": {"zpipes": {"allow": {"users": ["*"]}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL)
+    broker, log_path = logged_broker(tmp_path, name, cfg)
     hogs = None
     try:
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")

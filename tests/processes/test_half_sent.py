@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 import threading
 
 import pytest
-from helpers import broker_env, rss_bytes, unique_name, wait_for, write_config
+from helpers import logged_broker, rss_bytes, unique_name, wait_for, write_config
 from test_zpipes_guard import limit_files
 
 import zpipes
@@ -57,11 +56,7 @@ def test_half_sent_messages_count_against_their_users_share_and_their_memory_com
     cfg = write_config(tmp_path / "zbroker.cfg", {
         "clients": {"max_buffered": "128MiB"},
         "services": {"zpipes": {"allow": {"users": ["*"]}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL)
+    broker, log_path = logged_broker(tmp_path, name, cfg)
     half = None
     try:
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")

@@ -14,7 +14,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import broker_env, free_port, unique_name, wait_for, write_config
+from helpers import free_port, logged_broker, unique_name, wait_for, write_config
 from pipe_stream import (
     INPUT_OK,
     OUTPUT_OK,
@@ -88,11 +88,7 @@ def test_floods_of_any_kind_add_a_bounded_number_of_log_lines(tmp_path, ctx):
             "receive_endpoint": f"tcp://127.0.0.1:{receive}",
             "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
             "data_dir": str(tmp_path / "jobs")}}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL)
+    broker, log_path = logged_broker(tmp_path, name, cfg)
     endpoint = f"ipc://@/zpipes/{name}"
     floods: list[subprocess.Popen] = []
     try:

@@ -16,7 +16,14 @@ import textwrap
 import time
 
 import pytest
-from helpers import broker_env, free_port, rss_bytes, unique_name, wait_for, write_config
+from helpers import (
+    free_port,
+    logged_broker,
+    rss_bytes,
+    unique_name,
+    wait_for,
+    write_config,
+)
 from pipe_stream import (
     INPUT_OK,
     OUTPUT_OK,
@@ -95,11 +102,7 @@ def test_clients_that_never_read_their_answers_cannot_grow_the_broker(tmp_path, 
             "receive_endpoint": f"tcp://127.0.0.1:{receive}",
             "stream_endpoint": f"tcp://127.0.0.1:{stream}",
             "data_dir": str(tmp_path / "events")}}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL)
+    broker, log_path = logged_broker(tmp_path, name, cfg)
     endpoint = f"ipc://@/zpipes/{name}"
     floods: list[subprocess.Popen] = []
     try:

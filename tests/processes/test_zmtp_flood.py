@@ -17,7 +17,15 @@ import sys
 import time
 
 import pytest
-from helpers import FLOOD, broker_env, free_port, run_zbroker, unique_name, wait_for, write_config
+from helpers import (
+    FLOOD,
+    free_port,
+    logged_broker,
+    run_zbroker,
+    unique_name,
+    wait_for,
+    write_config,
+)
 from pipe_stream import (
     CLOSE_OK,
     INPUT_OK,
@@ -64,12 +72,8 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         "services": {"pzq": {"enabled": True, "queues": {"jobs": {
             "receive_endpoint": f"tcp://{receive}", "send_endpoint": f"tcp://{send}",
             "data_dir": str(tmp_path / "jobs")}}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL,
-                                  preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + 100))
+    broker, log_path = logged_broker(tmp_path, name, cfg,
+                                     preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + 100))
     endpoint = f"ipc://@/zpipes/{name}"
     floods: list[subprocess.Popen] = []
     w, r = RawClient(ctx, endpoint), RawClient(ctx, endpoint)
@@ -177,11 +181,7 @@ def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(
                          "receive_endpoint": f"tcp://{receive}",
                          "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
                          "data_dir": str(tmp_path / "jobs")}}}}})
-    log_path = tmp_path / "broker.log"
-    with open(log_path, "wb") as err:
-        broker = subprocess.Popen([sys.executable, "-m", "zbroker", name, "--config", str(cfg)],
-                                  cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
-                                  stderr=err, stdin=subprocess.DEVNULL)
+    broker, log_path = logged_broker(tmp_path, name, cfg)
     floods = []
     try:
         wait_for(lambda: "pzq queue started" in log_path.read_text(), 30, "the broker")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
+from zbroker.runtime import shares
 from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import default_policy
 from zbroker.zmtp.addresses import EndpointError
@@ -237,11 +238,7 @@ class _Link(Link):
             r = self.server
             r.unfinished += change
             self.held += change
-            left = r.unfinished_by_source.get(self.source, 0) + change
-            if left:
-                r.unfinished_by_source[self.source] = left
-            else:
-                del r.unfinished_by_source[self.source]
+            shares.count(r.unfinished_by_source, self.source, change)
 
     def _take_events(self) -> bool:
         r, got = self.server, False
@@ -300,11 +297,7 @@ class _Link(Link):
         r = self.server
         if self.held:
             r.unfinished -= self.held
-            left = r.unfinished_by_source.get(self.source, 0) - self.held
-            if left:
-                r.unfinished_by_source[self.source] = left
-            else:
-                r.unfinished_by_source.pop(self.source, None)
+            shares.count(r.unfinished_by_source, self.source, -self.held)
             self.held = 0
         r._paused.discard(self)
         r._dirty.discard(self)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
+from zbroker.runtime import shares
 from zbroker.runtime.iovec import gather
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
@@ -253,12 +254,7 @@ class _Link(Link):
         if (change := held - self.incoming):
             e = self.server
             e.incoming += change
-            by_source = e.incoming_by_source
-            left = by_source.get(self.source, 0) + change
-            if left:
-                by_source[self.source] = left
-            else:
-                del by_source[self.source]
+            shares.count(e.incoming_by_source, self.source, change)
             self.incoming = held
 
     def pause_writing(self) -> None:
@@ -278,11 +274,7 @@ class _Link(Link):
         self.out = []
         if self.incoming:
             e.incoming -= self.incoming
-            left = e.incoming_by_source.get(self.source, 0) - self.incoming
-            if left:
-                e.incoming_by_source[self.source] = left
-            else:
-                e.incoming_by_source.pop(self.source, None)
+            shares.count(e.incoming_by_source, self.source, -self.incoming)
             self.incoming = 0
         e._backed_up.discard(self)
         super().connection_lost(exc)

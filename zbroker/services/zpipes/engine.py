@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
+from zbroker.runtime import shares
 from zbroker.runtime.log_rate import LogRate
 from zpipes import protocol as p
 
@@ -371,12 +372,7 @@ class ClientEngine:
         finally:
             if (change := _held_by(client) - before):
                 self.held += change
-                shares = self.held_by_source
-                left = shares.get(client.source, 0) + change
-                if left:
-                    shares[client.source] = left
-                else:
-                    del shares[client.source]
+                shares.count(self.held_by_source, client.source, change)
 
     def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
