@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -355,3 +357,10 @@ def logged_broker(tmp_path: Path, name: str, config: Path,
                                   cwd=tmp_path, env=broker_env(tmp_path), stdout=err,
                                   stderr=err, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
     return broker, log_path
+
+
+#: the start of a command line that runs the system's python3 as uid nobody (a user that is
+#: another source to the broker), and the mark of a test that needs it
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
+needs_nobody = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                  reason="needs root and setpriv to run as another uid")

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import textwrap
 import threading
 
-import pytest
-from helpers import logged_broker, unique_name, wait_for, write_config
+from helpers import AS_NOBODY, logged_broker, needs_nobody, unique_name, wait_for, write_config
 
 import zpipes
 
@@ -64,8 +62,7 @@ HOGS = textwrap.dedent("""
 HOGS_N = 30
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to write as another uid")
+@needs_nobody
 def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
     name = unique_name("fair")
     cfg = write_config(tmp_path / "zbroker.cfg", {
@@ -75,8 +72,7 @@ def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
     hogs = None
     try:
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                  "/usr/bin/python3"]
+        nobody = AS_NOBODY
         hogs = subprocess.Popen([*nobody, "-c", HOGS, str(HOGS_N), f"/zpipes/{name}"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=tmp_path)

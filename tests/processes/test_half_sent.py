@@ -8,13 +8,19 @@ its resident size comes back near where it was (before, it stayed 190 MB up)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import textwrap
 import threading
 
-import pytest
-from helpers import logged_broker, rss_bytes, unique_name, wait_for, write_config
+from helpers import (
+    AS_NOBODY,
+    logged_broker,
+    needs_nobody,
+    rss_bytes,
+    unique_name,
+    wait_for,
+    write_config,
+)
 from test_zpipes_guard import limit_files
 
 import zpipes
@@ -48,8 +54,7 @@ HALF = textwrap.dedent("""
 COUNT = 3000
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to connect as another uid")
+@needs_nobody
 def test_half_sent_messages_count_against_their_users_share_and_their_memory_comes_back(
         tmp_path):
     name = unique_name("half")
@@ -62,8 +67,7 @@ def test_half_sent_messages_count_against_their_users_share_and_their_memory_com
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")
         endpoint = f"ipc://@/zpipes/{name}"
         before = rss_bytes(broker.pid)
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                  "/usr/bin/python3"]
+        nobody = AS_NOBODY
         half = subprocess.Popen([*nobody, "-c", HALF, str(COUNT), f"/zpipes/{name}"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=tmp_path, preexec_fn=limit_files(COUNT + 256))

@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 from helpers import (
+    AS_NOBODY,
     FLOOD,
     free_port,
     logged_broker,
+    needs_nobody,
     run_zbroker,
     unique_name,
     wait_for,
@@ -165,8 +166,7 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         broker.wait(30)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                    reason="needs root and setpriv to connect as another uid")
+@needs_nobody
 def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(tmp_path,
                                                                                  ctx):
     """Another local user floods the ZPIPES endpoint, another host a queue's receive
@@ -185,8 +185,7 @@ def test_one_source_cannot_take_every_place_another_user_and_host_still_connect(
     floods = []
     try:
         wait_for(lambda: "pzq queue started" in log_path.read_text(), 30, "the broker")
-        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                  "/usr/bin/python3"]
+        nobody = AS_NOBODY
         # (the first byte of a greeting; from another address, as another host)
         for argv in ([*nobody, "-c", FLOOD, "600", "ff", "-", f"@/zpipes/{name}"],
                      [sys.executable, "-c", FLOOD, "600", "ff", "127.0.0.2", receive]):
