@@ -332,13 +332,19 @@ class ClientEngine:
         self.wake()
 
     def wake(self) -> None:
-        """Retry the pending requests of ends that the pipe table says may now be answered;
-        then what it has for remote ends goes to the peer links."""
-        woken = self._woken
+        """Retry the pending requests of ends that the pipe table says may now be answered
+        (their answers are marked ``wakes``: the I/O writes them first); then what it has for
+        remote ends goes to the peer links."""
+        woken, out = self._woken, self.out
         while woken:
             client = self._by_end.get(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
+                answered = len(out)
                 self._execute(client, Event.PIPE_CHANGED)
+                for i in range(answered, len(out)):  # the answers of a waiting request
+                    action = out[i]
+                    if type(action) is Reply:
+                        action.wakes = True
         if self.pipes.outgoing or self.pipes.credits:
             self.links.send_outgoing()
 
