@@ -132,7 +132,12 @@ class Endpoint(Server):
                 # small pieces joined: a transport holds a descriptor and a reference for
                 # each piece it cannot write at once, so a peer that does not read its many
                 # small replies would cost far more than their bytes
-                transport.writelines(gather(out, zmtp.LARGE_FRAME)[0] if len(out) > 2 else out)
+                if len(out) > 2:
+                    transport.writelines(gather(out, zmtp.LARGE_FRAME)[0])
+                elif len(out[1]) < zmtp.LARGE_FRAME:  # one small reply: one buffer
+                    transport.write(out[0] + out[1])
+                else:
+                    transport.writelines(out)
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 
