@@ -10,12 +10,13 @@ import time
 from collections.abc import Iterator
 
 import zmq
-from helpers import free_port, rss_bytes, run_zbroker, wait_for, write_config
+from helpers import free_port, rss_bytes, run_zbroker, socket_address, wait_for, write_config
 from pipe_stream import lockstep
 from wire import (
     CLOSE_OK,
     INPUT_OK,
     OUTPUT_OK,
+    PING_OK,
     READ_FAILED,
     READ_OK,
     WRITE_FAILED,
@@ -25,11 +26,13 @@ from wire import (
     input_,
     output,
     parse,
+    ping,
     read,
     write,
 )
 
 from zbroker import zmtp
+from zpipes import zmtp as plain_zmtp
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -362,3 +365,45 @@ def test_writes_in_small_frames_begun_and_never_finished_are_refused_past_the_bu
         held = 40 - len(refused)
         assert held * sent <= 2 * MiB + sent, f"{held} stalled WRITEs held past the budget"
     assert_served_beside(ctx, b.endpoint, 300 * KiB)
+
+
+def _plain_link(endpoint: str) -> plain_zmtp.DealerLink:
+    """A DEALER that speaks ZMTP on a plain socket in this process (no I/O thread): what the
+    broker wrote to it is in its socket as the broker's write returns."""
+    link = plain_zmtp.DealerLink(plain_zmtp.connect(*socket_address(endpoint), 5.0))
+    link.handshake(5.0)
+    return link
+
+
+def _answer(link: plain_zmtp.DealerLink) -> tuple[int, object]:
+    while not link.reader.frames:
+        assert link.wait(5000), "no answer from the broker"
+        link.receive()
+        assert not link.eof
+    return parse(bytes(link.reader.frames.popleft()))
+
+
+def test_the_answer_a_waiting_reader_waits_for_is_written_before_the_writers(broker):
+    """A WRITE that wakes a waiting READ: the broker writes the READ_OK before that WRITE's
+    WRITE_OK (the reader is idle until its data comes), so once the writer has its WRITE_OK
+    the reader's data is in the reader's socket already. Many times over: a broker that wrote
+    them the other way round would be caught between its two writes some of the time."""
+    reader, writer = _plain_link(broker.endpoint), _plain_link(broker.endpoint)
+    try:
+        reader.send(input_(b"order"))
+        assert _answer(reader) == (INPUT_OK, None)
+        writer.send(output(b"order"))
+        assert _answer(writer) == (OUTPUT_OK, None)
+        for i in range(300):
+            line = b"line %d\n" % i
+            reader.send(read(100, 0))
+            reader.send(ping())  # answered at once: the READ before it is waiting
+            assert _answer(reader) == (PING_OK, None)
+            writer.send(write(line, 0))
+            assert _answer(writer) == (WRITE_OK, None)
+            reader.receive()  # without waiting: it is there, or the order was wrong
+            assert reader.reader.frames, f"line {i}: the WRITE_OK came before the READ_OK"
+            assert _answer(reader) == (READ_OK, line)
+    finally:
+        reader.close()
+        writer.close()

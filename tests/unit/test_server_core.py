@@ -235,6 +235,30 @@ def test_backpressure_makes_write_wait_not_grow():
     assert h.replies(W) == [p.WriteOk(), p.WriteOk()]
 
 
+def test_answers_to_requests_that_waited_are_marked_to_go_first():
+    """A WRITE that wakes a waiting READ: the READ_OK it woke is marked ``wakes`` (the I/O
+    writes its connection first), the WRITE_OK that answers at once is not; a WRITE that
+    waited for room and a READ that made the room: the other way round."""
+    from zbroker.services.zpipes.actions import Reply
+
+    server = ZpipesServer(ServerConfig(capacity=4))
+    now = 100.0
+    for client, msg in ((R, p.Input(b"p")), (W, p.Output(b"p")), (R, p.Read(10, 1000))):
+        server.receive(client, [p.encode(msg)], now)
+    server.take_output()
+    server.receive(W, [p.encode(p.Write(b"line", 1000))], now)
+    answers = [(a.routing_id, type(p.decode(a.frame)), a.wakes) for a in server.take_output()
+               if type(a) is Reply]
+    assert answers == [(W, p.WriteOk, False), (R, p.ReadOk, True)]
+    server.receive(W, [p.encode(p.Write(b"more", 1000))], now)
+    server.receive(W, [p.encode(p.Write(b"full", 1000))], now)  # no room: it waits
+    server.take_output()
+    server.receive(R, [p.encode(p.Read(4, 1000))], now)
+    answers = [(a.routing_id, type(p.decode(a.frame)), a.wakes) for a in server.take_output()
+               if type(a) is Reply]
+    assert answers == [(R, p.ReadOk, False), (W, p.WriteOk, True)]
+
+
 def test_read_of_zero_bytes_answers_empty_at_once(h):
     open_pair(h)
     h.send(R, p.Read(0, 0))

@@ -271,6 +271,8 @@ class Connection:
             self._frames, self._size = [], 0
 
     def data_to_send(self) -> bytes:
+        if not self._out:  # (almost always, once the handshake is done)
+            return b""
         out, self._out = bytes(self._out), bytearray()
         return out
 

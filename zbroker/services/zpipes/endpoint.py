@@ -94,32 +94,51 @@ class Endpoint(Server):
         self.small_reads = self.scratch[:SMALL_READ]
         self.max_bytes, self.max_frames = max_bytes, max_frames
         self._dirty: list[_Link] = []  # connections with sends queued
+        self._first: list[_Link] = []  # of those, the ones to write first (``send``'s first)
         self._backed_up: set[_Link] = set()  # connections with sends not yet written out
 
     # --- sending --------------------------------------------------------------------------
 
-    def send(self, routing_id: bytes, frame: Any) -> bool:
-        """Queue a single-frame message for ``routing_id``; False if it has no connection."""
+    def send(self, routing_id: bytes, frame: Any, first: bool = False) -> bool:
+        """Queue a single-frame message for ``routing_id``; False if it has no connection.
+        ``first``: its peer is idle until it arrives (it answers a request that waited):
+        its connection is written before those that were only sent answers to what they just
+        asked (a writer's WRITE_OK goes after the READ_OK its WRITE woke)."""
         link = self.links.get(routing_id)
         if link is None:
             return False
         out = link.out
         if not out:
             self._dirty.append(link)
+        if first:
+            self._first.append(link)
         out.append(frame_head(len(frame)))
         out.append(frame)
         return True
 
     def flush(self) -> None:
+        """Write what was sent, one gathered write per connection: first the connections
+        sent something with ``first``, then the others, each in the order of its first
+        send. A connection's messages go out in the order they were sent, in one write."""
         dirty, self._dirty = self._dirty, []
+        if self._first:
+            dirty[:0], self._first = self._first, []
         for link in dirty:
-            out, link.out = link.out, []
+            out = link.out
+            if not out:  # (written already: it was also among the first)
+                continue
+            link.out = []
             transport = link.transport
             if transport is not None and not transport.is_closing():
                 # small pieces joined: a transport holds a descriptor and a reference for
                 # each piece it cannot write at once, so a peer that does not read its many
                 # small replies would cost far more than their bytes
-                transport.writelines(gather(out, zmtp.LARGE_FRAME)[0] if len(out) > 2 else out)
+                if len(out) > 2:
+                    transport.writelines(gather(out, zmtp.LARGE_FRAME)[0])
+                elif len(out[1]) < zmtp.LARGE_FRAME:  # one small reply: one buffer
+                    transport.write(out[0] + out[1])
+                else:
+                    transport.writelines(out)
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 

@@ -230,6 +230,10 @@ class ClientEngine:
             "cut pipe end": self._cut_pipe_end,
             "terminate": self._terminate,
         }
+        #: each state's rules as the actions' methods and the next state, made as first used
+        #: (the table's names looked up once, not at every event)
+        self._plans: dict[State, dict[Event, tuple[tuple[Callable[[Client], None], ...],
+                                                   State]]] = {state: {} for state in State}
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -334,13 +338,19 @@ class ClientEngine:
         self.wake()
 
     def wake(self) -> None:
-        """Retry the pending requests of ends that the pipe table says may now be answered;
-        then what it has for remote ends goes to the peer links."""
-        woken = self._woken
+        """Retry the pending requests of ends that the pipe table says may now be answered
+        (their answers are marked ``wakes``: the I/O writes them first); then what it has for
+        remote ends goes to the peer links."""
+        woken, out = self._woken, self.out
         while woken:
             client = self._by_end.get(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
+                answered = len(out)
                 self._execute(client, Event.PIPE_CHANGED)
+                for i in range(answered, len(out)):  # the answers of a waiting request
+                    action = out[i]
+                    if type(action) is Reply:
+                        action.wakes = True
         if self.pipes.outgoing or self.pipes.credits:
             self.links.send_outgoing()
 
@@ -366,7 +376,9 @@ class ClientEngine:
     # --- the state machine -------------------------------------------------------------------
 
     def _execute(self, client: Client, event: Event, msg: Any = None) -> None:
-        before = _held_by(client)
+        # (what _held_by says, inline: twice per event)
+        before = 0 if client.terminated else client.queued_bytes + (
+            len(client.request.chunk) if client.request_event is Event.WRITE else 0)
         try:
             self._run(client, event, msg)
         finally:
@@ -374,21 +386,34 @@ class ClientEngine:
                 self.held += change
                 shares.count(self.held_by_source, client.source, change)
 
+    def _plan(self, state: State, event: Event) -> tuple[tuple[Callable[[Client], None], ...],
+                                                         State]:
+        """The rule for ``event`` in ``state`` (machine.py's), as methods to call in order
+        and the next state."""
+        rule = rule_for(state, event)
+        plan = tuple(self.actions[action] for action in rule.actions), rule.next
+        self._plans[state][event] = plan
+        return plan
+
     def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
+        plans = self._plans
         while True:
             while event is not None:
-                rule = rule_for(client.state, event)
+                state = client.state
+                plan = plans[state].get(event) or self._plan(state, event)
                 if self.config.animate:
+                    rule = rule_for(state, event)
                     self.lines.line("animate", client=client.id, pipe=shown(client.pipe),
-                                    state=str(client.state), on=str(event),
+                                    state=str(state), on=str(event),
                                     actions=list(rule.actions), next=str(rule.next))
                 client.event, client.msg, client.next_event = event, msg, None
-                if event in _REASONS:
-                    client.reason = _REASONS[event]
-                for action in rule.actions:
-                    self.actions[action](client)
-                client.state = rule.next
+                reason = _REASONS.get(event)
+                if reason is not None:
+                    client.reason = reason
+                for action in plan[0]:
+                    action(client)
+                client.state = plan[1]
                 event, msg = client.next_event, None
             if client.terminated or client.state not in IDLE_STATES or not client.queue:
                 return

@@ -336,7 +336,9 @@ class ZpipesService(Service):
 
     def _flush(self) -> None:
         """Carry out what the core asks, in order: replies to clients (written together at
-        the end, one gathered write per connection) and messages to peer brokers."""
+        the end, one gathered write per connection; first the connections of requests that
+        waited, whose clients are idle until their answers come: the READ_OK a WRITE woke
+        goes before that WRITE's WRITE_OK) and messages to peer brokers."""
         ep, server = self._ep, self.server
         if server is None:
             return
@@ -348,7 +350,7 @@ class ZpipesService(Service):
             for action in out:
                 if type(action) is Reply:
                     if send is not None:  # False: its client has gone, and is detached
-                        send(action.routing_id, action.frame)
+                        send(action.routing_id, action.frame, action.wakes)
                 else:
                     self._cluster.send(action.peer, action.frames)
             out = server.take_output()  # (what the core did meanwhile: a peer lost on a send)
