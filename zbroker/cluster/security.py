@@ -16,17 +16,10 @@ from typing import Any
 import yaml
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.runtime.zmq_reader import SocketReader
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-_HANDSHAKE_FAILURES = {
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed: another security mechanism "
-                                         "(no cluster key?)",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "handshake failed: key refused",
-}
 
 
 class KeyFileError(Exception):
@@ -116,7 +109,8 @@ def load_key_file(path: str | os.PathLike[str]) -> tuple[bytes, bytes]:
 
 
 class Guard:
-    """The ZAP handler and the handshake monitor for one broker's peer socket."""
+    """The ZAP handler for one broker's peer socket: only the cluster's key is admitted (the
+    handshakes that fail are watched by the cluster node, which names their peers)."""
 
     def __init__(self, ctx: zmq.Context, loop: Any, log: Any, public: bytes) -> None:
         self.public = public
@@ -124,21 +118,11 @@ class Guard:
         self._zap = ctx.socket(zmq.ROUTER)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
-        self._monitor: zmq.Socket | None = None
         self._readers = [SocketReader(loop, self._zap, self._on_zap)]
         self._readers[0].start()
         self.refused = 0
         #: called with the address of each client refused (else each is logged)
         self.on_refused: Callable[[str], None] | None = None
-
-    def watch(self, sock: zmq.Socket) -> None:
-        events = 0
-        for event in _HANDSHAKE_FAILURES:
-            events |= event
-        self._monitor = sock.get_monitor_socket(events)
-        reader = SocketReader(self._loop, self._monitor, self._on_monitor)
-        self._readers.append(reader)
-        reader.start()
 
     def close(self) -> None:
         try:  # at once, so that a new guard can bind it (closing lets it go later)
@@ -149,7 +133,6 @@ class Guard:
             reader.stop()
             reader.sock.close(linger=0)
         self._readers.clear()
-        self._monitor = None
 
     def _on_zap(self, frames: list[bytes]) -> None:
         # [routing id, "", version, request id, domain, address, identity, mechanism, creds]
@@ -168,11 +151,3 @@ class Guard:
         self._zap.send_multipart([rid, b"", version, request_id,
                                   b"200" if ok else b"400",
                                   b"OK" if ok else b"not the cluster key", b"", b""])
-
-    def _on_monitor(self, frames: list[bytes]) -> None:
-        event = parse_monitor_message(frames)
-        reason = _HANDSHAKE_FAILURES.get(event["event"])
-        if reason:
-            self.refused += 1
-            self._log.warning("cluster connection refused", reason=reason,
-                              endpoint=event["endpoint"].decode(errors="replace"))
