@@ -126,7 +126,6 @@ class Broker:
         self.cluster: Any = None  # the cluster node, when config.cluster.enabled
         self._ports: list[ClusterPort] = []
         self._flusher: asyncio.TimerHandle | None = None
-        self._next_give_back = 0.0  # (the loop's clock) when the heap is next trimmed
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
@@ -173,7 +172,9 @@ class Broker:
                           config=str(self.config.source) if self.config.source else "defaults",
                           event_loop=event_loop.chosen())
             self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
+            stop_giving_back = heap.give_back_every(self.loop)  # what floods leave, returned
             await self._stop_requested.wait()
+            stop_giving_back()
         finally:
             if self._flusher is not None:
                 self._flusher.cancel()
@@ -185,13 +186,8 @@ class Broker:
         return 0
 
     def _flush_logs(self) -> None:
-        """Every LOG_FLUSH_INTERVAL: the counts of collapsed repeated warnings that are due;
-        and every heap.GIVE_BACK_INTERVAL, the heap's free pages back to the system."""
+        """Every LOG_FLUSH_INTERVAL: the counts of collapsed repeated warnings that are due."""
         logs.flush_repeats()
-        now = self.loop.time()
-        if now >= self._next_give_back:
-            self._next_give_back = now + heap.GIVE_BACK_INTERVAL
-            heap.give_back()
         self._flusher = self.loop.call_later(LOG_FLUSH_INTERVAL, self._flush_logs)
 
     async def start(self) -> None:

@@ -166,9 +166,11 @@ async def serve(settings: QueueSettings, log: structlog.typing.FilteringBoundLog
         print(f"pzq: {exc}", file=sys.stderr)
         ctx.term()
         return 1
+    stop_giving_back = heap.give_back_every(loop)  # what floods of producers leave, returned
     try:
         await stop.wait()
     finally:
+        stop_giving_back()
         await server.stop()
         ctx.term()
     return 0
