@@ -200,22 +200,15 @@ class _Link(Link):
         conn.receive_data(r.read_buffer[:nbytes])
         got = self._take_events()
         self._count_held()
-        if r.unfinished_by_source.get(self.source, 0) > r.max_held // 2 and not conn.closed \
-                and conn.refuse_current(
-                    f"Server busy: this host's or user's messages being received hold more "
-                    f"than half of {r.max_held} bytes; send it again later"):
-            # what is still arriving counts against its source's share first
-            r.refused_busy += 1
-            got |= self._take_events()
-            self._count_held()
+        # what is still arriving counts against its source's share (half) first, then the total
+        if r.unfinished_by_source.get(self.source, 0) > r.max_held // 2:
+            got |= self._refuse_busy(f"this host's or user's messages being received hold "
+                                     f"more than half of {r.max_held} bytes")
         if r.unfinished + r.inbox_bytes > r.max_held and not conn.closed:
-            if conn.refuse_current(
-                    f"Server busy: more than {r.max_held} bytes of messages are being "
-                    f"received; send it again later"):
-                r.refused_busy += 1
-                got |= self._take_events()
-                self._count_held()
-            elif r.inbox_bytes and not self.paused:
+            refused = self._refuse_busy(f"more than {r.max_held} bytes of messages are being "
+                                        f"received")
+            got |= refused
+            if not refused and r.inbox_bytes and not self.paused:
                 self.paused = True
                 self.transport.pause_reading()
                 r._paused.add(self)
@@ -230,6 +223,17 @@ class _Link(Link):
             self.transport.pause_reading()
         if got:
             r.on_input()
+
+    def _refuse_busy(self, why: str) -> bool:
+        """Refuse the message under way ("Server busy: WHY; send it again later"); True if
+        there was one (its refusal is then in the inbox)."""
+        conn = self.conn
+        if conn.closed or not conn.refuse_current(f"Server busy: {why}; send it again later"):
+            return False
+        self.server.refused_busy += 1
+        self._take_events()
+        self._count_held()
+        return True
 
     def _count_held(self) -> None:
         """What this connection holds of a message not yet whole, in the receiver's counts."""
