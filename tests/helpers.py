@@ -336,7 +336,7 @@ FLOOD = textwrap.dedent("""
             try:
                 s.connect(address)
                 if first:
-                    s.send(first)
+                    s.sendall(first)
             except OSError:
                 s.close()
                 continue
@@ -364,3 +364,12 @@ def logged_broker(tmp_path: Path, name: str, config: Path,
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
 needs_nobody = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                   reason="needs root and setpriv to run as another uid")
+
+
+def dealer_hello() -> bytes:
+    """What a ZMTP 3.0 DEALER with the NULL mechanism sends first: its greeting and READY
+    (for raw clients written byte by byte)."""
+    from zbroker.zmtp import codec
+
+    return (codec.SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
+            + codec.ready_command(codec.DEALER))

@@ -72,8 +72,7 @@ def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
     hogs = None
     try:
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")
-        nobody = AS_NOBODY
-        hogs = subprocess.Popen([*nobody, "-c", HOGS, str(HOGS_N), f"/zpipes/{name}"],
+        hogs = subprocess.Popen([*AS_NOBODY, "-c", HOGS, str(HOGS_N), f"/zpipes/{name}"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=tmp_path)
         refused = int(hogs.stdout.readline())

@@ -8,12 +8,14 @@ its resident size comes back near where it was (before, it stayed 190 MB up)."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
-import textwrap
 import threading
 
 from helpers import (
     AS_NOBODY,
+    FLOOD,
+    dealer_hello,
     logged_broker,
     needs_nobody,
     rss_bytes,
@@ -24,32 +26,6 @@ from helpers import (
 from test_zpipes_guard import limit_files
 
 import zpipes
-
-#: ``python3 -c HALF COUNT NAME``: COUNT raw ZMTP connections to the abstract ipc socket NAME,
-#: each sending the first 60 KiB of a 64 KiB WRITE; prints how many it holds, and holds them
-#: until its standard input closes
-HALF = textwrap.dedent("""
-    import socket, struct, sys
-    count, name = int(sys.argv[1]), sys.argv[2]
-    body = b"\\x05READY" + b"\\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
-    hello = (b"\\xff" + bytes(8) + b"\\x7f" + b"\\x03\\x00" + b"NULL" + bytes(16) + bytes(32)
-             + bytes([4, len(body)]) + body)
-    size = 64 << 10
-    part = (b"\\x02" + struct.pack(">Q", size) + b"\\xaa\\xa0\\x0c" + struct.pack(">I", size - 11)
-            + b"x" * (size - 8 - 4096))
-    held = []
-    for _ in range(count):
-        s = socket.socket(socket.AF_UNIX)
-        try:
-            s.connect("\\0" + name)
-            s.sendall(hello + part)
-        except OSError:
-            s.close()
-            continue
-        held.append(s)
-    print(len(held), flush=True)
-    sys.stdin.read()
-""")
 
 COUNT = 3000
 
@@ -67,8 +43,12 @@ def test_half_sent_messages_count_against_their_users_share_and_their_memory_com
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")
         endpoint = f"ipc://@/zpipes/{name}"
         before = rss_bytes(broker.pid)
-        nobody = AS_NOBODY
-        half = subprocess.Popen([*nobody, "-c", HALF, str(COUNT), f"/zpipes/{name}"],
+        # each: a DEALER's greeting, then the first 60 KiB of a 64 KiB WRITE
+        size = 64 << 10
+        part = (b"\x02" + struct.pack(">Q", size) + b"\xaa\xa0\x0c"
+                + struct.pack(">I", size - 11) + b"x" * (size - 8 - 4096))
+        half = subprocess.Popen([*AS_NOBODY, "-c", FLOOD, str(COUNT),
+                                 (dealer_hello() + part).hex(), "-", f"@/zpipes/{name}"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=tmp_path, preexec_fn=limit_files(COUNT + 256))
         assert int(half.stdout.readline()) == COUNT

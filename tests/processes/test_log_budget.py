@@ -14,7 +14,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import free_port, logged_broker, unique_name, wait_for, write_config
+from helpers import dealer_hello, free_port, logged_broker, unique_name, wait_for, write_config
 from pipe_stream import (
     INPUT_OK,
     OUTPUT_OK,
@@ -72,13 +72,6 @@ OPEN_CLOSE = textwrap.dedent("""
 """)
 
 
-def greeting_and_ready() -> bytes:
-    """A ZMTP 3.0 DEALER's greeting and READY."""
-    body = b"\x05READY" + b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
-    return (b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL" + bytes(16) + bytes(32)
-            + bytes([4, len(body)]) + body)
-
-
 @pytest.mark.slow
 def test_floods_of_any_kind_add_a_bounded_number_of_log_lines(tmp_path, ctx):
     name = unique_name("logs")
@@ -98,7 +91,7 @@ def test_floods_of_any_kind_add_a_bounded_number_of_log_lines(tmp_path, ctx):
         assert r.call(input_(b"live")) == (INPUT_OK, None)
         before = len(log_path.read_text().splitlines())
 
-        bad_frame = greeting_and_ready() + b"\x00\x03\x00\x01\x02"  # not a ZPIPES signature
+        bad_frame = dealer_hello() + b"\x00\x03\x00\x01\x02"  # not a ZPIPES signature
         floods.append(subprocess.Popen(
             [sys.executable, "-c", CHURN, str(SECONDS), f"@/zpipes/{name}", bad_frame.hex()],
             stdout=subprocess.PIPE, text=True))
