@@ -34,7 +34,6 @@ counts in the broker-wide budget, ``clients.max_buffered``.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +42,7 @@ from zbroker.runtime import shares
 from zbroker.runtime.iovec import gather
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
+from zpipes.zmtp import frame_head  # (the client's: the same single-frame heads)
 
 #: bytes queued on a connection before it is no longer read (its replies are not taken)
 WRITE_HIGH = 4 << 20
@@ -58,14 +58,6 @@ TURN_MESSAGES = 512
 #: bytes at a time (as libzmq reads), so that one read's messages are few: a read is handled
 #: whole before the others get their turn (bulk data stays in large reads)
 SMALL_READ, SMALL_AFTER = 8 << 10, 64
-
-_LONG = struct.Struct(">BQ")
-_SHORT_HEADS = [bytes((0, n)) for n in range(256)]  # the head of a last frame of n bytes
-
-
-def frame_head(size: int) -> bytes:
-    """The ZMTP head of a single-frame message of ``size`` bytes."""
-    return _SHORT_HEADS[size] if size < 256 else _LONG.pack(zmtp.LONG, size)
 
 
 class Endpoint(Server):
