@@ -125,17 +125,24 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ask_and_show(parser: argparse.ArgumentParser, argv: Sequence[str], command: str,
+                  show: Callable[[dict[str, Any]], str]) -> int:
+    """Ask the broker ``command`` and print its answer: as JSON with --json, else as
+    ``show`` puts it; the exit status of the call."""
+    common_options(parser)
+    args = parser.parse_args(argv)
+    rc, result = _call(args, {"command": command})
+    if rc == 0:
+        _print_json(result) if args.json else print(show(result))
+    return rc
+
+
 def status_command(argv: Sequence[str]) -> int:
     parser = command_parser("status", "[NAME] [--json]",
                      "Show what a running broker is doing: uptime, its services (for ZPIPES: "
                      "clients, pipes with their readers, writers and buffered bytes), its log "
                      "outputs (syslog: sent, dropped, queued records).")
-    common_options(parser)
-    args = parser.parse_args(argv)
-    rc, result = _call(args, {"command": "status"})
-    if rc == 0:
-        _print_json(result) if args.json else print(format_status(result))
-    return rc
+    return _ask_and_show(parser, argv, "status", format_status)
 
 
 # --- get, set ------------------------------------------------------------------------------
@@ -201,12 +208,7 @@ def reload_command(argv: Sequence[str]) -> int:
                      "Make a running broker re-read its config file, as SIGHUP does; a broken "
                      "config is refused (exit status 1, with the reason) and the broker keeps "
                      "the one it has.")
-    common_options(parser)
-    args = parser.parse_args(argv)
-    rc, result = _call(args, {"command": "reload"})
-    if rc == 0:
-        _print_json(result) if args.json else print(format_reload(result))
-    return rc
+    return _ask_and_show(parser, argv, "reload", format_reload)
 
 
 def format_reload(result: dict[str, Any]) -> str:
