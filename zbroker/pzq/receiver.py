@@ -23,7 +23,6 @@ from typing import Any
 
 from zbroker import zmtp
 from zbroker.runtime import shares
-from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import default_policy
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
@@ -279,9 +278,7 @@ class _Link(Link):
 
     def write_pending(self) -> None:
         if self.pending and self.transport is not None and not self.transport.is_closing():
-            # one writev: large frames not copied, the rest joined (a transport holds a
-            # descriptor for each piece it cannot write at once)
-            self.transport.writelines(gather(self.pending, zmtp.LARGE_FRAME)[0])
+            self.write_parts(self.pending)
         self.pending.clear()
         self.queued = 0
 

@@ -28,11 +28,12 @@ import os
 import socket
 from typing import Any
 
+from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import peer_of
 
 from .addresses import listen_socket, peer_name
 from .admission import Admission, Source
-from .codec import Connection, Ready, RoutingIds
+from .codec import LARGE_FRAME, Connection, Ready, RoutingIds
 
 #: what one read from a connection may take: one buffer for all connections of a server,
 #: large enough that a window of big messages comes in a few reads (each a wake-up)
@@ -215,6 +216,14 @@ class Link(asyncio.BufferedProtocol):
         closed, and the connection is hung up once its last bytes (an ERROR) are written."""
         self.server.hung_up += 1
         self.server.admission.broken(peer_name(self.transport), reason)
+
+    def write_parts(self, parts: list[Any]) -> None:
+        """Write ``parts`` (frames and their heads, in order) in one gathered write: frames
+        of LARGE_FRAME bytes or more as they are (not copied), each run of smaller pieces
+        joined into one. A transport keeps a descriptor and a reference for each piece it
+        cannot write at once, so many small answers a peer does not read would otherwise cost
+        far more than their bytes."""
+        self.transport.writelines(gather(parts, LARGE_FRAME)[0])
 
     def hang_up(self) -> None:
         """Close the connection once what it was sent is written."""

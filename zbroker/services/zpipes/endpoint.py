@@ -39,7 +39,6 @@ from typing import Any
 
 from zbroker import zmtp
 from zbroker.runtime import shares
-from zbroker.runtime.iovec import gather
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
 from zpipes.zmtp import frame_head  # (the client's: the same single-frame heads)
@@ -122,15 +121,7 @@ class Endpoint(Server):
             link.out = []
             transport = link.transport
             if transport is not None and not transport.is_closing():
-                # small pieces joined: a transport holds a descriptor and a reference for
-                # each piece it cannot write at once, so a peer that does not read its many
-                # small replies would cost far more than their bytes
-                if len(out) > 2:
-                    transport.writelines(gather(out, zmtp.LARGE_FRAME)[0])
-                elif len(out[1]) < zmtp.LARGE_FRAME:  # one small reply: one buffer
-                    transport.write(out[0] + out[1])
-                else:
-                    transport.writelines(out)
+                link.write_parts(out)
                 if transport.get_write_buffer_size():  # its peer does not keep up
                     self._backed_up.add(link)
 
