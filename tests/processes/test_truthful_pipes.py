@@ -227,7 +227,10 @@ def test_never_pinging_writer_held_past_the_client_timeout_completes(start_broke
             assert kind == READ_OK
             got += chunk
         while True:  # the reader takes a little every 0.45 s: the writer waits on it
-            if writer.sock.poll(0):
+            # (a little time for a WRITE_OK the last READ made to arrive: a writer that missed
+            # it would be silent, holding nothing, past the client timeout, as a client that
+            # does not send its next WRITE is, and be expired)
+            if writer.sock.poll(100):
                 break
             time.sleep(0.45)
             kind, chunk = reader.call(read(16 * KiB, 0))
