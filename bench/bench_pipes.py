@@ -44,6 +44,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -431,7 +432,11 @@ def _spread(cpu: list[float], nbytes: int) -> str:
     return f"[{min(cpu) * GIB / nbytes:.2f}-{max(cpu) * GIB / nbytes:.2f}]"
 
 
-def latency(broker: str, samples: int) -> None:
+def latency(broker: str, samples: int, tmp: Path) -> None:
+    """One small line written and read back to back, in one process: through the broker
+    (``zpipes.open`` both ends), and through the floors' relays of the sporadic case (the same
+    two hops: into a relay process and out of it), in blocks interleaved so that a noisy
+    machine weighs on each alike; an os.pipe in one process for scale."""
     line = b"a short line of text\n"
     # baseline: an OS pipe in one process
     r, w = os.pipe()
@@ -443,7 +448,7 @@ def latency(broker: str, samples: int) -> None:
         base.append(time.perf_counter() - t)
     os.close(r)
     os.close(w)
-    got = []
+
     opened = threading.Event()
     reader_box: list = []
 
@@ -452,23 +457,71 @@ def latency(broker: str, samples: int) -> None:
         opened.set()
 
     threading.Thread(target=open_reader).start()
-    with zpipes.open("latency", "w", broker=broker) as writer:
-        opened.wait(10)
-        reader = reader_box[0]
-        for _ in range(samples):
-            t = time.perf_counter()
-            writer.write(line)
-            data = reader.read1(1 << 16)
-            got.append(time.perf_counter() - t)
-            assert data == line, data
+    writer = zpipes.open("latency", "w", broker=broker)
+    opened.wait(10)
+    reader = reader_box[0]
+
+    tag = uuid.uuid4().hex[:8]
+    c_in, c_out = f"ipc://@/zpipes-bench-c-in/{tag}", f"ipc://@/zpipes-bench-c-out/{tag}"
+    u_in, u_out = str(tmp / "latency-in"), str(tmp / "latency-out")
+    c_relay, u_relay = _spawn(C_RELAY, c_in, c_out), _spawn(UNIX_RELAY, u_in, u_out)
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push.connect(c_in)
+    pull.connect(c_out)
+    u_dst = socket.socket(socket.AF_UNIX)  # the relay accepts its reader first
+    u_dst.connect(u_out)
+    u_src = socket.socket(socket.AF_UNIX)
+    u_src.connect(u_in)
+
+    def through_zpipes() -> bytes:
+        writer.write(line)
+        return reader.read1(1 << 16)
+
+    def through_c_relay() -> bytes:
+        push.send(line)
+        return pull.recv()
+
+    def through_unix_relay() -> bytes:
+        u_src.sendall(line)
+        return u_dst.recv(1 << 16)
+
+    ways = {"zpipes": through_zpipes, "C relay": through_c_relay,
+            "unix relay": through_unix_relay}
+    got: dict[str, list[float]] = {name: [] for name in ways}
+    try:
+        for _ in range(4):
+            for name, one in ways.items():
+                for _ in range(max(1, samples // 4)):
+                    t = time.perf_counter()
+                    data = one()
+                    got[name].append(time.perf_counter() - t)
+                    assert data == line, (name, data)
         writer.flush()
-    reader.close()
+    finally:
+        writer.close()
+        reader.close()
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+        u_src.close()
+        u_dst.close()
+        for proc in (c_relay, u_relay):
+            proc.kill()
+            proc.wait()
+        for path in (u_in, u_out):
+            os.unlink(path)
 
     def pct(xs, q):
         return sorted(xs)[int(q * (len(xs) - 1))] * 1e6
 
+    floors = "   ".join(f"{name} p50 {pct(got[name], .5):5.0f} us" for name in ways
+                       if name != "zpipes")
+    z50 = pct(got["zpipes"], .5)
     print(f"{'latency, one small line':<28} os.pipe p50 {pct(base, .5):6.1f} us   zpipes p50 "
-          f"{pct(got, .5):6.1f} us  p99 {pct(got, .99):7.1f} us   ({samples} samples)")
+          f"{z50:6.1f} us  p99 {pct(got['zpipes'], .99):7.1f} us   {floors}   "
+          f"(zpipes / C relay {z50 / pct(got['C relay'], .5):.2f}x; {len(got['zpipes'])} "
+          f"samples each)")
 
 
 # --- sporadic lines: one line every few ms, as ``tail -f | zpipes write`` makes them ----------
@@ -729,7 +782,7 @@ def main() -> None:
             throughput(f"{lines} lines of {len(text) + 1} B", f"yes '{text}' | head -n {lines}",
                        nbytes, proc, tmp, runs)
         if "latency" in cases:
-            latency(broker, 200 if args.quick else 2000)
+            latency(broker, 200 if args.quick else 2000, tmp)
         if "sporadic" in cases:
             sporadic(proc, tmp, 200 if args.quick else 1900, 20 if args.quick else 100, 0.002,
                      runs)
