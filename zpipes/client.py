@@ -65,7 +65,7 @@ from collections.abc import Iterable
 from time import monotonic
 from typing import Any
 
-from zpipes import trust, zmtp
+from zpipes import trust, zmtp, zmtp_framing
 from zpipes._common import (
     PING,
     EndBase,
@@ -250,7 +250,7 @@ class _Channel:
             if count == 1:
                 done = link.send(frame, monotonic() + limit)
             else:
-                done = link.send_framed((zmtp.frame_head(len(frame)) + frame) * count,
+                done = link.send_framed((zmtp_framing.frame_head(len(frame)) + frame) * count,
                                         monotonic() + limit)
         except OSError:
             self._take_rest()

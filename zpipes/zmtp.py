@@ -14,7 +14,7 @@ message is one frame. A frame of ``DIRECT_MIN`` bytes or more is received into a
 own, as it arrives, with no further copy.
 
 :class:`DealerLink` does the socket's I/O and never blocks but where it says so; the framing
-(:func:`frame_head`, :class:`FrameReader`) does none.
+(:mod:`zpipes.zmtp_framing`, :class:`FrameReader`) does none.
 """
 
 from __future__ import annotations
@@ -25,10 +25,19 @@ from collections import deque
 from time import monotonic
 from typing import Any
 
-SIGNATURE = b"\xff" + b"\x00" * 8 + b"\x7f"
+from zpipes.zmtp_framing import (
+    COMMAND,
+    LONG,
+    SIGNATURE,
+    command,
+    error_reason,
+    frame_head,
+    ready_command,
+    split_command,
+)
+
 #: our greeting: ZMTP 3.0, NULL mechanism, not as-server
 GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
-MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 DIRECT_MIN = 64 << 10  # a frame this large is received into its own buffer
 READ_SIZE = 256 << 10  # bytes asked for by one receive of small frames
 #: bytes asked for by the first receive after a large frame: most likely the head of the next
@@ -38,7 +47,6 @@ MAX_TAKE = 8 << 20  # bytes one call of DealerLink.receive takes at most (others
 #: the largest frame taken: a READ_OK answers a READ of at most 2**32 - 1 bytes
 MAX_FRAME = (1 << 32) + 16
 
-_SHORT_HEADS = [bytes((0, n)) for n in range(256)]
 #: a write to a connection the peer closed fails (EPIPE) instead of raising SIGPIPE, whatever
 #: the program did with that signal (as libzmq does)
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
@@ -48,42 +56,13 @@ class HandshakeError(Exception):
     """The peer did not speak ZMTP 3 with the NULL mechanism as a ROUTER would."""
 
 
-def frame_head(size: int) -> bytes:
-    """The head of a last (single) frame of ``size`` bytes."""
-    return _SHORT_HEADS[size] if size < 256 else bytes((LONG,)) + size.to_bytes(8, "big")
-
-
-def command(name: bytes, body: bytes = b"") -> bytes:
-    data = bytes((len(name),)) + name + body
-    if len(data) < 256:
-        return bytes((COMMAND, len(data))) + data
-    return bytes((COMMAND | LONG,)) + len(data).to_bytes(8, "big") + data
-
-
-def ready_command() -> bytes:
-    """READY with our socket type (and no identity: the ROUTER makes one)."""
-    props = b"\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
-    props += b"\x08Identity" + (0).to_bytes(4, "big")
-    return command(b"READY", props)
-
-
-def command_name(body: bytes | memoryview) -> bytes:
-    return bytes(body[1 : 1 + body[0]]) if len(body) else b""
-
-
-def error_reason(body: bytes | memoryview) -> str:
-    """The reason of an ERROR command's body."""
-    rest = bytes(body[1 + body[0] :])
-    return rest[1 : 1 + rest[0]].decode("utf-8", "replace") if rest else "?"
-
-
 class FrameReader:
     """Bytes in, frames out, no I/O: what arrived of the stream after the handshake.
 
     Frames are ``bytes`` (small ones, copied out of the read buffer) or ``bytearray`` (a frame
     of ``DIRECT_MIN`` bytes or more: its own buffer, filled by the caller through
     :meth:`direct_buffer` and :meth:`direct_filled`). Commands are kept apart (``commands``),
-    with the name and the body. A frame over ``MAX_FRAME`` bytes, or a command over
+    each as its name and its data. A frame over ``MAX_FRAME`` bytes, or a command over
     ``DIRECT_MIN``, breaks the stream: ``broken`` says why, and nothing more is taken."""
 
     def __init__(self) -> None:
@@ -150,8 +129,7 @@ class FrameReader:
 
     def _deliver(self, flags: int, frame: bytes | bytearray) -> None:
         if flags & COMMAND:
-            body = bytes(frame)
-            self.commands.append((command_name(body), body))
+            self.commands.append(split_command(bytes(frame)))
         else:
             self.frames.append(frame)
 
@@ -204,7 +182,7 @@ class DealerLink:
         greeting += self._recv_exactly(53)
         if greeting[12:32].rstrip(b"\x00") != b"NULL":
             raise HandshakeError("the peer asks for a security mechanism other than NULL")
-        sock.sendall(ready_command(), _NOSIGNAL)
+        sock.sendall(ready_command(b"DEALER", identity=b""), _NOSIGNAL)
         reader = self.reader
         while not reader.commands:
             data = sock.recv(READ_SIZE)
@@ -215,9 +193,9 @@ class DealerLink:
                 raise HandshakeError(f"the peer sent {reader.broken}")
             if reader.frames:
                 raise HandshakeError("the peer sent a message before its READY")
-        name, body = reader.commands.popleft()
+        name, data = reader.commands.popleft()
         if name == b"ERROR":
-            raise HandshakeError(f"the peer refused us: {error_reason(body)}")
+            raise HandshakeError(f"the peer refused us: {error_reason(data)}")
         if name != b"READY":
             raise HandshakeError(f"the peer sent {name!r} instead of READY")
         sock.setblocking(False)
@@ -339,11 +317,10 @@ class DealerLink:
     def _commands(self) -> None:
         commands = self.reader.commands
         while commands:
-            name, body = commands.popleft()
+            name, data = commands.popleft()
             if name == b"PING":  # ZMTP 3.1 heartbeat: [TTL, 2 bytes][context]
-                rest = body[1 + body[0] :]
                 try:
-                    self.sock.send(command(b"PONG", rest[2:18]), _NOSIGNAL)
+                    self.sock.send(command(b"PONG", data[2:18]), _NOSIGNAL)
                 except OSError:
                     pass
             elif name == b"ERROR":

@@ -12,12 +12,10 @@ are a :class:`server.Server` with its own message handling; what guards the door
 for all of them.
 """
 
+from zpipes.zmtp_framing import COMMAND, LONG, MORE, SIGNATURE, command
+
 from .codec import (
-    COMMAND,
     LARGE_FRAME,
-    LONG,
-    MORE,
-    SIGNATURE,
     Closed,
     Connection,
     DealerConnection,
@@ -26,7 +24,6 @@ from .codec import (
     Ready,
     Refused,
     RoutingIds,
-    command,
     encode_message,
     encode_parts,
     ready_command,

@@ -27,13 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from zbroker.runtime.iovec import gather
+from zpipes import zmtp_framing as framing
+from zpipes.zmtp_framing import (
+    COMMAND,
+    LONG,
+    MORE,
+    SIGNATURE,
+    command,
+    error_reason,
+    split_command,
+)
 
-SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MAJOR = 3
 MINOR = 1
 V2_REVISION = 1
 MECHANISM = b"NULL"
-MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 #: socket type numbers of ZMTP 2.0 and names of ZMTP 3
 V2_TYPES = {0: b"PAIR", 1: b"PUB", 2: b"SUB", 3: b"REQ", 4: b"REP", 5: b"DEALER", 6: b"ROUTER",
             7: b"PULL", 8: b"PUSH"}
@@ -88,17 +96,8 @@ class Closed:
 Event = Ready | Message | Refused | Closed
 
 
-def command(name: bytes, body: bytes = b"") -> bytes:
-    data = bytes([len(name)]) + name + body
-    if len(data) > 255:
-        return bytes([COMMAND | LONG]) + _LONG_SIZE.pack(len(data)) + data
-    return bytes([COMMAND, len(data)]) + data
-
-
 def ready_command(socket_type: bytes = ROUTER) -> bytes:
-    name = b"Socket-Type"
-    return command(b"READY", bytes([len(name)]) + name + _PROPERTY_SIZE.pack(len(socket_type))
-                   + socket_type)
+    return framing.ready_command(socket_type)
 
 
 def parse_properties(data: bytes) -> dict[bytes, bytes] | None:
@@ -457,10 +456,10 @@ class Connection:
             return False
         if len(self._in) < size + n:
             return False
-        name, data = _split_command(bytes(self._in[size:size + n]))
+        name, data = split_command(bytes(self._in[size:size + n]))
         del self._in[:size + n]
         if name == b"ERROR":
-            self._close(f"the peer said ERROR: {_error_reason(data)}")
+            self._close(f"the peer said ERROR: {error_reason(data)}")
             return False
         if name != b"READY":
             self._close(f"{name.decode(errors='replace')!r} before READY")
@@ -588,11 +587,11 @@ class Connection:
         self._skipping = True
 
     def _command(self, body: bytes) -> None:
-        name, data = _split_command(body)
+        name, data = split_command(body)
         if name == b"PING":  # ZMTP 3.1 heartbeat: [TTL, 2 bytes][context]
             self._out += command(b"PONG", data[2:18])
         elif name == b"ERROR":
-            self._close(f"the peer said ERROR: {_error_reason(data)}")
+            self._close(f"the peer said ERROR: {error_reason(data)}")
         # PONG, SUBSCRIBE, CANCEL and commands of later versions: nothing to do for a ROUTER
 
     def _close(self, reason: str) -> None:
@@ -611,20 +610,9 @@ class DealerConnection(Connection):
     peer_types = PEERS_OF_DEALER
 
 
-def _split_command(body: bytes) -> tuple[bytes, bytes]:
-    if not body:
-        return b"", b""
-    n = body[0]
-    return body[1:1 + n], body[1 + n:]
-
-
 def _error_body(reason: str) -> bytes:
     data = reason.encode()[:255]
     return bytes([len(data)]) + data
-
-
-def _error_reason(data: bytes) -> str:
-    return data[1:1 + data[0]].decode(errors="replace") if data else ""
 
 
 def _name(peer: bytes | None, number: int | None) -> str:

@@ -41,7 +41,7 @@ from zbroker import zmtp
 from zbroker.runtime import shares
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
-from zpipes.zmtp import frame_head  # (the client's: the same single-frame heads)
+from zpipes.zmtp_framing import frame_head
 
 #: bytes queued on a connection before it is no longer read (its replies are not taken)
 WRITE_HIGH = 4 << 20
