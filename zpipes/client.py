@@ -41,12 +41,10 @@ a pipe end returns once its waiting is done.
 Throughput: a reader keeps ``read_ahead`` READs of ``read_size`` bytes outstanding, sent with
 wire timeout 0 (timeouts are kept by the client, so that a timeout never loses a request that
 the broker may still answer), and receives large chunks into buffers of their own. The READs
-that replace answered ones go together once half of them are answered (a line stream costs
-the broker one READ message per half a window of lines), and as the next call starts (while
-others are outstanding), so that data reaches the program before the wake-ups a READ causes.
-A writer sends chunks of up to ``chunk_size`` bytes with up to ``window`` WRITEs
-unacknowledged; ``write`` returns once the data is sent, and ``flush``/``close`` wait until
-the broker took all of it.
+that replace answered ones are sent as the next call starts (while others are outstanding),
+so that data reaches the program before the wake-ups a READ causes. A writer sends chunks of up to
+``chunk_size`` bytes with up to ``window`` WRITEs unacknowledged; ``write`` returns once the
+data is sent, and ``flush``/``close`` wait until the broker took all of it.
 """
 
 from __future__ import annotations

@@ -252,10 +252,6 @@ class ReaderProtocol(_EndProtocol):
         self.read_ahead = read_ahead
         self.buffer_limit = read_size * read_ahead if buffer_limit is None else buffer_limit
         self.read_frame = p.encode(p.Read(read_size, 0))
-        # READs are topped up in batches, once half of them are answered (or none is left):
-        # a stream of small answers (a line each) then costs the broker one wake-up for READs
-        # per half a window of answers instead of one per answer, and the reader one send.
-        self._batch = (read_ahead + 1) // 2
         self.outstanding = 0  # READs sent and not answered
         # The oldest outstanding READs whose READ_END (before any new data) repeats the EOF
         # that was consumed: those sent before it was consumed.
@@ -276,10 +272,7 @@ class ReaderProtocol(_EndProtocol):
             return 0
         if not blocking and self.ready >= self.buffer_limit:
             return 0
-        missing = self.read_ahead - self.outstanding
-        if self.outstanding and missing < self._batch:
-            return 0  # enough are outstanding: the next ones go together
-        return max(0, missing)
+        return max(0, self.read_ahead - self.outstanding)
 
     def reads_sent(self, count: int) -> None:
         self.outstanding += count
