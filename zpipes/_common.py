@@ -12,12 +12,14 @@ differ only in how they wait (a lock and a heartbeat thread, or an event loop an
 
 from __future__ import annotations
 
-from typing import Any
-
 from zpipes import protocol as p
 from zpipes.client_protocol import EOF, fresh
 from zpipes.errors import BrokerUnavailable, PipeTimeout, ZpipesError
 from zpipes.hint import with_hint
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 PING = p.encode(p.Ping())
 

@@ -27,10 +27,13 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from zpipes import client, progress
 from zpipes.errors import ZpipesError
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 STDIN, STDOUT = 0, 1
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143

@@ -61,7 +61,6 @@ import weakref
 from collections import deque
 from collections.abc import Iterable
 from time import monotonic
-from typing import Any
 
 from zpipes import trust, zmtp, zmtp_framing
 from zpipes._common import (
@@ -94,6 +93,10 @@ from zpipes.errors import (
     ProtocolError,
     ZpipesError,
 )
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 BROKER_ENV = "ZPIPES_BROKER"  # names the default broker, if set (read once, at import)
 DEFAULT_BROKER = os.environ.get(BROKER_ENV) or "local"

@@ -15,10 +15,13 @@ import struct
 from collections import deque
 from collections.abc import Iterable
 from enum import Enum
-from typing import Any
 
 from zpipes import protocol as p
 from zpipes.errors import BrokenPipe, PipeFailed, ProtocolError, ZpipesError
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_READ_SIZE = 1 << 20  # bytes asked for by one READ
 DEFAULT_READ_AHEAD = 4  # READs kept outstanding by a reader

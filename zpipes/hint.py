@@ -17,9 +17,12 @@ answer is kept for ``CACHE_SECONDS``.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from zpipes.protocol import MAX_STRING, SIGNATURE
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 HINT_ID, HINT_OK_ID = 22, 23
 QUERY = SIGNATURE + bytes([HINT_ID])

@@ -17,7 +17,10 @@ import contextlib
 import os
 import sys
 import time
-from typing import TextIO
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import TextIO
 
 ENV = "ZPIPES_PROGRESS"  # "1" (or yes, true, on): show progress without --progress
 REDRAW_INTERVAL = 0.2  # seconds between redraws on a terminal

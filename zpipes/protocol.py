@@ -17,7 +17,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from enum import IntEnum
-from typing import Any
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 SIGNATURE = b"\xaa\xa0"
 MAX_STRING = 255

@@ -23,7 +23,6 @@ import select
 import socket
 from collections import deque
 from time import monotonic
-from typing import Any
 
 from zpipes.zmtp_framing import (
     COMMAND,
@@ -35,6 +34,10 @@ from zpipes.zmtp_framing import (
     ready_command,
     split_command,
 )
+
+TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
+if TYPE_CHECKING:
+    from typing import Any
 
 #: our greeting: ZMTP 3.0, NULL mechanism, not as-server
 GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
