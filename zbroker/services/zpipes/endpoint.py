@@ -43,8 +43,11 @@ from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.server import Link, Server
 from zpipes.zmtp_framing import frame_head
 
-#: bytes queued on a connection before it is no longer read (its replies are not taken)
-WRITE_HIGH = 4 << 20
+#: bytes queued on a connection before it is no longer read (its replies are not taken): a
+#: client that PINGs and never reads costs the broker what it takes to answer this many bytes
+#: of PING_OKs (1 MiB: about 2 s of CPU here, 4 MiB: about 4 s), and a READ_OK of a large
+#: chunk passes it at once without slowing a bulk stream (measured: no change at 1 MiB)
+WRITE_HIGH = 1 << 20
 #: the send buffer of an ipc connection (Linux's default is 208 KiB)
 UNIX_SNDBUF = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
