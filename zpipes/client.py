@@ -303,24 +303,22 @@ class _Channel:
         """The replies already taken from the connection (by the last wait), without asking
         it for more."""
         with self._lock:
-            inbox = self._inbox
-            if not inbox:
-                return []
-            frames = list(inbox)
-            inbox.clear()
-            return frames
+            return self._empty_inbox()
 
-    def drain(self, limit: int = 1000) -> list[bytes | bytearray]:
+    def drain(self) -> list[bytes | bytearray]:
         """Every reply that has arrived, without waiting."""
         with self._lock:
             if self.dead is None and not self.closed:
                 self._take()
-            inbox = self._inbox
-            if not inbox:
-                return []
-            frames = list(inbox)
-            inbox.clear()
-            return frames
+            return self._empty_inbox()
+
+    def _empty_inbox(self) -> list[bytes | bytearray]:
+        inbox = self._inbox
+        if not inbox:
+            return []
+        frames = list(inbox)
+        inbox.clear()
+        return frames
 
     def _take(self, ready: bool = False) -> None:
         """Move the replies that arrived into ``_inbox``; the channel is dead once the
