@@ -46,6 +46,7 @@ import shutil
 import signal
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,17 @@ GIB = 1 << 30
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+WAIT_S = 10  # a reply that takes longer: the middle is stuck (the receive fails, the run ends)
+
+
+def bounded(sock: socket.socket) -> socket.socket:
+    """``sock`` blocking (one system call a receive, no poll first, as the clients measured
+    do), its receives bounded by the kernel (SO_RCVTIMEO): a stuck middle ends the run."""
+    sock.setblocking(True)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", WAIT_S, 0))
+    return sock
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds that process ``pid`` has used (all its threads)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -75,8 +87,6 @@ def start_broker(name: str, *args: str) -> subprocess.Popen:
     proc = subprocess.Popen([*ZBROKER, name, "--log-level", "warning", *args],
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    import socket
-
     while time.monotonic() < deadline:
         s = socket.socket(socket.AF_UNIX)
         try:
@@ -467,9 +477,10 @@ def latency(broker: str, samples: int, tmp: Path) -> None:
     c_relay, u_relay = _spawn(C_RELAY, c_in, c_out), _spawn(UNIX_RELAY, u_in, u_out)
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    pull.rcvtimeo = WAIT_S * 1000
     push.connect(c_in)
     pull.connect(c_out)
-    u_dst = socket.socket(socket.AF_UNIX)  # the relay accepts its reader first
+    u_dst = bounded(socket.socket(socket.AF_UNIX))  # the relay accepts its reader first
     u_dst.connect(u_out)
     u_src = socket.socket(socket.AF_UNIX)
     u_src.connect(u_in)

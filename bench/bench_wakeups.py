@@ -32,14 +32,13 @@ import sys
 import time
 import uuid
 
-from bench_pipes import cpu_seconds, start_broker
+from bench_pipes import bounded, cpu_seconds, start_broker
 
 from zpipes import protocol as p
 from zpipes import zmtp
 from zpipes.zmtp_framing import frame_head
 
 LINE = b"a short line of text\n"
-
 RELAY = r"""
 import asyncio, sys, time, uvloop
 a, b = ("\0" + name for name in sys.argv[1:3])  # abstract socket names
@@ -82,10 +81,10 @@ def relay_case(work_us: int, samples: int) -> None:
     try:
         if relay.stdout.readline() != b"ready\n":  # type: ignore[union-attr]
             raise SystemExit("the relay did not start")
-        dst = socket.socket(socket.AF_UNIX)
+        dst = bounded(socket.socket(socket.AF_UNIX))
         dst.connect(b)
         time.sleep(0.05)  # (accepted as the relay's way out before the way in comes)
-        src = socket.socket(socket.AF_UNIX)
+        src = bounded(socket.socket(socket.AF_UNIX))
         src.connect(a)
         for _ in range(100):  # warm-up
             src.sendall(LINE)
@@ -110,8 +109,7 @@ def relay_case(work_us: int, samples: int) -> None:
 def _link(name: str) -> socket.socket:
     sock = zmtp.connect(socket.AF_UNIX, f"\0/zpipes/{name}", 5)
     zmtp.DealerLink(sock).handshake(5)
-    sock.setblocking(True)
-    return sock
+    return bounded(sock)
 
 
 def _framed(message: p.Message) -> bytes:
@@ -150,13 +148,11 @@ def broker_case(label: str, broker: subprocess.Popen, name: str, pipe: bytes,
         assert data.endswith(LINE), data
         reader.sendall(read)
         if i % 64 == 0:
-            writer.setblocking(False)
             try:
-                while writer.recv(1 << 16):
+                while writer.recv(1 << 16, socket.MSG_DONTWAIT):
                     pass
             except BlockingIOError:
                 pass
-            writer.setblocking(True)
     cpu = cpu_seconds(broker.pid) - cpu
     reader.close()
     writer.close()
