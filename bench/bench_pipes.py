@@ -34,12 +34,16 @@ run, one without metrics and one with its metrics endpoint scraped every ``--scr
 seconds (as Prometheus would, default 1): rates, the broker's CPU per GiB, and the difference.
 
 Runs are interleaved (baseline, zpipes, baseline, ...) and the medians compared: the machine
-is noisy, so compare the ratios, not the absolute figures.
+is noisy, so compare the ratios, not the absolute figures. The header says whether the machine's
+idle CPUs poll before they halt (a virtual machine's guest halt polling): where they do not,
+a small round trip's latency is mostly the wake-ups of halted CPUs, for every relay alike
+(``bench_wakeups.py``); ``--halt-poll-ns 200000`` runs with the kernel's default, as root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -755,6 +759,46 @@ def metrics_cost(chunk: int, nbytes: int, runs: int, interval: float) -> None:
           f"{(cpu['on'] / cpu['off'] - 1) * 100:+.1f} %   (median of {runs})")
 
 
+#: a virtual machine's guest halt polling (the haltpoll cpuidle driver): how long an idle CPU
+#: polls before it halts. With 0, every wake-up of a process on an idle CPU waits for that CPU
+#: to leave a halt (a VM exit and entry), and a small round trip's latency is mostly that
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def halt_polling() -> str:
+    """The machine's guest halt polling, as printed in the benches' headers."""
+    try:
+        ns = int(HALT_POLL.read_text())
+    except (OSError, ValueError):
+        return "no guest halt polling driver"
+    return f"guest halt polling {ns // 1000} us" if ns else "guest halt polling off"
+
+
+@contextlib.contextmanager
+def halt_poll_set(ns: int | None):
+    """With ``ns``: the machine's guest halt polling set to it for the run, and put back
+    after (root only; the benches never change it unless asked with --halt-poll-ns)."""
+    if ns is None:
+        yield
+        return
+    try:
+        before = HALT_POLL.read_text()
+        HALT_POLL.write_text(str(ns))
+    except OSError as e:
+        raise SystemExit(f"--halt-poll-ns: cannot set the guest halt polling ({e}): it needs "
+                         "root, on a virtual machine whose kernel has the haltpoll driver") from e
+    try:
+        yield
+    finally:
+        HALT_POLL.write_text(before)
+
+
+def add_halt_poll_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--halt-poll-ns", type=int, metavar="NS",
+                    help="set the machine's guest halt polling (root, virtual machines) for the "
+                    "run and put it back after: 200000 is the kernel's default, 0 is off")
+
+
 def compile_packages() -> None:
     """Compile the packages' bytecode first, as an install does: the clients' start-up then
     counts what a user's start does, not the compiling of modules changed since their last
@@ -780,7 +824,13 @@ def main() -> None:
     ap.add_argument("--metrics", action="store_true",
                     help="only: metrics off against metrics on and scraped, in the same run")
     ap.add_argument("--scrape-interval", type=float, default=1.0, metavar="SECONDS")
+    add_halt_poll_option(ap)
     args = ap.parse_args()
+    with halt_poll_set(args.halt_poll_ns):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     size = (args.size << 20) if args.size else (128 << 20) if args.quick else (1 << 30)
     lines = 100_000 if args.quick else 1_000_000
     runs = 1 if args.quick else args.runs
@@ -794,7 +844,7 @@ def main() -> None:
     proc = start_broker(broker)
     tmp = Path(tempfile.mkdtemp())
     try:
-        print(f"zbroker ZPIPES benchmark, {os.cpu_count()} cores")
+        print(f"zbroker ZPIPES benchmark, {os.cpu_count()} cores, {halt_polling()}")
         if "raw" in cases:
             for chunk in (64 << 10, 1 << 20):
                 raw_wire(proc, chunk, size, runs)

@@ -32,7 +32,14 @@ import sys
 import time
 import uuid
 
-from bench_pipes import bounded, cpu_seconds, start_broker
+from bench_pipes import (
+    add_halt_poll_option,
+    bounded,
+    cpu_seconds,
+    halt_poll_set,
+    halt_polling,
+    start_broker,
+)
 
 from zpipes import protocol as p
 from zpipes import zmtp
@@ -163,8 +170,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--samples", type=int, default=5000)
+    add_halt_poll_option(ap)
     args = ap.parse_args()
-    print(f"round trips of one small message through a middle process, {os.cpu_count()} cores")
+    with halt_poll_set(args.halt_poll_ns):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    print(f"round trips of one small message through a middle process, {os.cpu_count()} cores, "
+          f"{halt_polling()}")
     for work in (0, 10, 20, 40, 80):
         relay_case(work, args.samples)
     name = f"bench-{uuid.uuid4().hex[:8]}"
