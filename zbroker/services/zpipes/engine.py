@@ -8,6 +8,11 @@ may now be answered: ``woken``) or for its timeout; commands that arrive meanwhi
 it (pipelining), within limits. WRITE data waiting or queued is held against the broker-wide
 budget (``max_buffered``) with what the pipe table buffers and what the I/O has not sent yet.
 
+The commonest events of a stream (a WRITE its pipe takes at once, a READ answered or set
+waiting at once, a waiting READ woken with data) take shortcuts that carry out the table's rules
+for them without looking them up, and leave everything else to the table;
+tests/unit/test_engine_shortcuts.py holds them to what the table does.
+
 Replies are recorded as actions (actions.py) in the output the server core shares with its
 other parts. What concerns other brokers (an end opened or closed, a CLOSE that waits for its
 readers' brokers) is handed to the pipe directory (directory.py) and the peer links
@@ -104,6 +109,8 @@ _FAILED_REPLY: dict[Event, Callable[[str], Any]] = {
 _ENCODED: dict[type, bytes] = {
     cls: p.encode(cls()) for cls in (p.InputOk, p.OutputOk, p.ReadEnd, p.ReadTimeout, p.WriteOk,
                                      p.WriteTimeout, p.CloseOk, p.PingOk, p.Invalid)}
+
+_WRITE_OK = _ENCODED[p.WriteOk]
 
 #: what ``failure_kind`` can return: the bounded label set of failed ends
 FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large",
@@ -240,7 +247,11 @@ class ClientEngine:
     def receive(self, routing_id: bytes, frames: Sequence[bytes | memoryview],
                 now: float) -> None:
         """A message from a client (the frames after the routing id)."""
-        self._take(routing_id, p.decode_command(frames), now)
+        msg = p.decode_command(frames)
+        if self.shortcuts and self._shortcut(routing_id, msg, now):
+            self.wake()
+            return
+        self._take(routing_id, msg, now)
 
     def receive_withheld_write(self, routing_id: bytes, size: int, now: float,
                                reason: str | None = None) -> None:
@@ -346,7 +357,9 @@ class ClientEngine:
             client = self._by_end.get(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
                 answered = len(out)
-                self._execute(client, Event.PIPE_CHANGED)
+                if not (client.state is State.PROCESSING_READ and self.shortcuts
+                        and self._woken_read(client)):
+                    self._execute(client, Event.PIPE_CHANGED)
                 for i in range(answered, len(out)):  # the answers of a waiting request
                     action = out[i]
                     if type(action) is Reply:
@@ -375,7 +388,7 @@ class ClientEngine:
 
     # --- the state machine -------------------------------------------------------------------
 
-    def _execute(self, client: Client, event: Event, msg: Any = None) -> None:
+    def _execute(self, client: Client, event: Event | None, msg: Any = None) -> None:
         # (what _held_by says, inline: twice per event)
         before = 0 if client.terminated else client.queued_bytes + (
             len(client.request.chunk) if client.request_event is Event.WRITE else 0)
@@ -421,6 +434,147 @@ class ClientEngine:
             client.dequeued = True
             if event is Event.WRITE:
                 client.queued_bytes -= len(msg.chunk)
+
+    # --- the common case, without the table -------------------------------------------------
+
+    #: take the shortcuts below (off: every event goes through the table; the tests compare)
+    shortcuts = True
+
+    def _quick(self) -> bool:
+        """Whether the shortcuts may be taken now: nothing asks to see each transition."""
+        return not self.config.animate and not _logs_debug(self.log)
+
+    def _shortcut(self, routing_id: bytes, msg: Any, now: float) -> bool:
+        """Take a client's command by a shortcut if it has one: a READ or WRITE of a client
+        that has its pipe open, in the states where it is common. False, having changed
+        nothing, when the table is to take it."""
+        client = self.clients.get(routing_id)
+        if client is None:
+            return False
+        kind, state = type(msg), client.state
+        if kind is p.Write:
+            return state is State.WRITING and self._write_at_once(client, msg, now)
+        if kind is p.Read:
+            if state is State.READING:
+                return self._read_at_once(client, msg, now)
+            return state is State.PROCESSING_READ and self._queue_read_at_once(client, msg, now)
+        return False
+
+    def _write_at_once(self, client: Client, msg: p.Write, now: float) -> bool:
+        """A WRITE of an idle writer that its pipe takes at once: the table's rules for it
+        (WRITING, WRITE: start request, try write; PROCESSING_WRITE, ACCEPTED: send WRITE_OK,
+        finish request) carried out without looking them up. False, having changed nothing,
+        when it is anything else (refused, waiting, failing): the table then takes it."""
+        chunk: Any = msg.chunk  # (or a Withheld: one let go as it arrived, which is refused)
+        if type(chunk) is p.Withheld or not self._quick():
+            return False
+        size = len(chunk)
+        if size > self.config.max_chunk or self._budget_problem(client, size) is not None:
+            return False
+        # (the pipe table changes nothing unless it accepts: WAIT only records the end as
+        # waiting, as the table's own try then does again)
+        result, woken = self.pipes.write(client.end, chunk)  # type: ignore[arg-type]
+        if result is not WriteResult.ACCEPTED:
+            return False
+        self._woken.extend(woken)
+        self.now = client.last_seen = now
+        client.dequeued = False
+        client.request_serial += 1
+        client.budget_serial = client.request_serial
+        client.event, client.msg, client.next_event = Event.ACCEPTED, None, None
+        client.request = client.request_event = client.deadline = client.read_data = None
+        client.timer_armed = False
+        self.out.append(Reply(client.routing_id, _WRITE_OK))
+        return True
+
+    def _read_at_once(self, client: Client, msg: p.Read, now: float) -> bool:
+        """A READ of an idle reader, of at least a byte, started (READING, READ: start
+        request, try read) and what follows (``_answer_read``), without looking the rules up.
+        False, having changed nothing, when its pipe has ended or failed: the table then
+        takes it."""
+        if not msg.size or not self._quick():
+            return False
+        self.now = client.last_seen = now
+        return self._start_read(client, msg, False, False)
+
+    def _queue_read_at_once(self, client: Client, msg: p.Read, now: float) -> bool:
+        """A READ behind a waiting one (PROCESSING_READ, READ: queue command), queued without
+        looking the rule up. False, having changed nothing, past the pipelining limits (the
+        table then refuses it)."""
+        if (len(client.queue) >= self.config.max_pipelined
+                or client.queued_bytes > self.config.max_pipelined_bytes or not self._quick()):
+            return False
+        self.now = client.last_seen = now
+        client.dequeued = False
+        client.event, client.msg, client.next_event = Event.READ, msg, None
+        client.queue.append((Event.READ, msg))
+        return True
+
+    def _start_read(self, client: Client, msg: p.Read, dequeued: bool, woken: bool) -> bool:
+        """``msg`` made the reader's active request (start request) and tried (try read, and
+        what follows: ``_answer_read``). False, having changed nothing, when its pipe has
+        ended or failed."""
+        client.dequeued = dequeued  # (a table's run sets it again first: no need to undo it)
+        client.request, client.request_event = msg, Event.READ
+        client.request_serial += 1
+        client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
+        client.timer_armed = False
+        if self._answer_read(client, woken):
+            return True
+        client.request = client.request_event = client.deadline = None  # (as it was)
+        client.request_serial -= 1
+        return False
+
+    def _answer_read(self, client: Client, woken: bool) -> bool:
+        """A reader's active READ tried (try read), and what follows, without looking the
+        rules up: when its pipe has data, READ_OK (HAVE_DATA: send READ_OK, finish request);
+        when it has none yet, the READ waits (WAIT: wait for pipe). ``woken``: the READ
+        waited, its answer is marked so. False, having changed nothing, when its pipe has
+        ended or failed (the table then answers)."""
+        result, more = self.pipes.read(client.end, client.request.size)  # type: ignore[arg-type]
+        if result is ReadEnd.WAIT:  # (recorded as waiting: the table's try does the same)
+            client.state = State.PROCESSING_READ
+            client.event, client.msg, client.next_event = Event.WAIT, None, None
+            self._wait_for_pipe(client)
+            return True
+        if type(result) is not list:  # END or FAILED: nothing taken
+            return False
+        self._woken.extend(more)
+        client.state = State.READING
+        client.event, client.msg, client.next_event = Event.HAVE_DATA, None, None
+        self.out.append(Reply(client.routing_id, p.encode_read_ok(result), woken))
+        client.request = client.request_event = client.deadline = client.read_data = None
+        client.timer_armed = False
+        client.last_seen = self.now
+        return True
+
+    def _next_reads(self, client: Client) -> None:
+        """The commands queued behind a READ that was answered after it waited, taken in
+        order (pipelining): READs of at least a byte without looking the rules up, until one
+        waits; from the first other command on, by the table."""
+        queue = client.queue
+        while queue and client.state is State.READING:
+            event, msg = queue[0]
+            if event is Event.READ and msg.size:
+                queue.popleft()
+                if self._start_read(client, msg, True, True):
+                    continue
+                queue.appendleft((event, msg))  # (as it was: the table takes it)
+            self._execute(client, None)
+            return
+
+    def _woken_read(self, client: Client) -> bool:
+        """A waiting READ its pipe may now answer (PROCESSING_READ, PIPE_CHANGED: try read),
+        without looking the rules up; False, having changed nothing, when the table is to
+        take it."""
+        if not self._quick():
+            return False
+        client.dequeued = False  # (as the table's run sets it first)
+        if not self._answer_read(client, True):
+            return False
+        if client.queue and client.state is State.READING:
+            self._next_reads(client)
+        return True
 
     # --- actions -----------------------------------------------------------------------------
 
