@@ -370,6 +370,6 @@ def dealer_hello() -> bytes:
     """What a ZMTP 3.0 DEALER with the NULL mechanism sends first: its greeting and READY
     (for raw clients written byte by byte)."""
     from zbroker.zmtp import codec
+    from zpipes.zmtp import GREETING
 
-    return (codec.SIGNATURE + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
-            + codec.ready_command(codec.DEALER))
+    return GREETING + codec.ready_command(codec.DEALER)

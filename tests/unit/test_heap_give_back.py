@@ -43,4 +43,3 @@ def test_it_runs_every_interval_and_backs_off_when_it_is_slow(monkeypatch):
     assert abs(loop.delays[-1] - 30.0) < 1e-6
     stop()
     assert loop.cancelled
-
