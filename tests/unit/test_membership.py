@@ -44,9 +44,34 @@ def test_silence_for_timeout_loses_the_peer_any_traffic_keeps_it():
         m.heard("b", t)
         to_ping, change = m.due(t + 0.5)
         assert change.left == []
+    for t in (10.5, 11.5):  # (our timers run every interval at least)
+        assert m.due(t)[1].left == []
     to_ping, change = m.due(12.0)
     assert [(p.id, why) for p, why in change.left] == [("b", "silent for 3.0 s")]
     assert not m.heard("b", 12.1)  # traffic of a lost peer is ignored
+
+
+def test_time_this_broker_did_not_run_is_not_its_peers_silence():
+    """Resumed after SIGSTOP (or a blocked loop), a broker's timers come late: the time it
+    did not run is credited to its peers, whose traffic waits unread, so it does not declare
+    them lost before reading it; a peer that stays silent is lost a timeout later."""
+    m = Membership(ME, secret=SECRET, timeout=3, interval=1)
+    m.hello(hello(), 0)
+    m.hello(hello("c"), 0)
+    m.heard("b", 1.0)
+    m.heard("c", 1.0)
+    assert m.due(1.0)[1].left == []
+    to_ping, change = m.due(7.0)  # 6 s late: paused
+    assert change.stalled == pytest.approx(5.0) and change.left == []
+    m.heard("b", 7.05)  # what b sent meanwhile, read now
+    assert m.due(7.9)[1].left == []
+    _, change = m.due(8.9)
+    assert [p.id for p, _ in change.left] == []
+    m.heard("b", 9.0)
+    _, change = m.due(9.5)
+    assert change.stalled == 0.0
+    assert [p.id for p, _ in change.left] == ["c"]  # silent for 3 s of our running
+    assert "b" in m.peers
 
 
 def test_ping_only_when_nothing_was_sent():

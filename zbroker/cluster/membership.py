@@ -69,6 +69,7 @@ MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
 MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
 MAX_LEARNED = 512  # contacts learned from gossip that have not become a peer
 MAX_GONE = 1024  # ids of lost members remembered (against stale gossip)
+STALL_MIN = 0.5  # seconds late a timer must be for the broker to count as not having run
 
 
 #: what a broker of before says of its ZPIPES at the HELLO's top level (it knows no
@@ -214,6 +215,9 @@ class Change:
     challenge: str | None = None  # endpoint to say our HELLO to (not a reply) before admitting
     dropped: list[str] = field(default_factory=list)  # contacts given up: close their links
     learned: list[str] = field(default_factory=list)  # contacts gossip named: say HELLO there
+    #: seconds this broker did not run (paused, or its loop blocked): not counted as its
+    #: peers' silence
+    stalled: float = 0.0
 
 
 class Membership:
@@ -244,6 +248,7 @@ class Membership:
         self.gone: dict[str, float] = {}  # id of a lost member -> when, oldest first
         self._last_gossip = float("-inf")
         self._gossip_turn = ""  # id of the peer last told in turn
+        self._last_due: float | None = None
 
     # --- HELLOs --------------------------------------------------------------------------------
 
@@ -460,6 +465,7 @@ class Membership:
         """Peers to ping now, peers lost (silent for ``timeout``), and contacts learned from
         HELLOs given up (no peer there for ``contact_timeout``)."""
         change = Change()
+        self._credit_stall(now, change)
         for peer in list(self.peers.values()):
             if now - peer.last_heard >= self.timeout:
                 self._leave(peer, now)
@@ -475,6 +481,24 @@ class Membership:
                 change.dropped.append(contact.endpoint)
         to_ping = [p for p in self.peers.values() if now - p.last_sent >= self.interval]
         return to_ping, change
+
+    def _credit_stall(self, now: float, change: Change) -> None:
+        """``due`` runs at least every ``interval`` while there are peers (their pings are
+        due). Called much later, this broker did not run meanwhile (SIGSTOP, a blocked loop):
+        what its peers sent waits unread, so that time is not their silence. Without this, a
+        broker resumed after a pause longer than ``timeout`` declares every live peer lost
+        before it reads a byte of theirs."""
+        last, self._last_due = self._last_due, now
+        if last is None or not self.peers:
+            return
+        stalled = now - last - self.interval
+        if stalled < max(STALL_MIN, self.interval / 2):
+            return
+        change.stalled = stalled
+        for peer in self.peers.values():
+            peer.last_heard = max(peer.last_heard, min(now, peer.last_heard + stalled))
+            if peer.suspect_since is not None:
+                peer.suspect_since += stalled
 
     def next_deadline(self) -> float:
         expiries = [c.since + self.contact_timeout for c in self._pending("unpinned")]

@@ -902,6 +902,10 @@ class ClusterNode:
         now = self._loop.time()
         self._send_held(now)
         to_ping, change = self.membership.due(now)
+        if change.stalled:
+            self._log.warning("broker did not run (paused, or its loop blocked): its peers' "
+                              "silence meanwhile is not counted",
+                              seconds=round(change.stalled, 2))
         self._apply(change)
         ping = b"?" + struct.pack("<d", time.monotonic())
         for peer in to_ping:
