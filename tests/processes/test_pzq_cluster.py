@@ -215,4 +215,6 @@ def test_a_killed_holder_is_noticed_by_its_closed_connection_before_the_timeout(
     killed = time.monotonic()
     a.wait("the holder lost", lambda s: s["replica_holders"] == 0, timeout=30)
     assert time.monotonic() - killed < 8.0  # 12 s without the closed connection
-    assert "its connection closed" in a.proc.stderr()
+    # (or, with traffic to it under way, such as its lease: by its link staying down)
+    err = a.proc.stderr()
+    assert "its connection closed" in err or "its link stayed down" in err

@@ -252,7 +252,7 @@ class Net:
         node = self.nodes.pop(name)
         self.wire = [w for w in self.wire if name not in (w[0], w[1])]
         for other in self.nodes.values():
-            other.rep.peer_gone(node.life, self.now_us)
+            other.rep.peer_gone(node.life, self.now, self.now_us)
         self.run()
         return node
 
@@ -415,7 +415,7 @@ def test_a_returning_holder_drops_copies_acked_while_it_was_away(net):
     net.run()
     b_logs = b.logs
     net.nodes.pop("b")  # b goes away without a's noticing yet
-    a.rep.peer_gone(b.life, net.now_us)
+    a.rep.peer_gone(b.life, net.now, net.now_us)
     for frames in a.consume():
         a.ack(frames[0])
     net.run()

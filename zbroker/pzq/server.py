@@ -67,7 +67,7 @@ STOP_TIMEOUT = 5.0
 class QueueServer:
     def __init__(self, settings: QueueSettings, zmq_context: zmq.Context,
                  loop: asyncio.AbstractEventLoop, log: Any, cluster: Any = None,
-                 rejoin_grace: float = 0.0):
+                 rejoin_grace: float = 0.0, lease: float = 0.0):
         """``cluster``: the broker's ClusterPort of the pzq service, if it is in a cluster;
         a queue with ``replicas`` and no static ``peers`` then replicates through it, and
         holds the messages it recovers at start for ``rejoin_grace`` seconds: long enough
@@ -84,6 +84,7 @@ class QueueServer:
         self.stream: stream.StreamCore | None = None
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
         self.rejoin_grace = rejoin_grace
+        self.lease = lease  # (ReplicationSettings.lease)
         self.node_id = ""  # this queue's, 32 hex digits (replica_files.py)
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
@@ -121,7 +122,8 @@ class QueueServer:
             retention=stream.Retention(s.retention_bytes, s.retention_seconds))
         self.node_id = load_node_id(s.data_dir)
         rep = self.replication = ReplicationCore(
-            self.core, s.replication(self.node_id, self.port is not None, self.rejoin_grace),
+            self.core, s.replication(self.node_id, self.port is not None, self.rejoin_grace,
+                                     self.lease),
             taken=load_taken(self._replicas_dir))
         now = self.loop.time()
         await self.logs.open_copies(
@@ -351,7 +353,7 @@ class QueueServer:
     def peer_gone(self, life: str) -> None:
         """A peer of the cluster left (or was lost)."""
         if self._running:
-            self.replication.peer_gone(life, time.time_ns() // 1000)
+            self.replication.peer_gone(life, self.loop.time(), time.time_ns() // 1000)
             self._soon()
 
     def cluster_message(self, life: str, frames: list[Any]) -> bool:

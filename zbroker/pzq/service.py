@@ -21,6 +21,11 @@ from .server import QueueServer
 from .settings import QueueError, QueueSettings, default_data_dir
 from .sockets import ZERO_COPY_MIN
 
+#: a queue's lease (replication.py's fence) is the cluster's peer_timeout over this: an
+#: origin stops delivering well before its holders may take its copies over (a peer is lost
+#: after peer_timeout of silence), and those that were only cut off for less deliver again
+LEASE_PARTS = 4
+
 
 def queue_settings(config: Any, run_dir: Path) -> list[QueueSettings]:
     """Every configured queue, resolved: data directories, monitor endpoints. Raises
@@ -154,7 +159,8 @@ class PzqService(Service):
             for settings in queue_settings(config, ctx.run_dir):
                 server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log,
                                      cluster=self._cluster,
-                                     rejoin_grace=2 * config.cluster.peer_timeout)
+                                     rejoin_grace=2 * config.cluster.peer_timeout,
+                                     lease=config.cluster.peer_timeout / LEASE_PARTS)
                 await server.start()
                 self.queues[settings.name] = server
         except QueueError as exc:

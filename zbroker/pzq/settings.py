@@ -95,13 +95,14 @@ class QueueSettings:
         return Store(self.data_dir / "replicas" / replica_of, sync=self.sync,
                      sync_window=self.sync_window, segment_size=self.segment_size, log=log)
 
-    def replication(self, node_id: str, cluster: bool, rejoin_grace: float
-                    ) -> ReplicationSettings:
+    def replication(self, node_id: str, cluster: bool, rejoin_grace: float,
+                    lease: float = 0.0) -> ReplicationSettings:
         return ReplicationSettings(
             name=self.name, node_id=node_id, replicas=self.replicas,
             static_peers=len(self.peers[:self.replicas]), cluster=cluster,
             sources=frozenset(self.replica_sources), node_timeout=self.node_timeout,
-            max_origins=self.max_replica_origins, rejoin_grace=rejoin_grace)
+            max_origins=self.max_replica_origins, rejoin_grace=rejoin_grace,
+            lease=lease if cluster else 0.0)
 
     def receiver(self, loop: Any, on_input: Any, log: Any) -> Receiver:
         """The receive endpoint (not bound yet), with the limits on what producers send."""

@@ -15,8 +15,15 @@ The cluster's service channel (service "pzq"), addressed by queue name::
     Copy     [COPY][queue][node]{[key][n][n body frames]}...   hold copies (CONFIRM answers)
     Confirm  [CONFIRM][queue]["1"|"0"][key...]            the copies are durable, or refused
     Delete   [DELETE][queue][node][key...]                their originals were ACKed
-    Taken    [TAKEN][queue][node][key...]                 delivered by the holder meanwhile
+    Taken    [TAKEN][queue][node][key...]                 delivered by the holder meanwhile;
+                                                          one without keys ends the list
     Release  [RELEASE][queue][node]                       drop every copy held for <node>
+    Lease    [LEASE][queue][node][stamp]                  <node>'s queue of that name asks
+                                                          to be heard (replication.py)
+    Lease    [LEASED][queue][node][stamp]                 ... and is: the stamp comes back
+    Took     [TOOK][queue][node]                          the sender took <node>'s copies over
+    Takers   [TAKERS][queue][node][taker...]              who took <node>'s copies over: it
+                                                          waits for their TAKEN lists
 
 ``<node>`` is a queue's node id: 32 lowercase hex digits. Decoding never raises: what is not
 well-formed gives a :class:`DecodeError` (``decode_replica`` gives None for input that is not
@@ -38,7 +45,9 @@ REPLICA_PREFIX = b"REPLICA"
 REPLICA_ACK_HEADER = b"REPLICA-ACK:"
 REPLICA_PING_HEADER = b"REPLICA-PING:"
 QUEUES, COPY, CONFIRM, DELETE = b"QUEUES", b"COPY", b"CONFIRM", b"DELETE"
-TAKEN, RELEASE = b"TAKEN", b"RELEASE"
+TAKEN, RELEASE, LEASE, LEASED = b"TAKEN", b"RELEASE", b"LEASE", b"LEASED"
+TOOK, TAKERS = b"TOOK", b"TAKERS"
+MAX_TAKERS = 64  # node ids in one TAKERS
 BATCH_MESSAGES = 256  # messages (or keys) in one message of the cluster channel, at most
 BATCH_BYTES = 1 << 20  # body bytes in one COPY, at most (a bigger message goes alone)
 TAKEN_BATCH = 1000  # keys in one TAKEN
@@ -172,7 +181,28 @@ class Release:
     node_id: str
 
 
-ClusterMessage = Queues | Copy | Confirm | Delete | Taken | Release
+@dataclass(frozen=True, slots=True)
+class Lease:
+    queue: bytes
+    node_id: str  # the sender's queue
+    stamp: bytes  # the asker's clock, as it wrote it (its answer: the same)
+    answer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Took:
+    queue: bytes
+    node_id: str  # the origin whose copies the sender took over
+
+
+@dataclass(frozen=True, slots=True)
+class Takers:
+    queue: bytes
+    node_id: str  # the origin
+    takers: list[str]  # node ids of the queues that took its copies over
+
+
+ClusterMessage = Queues | Copy | Confirm | Delete | Taken | Release | Lease | Took | Takers
 
 
 def encode(msg: ClusterMessage) -> list[Any]:
@@ -189,6 +219,12 @@ def encode(msg: ClusterMessage) -> list[Any]:
         return [TAKEN, msg.queue, msg.node_id.encode(), *msg.keys]
     if isinstance(msg, Release):
         return [RELEASE, msg.queue, msg.node_id.encode()]
+    if isinstance(msg, Lease):
+        return [LEASED if msg.answer else LEASE, msg.queue, msg.node_id.encode(), msg.stamp]
+    if isinstance(msg, Took):
+        return [TOOK, msg.queue, msg.node_id.encode()]
+    if isinstance(msg, Takers):
+        return [TAKERS, msg.queue, msg.node_id.encode(), *(t.encode() for t in msg.takers)]
     return [QUEUES, json.dumps(msg.hosted).encode()]
 
 
@@ -232,6 +268,17 @@ def decode(frames: Sequence[Any]) -> ClusterMessage | DecodeError:
         if not is_node(node_id):
             return DecodeError("RELEASE takes a node id")
         return Release(queue, node_id)
+    if kind in (TOOK, TAKERS):
+        nodes = [bytes(f).decode(errors="replace") for f in rest[:MAX_TAKERS + 2]]
+        if not nodes or not all(map(is_node, nodes)) or (kind == TOOK) != (len(rest) == 1) \
+                or len(rest) > MAX_TAKERS + 1:
+            return DecodeError(f"{kind.decode()} takes node ids")
+        return Took(queue, nodes[0]) if kind == TOOK else Takers(queue, nodes[0], nodes[1:])
+    if kind in (LEASE, LEASED):
+        node_id = bytes(rest[0]).decode(errors="replace") if len(rest) == 2 else ""
+        if not is_node(node_id) or len(rest[1]) > 32:
+            return DecodeError(f"{kind.decode()} takes a node id and a stamp")
+        return Lease(queue, node_id, bytes(rest[1]), answer=kind == LEASED)
     if kind == TAKEN:
         if not rest:
             return DecodeError("TAKEN without a node")

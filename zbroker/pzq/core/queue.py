@@ -198,7 +198,11 @@ class QueueCore:
         #: seq -> the producers waiting for it to be written: (peer, msg id, key); a
         #: batch's record is (its BatchWaiter, b"", None)
         self.waiting: dict[int, list[Waiting]] = {}
-        self.adopting: dict[int, Any] = {}  # seq -> the token of an adopted message
+        #: seq -> the tokens of the copies it takes over (adopt): Adopted once it is written
+        self.adopting: dict[int, list[Any]] = {}
+        #: the monotonic time from which nothing is delivered (replication.py's lease: peers
+        #: may have taken our messages over since); inf: no lease to keep
+        self.deliver_until = float("inf")
         self.out: list[Any] = []  # actions for the I/O (take_output)
         #: the AckMany of ``out`` that the next consumer ACK joins while ``out`` still ends
         #: where it did after it and its producers' answers: (that AckMany, that length)
@@ -423,15 +427,18 @@ class QueueCore:
         """Take a message over with no producer waiting (a replica whose owner is lost);
         ``Adopted(token, ok)`` goes to the replication core once the log has written it."""
         prior = self.ids.get(msg_id)
-        if prior is not None:
-            self.replication_out.append(Adopted(token, True))  # taken over before
+        if prior is not None:  # taken over before: Adopted once that one is written
+            if prior in self.adopting or (prior in self.messages and prior >= self.head):
+                self.adopting.setdefault(prior, []).append(token)
+            else:
+                self.replication_out.append(Adopted(token, True))
             return
         seq = self.next_seq
         self.next_seq += 1
         key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
         # not checked against max_backlog: a copy held here was counted there already
         self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
-        self.adopting[seq] = token
+        self.adopting[seq] = [token]
 
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
@@ -503,8 +510,7 @@ class QueueCore:
         for seqs in (result.placed, result.failed, result.acked):
             if adopting:
                 for seq in seqs:
-                    token = adopting.pop(seq, None)
-                    if token is not None:
+                    for token in adopting.pop(seq, ()):
                         self.replication_out.append(Adopted(token, ok))
             for w in filter(None, map(waiting.pop, seqs, repeat(None))):
                 self._written(w, ok, result.error, now_us)
@@ -613,6 +619,8 @@ class QueueCore:
         """The next delivery to send and its frames, or None. To a batch consumer, a batch:
         as many messages as its window takes (at most MAX_DELIVERY_BATCH) until one of
         several body frames, which goes alone."""
+        if now >= self.deliver_until:
+            return None  # fenced: peers may deliver these now (replication.py)
         dispatcher = self.dispatcher
         d = dispatcher.next_delivery(now)
         if d is None:

@@ -58,6 +58,8 @@ CLUSTER_PEER = b"\x00peer:"
 NOT_CONFIGURED = "replication is not configured on this queue"
 COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
 REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
+TAKEN_KEEP = 5  # rejoin graces a list of keys taken over is kept once told (taken_told)
+TAKERS_WAIT = 3  # rejoin graces a queue waits at most for the TAKEN list of a taker
 _NEVER = float("inf")
 
 
@@ -90,6 +92,12 @@ class ReplicationSettings:
     node_timeout: float = 5.0
     max_origins: int = 16
     rejoin_grace: float = 0.0
+    #: in a cluster: how long an answered LEASE (asked every lease / 4) counts. An origin
+    #: delivers only while a quorum of the queue's hosts has answered one it asked within
+    #: the lease; a holder takes a lost origin's copies over only if such a quorum without
+    #: the origin has, when it loses it. Shorter than the cluster's peer_timeout (0: no
+    #: fencing)
+    lease: float = 0.0
 
 
 _PREFIX = len(peering.REPLICA_PREFIX)
@@ -117,7 +125,30 @@ class ReplicationCore:
             limits, replicas=0, idempotence_window=limits.max_messages,
             idempotence_bytes=1 << 62)
         self.origins: dict[str, Origin] = {}
+        #: the keys whose copies were taken over from each origin and are written in our
+        #: queue (told to that origin when it is back: TAKEN)
         self.taken: dict[str, list[bytes]] = dict(taken or {})
+        #: when each origin was last told its whole list: kept (and told again at each of
+        #: its returns) for TAKEN_KEEP rejoin graces more, since its drops are not on its
+        #: disk at once, and a crash meanwhile brings them back
+        self.taken_told: dict[str, float] = {}
+        #: the fence (cluster only): the peer lives hosting this queue and their node ids,
+        #: when (our clock) we asked the LEASE each answered last, the node ids of every
+        #: host seen (the quorum's base), and the lives whose TAKEN list has not ended yet
+        #: (since when)
+        self.hosts: dict[str, str] = {}
+        self.heard: dict[str, float] = {}
+        self.known_nodes: set[str] = set()
+        self.awaiting: dict[str, float] = {}
+        #: who took whose copies over, as the takers said (TOOK): origin node id -> {taker
+        #: node id: when}, told to the origin when it is back (TAKERS), kept as taken lists
+        self.takers: dict[str, dict[str, float]] = {}
+        #: the takers of our copies we were told of, whose TAKEN list we wait for (since
+        #: when), and the hosts whose list ended in their present life
+        self.waiting_takers: dict[str, float] = {}
+        self.synced: set[str] = set()
+        self._quorum = True  # (as last logged)
+        self._next_lease = _NEVER
         self.out: list[Any] = []
         self.taken_over = 0
         self.refused = 0  # replica messages refused (not accepted, too many origins)
@@ -141,12 +172,18 @@ class ReplicationCore:
         if not messages and not self.accepts(node_id):
             return False
         self.origins[node_id] = Origin(node_id, core, now)
+        # copies taken over and written in our queue before a crash kept them here too
+        for key in self.taken.get(node_id, ()):
+            if key in core.ids:
+                core.remove_by_id(key)
         return True
 
     def started(self, now: float) -> None:
         """The queue serves from ``now`` (after ``restore`` of every replica log)."""
         if self.settings.static_peers or self.origins:
             self._next_housekeeping = now
+        if self.settings.lease and self.settings.cluster:
+            self._next_lease = now
         if self.queue.held:
             self._release_at = now + self.settings.rejoin_grace
 
@@ -183,13 +220,17 @@ class ReplicationCore:
         """What the queue core asked of replication: copies and deletes for the peers, and
         the copies it has taken over and written."""
         sends: list[Replicate | Unreplicate] = []
+        taken: dict[str, list[bytes]] = {}
         for a in self.queue.take_replication():
             if type(a) is Adopted:
-                origin = self.origins.get(a.token[0])
-                if a.ok and origin is not None:
-                    origin.core.remove_by_id(a.token[1])
+                self._adopted(a, taken)
             else:
                 sends.append(a)
+        for node_id, keys in taken.items():
+            # remembered before the copies leave the replica log (the actions run in order)
+            self.taken.setdefault(node_id, []).extend(keys)
+            self.taken_told.pop(node_id, None)  # (not all told now)
+            self.out.append(RememberTaken(node_id, keys))
         if not sends:
             return
         placement = self.placement
@@ -201,6 +242,24 @@ class ReplicationCore:
                 self.out.append(SendStatic(
                     peering.ReplicaCopy(node_id, a.key, a.body) if type(a) is Replicate
                     else peering.ReplicaDelete(node_id, a.key)))
+
+    def _adopted(self, a: Adopted, taken: dict[str, list[bytes]]) -> None:
+        """A copy taken over is written in our queue (or its write failed): only now may it
+        leave the replica log, and only now is its key told to its origin as taken (TAKEN),
+        so that the origin drops it. Remembered any sooner, a crash before the write would
+        make the origin drop a message that no log holds any more."""
+        node_id, key = a.token
+        origin = self.origins.get(node_id)
+        if origin is None:
+            return
+        if not a.ok:  # still in the replica log: taken over again later (tick)
+            origin.taken_over = False
+            origin.life = None
+            origin.last_seen = -_NEVER
+            return
+        origin.core.remove_by_id(key)
+        if self.settings.cluster and b"\n" not in key:
+            taken.setdefault(node_id, []).append(key)
 
     def _holder_output(self, actions: list[Any], out: list[Any]) -> None:
         """A replica core's output: its log actions as they are; its answers to a static
@@ -295,25 +354,108 @@ class ReplicationCore:
         origin = self.origins.get(node_id)
         if origin is not None:  # from now on its liveness is that life's
             origin.life, origin.last_seen, origin.taken_over = life, now, False
-        taken = self.taken.get(node_id)
-        if taken and self.settings.cluster:
-            del self.taken[node_id]
-            for chunk in peering.key_chunks(taken, peering.TAKEN_BATCH):
-                self.out.append(SendCluster(life, peering.Taken(self._qname, node_id, chunk)))
-            self.out.append(ForgetTaken(node_id))
-            self._log("info", "pzq told a returning queue what was delivered in its absence",
-                      node=node_id, messages=len(taken))
-        if self.settings.cluster:  # first: copies it holds from before are stale
+        if self.settings.cluster:
+            self._told_taken(life, node_id, now)
+            # first: copies it holds from before are stale
             self.out.append(SendCluster(life, peering.Release(self._qname, self.node_id)))
+            self.hosts[life] = node_id
+            self.known_nodes.add(node_id)
+            if self.settings.lease:  # its TAKEN list (maybe empty) before we deliver
+                self.awaiting[life] = now
+                self.out.append(SendCluster(life, self._lease(now)))
+                self._fence(now)
         placement = self.placement
         if placement is not None:
             self._from_queue()  # what is pending goes to the holders of before
             self._holders_added(placement, placement.available(life, node_id,
                                                                self._backlog_keys()))
 
-    def peer_gone(self, life: str, now_us: int) -> None:
+    def _told_taken(self, life: str, node_id: str, now: float) -> None:
+        """Tell a queue that is back which of its messages we took over (TAKEN), then that
+        the list is over (a TAKEN without keys): it delivers nothing before that."""
+        taken = self.taken.get(node_id)
+        if taken:
+            for chunk in peering.key_chunks(taken, peering.TAKEN_BATCH):
+                self.out.append(SendCluster(life, peering.Taken(self._qname, node_id, chunk)))
+            if self.settings.lease:
+                self.taken_told[node_id] = now
+            else:
+                self._forget_taken(node_id)
+            self._log("info", "pzq told a returning queue what was delivered in its absence",
+                      node=node_id, messages=len(taken))
+        takers = self.takers.get(node_id)
+        if takers:
+            names = list(takers)[-peering.MAX_TAKERS:]
+            self.out.append(SendCluster(life, peering.Takers(self._qname, node_id, names)))
+        self.out.append(SendCluster(life, peering.Taken(self._qname, node_id, [])))
+
+    def _forget_taken(self, node_id: str) -> None:
+        self.taken.pop(node_id, None)
+        self.taken_told.pop(node_id, None)
+        self.out.append(ForgetTaken(node_id))
+
+    # --- the fence ----------------------------------------------------------------------------
+
+    def quorum_others(self) -> int:
+        """How many other hosts of this queue make a quorum with us: a majority of every host
+        seen (0 with fewer than three: no quorum can be told from a partition then; 0 without
+        a lease: no fencing)."""
+        n = len(self.known_nodes) + 1
+        return 0 if n < 3 or not self.settings.lease else n // 2
+
+    def _lease(self, now: float) -> peering.Lease:
+        return peering.Lease(self._qname, self.node_id, repr(now).encode())
+
+    def _fresh(self, now: float, without: str | None = None) -> list[float]:
+        """When we asked the LEASEs answered within the lease, latest first (``without``: not
+        counting that node id's)."""
+        lease, hosts = self.settings.lease, self.hosts
+        return sorted((t for life, t in self.heard.items()
+                       if now - t < lease and hosts.get(life) != without), reverse=True)
+
+    def _fence(self, now: float) -> None:
+        """Until when our queue may deliver: while a quorum of its hosts has been heard within
+        the lease (so that none of them can take our copies over meanwhile), and once every
+        host that came has ended its TAKEN list."""
+        lease = self.settings.lease
+        if not lease or not self.settings.cluster:
+            return
+        until = _NEVER
+        need = self.quorum_others()
+        if need:
+            fresh = self._fresh(now)
+            until = fresh[need - 1] + lease if len(fresh) >= need else now
+        quorum = until > now
+        if quorum != self._quorum:
+            self._quorum = quorum
+            if quorum:
+                self._log("info", "pzq queue delivers again: a quorum of its hosts is heard",
+                          hosts_heard=len(self._fresh(now)), quorum=need)
+            else:
+                self._log("warning", "pzq queue fenced: no quorum of its hosts heard within "
+                          "the lease, its copies may be taken over",
+                          hosts_heard=len(self._fresh(now)), quorum=need, lease=lease)
+        if any(now - t < 4 * lease for t in self.awaiting.values()):
+            until = now  # (briefly: a TAKEN list follows its sender's QUEUES)
+        if any(now - t < TAKERS_WAIT * self.settings.rejoin_grace
+               for t in self.waiting_takers.values()):
+            until = now  # a peer took our copies over: its TAKEN list first
+        self.queue.deliver_until = until
+
+    def _quorum_without(self, node_id: str, now: float) -> bool:
+        """A quorum of the queue's hosts other than ``node_id`` is heard: that node, if it is
+        alive, is outside it and has stopped delivering (its own fence)."""
+        need = self.quorum_others()
+        return not need or len(self._fresh(now, without=node_id)) >= need
+
+    def peer_gone(self, life: str, now: float, now_us: int) -> None:
         """A peer of the cluster left (or was lost): replace it as a holder of our copies;
-        deliver the copies we hold for it."""
+        deliver the copies we hold for it if a quorum without it answers our LEASEs (else it
+        may still deliver them; they wait for its return, and its RELEASE)."""
+        self.synced.discard(self.hosts.pop(life, ""))
+        self.heard.pop(life, None)
+        self.awaiting.pop(life, None)
+        self._fence(now)
         placement = self.placement
         if placement is not None:
             was = life in placement.holders
@@ -324,7 +466,12 @@ class ReplicationCore:
                           holders=len(placement))
         for origin in [o for o in self.origins.values()
                        if o.life == life and not o.taken_over and o.core.messages]:
-            self._take_over(origin, now_us)
+            if self._quorum_without(origin.node_id, now):
+                self._take_over(origin, now_us)
+            else:
+                self._log("warning", "pzq replica origin lost, its copies kept: no quorum "
+                          "of the queue's hosts answers us without it", node=origin.node_id,
+                          copies=len(origin.core.messages), quorum=self.quorum_others())
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
                         now_us: int) -> bool:
@@ -355,9 +502,49 @@ class ReplicationCore:
         elif type(msg) is peering.Taken:
             if msg.node_id != self.node_id:
                 return False
+            if not msg.keys:  # the list is over
+                node_id = self.hosts.get(life)
+                if node_id is not None:
+                    self.synced.add(node_id)
+                    self.waiting_takers.pop(node_id, None)
+                self.awaiting.pop(life, None)
+                self._fence(now)
+                return True
             dropped = sum(self.queue.taken_back(key) for key in msg.keys)
             self._log("info", "pzq messages delivered by a peer in our absence dropped",
                       peer=life, dropped=dropped, listed=len(msg.keys))
+        elif type(msg) is peering.Took:
+            taker = self.hosts.get(life)
+            if taker is None or msg.node_id == taker:
+                return True
+            self.takers.setdefault(msg.node_id, {})[taker] = now
+            origin_life = next((k for k, v in self.hosts.items() if v == msg.node_id), None)
+            if origin_life is not None:  # it is alive to us: it stops delivering at once
+                self.out.append(SendCluster(origin_life, peering.Takers(
+                    self._qname, msg.node_id, [taker])))
+        elif type(msg) is peering.Takers:
+            if msg.node_id != self.node_id:
+                return False
+            for taker in msg.takers:
+                if taker != self.node_id and taker not in self.synced:
+                    self.waiting_takers.setdefault(taker, now)
+            self._log("warning", "pzq queue waits for the peers that took its copies over",
+                      takers=msg.takers, waiting=len(self.waiting_takers))
+            self._fence(now)
+        elif type(msg) is peering.Lease:
+            if life not in self.hosts:
+                return True  # (before its QUEUES, or after its life)
+            if not msg.answer:
+                self.out.append(SendCluster(life, dataclasses.replace(
+                    msg, node_id=self.node_id, answer=True)))
+                return True
+            try:
+                asked = float(msg.stamp)
+            except ValueError:
+                return False
+            if asked <= now and asked > self.heard.get(life, -_NEVER):
+                self.heard[life] = asked
+                self._fence(now)
         else:
             return False
         return True
@@ -460,21 +647,22 @@ class ReplicationCore:
         replica log once the queue has written it (Adopted)."""
         origin.taken_over = True
         messages = list(origin.core.messages.values())
-        if origin.life is not None:
-            keys = [m.msg_id for m in messages if b"\n" not in m.msg_id]
-            self.taken.setdefault(origin.node_id, []).extend(keys)
-            self.out.append(RememberTaken(origin.node_id, keys))
         for m in messages:
             self.queue.adopt(b"replica:" + m.msg_id, m.frames, now_us,
                              (origin.node_id, m.msg_id))
         self.taken_over += len(messages)
+        if self.settings.cluster:  # so that the origin, told on its return, waits for us
+            took = peering.Took(self._qname, origin.node_id)
+            for life, node_id in self.hosts.items():
+                if node_id != origin.node_id:
+                    self.out.append(SendCluster(life, took))
         self._log("warning", "pzq replica origin lost: its messages taken over",
                   node=origin.node_id, messages=len(messages))
 
     # --- the clock --------------------------------------------------------------------------
 
     def next_deadline(self) -> float | None:
-        at = min(self._next_housekeeping, self._release_at)
+        at = min(self._next_housekeeping, self._release_at, self._next_lease)
         replication = self.queue.next_replication_deadline()
         if replication is not None:
             at = min(at, replication)
@@ -507,6 +695,20 @@ class ReplicationCore:
             n = self.queue.release_held()
             self._log("info", "pzq recovered messages released to consumers", messages=n,
                       taken_back=self.queue.counters["taken_back"])
+        if now >= self._next_lease:
+            self._next_lease = now + self.settings.lease / 4
+            lease = self._lease(now)
+            for life in self.hosts:
+                self.out.append(SendCluster(life, lease))
+            self._fence(now)
+            keep = TAKEN_KEEP * max(self.settings.rejoin_grace, self.settings.lease)
+            for node_id in [n for n, t in self.taken_told.items() if now - t > keep]:
+                self._forget_taken(node_id)
+            for node_id, takers in list(self.takers.items()):
+                for taker in [n for n, t in takers.items() if now - t > keep]:
+                    del takers[taker]
+                if not takers:
+                    del self.takers[node_id]
         if now < self._next_housekeeping:
             return
         s = self.settings
@@ -515,7 +717,8 @@ class ReplicationCore:
             self.out.append(SendStatic(peering.ReplicaPing(self.node_id)))
         for origin in [o for o in self.origins.values()
                        if o.life is None and not o.taken_over and o.core.messages
-                       and now - o.last_seen > s.node_timeout]:
+                       and now - o.last_seen > s.node_timeout
+                       and (not s.cluster or self._quorum_without(o.node_id, now))]:
             self._take_over(origin, now_us)
 
     def counters(self) -> dict[str, int]:
