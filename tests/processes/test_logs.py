@@ -177,6 +177,18 @@ def repeats():
     return f, clock, lines, log
 
 
+def test_a_warning_said_not_to_collapse_passes_every_time(repeats):
+    f, clock, lines, log = repeats
+    for i in range(5):
+        log("pzq replica origin lost", node="n1", messages=i, collapse=False)
+        clock.now += 0.1
+    assert [e["messages"] for _, e in lines] == [0, 1, 2, 3, 4]
+    assert all("collapse" not in e for _, e in lines)
+    log("pzq replica origin lost", node="n1", messages=5)  # (the others still collapse)
+    log("pzq replica origin lost", node="n1", messages=6)
+    assert [e["messages"] for _, e in lines] == [0, 1, 2, 3, 4, 5]
+
+
 def test_the_first_warning_passes_repeats_are_counted_into_one_line(repeats):
     f, clock, lines, log = repeats
     for i in range(2000):

@@ -16,7 +16,9 @@ name) from one source (its values of SOURCE_KEYS) is logged the first time, then
 per REPEAT_INTERVAL as one line that counts the others: "invalid frame (repeated 1999 times in
 the last 10 s)". A flood of bad input (malformed frames, a refused peer reconnecting) costs a
 few lines, not one per message; the first of each kind and source is never held back, and an
-event that names no source (the broker's own doings, an operator's reload) is never collapsed.
+event that names no source (the broker's own doings, an operator's reload) is never collapsed,
+nor one logged with ``collapse=False`` (a change of state each of which counts, such as a
+queue taking a lost peer's messages over: bounded by what the cluster does, not by input).
 
 Re-configuring (SIGHUP) takes effect in loggers bound before it too, services' included:
 
@@ -189,7 +191,7 @@ class RepeatFilter:
 
     def __call__(self, logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
         level = event.get("level", method)
-        if level not in REPEAT_LEVELS:
+        if event.pop("collapse", True) is False or level not in REPEAT_LEVELS:
             return event
         key = self.key(event)
         if key is None:

@@ -657,7 +657,8 @@ class ReplicationCore:
                 if node_id != origin.node_id:
                     self.out.append(SendCluster(life, took))
         self._log("warning", "pzq replica origin lost: its messages taken over",
-                  node=origin.node_id, messages=len(messages))
+                  node=origin.node_id, messages=len(messages), taken_over=self.taken_over,
+                  collapse=False)
 
     # --- the clock --------------------------------------------------------------------------
 
