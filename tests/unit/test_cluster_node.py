@@ -198,3 +198,38 @@ def test_what_is_held_for_a_peer_is_bounded_in_messages_and_bytes():
     assert len(held.messages) == 2 and held.size == 2 * sum(map(len, big))
     small = _Held(0.0)
     assert all(small.add([b"m"]) for _ in range(HOLD_MESSAGES)) and not small.add([b"m"])
+
+
+async def test_a_stranger_routing_id_is_logged_escaped():
+    """A message on the cluster port from a connection that is not a peer is logged with
+    its sender's routing id, which any stranger chooses: a NUL byte in it went into the log
+    line as it was."""
+    ctx = zmq.Context()
+    loop = asyncio.get_running_loop()
+    config = ClusterConfig(enabled=True, bind="tcp://127.0.0.1:0", discovery=False,
+                           insecure=True)
+    node = ClusterNode(config, "local", ctx, loop, structlog.get_logger(),
+                       on_join=lambda peer: None, on_leave=lambda peer, why: None,
+                       on_message=lambda peer, service, frames: None)
+    await node.start()
+    stranger = ctx.socket(zmq.DEALER)
+    stranger.setsockopt(zmq.ROUTING_ID, b"\x00evil\x1b[2J")
+    stranger.setsockopt(zmq.LINGER, 0)
+    try:
+        with structlog.testing.capture_logs() as seen:
+            stranger.connect(node.endpoint)
+            stranger.send_multipart([b"MEMBERS", b"[]"])
+            stranger.send_multipart([b"NONSENSE", b"x"])
+            for _ in range(100):
+                if sum(e["event"] in ("gossip refused", "invalid cluster message")
+                       for e in seen) == 2:
+                    break
+                await asyncio.sleep(0.02)
+        lines = [e for e in seen if e["event"] in ("gossip refused", "invalid cluster message")]
+        assert len(lines) == 2, seen
+        for e in lines:
+            assert e["sender"] == "\\x00evil\\x1b[2J" and e["sender"].isprintable(), e
+    finally:
+        stranger.close()
+        await node.stop()
+        ctx.term()

@@ -617,7 +617,7 @@ class ClusterNode:
             self._members(sender, frames[2], now)
         else:
             self._log.warning("invalid cluster message", address=_address(frames[1]),
-                              sender=sender[:40], kind=kind[:16])
+                              sender=_printable(sender[:40]), kind=kind[:16])
 
     def _end_life(self, sender: str, why: str, now: float) -> None:
         """Our life of peer ``sender`` cannot go on (its messages did not all arrive): end
@@ -690,7 +690,7 @@ class ClusterNode:
         address = _address(frame)
         peer = self.membership.peers.get(sender)
         if peer is None or not self.membership.heard(sender, now):
-            self._log.warning("gossip refused", address=address, sender=sender[:40],
+            self._log.warning("gossip refused", address=address, sender=_printable(sender[:40]),
                               why="not from a peer")
             return
         members, problem = gossip.decode(frame.buffer)
@@ -942,6 +942,13 @@ class ClusterNode:
 def _clock(wall: float) -> str:
     """A wall-clock time as the log's reader reads it (local time of day)."""
     return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+def _printable(text: str) -> str:
+    """A routing id (any bytes a stranger chose) as a log line can carry it: control and
+    other unprintable characters as \\xNN escapes."""
+    return text if text.isprintable() else "".join(
+        c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def _address(frame: zmq.Frame) -> str:
