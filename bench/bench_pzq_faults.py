@@ -92,6 +92,7 @@ def main() -> int:
                                                              args.first + args.seeds)
     results: list[pzq_faults.Result] = []
     failed: dict[int, str] = {}
+    interrupted = False
     print(HEADER)
     print("|" + "---|" * HEADER.count(" | ") + "---|")
     try:
@@ -120,8 +121,11 @@ def main() -> int:
                 shutil.rmtree(base, ignore_errors=True)
     except KeyboardInterrupt:
         say("interrupted: the summary of the runs done")
+        interrupted = True
     print(summary(results, failed))
-    return 1 if any(r.report.lost or r.report.unexpected for r in results) else 0
+    if any(r.report.lost or r.report.unexpected for r in results):
+        return 1
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ HOSTS = 3
 PEER_TIMEOUT = 2.0
 RATE = 200.0  # messages a second offered by each producer
 WORKLOAD = Path(__file__).resolve().with_name("pzq_faults_workload.py")
+CLIENT_LIFE_S = 3600.0  # a client left behind (its run killed) stops by itself after this
 TAKEOVER = "pzq replica origin lost: its messages taken over"
 
 # the targets a run is held to
@@ -69,7 +70,7 @@ class Window:
 
     faults_from: float
     faults_to: float
-    drain_from: float  # everything healed and the producers stopped: nothing new comes
+    last_heal: float  # the last fault undone: from then on every broker runs, every link is up
     offered_rate: float  # messages a second, all producers together
 
 
@@ -87,7 +88,7 @@ class Report:
     unexpected: list[str]  # delivered, never sent
     throughput: float  # ACKed "1" a second during the faults
     offered: float
-    drain_s: float | None  # from drain_from to the last first delivery
+    drain_s: float | None  # from the last heal until all sent before it was delivered
 
     @property
     def duplicate_percent(self) -> float:
@@ -124,8 +125,8 @@ class Report:
         if self.refused:
             lines.append(f"  refused: {dict(self.refused)}")
         drain = "-" if self.drain_s is None else f"{self.drain_s:.1f} s"
-        lines.append(f"  drain       {drain} (from the heal and the producers' stop to the "
-                     f"last new delivery)")
+        lines.append(f"  drain       {drain} (from the last heal until every message sent "
+                     f"before it was delivered)")
         if self.lost:
             lines.append(f"  lost ids: {', '.join(self.lost[:20])}"
                          + (" ..." if len(self.lost) > 20 else ""))
@@ -136,14 +137,14 @@ class Report:
 
 def check(events: Iterable[Mapping[str, Any]], window: Window) -> Report:
     """What the producers' and consumers' events (pzq_faults_workload.py) say happened."""
-    sent: set[str] = set()
+    sent: dict[str, float] = {}
     answers: dict[str, Mapping[str, Any]] = {}
     deliveries: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     consumer_acks: dict[tuple[str, str], float] = {}
     for e in events:
         ev = e.get("ev")
         if ev == "sent":
-            sent.add(e["id"])
+            sent.setdefault(e["id"], e["t"])
         elif ev == "ack":
             answers.setdefault(e["id"], e)
         elif ev == "delivered":
@@ -158,22 +159,23 @@ def check(events: Iterable[Mapping[str, Any]], window: Window) -> Report:
             ds.sort(key=lambda d: d["t"])
             duplicates[msg_id] = _why_duplicate(msg_id, ds, consumer_acks)
     faults = max(window.faults_to - window.faults_from, 1e-9)
-    firsts = [ds[0]["t"] for ds in deliveries.values()]
+    firsts = [min(d["t"] for d in ds) for i, ds in deliveries.items()
+              if sent.get(i, window.last_heal) < window.last_heal]
     return Report(
         sent=len(sent),
         acked=len(acked),
         replication_failed=sum(1 for i in acked if answers[i]["text"]),
         refused=dict(refused),
-        unanswered=len(sent - answers.keys()),
+        unanswered=len(sent.keys() - answers.keys()),
         delivered=len(deliveries),
         deliveries=sum(map(len, deliveries.values())),
         lost=sorted(acked - deliveries.keys(), key=_id_order),
         duplicates=duplicates,
-        unexpected=sorted(deliveries.keys() - sent),
+        unexpected=sorted(deliveries.keys() - sent.keys()),
         throughput=sum(1 for i in acked
                        if window.faults_from <= answers[i]["t"] <= window.faults_to) / faults,
         offered=window.offered_rate,
-        drain_s=max(max(firsts) - window.drain_from, 0.0) if firsts else None,
+        drain_s=max(max(firsts) - window.last_heal, 0.0) if firsts else None,
     )
 
 
@@ -381,12 +383,13 @@ class Node:
             self.incarnation += 1
             inc, d = str(self.incarnation), self.host.dir
             err = open(d / "clients.stderr", "ab")
+            until = str(time.time() + CLIENT_LIFE_S)
             self.producer = self.host.popen(
                 [sys.executable, str(WORKLOAD), "producer", self.name, inc, RECEIVE,
-                 str(d / f"producer-{inc}.jsonl"), str(self.rate)], stderr=err)
+                 str(d / f"producer-{inc}.jsonl"), until, str(self.rate)], stderr=err)
             self.consumer = self.host.popen(
                 [sys.executable, str(WORKLOAD), "consumer", self.name, inc, SEND,
-                 str(d / f"consumer-{inc}.jsonl")], stderr=err)
+                 str(d / f"consumer-{inc}.jsonl"), until], stderr=err)
 
     def stop_producer(self, gently: bool) -> None:
         _stop(self.producer, signal.SIGINT if gently else signal.SIGTERM, 30 if gently else 5)
@@ -462,12 +465,15 @@ class Nemesis:
         self.healing = threading.Event()
         self.actions: list[tuple[float, str]] = []  # (wall clock, what was done)
         self.errors: list[str] = []
+        self.last_heal = 0.0  # when a fault was last undone (wall clock)
         self._threads: list[threading.Thread] = []
         self._start = 0.0
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, heal: bool = False) -> None:
         now = time.time()
         self.actions.append((now, text))
+        if heal:
+            self.last_heal = max(self.last_heal, now)
         self.say(f"[{now - self._start:7.2f} s] {text}")
 
     def run(self, faults: list[Fault], duration: float) -> None:
@@ -502,7 +508,7 @@ class Nemesis:
         self.note(f"SIGKILL {node.name}")
         self.healing.wait(f.hold)
         node.restart()
-        self.note(f"{node.name} restarted (incarnation {node.incarnation})")
+        self.note(f"{node.name} restarted (incarnation {node.incarnation})", heal=True)
 
     def _cut(self, f: Fault) -> None:
         node = self.nodes[f.host]
@@ -510,7 +516,7 @@ class Nemesis:
         self.note(f"{node.name} cut off")
         self.healing.wait(f.hold)
         node.link(True)
-        self.note(f"{node.name} linked again")
+        self.note(f"{node.name} linked again", heal=True)
 
     def _stop(self, f: Fault) -> None:
         node = self.nodes[f.host]
@@ -518,7 +524,7 @@ class Nemesis:
         self.note(f"SIGSTOP {node.name}")
         self.healing.wait(f.hold)
         node.pause(False)
-        self.note(f"SIGCONT {node.name}")
+        self.note(f"SIGCONT {node.name}", heal=True)
 
     def _kill_after_takeover(self, f: Fault) -> None:
         origin = self.nodes[f.host]
@@ -544,11 +550,11 @@ class Nemesis:
         holder_back = time.monotonic() + f.then
         self.healing.wait(max(0.0, killed + f.hold - time.monotonic()))
         origin.restart()
-        self.note(f"{origin.name} restarted (incarnation {origin.incarnation})")
+        self.note(f"{origin.name} restarted (incarnation {origin.incarnation})", heal=True)
         if holder is not None:
             self.healing.wait(max(0.0, holder_back - time.monotonic()))
             holder.restart()
-            self.note(f"{holder.name} restarted (incarnation {holder.incarnation})")
+            self.note(f"{holder.name} restarted (incarnation {holder.incarnation})", heal=True)
 
     def _watch(self, tails: dict[str, tuple[Node, LogTail]], node_id: str,
                deadline: float) -> tuple[Node, dict[str, Any], float] | None:
@@ -639,7 +645,8 @@ def run(seed: int, duration: float, base: Path, *, drain_quiet: float = 8.0,
             n.stop_consumer()
         say(f"[{time.time() - faults_from:7.2f} s] drained")
         events = _client_events(nodes)
-        window = Window(faults_from, faults_to, stopped, rate * len(nodes))
+        last_heal = healed_at if undone else max(nemesis.last_heal, faults_from)
+        window = Window(faults_from, faults_to, last_heal, rate * len(nodes))
         report = check(events, window)
         broker_events, names = _broker_story(nodes)
         problems = (nemesis.errors + [c for n in nodes for c in n.crashes]

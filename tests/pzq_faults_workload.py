@@ -4,8 +4,8 @@ host's broker on loopback with the project's own clients, and writing one JSON l
 event to a file of its own (one file per incarnation: a client is started again after its
 broker is).
 
-    python pzq_faults_workload.py producer HOST INCARNATION ENDPOINT FILE RATE
-    python pzq_faults_workload.py consumer HOST INCARNATION ENDPOINT FILE
+    python pzq_faults_workload.py producer HOST INCARNATION ENDPOINT FILE UNTIL RATE
+    python pzq_faults_workload.py consumer HOST INCARNATION ENDPOINT FILE UNTIL
 
 Producer events: ``sent`` (id), ``ack`` (id, ok, text: "" or REPLICATION_FAILED for a "1",
 the reason of a "0"), ``timeout`` (id: no answer when the producer stopped). Consumer
@@ -17,12 +17,14 @@ Ids are ``HOST.INCARNATION.N``, unique over a run; a message's body is its id. T
 offers RATE messages a second; while its window is full it skips the slots it missed rather
 than catch up in a burst. SIGTERM stops a client at once (the producer writes ``timeout``
 for what is unanswered); SIGINT stops the producer after it waited up to FLUSH_S for the
-answers still due (the end of a run, when every broker is up).
+answers still due (the end of a run, when every broker is up). A client also stops by itself
+at UNTIL (wall clock) or once the process that started it is gone.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -48,9 +50,12 @@ class Events:
 
 
 class Stop:
-    """SIGTERM: stop now; SIGINT: stop once the answers due have come (producer)."""
+    """SIGTERM: stop now; SIGINT: stop once the answers due have come (producer); UNTIL
+    passed or the parent gone: stop now."""
 
-    def __init__(self) -> None:
+    def __init__(self, until: float) -> None:
+        self.until = until
+        self.parent = os.getppid()
         self.now = self.gently = False
         signal.signal(signal.SIGTERM, self._now)
         signal.signal(signal.SIGINT, self._gently)
@@ -63,15 +68,18 @@ class Stop:
 
     @property
     def asked(self) -> bool:
+        if time.time() > self.until or os.getppid() != self.parent:
+            self.now = True
         return self.now or self.gently
 
 
-def produce(host: str, incarnation: str, endpoint: str, path: str, rate: float) -> None:
+def produce(host: str, incarnation: str, endpoint: str, path: str, until: float,
+            rate: float) -> None:
     import zmq
 
     from zbroker.pzq.client import Producer
 
-    stop, log = Stop(), Events(path)
+    stop, log = Stop(until), Events(path)
 
     def on_ack(msg_id: bytes, ok: bool, text: str) -> None:
         log("ack", id=msg_id.decode(), ok=ok, text=text)
@@ -100,12 +108,12 @@ def produce(host: str, incarnation: str, endpoint: str, path: str, rate: float) 
     producer.close()
 
 
-def consume(host: str, incarnation: str, endpoint: str, path: str) -> None:
+def consume(host: str, incarnation: str, endpoint: str, path: str, until: float) -> None:
     """Each message is ACKed WORK_S after it came (work done meanwhile, many at once): so
     at any time about rate x WORK_S messages are unACKed, and their copies held by peers."""
     from zbroker.pzq.client import Consumer
 
-    stop, log = Stop(), Events(path)
+    stop, log = Stop(until), Events(path)
     working: deque[tuple[float, Any]] = deque()
     with Consumer(endpoint) as consumer:
         while not stop.asked:
@@ -123,11 +131,11 @@ def consume(host: str, incarnation: str, endpoint: str, path: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    role, host, incarnation, endpoint, path, *rest = argv
+    role, host, incarnation, endpoint, path, until, *rest = argv
     if role == "producer":
-        produce(host, incarnation, endpoint, path, float(rest[0]))
+        produce(host, incarnation, endpoint, path, float(until), float(rest[0]))
     elif role == "consumer":
-        consume(host, incarnation, endpoint, path)
+        consume(host, incarnation, endpoint, path, float(until))
     else:
         raise SystemExit(f"unknown role {role!r}: producer or consumer")
 

@@ -16,7 +16,7 @@ from pzq_faults import (
     check,
 )
 
-WINDOW = Window(faults_from=100.0, faults_to=110.0, drain_from=120.0, offered_rate=10.0)
+WINDOW = Window(faults_from=100.0, faults_to=110.0, last_heal=120.0, offered_rate=10.0)
 
 
 def sent(i: str, t: float = 101.0) -> dict[str, Any]:
@@ -127,12 +127,14 @@ def test_throughput_counts_the_acks_within_the_faults_only():
     assert not met and "50 %" in measured and target == ">= 80 %"
 
 
-def test_drain_is_from_the_stop_to_the_last_first_delivery():
+def test_drain_is_from_the_last_heal_until_all_sent_before_it_was_delivered():
     events = [*one("h1.1.1"), sent("h1.1.2"), ack("h1.1.2"),
-              delivered("h1.1.2", "k2", t=127.5), delivered("h1.1.2", "k2", t=140.0)]
+              delivered("h1.1.2", "k2", t=127.5), delivered("h1.1.2", "k2", t=140.0),
+              sent("h1.1.3", t=121.0), delivered("h1.1.3", "k3", t=150.0)]
     r = check(events, WINDOW)
-    assert r.drain_s == pytest.approx(7.5)  # the redelivery at 140 s is not new
-    assert check(one("h1.1.1"), WINDOW).drain_s == 0.0  # all delivered before the stop
+    # the redelivery at 140 s is not new; h1.1.3 was sent after the heal
+    assert r.drain_s == pytest.approx(7.5)
+    assert check(one("h1.1.1"), WINDOW).drain_s == 0.0  # all delivered before the heal
     assert check([sent("h1.1.1")], WINDOW).drain_s is None
 
 
