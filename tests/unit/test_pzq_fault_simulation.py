@@ -128,6 +128,51 @@ def test_an_origin_back_with_a_quorum_waits_for_the_peer_that_took_its_copies():
     assert not verdict.lost and not verdict.duplicates.get("two hosts"), verdict
 
 
+def test_an_origin_resumed_after_a_pause_delivers_nothing_its_holder_took():
+    """a is paused longer than peer_timeout: its holder takes its copies over. Resumed, a
+    sees its lease gone before it delivers anything, and waits for the holder's TAKEN list:
+    what both deliver is only what a had delivered before the pause and not seen ACKed."""
+    sim = Sim(6, consume_rate=5.0)  # a backlog builds up
+    sim.run(3, faults=False)
+    holder = holder_of(sim, "a")
+    a = sim.brokers["a"]
+    in_flight = {key for _, key in a.unacked}
+    sim.pause("a", 3.0)
+    sim.run(2.9, faults=False)
+    assert sim.brokers[holder].rep.taken_over > 20
+    sim.consume_rate = 1000.0  # a's consumer takes what it can the moment a runs again
+    sim.run(3, faults=False)
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost, verdict
+    twice = {i: d for i, d in sim.deliveries.items() if i.startswith(b"a-")
+             and len({h for h, _ in d}) > 1}
+    assert all(d[0][1] in in_flight for d in twice.values()), (len(twice), len(in_flight))
+
+
+def test_a_taken_list_is_told_again_when_the_origin_crashed_before_its_drops_were_written():
+    """a dies; its holder takes its copies over and tells a, once a is back, which (TAKEN);
+    a drops them, and dies again before that reached its disk. Told once, the list was
+    forgotten, and a delivered them all again after its next start."""
+    sim = Sim(7, consume_rate=0.0, write_chance=1.0)
+    sim.run(2, faults=False)
+    holder = holder_of(sim, "a")
+    sim.crash("a", 1.2)
+    sim.run(0.8, faults=False)
+    taken = sim.brokers[holder].rep.taken_over
+    assert taken > 0
+    sim.write_chance = 0.0  # from now on a's drops stay in memory
+    sim.run(0.6, faults=False)
+    assert sim.brokers["a"].core.counters["taken_back"] == taken
+    sim.crash("a", 1.0)
+    sim.write_chance = 1.0
+    sim.run(1.5, faults=False)
+    assert sim.brokers["a"].core.counters["taken_back"] >= taken  # told again
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost and not verdict.duplicates.get("two hosts"), verdict
+
+
 def test_two_brokers_keep_taking_over_without_a_quorum():
     """With two brokers there is no majority to tell a partition from a death: a holder
     takes a lost origin's copies over at once, as before fencing (duplicates possible)."""
