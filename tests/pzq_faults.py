@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import netns
+import pzq_faults_workload as workload
 import yaml
 
 QUEUE = "jobs"
@@ -45,6 +46,9 @@ SEND = "tcp://127.0.0.1:11132"
 HOSTS = 3
 PEER_TIMEOUT = 2.0
 RATE = 200.0  # messages a second offered by each producer
+#: what a consumer takes at most, over the rate offered: a backlog builds up during a run
+#: (and the copies a holder takes over with it); the drain lifts the bound
+CONSUMER_SHARE = 0.8
 WORKLOAD = Path(__file__).resolve().with_name("pzq_faults_workload.py")
 CLIENT_LIFE_S = 3600.0  # a client left behind (its run killed) stops by itself after this
 TAKEOVER = "pzq replica origin lost: its messages taken over"
@@ -318,8 +322,11 @@ class Node:
 
     START_S = 30.0  # a broker's queue is up within this
 
-    def __init__(self, host: netns.Host, config: dict[str, Any], rate: float):
+    def __init__(self, host: netns.Host, config: dict[str, Any], rate: float,
+                 consumer_share: float):
         self.host, self.name, self.config, self.rate = host, host.name, config, rate
+        # messages a consumer works on at once: it takes at most that many a WORK_S
+        self.at_once = max(1, round(rate * consumer_share * workload.WORK_S))
         self.lock = threading.RLock()
         self.incarnation = 0
         self.producer: subprocess.Popen | None = None
@@ -389,10 +396,15 @@ class Node:
                  str(d / f"producer-{inc}.jsonl"), until, str(self.rate)], stderr=err)
             self.consumer = self.host.popen(
                 [sys.executable, str(WORKLOAD), "consumer", self.name, inc, SEND,
-                 str(d / f"consumer-{inc}.jsonl"), until], stderr=err)
+                 str(d / f"consumer-{inc}.jsonl"), until, str(self.at_once)], stderr=err)
 
     def stop_producer(self, gently: bool) -> None:
         _stop(self.producer, signal.SIGINT if gently else signal.SIGTERM, 30 if gently else 5)
+
+    def hurry_consumer(self) -> None:
+        """Let the consumer take all it can (the drain)."""
+        if self.consumer is not None and self.consumer.poll() is None:
+            self.consumer.send_signal(signal.SIGUSR1)
 
     def stop_consumer(self) -> None:
         _stop(self.consumer, signal.SIGTERM, 5)
@@ -599,7 +611,7 @@ class Result:
 
 
 def run(seed: int, duration: float, base: Path, *, drain_quiet: float = 8.0,
-        drain_max: float = 120.0, rate: float = RATE,
+        drain_max: float = 120.0, rate: float = RATE, consumer_share: float = CONSUMER_SHARE,
         say: Callable[[str], None] = print) -> Result:
     """One run: set up, ``duration`` s of faults, heal, stop the producers, drain until no
     delivery for ``drain_quiet`` s (at most ``drain_max``), check. Cleans up whatever
@@ -616,7 +628,8 @@ def run(seed: int, duration: float, base: Path, *, drain_quiet: float = 8.0,
     nodes: list[Node] = []
     nemesis = Nemesis(nodes, say)
     try:
-        nodes += [Node(h, broker_config(h, bed.hosts, key), rate) for h in bed.hosts]
+        nodes += [Node(h, broker_config(h, bed.hosts, key), rate, consumer_share)
+                  for h in bed.hosts]
         for n in nodes:
             n.start_broker(wait=False)
         for n in nodes:
@@ -638,6 +651,7 @@ def run(seed: int, duration: float, base: Path, *, drain_quiet: float = 8.0,
         bed.wait_for_cluster(timeout=30)
         for n in nodes:
             n.stop_producer(gently=True)
+            n.hurry_consumer()
         stopped = time.time()
         say(f"[{stopped - faults_from:7.2f} s] producers stopped; draining")
         _drain(nodes, drain_quiet, drain_max)

@@ -5,12 +5,15 @@ event to a file of its own (one file per incarnation: a client is started again 
 broker is).
 
     python pzq_faults_workload.py producer HOST INCARNATION ENDPOINT FILE UNTIL RATE
-    python pzq_faults_workload.py consumer HOST INCARNATION ENDPOINT FILE UNTIL
+    python pzq_faults_workload.py consumer HOST INCARNATION ENDPOINT FILE UNTIL AT_ONCE
 
 Producer events: ``sent`` (id), ``ack`` (id, ok, text: "" or REPLICATION_FAILED for a "1",
 the reason of a "0"), ``timeout`` (id: no answer when the producer stopped). Consumer
 events: ``delivered`` (id, key, host), ``acked`` (id, key), WORK_S after its delivery (what
-it still works on when it stops is never ACKed). Every event has ``t``, the wall
+it still works on when it stops is never ACKed). A consumer works on at most AT_ONCE
+messages at a time, so it takes at most AT_ONCE / WORK_S a second: below the rate offered,
+a backlog builds up during a run, and with it the copies a holder takes over when its origin
+is lost. SIGUSR1 lifts that bound (the drain at the end of a run). Every event has ``t``, the wall
 clock (the same clock in every namespace of the machine).
 
 Ids are ``HOST.INCARNATION.N``, unique over a run; a message's body is its id. The producer
@@ -51,20 +54,24 @@ class Events:
 
 class Stop:
     """SIGTERM: stop now; SIGINT: stop once the answers due have come (producer); UNTIL
-    passed or the parent gone: stop now."""
+    passed or the parent gone: stop now. SIGUSR1: hurry (a consumer drains)."""
 
     def __init__(self, until: float) -> None:
         self.until = until
         self.parent = os.getppid()
-        self.now = self.gently = False
+        self.now = self.gently = self.hurry = False
         signal.signal(signal.SIGTERM, self._now)
         signal.signal(signal.SIGINT, self._gently)
+        signal.signal(signal.SIGUSR1, self._hurry)
 
     def _now(self, *_: Any) -> None:
         self.now = True
 
     def _gently(self, *_: Any) -> None:
         self.gently = True
+
+    def _hurry(self, *_: Any) -> None:
+        self.hurry = True
 
     @property
     def asked(self) -> bool:
@@ -108,9 +115,10 @@ def produce(host: str, incarnation: str, endpoint: str, path: str, until: float,
     producer.close()
 
 
-def consume(host: str, incarnation: str, endpoint: str, path: str, until: float) -> None:
-    """Each message is ACKed WORK_S after it came (work done meanwhile, many at once): so
-    at any time about rate x WORK_S messages are unACKed, and their copies held by peers."""
+def consume(host: str, incarnation: str, endpoint: str, path: str, until: float,
+            at_once: int) -> None:
+    """Each message is ACKed WORK_S after it came, at most ``at_once`` worked on at a time:
+    so about that many are unACKed, and their copies held by peers, besides the backlog."""
     from zbroker.pzq.client import Consumer
 
     stop, log = Stop(until), Events(path)
@@ -118,11 +126,14 @@ def consume(host: str, incarnation: str, endpoint: str, path: str, until: float)
     with Consumer(endpoint) as consumer:
         while not stop.asked:
             wait = working[0][0] - time.monotonic() if working else POLL_S
-            m = consumer.recv(min(max(wait, 0.0), POLL_S))
-            if m is not None:
-                log("delivered", id=m.body.decode(errors="replace"),
-                    key=m.key.decode(errors="replace"), host=host)
-                working.append((time.monotonic() + WORK_S, m))
+            if len(working) < at_once or stop.hurry:
+                m = consumer.recv(min(max(wait, 0.0), POLL_S))
+                if m is not None:
+                    log("delivered", id=m.body.decode(errors="replace"),
+                        key=m.key.decode(errors="replace"), host=host)
+                    working.append((time.monotonic() + WORK_S, m))
+            else:
+                time.sleep(min(max(wait, 0.0), POLL_S))
             while working and working[0][0] <= time.monotonic():
                 m = working.popleft()[1]
                 consumer.ack(m)
@@ -135,7 +146,7 @@ def main(argv: list[str]) -> None:
     if role == "producer":
         produce(host, incarnation, endpoint, path, float(until), float(rest[0]))
     elif role == "consumer":
-        consume(host, incarnation, endpoint, path, float(until))
+        consume(host, incarnation, endpoint, path, float(until), int(rest[0]))
     else:
         raise SystemExit(f"unknown role {role!r}: producer or consumer")
 

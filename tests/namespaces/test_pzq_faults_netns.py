@@ -1,9 +1,11 @@
 """Replicated pzq queues under faults, the short form of bench/bench_pzq_faults.py: one run
 of pzq_faults.py with a fixed seed (three brokers in namespaces, one cluster with a shared
 key and static seeds, ``jobs`` with ``replicas: 1`` on each, a producer and a consumer per
-host; 35 s of faults: a host cut off while another broker is SIGKILLed, SIGSTOPs, and a
-holder SIGKILLed within milliseconds of taking a killed origin's messages over), checked by
-the tests below. The whole file takes about a minute.
+host, the consumers slower than the producers so that a backlog builds up; 35 s of faults:
+a host cut off while another broker is SIGKILLed, SIGSTOPs, and a holder SIGKILLed within
+milliseconds of taking a killed origin's messages over), checked by the tests below. The
+whole file takes about a minute. (Before the fix of the takeover's crash window, this seed
+lost 416 of the 424 messages the killed holder had taken over.)
 
 The promises are asserted: no message ACKed "1" is lost, nothing is delivered that was never
 sent. Duplicates are allowed by at-least-once; their bound is a named constant, to tighten
