@@ -92,7 +92,9 @@ class Report:
     unexpected: list[str]  # delivered, never sent
     throughput: float  # ACKed "1" a second during the faults
     offered: float
-    drain_s: float | None  # from the last heal until all sent before it was delivered
+    #: from the last heal until all sent before it was delivered (the consumers' catching up
+    #: with their backlog, once the producers stop, included)
+    drain_s: float | None
 
     @property
     def duplicate_percent(self) -> float:
@@ -331,8 +333,8 @@ class Node:
         self.incarnation = 0
         self.producer: subprocess.Popen | None = None
         self.consumer: subprocess.Popen | None = None
-        self.down = self.paused = self.cut = False
-        self.crashes: list[str] = []  # exits nobody asked for
+        self.paused = self.cut = False
+        self.brokers: list[subprocess.Popen] = []  # every broker process it started
         self.node_id = ""
         self._starts = 0
         self._log = LogTail(host.log_path)
@@ -362,10 +364,10 @@ class Node:
                    "broker": {"run_dir": str(host.dir / "run")}, **self.config}
             path = host.dir / "zbroker.cfg"
             path.write_text(yaml.safe_dump(cfg))
-            out = open(host.dir / "broker.stderr", "ab")
-            host.broker = host.popen([sys.executable, "-m", "zbroker", "local", "-c", str(path)],
-                                     stdout=out, stderr=out)
-            self.down = False
+            with open(host.dir / "broker.stderr", "ab") as out:
+                host.broker = host.popen([sys.executable, "-m", "zbroker", "local", "-c",
+                                          str(path)], stdout=out, stderr=out)
+            self.brokers.append(host.broker)
         if wait:
             self.wait_started(before)
 
@@ -389,14 +391,14 @@ class Node:
             self.stop_consumer()
             self.incarnation += 1
             inc, d = str(self.incarnation), self.host.dir
-            err = open(d / "clients.stderr", "ab")
             until = str(time.time() + CLIENT_LIFE_S)
-            self.producer = self.host.popen(
-                [sys.executable, str(WORKLOAD), "producer", self.name, inc, RECEIVE,
-                 str(d / f"producer-{inc}.jsonl"), until, str(self.rate)], stderr=err)
-            self.consumer = self.host.popen(
-                [sys.executable, str(WORKLOAD), "consumer", self.name, inc, SEND,
-                 str(d / f"consumer-{inc}.jsonl"), until, str(self.at_once)], stderr=err)
+            with open(d / "clients.stderr", "ab") as err:
+                self.producer = self.host.popen(
+                    [sys.executable, str(WORKLOAD), "producer", self.name, inc, RECEIVE,
+                     str(d / f"producer-{inc}.jsonl"), until, str(self.rate)], stderr=err)
+                self.consumer = self.host.popen(
+                    [sys.executable, str(WORKLOAD), "consumer", self.name, inc, SEND,
+                     str(d / f"consumer-{inc}.jsonl"), until, str(self.at_once)], stderr=err)
 
     def stop_producer(self, gently: bool) -> None:
         _stop(self.producer, signal.SIGINT if gently else signal.SIGTERM, 30 if gently else 5)
@@ -417,7 +419,6 @@ class Node:
             if self.running():
                 self.host.broker.kill()
                 self.host.broker.wait(10)
-            self.down = True
             for proc in (self.producer, self.consumer):
                 if proc is not None and proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
@@ -445,13 +446,15 @@ class Node:
         """Every fault of this host undone; whether there was one to undo."""
         with self.lock:
             undone = self.cut or self.paused or not self.running()
-            if not self.down and not self.running():
-                self.crashes.append(f"{self.name}: broker exited by itself "
-                                    f"({self.host.broker.returncode})")
             self.link(True)
             self.pause(False)
             self.restart()
             return undone
+
+    def crashes(self) -> list[str]:
+        """Its brokers that exited but not by the nemesis' SIGKILL."""
+        return [f"{self.name}: a broker exited by itself ({p.returncode})"
+                for p in self.brokers if p.poll() not in (None, -signal.SIGKILL)]
 
 
 def _stop(proc: subprocess.Popen | None, sig: int, timeout: float) -> None:
@@ -663,7 +666,7 @@ def run(seed: int, duration: float, base: Path, *, drain_quiet: float = 8.0,
         window = Window(faults_from, faults_to, last_heal, rate * len(nodes))
         report = check(events, window)
         broker_events, names = _broker_story(nodes)
-        problems = (nemesis.errors + [c for n in nodes for c in n.crashes]
+        problems = (nemesis.errors + [c for n in nodes for c in n.crashes()]
                     + _tracebacks(nodes) + _errors_logged(broker_events))
         return Result(seed, duration, faults, report, window, nemesis.actions, broker_events,
                       names, events, problems)
