@@ -17,11 +17,17 @@ def test_help_explains_the_broker(capsys):
     assert "SIGTERM" in out and "SIGHUP" in out
 
 
-def test_version(capsys):
+@pytest.mark.parametrize("command", ["zbroker", "zpipes", "pzq"])
+def test_every_command_says_its_version(capsys, command):
+    import zbroker.pzq.cli
+    import zpipes.cli
+
+    main = {"zbroker": cli.main, "zpipes": zpipes.cli.main, "pzq": zbroker.pzq.cli.main}
     with pytest.raises(SystemExit) as info:
-        cli.main(["--version"])
+        main[command](["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.startswith("zbroker ")
+    out = capsys.readouterr().out
+    assert out.startswith(f"{command} ") and out.split()[1][0].isdigit(), out
 
 
 def test_bad_log_level_is_a_usage_error(capsys):
@@ -79,6 +85,21 @@ def test_sub_commands_are_dispatched_by_first_word(monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "status", lambda argv: seen.append(list(argv)) or 0)
     assert cli.main(["status", "--json"]) == 0
     assert seen == [["--json"]]
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("stauts", "status"), ("relaod", "reload"),
+                                              ("check-confg", "check-config")])
+def test_a_typo_of_a_sub_command_is_refused_not_run_as_a_broker(capsys, monkeypatch, typo,
+                                                               meant):
+    started = []
+    monkeypatch.setattr(cli, "run_broker", lambda argv: started.append(argv) or 0)
+    assert cli.main([typo]) == 2
+    err = capsys.readouterr().err
+    assert f"did you mean {meant!r}" in err and f"zbroker -- {typo}" in err
+    assert started == []
+    assert cli.main(["--", typo]) == 0 and started == [["--", typo]]  # as it says
+    assert cli.broker_parser().parse_args(["--", typo]).name == typo
+    assert cli.main(["prod"]) == 0 and started[-1] == ["prod"]  # a name like no command
 
 
 def test_status_and_top_name_each_contact_not_answering_and_each_peer_refused():

@@ -3,14 +3,17 @@
     zbroker [NAME] [--config FILE] [--log-level LEVEL] [--animate]
     zbroker check-config [FILE]
 
-A first argument that names a sub-command (see COMMANDS) runs that sub-command; anything else
-is the broker's own command line. A sub-command is a function ``(argv) -> exit code``; to add
-one, write it and register it in COMMANDS. (So a broker cannot be named like a sub-command.)
+A first argument that names a sub-command (see COMMANDS) runs that sub-command; one that is
+close to a sub-command's name is refused as its typo (``zbroker -- NAME`` runs a broker of
+that name); anything else is the broker's own command line. A sub-command is a function
+``(argv) -> exit code``; to add one, write it and register it in COMMANDS. (So a broker
+cannot be named like a sub-command.)
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +28,7 @@ from zbroker.config import (
     find_config_file,
     load_config,
 )
-from zbroker.runtime.version import version
+from zpipes.version import VersionAction
 
 DESCRIPTION = """\
 Run a zbroker: one process per host that hosts ZeroMQ messaging services. The first service
@@ -75,20 +78,6 @@ exit status: 0 after a clean stop, 1 if the broker could not start (the reason i
 on standard error as "zbroker: ..."), 2 on a usage error or a bad join token."""
 
 
-class _VersionAction(argparse.Action):
-    """``--version``: the version is looked up only when asked for."""
-
-    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
-                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=default,
-                         help=help or "show the version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        print(f"zbroker {version()}")  # on standard output, as argparse's own
-        parser.exit()
-
-
 def broker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker",
@@ -130,7 +119,7 @@ def broker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics", metavar="ADDR",
                         help="serve Prometheus metrics over HTTP on ADDR: PORT (on 127.0.0.1), "
                              "HOST:PORT or [IPv6]:PORT (key metrics.bind; off by default)")
-    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("--version", action=VersionAction)
     return parser
 
 
@@ -349,4 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]](argv[1:])
+    if argv and (close := difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.75)):
+        # a typo of a sub-command would start a broker of that name
+        error(f"{argv[0]!r} is not a command: did you mean {close[0]!r}? (to run a broker "
+              f"named {argv[0]!r}: zbroker -- {argv[0]})")
+        return 2
     return run_broker(argv)
