@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from zpipes import client, progress
 from zpipes.errors import ZpipesError
+from zpipes.version import VersionAction
 
 TYPE_CHECKING = False  # (typing is not imported at run time: see zpipes/__init__.py)
 if TYPE_CHECKING:
@@ -71,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint",
         metavar="URL",
         default=argparse.SUPPRESS,
-        help="the broker's ZPIPES endpoint, if it is not the default for its name (e.g. "
-        "tcp://host:5670)",
+        help="the broker's ZPIPES endpoint, if it is not the default for its name (its "
+        "services.zpipes.endpoint, e.g. tcp://host:PORT; not the cluster's port)",
     )
     common.add_argument(
         "--progress",
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         "'tar c dir | zpipes write backup' in one shell and 'zpipes read backup | tar x' in "
         "another.",
     )
+    parser.add_argument("--version", action=VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     write = commands.add_parser(
         "write",

@@ -20,6 +20,7 @@ import zmq
 
 from zbroker.config import LOG_LEVELS, LogConfig, parse_size
 from zbroker.runtime import event_loop, heap
+from zpipes.version import VersionAction
 
 from .config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
 from .server import QueueServer
@@ -60,6 +61,7 @@ def _us(seconds: float) -> int:
 def parser() -> argparse.ArgumentParser:
     d = PzqQueueConfig  # the defaults of the settings the broker config has too
     p = argparse.ArgumentParser(prog="pzq", description=DESCRIPTION)
+    p.add_argument("--version", action=VersionAction)
     a = p.add_argument
     a("--database", default="/tmp/pzq-db", help="directory of the queue's log (%(default)s)")
     a("--ack-timeout", type=_positive_int, default=_us(d.ack_timeout), metavar="US",

@@ -1,15 +1,7 @@
-"""The installed zbroker's version, looked up only when asked for (importlib.metadata costs
-a tenth of a second of every start otherwise)."""
+"""The installed zbroker's version, looked up only when asked for (zpipes.version)."""
 
 from __future__ import annotations
 
+from zpipes.version import version
 
-def version() -> str:
-    import importlib.metadata  # here: a tenth of a second of every start otherwise
-
-    try:
-        return importlib.metadata.version("zbroker")
-    except importlib.metadata.PackageNotFoundError:
-        import zbroker
-
-        return getattr(zbroker, "__version__", "(version unknown: not installed)")
+__all__ = ["version"]
