@@ -428,19 +428,26 @@ class ReplicationCore:
         quorum = until > now
         if quorum != self._quorum:
             self._quorum = quorum
+            counts = self._quorum_counts(now)
             if quorum:
-                self._log("info", "pzq queue delivers again: a quorum of its hosts is heard",
-                          hosts_heard=len(self._fresh(now)), quorum=need)
+                self._log("info", "pzq queue delivers again: a quorum of its hosts answers",
+                          **counts)
             else:
-                self._log("warning", "pzq queue fenced: no quorum of its hosts heard within "
-                          "the lease, its copies may be taken over",
-                          hosts_heard=len(self._fresh(now)), quorum=need, lease=lease)
+                self._log("warning", "pzq queue fenced: no quorum of its hosts answers within "
+                          "the lease, its copies may be taken over", lease=lease, **counts)
         if any(now - t < 4 * lease for t in self.awaiting.values()):
             until = now  # (briefly: a TAKEN list follows its sender's QUEUES)
         if any(now - t < TAKERS_WAIT * self.settings.rejoin_grace
                for t in self.waiting_takers.values()):
             until = now  # a peer took our copies over: its TAKEN list first
         self.queue.deliver_until = until
+
+    def _quorum_counts(self, now: float, without: str | None = None) -> dict[str, int]:
+        """For the log, in plain numbers: the queue's hosts seen (ourselves counted), those
+        answering within the lease (ourselves counted), and how many make a majority."""
+        hosts = len(self.known_nodes) + 1
+        return {"hosts": hosts, "answering": len(self._fresh(now, without)) + 1,
+                "majority": hosts // 2 + 1}
 
     def _quorum_without(self, node_id: str, now: float) -> bool:
         """A quorum of the queue's hosts other than ``node_id`` is heard: that node, if it is
@@ -471,7 +478,8 @@ class ReplicationCore:
             else:
                 self._log("warning", "pzq replica origin lost, its copies kept: no quorum "
                           "of the queue's hosts answers us without it", node=origin.node_id,
-                          copies=len(origin.core.messages), quorum=self.quorum_others())
+                          copies=len(origin.core.messages),
+                          **self._quorum_counts(now, origin.node_id))
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
                         now_us: int) -> bool:
