@@ -13,8 +13,10 @@ a second, and a seed replays it exactly. What is modelled, and how it maps to th
   heard for ``peer_timeout`` (or at once, plus 0.5 s, when its process died: the kernel
   closes its connections) is lost: its life ends (``peer_gone``). Two running brokers whose
   link works and who lack a life of each other start new lives on both sides and tell each
-  other their queues (QUEUES). A message of a session that ended meanwhile is dropped, as
-  the cluster drops a late message of an old life; a message on a cut link waits (TCP).
+  other their queues (QUEUES). A message is taken while its receiver still has the life of
+  its sender that it had when it was sent, whatever the sender did since (what came before
+  the sender's BYE), and dropped otherwise, as the cluster drops a late message of an old
+  life; a message on a cut link waits (TCP).
 - **Pause** (SIGSTOP): the broker runs nothing, its clock jumps on resume; what its peers sent
   meanwhile is read before its timers judge them (the cluster credits a stall).
 - **Clients**: a producer per broker (unique ids, the body is the id), a consumer per broker
@@ -273,7 +275,6 @@ class Sim:
         s = self.sessions.pop((x, y), None)
         if s is None:
             return
-        self.wire = [w for w in self.wire if {w[0], w[1]} != {x, y}]
         b = self.brokers[x]
         if b is not None:
             b.rep.peer_gone(s.life, self.now, self.now_us)
@@ -311,8 +312,8 @@ class Sim:
     def _deliver(self) -> None:
         waiting = []
         for src, dst, tag, frames in self.wire:
-            if self._tag(src, dst) != tag or not tag[1]:
-                continue  # of a session that ended, or that the receiver had not started
+            if self._tag(src, dst)[1] != tag[1] or not tag[1]:
+                continue  # the receiver's life of the sender ended (or had not started)
             b = self.running(dst)
             if b is None or not self.linked(src, dst):
                 waiting.append((src, dst, tag, frames))
@@ -345,6 +346,11 @@ class Sim:
                 s.heard = min(s.heard, self.now - self.peer_timeout + CLOSED_NOTICED)
         self.wire = [w for w in self.wire if name not in (w[0], w[1])]
         self._restarts.append((self.now + restart_after, "start", name))
+
+    def restart_at(self, name: str, at: float) -> None:
+        """A broker killed is started again at ``at`` (instead of when its kill said)."""
+        self._restarts = [(at if (what, who) == ("start", name) else when, what, who)
+                          for when, what, who in self._restarts]
 
     def pause(self, name: str, seconds: float) -> None:
         if self.brokers[name] is None or name in self.paused:
@@ -410,6 +416,7 @@ class Sim:
             self.faults.append(f"{self.now - 1000:7.2f} {name} took copies over: killed")
             self.crash(name, rng.uniform(0.5, 2))
         self._doomed.clear()
+        self._deliver()  # (a broker resumed reads what came before it judges its peers)
         self._cluster()
         self._deliver()
         for name in self.names:

@@ -60,6 +60,7 @@ COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
 REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
 TAKEN_KEEP = 5  # rejoin graces a list of keys taken over is kept once told (taken_told)
 TAKERS_WAIT = 3  # rejoin graces a queue waits at most for the TAKEN list of a taker
+TAKEOVER_WINDOW = 4  # leases (a peer_timeout) a lost origin's copies may be taken over in
 _NEVER = float("inf")
 
 
@@ -79,6 +80,8 @@ class Origin:
     last_seen: float
     taken_over: bool = False
     life: str | None = None  # the cluster peer life its copies came from (None: static peer)
+    #: when that life ended: its copies may be taken over until a peer_timeout later
+    lost_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -140,12 +143,15 @@ class ReplicationCore:
         self.heard: dict[str, float] = {}
         self.known_nodes: set[str] = set()
         self.awaiting: dict[str, float] = {}
+        #: when anything last came from each host's queue (by node id), whatever its life
+        self.last_from: dict[str, float] = {}
         #: who took whose copies over, as the takers said (TOOK): origin node id -> {taker
         #: node id: when}, told to the origin when it is back (TAKERS), kept as taken lists
         self.takers: dict[str, dict[str, float]] = {}
         #: the takers of our copies we were told of, whose TAKEN list we wait for (since
         #: when), and the hosts whose list ended in their present life
-        self.waiting_takers: dict[str, float] = {}
+        #: (since when, its life then: an answer of that same life says it took nothing)
+        self.waiting_takers: dict[str, tuple[float, str | None]] = {}
         self.synced: set[str] = set()
         self._quorum = True  # (as last logged)
         self._next_lease = _NEVER
@@ -258,7 +264,7 @@ class ReplicationCore:
             origin.last_seen = -_NEVER
             return
         origin.core.remove_by_id(key)
-        if self.settings.cluster and b"\n" not in key:
+        if a.claim and self.settings.cluster and b"\n" not in key:
             taken.setdefault(node_id, []).append(key)
 
     def _holder_output(self, actions: list[Any], out: list[Any]) -> None:
@@ -354,12 +360,14 @@ class ReplicationCore:
         origin = self.origins.get(node_id)
         if origin is not None:  # from now on its liveness is that life's
             origin.life, origin.last_seen, origin.taken_over = life, now, False
+            origin.lost_at = None
         if self.settings.cluster:
             self._told_taken(life, node_id, now)
             # first: copies it holds from before are stale
             self.out.append(SendCluster(life, peering.Release(self._qname, self.node_id)))
             self.hosts[life] = node_id
             self.known_nodes.add(node_id)
+            self.last_from[node_id] = now
             if self.settings.lease:  # its TAKEN list (maybe empty) before we deliver
                 self.awaiting[life] = now
                 self.out.append(SendCluster(life, self._lease(now)))
@@ -428,6 +436,14 @@ class ReplicationCore:
         quorum = until > now
         if quorum != self._quorum:
             self._quorum = quorum
+            if not quorum and self.placement is not None:
+                # our holders may take our copies over from now on: once we are heard
+                # again, each tells us first (its TAKEN list in a new life), or answers
+                # in the life it had (it took nothing: it never lost us)
+                for life in self.placement.holders:
+                    node_id = self.hosts.get(life)
+                    if node_id is not None:
+                        self.waiting_takers.setdefault(node_id, (now, life))
             counts = self._quorum_counts(now)
             if quorum:
                 self._log("info", "pzq queue delivers again: a quorum of its hosts answers",
@@ -438,7 +454,7 @@ class ReplicationCore:
         if any(now - t < 4 * lease for t in self.awaiting.values()):
             until = now  # (briefly: a TAKEN list follows its sender's QUEUES)
         if any(now - t < TAKERS_WAIT * self.settings.rejoin_grace
-               for t in self.waiting_takers.values()):
+               for t, _ in self.waiting_takers.values()):
             until = now  # a peer took our copies over: its TAKEN list first
         self.queue.deliver_until = until
 
@@ -471,15 +487,34 @@ class ReplicationCore:
             if was:
                 self._log("warning", "pzq replica holder lost", peer=life,
                           holders=len(placement))
-        for origin in [o for o in self.origins.values()
-                       if o.life == life and not o.taken_over and o.core.messages]:
-            if self._quorum_without(origin.node_id, now):
+        for origin in self.origins.values():
+            if origin.life == life and not origin.taken_over and origin.core.messages:
+                origin.lost_at = now
+        self._take_over_lost(now, now_us)
+
+    def _take_over_lost(self, now: float, now_us: int) -> None:
+        """Take over the copies of the origins whose life ended, once a quorum without the
+        origin answers us and nothing came from it for a lease: a life also ends when the
+        origin ended it (it was alive and heard us not: we were paused, or cut off), and
+        what it sent before comes first. Not taken over within TAKEOVER_WINDOW leases, they
+        wait for the origin's return (its RELEASE)."""
+        lease = self.settings.lease
+        for origin in self.origins.values():
+            lost = origin.lost_at
+            if lost is None or origin.taken_over or not origin.core.messages:
+                origin.lost_at = None
+                continue
+            node_id = origin.node_id
+            if (self._quorum_without(node_id, now)
+                    and now - self.last_from.get(node_id, -_NEVER) >= lease):
+                origin.lost_at = None
                 self._take_over(origin, now_us)
-            else:
+            elif now - lost >= TAKEOVER_WINDOW * lease:
+                origin.lost_at = None
                 self._log("warning", "pzq replica origin lost, its copies kept: no quorum "
-                          "of the queue's hosts answers us without it", node=origin.node_id,
-                          copies=len(origin.core.messages),
-                          **self._quorum_counts(now, origin.node_id))
+                          "of the queue's hosts answers us without it, or it was heard "
+                          "meanwhile", node=node_id, copies=len(origin.core.messages),
+                          **self._quorum_counts(now, node_id))
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
                         now_us: int) -> bool:
@@ -487,6 +522,9 @@ class ReplicationCore:
         False if it is malformed, or not meant for this queue."""
         msg = peering.decode(frames)
         peer = CLUSTER_PEER + life.encode()
+        sender = self.hosts.get(life)
+        if sender is not None:
+            self.last_from[sender] = now
         # (type() again in each test, not once in a name: mypy narrows only the former;
         # COPY, the common one, is tested first)
         if type(msg) is peering.Copy:
@@ -535,7 +573,7 @@ class ReplicationCore:
                 return False
             for taker in msg.takers:
                 if taker != self.node_id and taker not in self.synced:
-                    self.waiting_takers.setdefault(taker, now)
+                    self.waiting_takers.setdefault(taker, (now, None))
             self._log("warning", "pzq queue waits for the peers that took its copies over",
                       takers=msg.takers, waiting=len(self.waiting_takers))
             self._fence(now)
@@ -552,6 +590,9 @@ class ReplicationCore:
                 return False
             if asked <= now and asked > self.heard.get(life, -_NEVER):
                 self.heard[life] = asked
+                waited = self.waiting_takers.get(msg.node_id)
+                if waited is not None and waited[1] == life:
+                    del self.waiting_takers[msg.node_id]
                 self._fence(now)
         else:
             return False
@@ -657,7 +698,7 @@ class ReplicationCore:
         messages = list(origin.core.messages.values())
         for m in messages:
             self.queue.adopt(b"replica:" + m.msg_id, m.frames, now_us,
-                             (origin.node_id, m.msg_id))
+                             (origin.node_id, m.msg_id), copy_key=m.msg_id)
         self.taken_over += len(messages)
         if self.settings.cluster:  # so that the origin, told on its return, waits for us
             took = peering.Took(self._qname, origin.node_id)
@@ -710,6 +751,7 @@ class ReplicationCore:
             for life in self.hosts:
                 self.out.append(SendCluster(life, lease))
             self._fence(now)
+            self._take_over_lost(now, now_us)
             keep = TAKEN_KEEP * max(self.settings.rejoin_grace, self.settings.lease)
             for node_id in [n for n, t in self.taken_told.items() if now - t > keep]:
                 self._forget_taken(node_id)
