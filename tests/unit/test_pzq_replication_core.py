@@ -552,3 +552,65 @@ def test_lossy_reordering_links_never_break_the_promises(net, seed):
             assert all(keys[r[0]] in written for written in held_by), r
     assert a.core.counters["replicated"] + a.core.counters["replication_failed"] == len(keys)
     assert 0 < a.core.counters["replicated"] < len(keys)
+
+
+# --- a message taken over, known again ---------------------------------------------------------
+
+
+def adopted(core: QueueCore) -> list:
+    from zbroker.pzq.core.actions import Adopted
+    return [a for a in core.take_replication() if type(a) is Adopted]
+
+
+def written(core: QueueCore) -> None:
+    appended = [a.seq for a in core.take_output() if type(a) is Append]
+    core.batch_done(BatchResult((), 0, placed=tuple(appended)))
+
+
+def test_a_copy_taken_over_keeps_the_first_key_of_its_message():
+    core = QueueCore(Limits(replicas=1))
+    core.adopt(b"replica:k1", (b"body",), 1, ("origin", b"k1"), copy_key=b"k1")
+    (m,) = core.messages.values()
+    assert m.key.startswith(b"k1" + wire.ADOPTED) and wire.root_key(m.key) == b"k1"
+    # taken over again elsewhere: still one level
+    assert wire.adopted_key(m.key, b"new") == b"k1" + wire.ADOPTED + b"new"
+
+
+def test_our_own_message_come_back_is_held_once_and_claimed_by_nobody():
+    """Our message k, taken over by a peer (its key k~x) and copied on to us: taken over
+    here, it is already here; we tell nobody to drop anything for it (the peer tells us to
+    drop k, when it is back, and keeps k~x: one of the two is delivered)."""
+    core = QueueCore(Limits(replicas=1))
+    core.produce(b"P", [b"id1", b"", b"body"], 1)
+    written(core)
+    (own,) = core.messages.values()
+    core.take_replication()
+    core.adopt(b"replica:" + own.key + b"~x", (b"body",), 2, ("peer", own.key + b"~x"),
+               copy_key=own.key + b"~x")
+    assert len(core.messages) == 1
+    ((a),) = adopted(core)
+    assert a.ok and not a.claim
+
+
+def test_a_message_delivered_here_before_is_claimed_when_it_comes_back():
+    core = QueueCore(Limits(replicas=1))
+    core.produce(b"P", [b"id1", b"", b"body"], 1)
+    written(core)
+    (own,) = core.messages.values()
+    core.consumer_ack([own.key, wire.OK])
+    core.take_replication()
+    core.adopt(b"replica:" + own.key + b"~x", (b"body",), 2, ("peer", own.key + b"~x"),
+               copy_key=own.key + b"~x")
+    assert not core.messages
+    ((a),) = adopted(core)
+    assert a.ok and a.claim  # delivered: its holder may drop it
+
+
+def test_the_same_message_taken_over_from_two_holders_is_held_once():
+    core = QueueCore(Limits(replicas=1))
+    core.adopt(b"replica:k1~a", (b"body",), 1, ("a", b"k1~a"), copy_key=b"k1~a")
+    core.adopt(b"replica:k1~b", (b"body",), 1, ("b", b"k1~b"), copy_key=b"k1~b")
+    assert len(core.messages) == 1
+    written(core)
+    got = {a.token[0]: a.claim for a in adopted(core)}
+    assert got == {"a": True, "b": False}  # only the copy held is claimed

@@ -163,3 +163,7 @@ class Unreplicate:
 class Adopted:
     token: Any
     ok: bool
+    #: the queue holds this very copy (written): its origin may be told so (TAKEN). False:
+    #: the queue holds the same message under another key (ours, come back, or taken over
+    #: from another holder): the copy goes, and nobody is told to drop anything for it
+    claim: bool = True

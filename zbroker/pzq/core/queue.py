@@ -73,6 +73,7 @@ MODES = ("push", "stream")
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
 MAX_DELIVERY_BATCH = 1024  # messages in one batch to a batch consumer
+MAX_DONE_ROOTS = 16_384  # delivered replicated messages known again if taken over later
 
 
 @dataclass(frozen=True)
@@ -198,8 +199,15 @@ class QueueCore:
         #: seq -> the producers waiting for it to be written: (peer, msg id, key); a
         #: batch's record is (its BatchWaiter, b"", None)
         self.waiting: dict[int, list[Waiting]] = {}
-        #: seq -> the tokens of the copies it takes over (adopt): Adopted once it is written
-        self.adopting: dict[int, list[Any]] = {}
+        #: seq -> the tokens of the copies it takes over (adopt), each with its Adopted's
+        #: claim: Adopted once that seq is written
+        self.adopting: dict[int, list[tuple[Any, bool]]] = {}
+        #: the first key of each message taken over (wire.root_key) -> its seq here, to know
+        #: it when it comes back under another key (entries of messages gone are let go)
+        self.roots: dict[bytes, int] = {}
+        #: the first keys of the last MAX_DONE_ROOTS replicated messages that left the queue
+        #: delivered, oldest first (not kept across a restart)
+        self.done_roots: dict[bytes, None] = {}
         #: the monotonic time from which nothing is delivered (replication.py's lease: peers
         #: may have taken our messages over since); inf: no lease to keep
         self.deliver_until = float("inf")
@@ -263,6 +271,8 @@ class QueueCore:
             if len(r.frames) != 1:
                 self._goes_alone(r.seq)
             self.keys[r.key] = r.seq
+            if wire.ADOPTED in r.key:
+                self.roots[wire.root_key(r.key)] = r.seq
             self.ids.add(r.msg_id, r.seq)
             self._count(size, 1)
             if self.stream:
@@ -423,22 +433,45 @@ class QueueCore:
             self.waiting[first] = [(w, b"", None)]  # the record: one part
             w.pending += 1
 
-    def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int, token: Any) -> None:
+    def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int, token: Any,
+              copy_key: bytes | None = None) -> None:
         """Take a message over with no producer waiting (a replica whose owner is lost);
-        ``Adopted(token, ok)`` goes to the replication core once the log has written it."""
-        prior = self.ids.get(msg_id)
-        if prior is not None:  # taken over before: Adopted once that one is written
-            if prior in self.adopting or (prior in self.messages and prior >= self.head):
-                self.adopting.setdefault(prior, []).append(token)
-            else:
+        ``Adopted(token, ok, claim)`` goes to the replication core once the log has written
+        it. ``copy_key``: its key at its origin; its new key here starts with the first key
+        the message had (wire.adopted_key), so that it is known when it comes back under
+        another key: our own message, or one taken over here before (no claim then)."""
+        prior, claim = self.ids.get(msg_id), True
+        if prior is None and copy_key is not None:
+            root = wire.root_key(copy_key)
+            if root in self.done_roots:  # delivered here before: its origin may drop it
                 self.replication_out.append(Adopted(token, True))
+                return
+            prior, claim = self.keys.get(root), False
+            if prior is None and (seq := self.roots.get(root)) is not None:
+                m = self.messages.get(seq)
+                if m is not None and wire.root_key(m.key) == root:
+                    prior = seq
+        if prior is not None:  # held before: Adopted once that one is written
+            if prior in self.adopting or (prior in self.messages and prior >= self.head):
+                self.adopting.setdefault(prior, []).append((token, claim))
+            else:
+                self.replication_out.append(Adopted(token, True, claim))
             return
         seq = self.next_seq
         self.next_seq += 1
         key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
+        if copy_key is not None:
+            key = wire.adopted_key(copy_key, key)
+            self._keep_root(wire.root_key(key), seq)
         # not checked against max_backlog: a copy held here was counted there already
         self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
-        self.adopting[seq] = [token]
+        self.adopting[seq] = [(token, True)]
+
+    def _keep_root(self, root: bytes, seq: int) -> None:
+        roots = self.roots
+        roots[root] = seq
+        if len(roots) > 64 and len(roots) > 2 * len(self.messages):
+            self.roots = {r: s for r, s in roots.items() if s in self.messages}
 
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
@@ -510,8 +543,8 @@ class QueueCore:
         for seqs in (result.placed, result.failed, result.acked):
             if adopting:
                 for seq in seqs:
-                    for token in adopting.pop(seq, ()):
-                        self.replication_out.append(Adopted(token, ok))
+                    for token, claim in adopting.pop(seq, ()):
+                        self.replication_out.append(Adopted(token, ok, claim))
             for w in filter(None, map(waiting.pop, seqs, repeat(None))):
                 self._written(w, ok, result.error, now_us)
         if ok:
@@ -665,6 +698,8 @@ class QueueCore:
             return
         self.counters["consumer_acks"] += 1
         self.dispatcher.ack(seq)
+        if self.limits.replicas:
+            self._done(a.key)
         self._drop(seq)
         if confirm_to is not None:
             self.ack_waiters[seq] = (confirm_to, a.key)
@@ -687,6 +722,7 @@ class QueueCore:
                 acked.append(seq)
                 if copies is not None:
                     copies.append(Unreplicate(key))
+                    self._done(key)
         self.counters["unknown_acks"] += len(keys) - len(acked)
         if not acked:
             self.out.append(Confirm(cid, ack_id, wire.ACKED))
@@ -711,6 +747,14 @@ class QueueCore:
             self.replication_out.append(Unreplicate(m.key))
         elif seq in self.waiting:
             self._consumed(seq)
+
+    def _done(self, key: bytes) -> None:
+        """A replicated message was ACKed by a consumer here: a copy of it taken over later
+        is known as delivered (adopt). (Not one a peer said it took: that peer has it.)"""
+        done = self.done_roots
+        done[wire.root_key(key)] = None
+        if len(done) > MAX_DONE_ROOTS:
+            del done[next(iter(done))]
 
     def _consumed(self, seq: int) -> None:
         """A consumer ACKed message ``seq`` before the log said it was durable: its

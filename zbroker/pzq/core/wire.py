@@ -367,6 +367,22 @@ def message_key(base: bytes, seq: int) -> bytes:
     return _KEY % (base, seq & KEY_SEQ_MASK)
 
 
+#: what separates the first key a message had from the one a queue that took it over gave it
+ADOPTED = b"~"
+
+
+def root_key(key: bytes) -> bytes:
+    """The first key the message of ``key`` had (at the queue its producer sent it to)."""
+    return key.partition(ADOPTED)[0]
+
+
+def adopted_key(copy_key: bytes, new_key: bytes) -> bytes:
+    """The key a queue gives a copy it takes over (``copy_key``: its key at its origin):
+    the message's first key, then the queue's own. One level, however often it is taken
+    over, so that any queue knows the message again."""
+    return root_key(copy_key) + ADOPTED + new_key
+
+
 def message_keys(base: bytes, first: int, n: int) -> list[bytes]:
     """The keys of ``n`` messages with the seqs from ``first`` on (:func:`message_key`)."""
     return [_KEY % (base, seq & KEY_SEQ_MASK) for seq in range(first, first + n)]
