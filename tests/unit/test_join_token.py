@@ -9,6 +9,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -165,6 +166,16 @@ def test_reading_a_bad_token_says_where_it_came_from(tmp_path):
         joining.read_token(file=str(path))
     with pytest.raises(JoinTokenError, match="^standard input: the join token is empty"):
         joining.read_token("-", stdin=io.StringIO(""))
+
+
+def test_a_join_file_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """A FIFO held the broker's start for ever (reading it waits for a writer)."""
+    fifo = tmp_path / "cluster.join"
+    os.mkfifo(fifo)
+    with pytest.raises(JoinTokenError, match="is not a regular file"):
+        joining.read_token(file=str(fifo))  # (a blocking open would hang here)
+    with pytest.raises(JoinTokenError, match="is not a regular file"):
+        joining.read_token(file=str(tmp_path))  # a directory
 
 
 # --- installing its key -------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import stat
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,7 +42,14 @@ def read_token(value: str | None = None, file: str | None = None,
     JoinTokenError saying what is wrong otherwise."""
     if file is not None:
         try:
-            with open(file, encoding="utf-8", errors="replace") as f:
+            # opened without blocking, and refused unless a regular file: a FIFO (or a
+            # device) would hold the broker's start for ever, waiting for a writer
+            fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise JoinTokenError(f"the join file {file} is not a regular file: copy the "
+                                     "join file itself to this host, or use --join -")
+            with open(fd, encoding="utf-8", errors="replace") as f:
                 text = f.read(MAX_INPUT)
         except OSError as exc:
             raise JoinTokenError(f"cannot read the join file {file}: "
