@@ -84,7 +84,17 @@ class SimLog:
         self.pending_acks.update(seq for seq in seqs if seq in self.records)
         return dropped
 
-    def write(self) -> BatchResult | None:
+    def write(self, full: bool = False) -> BatchResult | None:
+        """What the writer does now; with ``full`` (no space left), as the store does: the
+        records fail (their producers get "0"), the ACKs wait for the next write."""
+        if full:
+            if not (self.pending or self.acked_unwritten):
+                return None
+            failed = tuple(sorted(self.pending))
+            avoided = tuple(self.acked_unwritten)
+            self.pending, self.acked_unwritten = {}, []
+            return BatchResult((), 0, failed=failed, error="No space left on device",
+                               acked=avoided)
         if not (self.pending or self.pending_acks or self.acked_unwritten):
             return None
         placed = tuple(sorted(self.pending))
@@ -106,6 +116,7 @@ class SimLog:
 class Disk:
     logs: dict[str | None, SimLog] = field(default_factory=lambda: {None: SimLog()})
     taken: dict[str, list[bytes]] = field(default_factory=dict)
+    full: bool = False  # no space left: every write fails
 
 
 class SimBroker:
@@ -163,7 +174,7 @@ class SimBroker:
 
     def write_some(self, rng: random.Random, chance: float) -> None:
         for log, sim_log in list(self.disk.logs.items()):
-            if rng.random() < chance and (result := sim_log.write()) is not None:
+            if rng.random() < chance and (result := sim_log.write(self.disk.full)) is not None:
                 core = self.rep.log_core(log)
                 if core is not None:
                     core.batch_done(result)
@@ -225,6 +236,7 @@ class Sim:
         self.deliveries: dict[bytes, list[tuple[str, bytes]]] = {}  # id -> (host, key)
         self.faults: list[str] = []  # what the nemesis did, with the time
         self.kill_after_takeover = False
+        self.disk_faults = False  # the nemesis also fills disks (for 2-8 s)
         self._doomed: set[str] = set()
         self._restarts: list[tuple[float, str, str]] = []  # (when, what, whom)
         for n in names:
@@ -359,6 +371,14 @@ class Sim:
         self.paused.add(name)
         self._restarts.append((self.now + seconds, "resume", name))
 
+    def fill_disk(self, name: str, seconds: float) -> None:
+        """``name``'s disk is full for ``seconds``: its writes fail."""
+        if self.disks[name].full:
+            return
+        self.faults.append(f"{self.now - 1000:7.2f} fill {name}'s disk for {seconds:.1f} s")
+        self.disks[name].full = True
+        self._restarts.append((self.now + seconds, "free", name))
+
     def cut_off(self, name: str, seconds: float) -> None:
         if name in self.cut:
             return
@@ -379,12 +399,16 @@ class Sim:
                         s.heard = self.now  # read before its timers run
             elif what == "link":
                 self.cut.discard(name)
+            elif what == "free":
+                self.disks[name].full = False
 
     def random_fault(self) -> None:
         rng = self.rng
         name = rng.choice(self.names)
-        kind = rng.choice(("kill", "cut", "pause"))
-        if kind == "kill":
+        kind = rng.choice(("kill", "cut", "pause", *(("full",) if self.disk_faults else ())))
+        if kind == "full":
+            self.fill_disk(name, rng.uniform(2, 8))
+        elif kind == "kill":
             self.crash(name, rng.uniform(1, 5))
         elif kind == "cut":
             self.cut_off(name, rng.uniform(2, 10))

@@ -233,6 +233,43 @@ def test_an_origin_back_waits_for_its_holder_that_died_right_after_taking_its_co
     assert not [i for i in twice if i.startswith(b"a-")], verdict
 
 
+def test_a_holder_whose_disk_is_full_keeps_the_copies_and_takes_them_over_later():
+    """Taking copies over writes them into the queue's log: with the disk full that fails,
+    and the copies must stay in the replica log, to be taken over once it can write."""
+    sim = Sim(10, consume_rate=0.0, write_chance=1.0)
+    sim.run(2, faults=False)
+    holder = holder_of(sim, "a")
+    h = sim.brokers[holder]
+    a_id = sim.brokers["a"].node_id
+    held = len(h.rep.origins[a_id].core.messages)
+    assert held > 10
+    sim.fill_disk(holder, 4.0)
+    sim.crash("a", 60.0)
+    sim.run(2.0, faults=False)
+    assert h.rep.taken_over >= held  # tried ...
+    assert len(h.rep.origins[a_id].core.messages) == held  # ... and kept them all
+    assert not [m for m in h.core.messages.values() if m.msg_id.startswith(b"replica:")]
+    assert not h.rep.taken and not sim.disks[holder].taken  # nothing told, nothing claimed
+    sim.run(14.0, faults=False)  # the disk is free again; a is still away
+    assert not h.rep.origins[a_id].core.messages  # taken over, written
+    assert len(h.rep.taken[a_id]) == held
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost and not verdict.unexpected, verdict
+
+
+@pytest.mark.parametrize("seed", range(100, 106))
+def test_random_faults_with_full_disks_lose_no_acked_message(seed):
+    sim = Sim(seed)
+    sim.disk_faults = True
+    sim.kill_after_takeover = seed % 2 == 1
+    sim.run(60)
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert verdict.acked > 1500, verdict
+    assert not verdict.lost and not verdict.unexpected, verdict
+
+
 def test_two_brokers_keep_taking_over_without_a_quorum():
     """With two brokers there is no majority to tell a partition from a death: a holder
     takes a lost origin's copies over at once, as before fencing (duplicates possible)."""
