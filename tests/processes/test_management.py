@@ -463,7 +463,8 @@ sys.exit(main(sys.argv[1:]))
 
 def as_other_user(args: list[str]) -> subprocess.CompletedProcess[str]:
     """Run ``zbroker ARGS`` as another user: with setpriv or runuser when that user may run
-    this interpreter, else by dropping privileges in the process itself."""
+    this interpreter and import zbroker with it, else by dropping privileges in the process
+    itself (which has imported it already)."""
     env = broker_env(Path("/"))
     env.pop("XDG_RUNTIME_DIR")
     tool = None
@@ -471,8 +472,16 @@ def as_other_user(args: list[str]) -> subprocess.CompletedProcess[str]:
         tool = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups"]
     elif shutil.which("runuser"):
         tool = ["runuser", "-u", pwd.getpwuid(OTHER_UID).pw_name, "--"]
-    if tool and subprocess.run([*tool, sys.executable, "-c", "pass"], cwd="/",
-                               capture_output=True).returncode == 0:
+    if tool:
+        # (the other user may run the interpreter and still not reach our package, or the
+        # interpreter's own library: a clone in a home of mode 0700 gave "No module named
+        # zbroker"; dropping privileges in the process fails there too, at its next import)
+        probe = subprocess.run([*tool, sys.executable, "-c", "import zbroker.cli, argparse"],
+                               cwd="/", capture_output=True, text=True, env=env)
+        if probe.returncode:
+            why = (probe.stderr.strip().splitlines() or ["?"])[-1]
+            pytest.skip(f"uid {OTHER_UID} cannot run {sys.executable} with zbroker (a clone "
+                        f"or an interpreter in a private home?): {why}")
         command = [*tool, sys.executable, "-m", "zbroker", *args]
     else:
         command = [sys.executable, "-c", DROP_PRIVILEGES, *args]
