@@ -80,8 +80,31 @@ def test_text_has_no_escape_codes_and_shows_every_section():
     assert "\x1b" not in text
     assert "zbroker top: broker b (pid 7), up 1m 1s, rates over 1.0 s" in text
     assert re.search(r"^logs\s+1\s+1\s+3\.0 MiB/s\s+1\.0 MiB/s", text, re.M), text
-    assert re.search(r"^jobs\s+50\.0/s", text, re.M), text
+    assert re.search(r"^jobs\s+50/s", text, re.M), text
     assert re.search(r"^b2\s+tcp://x:1\s+1\.25 ms\s+0\.5 s ago$", text, re.M), text
+
+
+def test_the_view_fits_80_columns_uncut():
+    """At 80 columns every header and figure was cut ("QUE…  PRODU…  DELIVE…")."""
+    busy = {"produced": 12_345_678, "delivered": 12_345_000, "consumer_acks": 12_300_000,
+            "messages": 1_234_567, "backlog_bytes": 987 << 20, "inflight": 32_000,
+            "producers": 12, "consumers": 34}
+    view = compute_view(
+        Sample(0.0, _status(pipes={"logs-of-webapp-1": _pipe(0, 0)},
+                            queues={"orders-eu-west-1": {"produced": 0}},
+                            peers=[])),
+        Sample(1.0, _status(pipes={"logs-of-webapp-1": _pipe(3 << 30, 3 << 30)},
+                            queues={"orders-eu-west-1": busy},
+                            peers=[{"name": "broker-b", "endpoint": "tcp://10.0.0.2:5670",
+                                    "rtt_s": 0.00125, "last_heard_s": 0.5}])))
+    text = render_text(view, width=80)
+    assert "…" not in text, text
+    assert max(map(len, text.splitlines())) <= 80, text
+    for header in ("QUEUE", "PRODUCED", "DELIVERED", "ACKED", "BACKLOG", "BYTES",
+                   "IN FLIGHT", "P/C", "PIPE", "READERS", "WRITERS", "BUFFERED", "PEER",
+                   "ENDPOINT", "RTT", "LAST HEARD"):
+        assert header in text, (header, text)
+    assert re.search(r"^orders-eu-west-1\s.*\s12/34$", text, re.M), text
 
 
 class Trickle:

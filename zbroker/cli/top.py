@@ -129,7 +129,18 @@ def _bytes_rate(rate: float | None) -> str:
 
 
 def _count_rate(rate: float | None) -> str:
-    return "-" if rate is None else f"{rate:,.1f}/s"
+    return "-" if rate is None else f"{_count(rate)}/s"
+
+
+def _count(n: float) -> str:
+    """A count in at most six characters: 950, 12.5k, 1.23M (the columns fit 80)."""
+    if n < 1000:
+        return f"{n:.1f}" if n and n < 100 and n != int(n) else f"{n:.0f}"
+    for unit in ("k", "M", "G"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.3g}{unit}"
+    return f"{n:.0f}G"
 
 
 def _uptime(seconds: float) -> str:
@@ -145,7 +156,8 @@ def render(view: View, plain: bool = False) -> Any:
     from rich.text import Text
 
     style = {"box": None if plain else box.SIMPLE_HEAD, "show_edge": False,
-             "pad_edge": False, "header_style": None if plain else "bold"}
+             "pad_edge": False, "collapse_padding": True,
+             "header_style": None if plain else "bold"}
     every = "" if view.interval is None else f", rates over {view.interval:.1f} s"
     parts: list[Any] = [Text(
         f"zbroker top: broker {view.broker} (pid {view.pid}), up {_uptime(view.uptime)}"
@@ -166,14 +178,16 @@ def render(view: View, plain: bool = False) -> Any:
     if view.queues:
         parts.append(Text(f"pzq: {len(view.queues)} queues"))
         t = Table(**style)
-        for col in ("QUEUE", "PRODUCED", "DELIVERED", "ACKED", "BACKLOG", "BACKLOG BYTES",
-                    "IN FLIGHT", "PRODUCERS", "CONSUMERS"):
+        # (headers that fit 80 columns with a queue name of 16: "BYTES" is the backlog's,
+        # "P/C" producers and consumers connected)
+        for col in ("QUEUE", "PRODUCED", "DELIVERED", "ACKED", "BACKLOG", "BYTES",
+                    "IN FLIGHT", "P/C"):
             t.add_column(col, justify="left" if col == "QUEUE" else "right", no_wrap=True)
         for q in view.queues[:MAX_ROWS]:
             t.add_row(q["name"], _count_rate(q["produced_rate"]),
                       _count_rate(q["delivered_rate"]), _count_rate(q["acked_rate"]),
-                      f"{q['backlog']:,}", human_bytes(q["backlog_bytes"]),
-                      f"{q['inflight']:,}", str(q["producers"]), str(q["consumers"]))
+                      _count(q["backlog"]), human_bytes(q["backlog_bytes"]),
+                      _count(q["inflight"]), f"{q['producers']}/{q['consumers']}")
         parts.append(t)
     if view.cluster:
         parts.append(Text(f"cluster: {len(view.peers)} peers"))
