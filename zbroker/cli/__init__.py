@@ -62,6 +62,9 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker queue put|get QUEUE   put messages into / get them from a pzq queue
   zbroker queue group create|list|delete QUEUE [G]   a stream queue's reader groups
   zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
+  zbroker init DIR              write the example config, queue config, systemd unit,
+                                logrotate/rsyslog files, dashboard, man pages, completion
+  zbroker completion SHELL      print the shell completion (bash, zsh, tcsh)
   Each takes --json for scripts and --help for more.
 
 a cluster in two commands:
@@ -330,8 +333,16 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "check-config": check_config,
     "queue": queue_command,
     "keygen": keygen,
+    "init": lambda argv: _install().init_command(argv),
+    "completion": lambda argv: _install().completion_command(argv),
     **MANAGEMENT_COMMANDS,
 }
+
+
+def _install() -> Any:
+    from zbroker.cli import install  # (argparse-manpage and shtab only when asked for)
+
+    return install
 
 
 def main(argv: Sequence[str] | None = None) -> int:
