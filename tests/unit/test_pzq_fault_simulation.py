@@ -270,6 +270,41 @@ def test_random_faults_with_full_disks_lose_no_acked_message(seed):
     assert not verdict.lost and not verdict.unexpected, verdict
 
 
+def test_an_origin_waiting_for_a_taker_copies_its_old_backlog_to_nobody_meanwhile():
+    """a is killed; its holder takes its copies over (the third hears of it: TOOK) and is
+    killed too. a, restarted, learns of that taker, and takes the third as its holder: it
+    must not copy it the backlog the taker may hold (seen in the fault runs: the third took
+    those copies over in turn when a was slow, and 6 000 messages came twice), only once the
+    taker has told which it took."""
+    sim = Sim(11, consume_rate=0.0, write_chance=1.0)
+    sim.run(2, faults=False)
+    holder = holder_of(sim, "a")
+    third = next(n for n in sim.names if n not in (holder, "a"))
+    sim.crash("a", 1.5)
+    before = sim.disks["a"].logs[None].next_seq  # a's messages from before its restart
+    sim.run(1.0, faults=False)  # the holder took a's copies over, the third heard of it
+    taken = sim.brokers[holder].rep.taken_over
+    assert taken > 0 and sim.brokers[third].rep.takers
+    sim.crash(holder, 1000.0)
+    sim.run(2.0, faults=False)  # a is back, with the third as its only possible holder
+    a = sim.brokers["a"]
+    assert a.rep.waiting_takers and a.rep.placement.holders
+    a_id = a.node_id
+    old = [m.key for m in a.core.messages.values() if m.seq < before]
+    assert len(old) >= taken
+    held = sim.brokers[third].rep.origins.get(a_id)
+    assert not held or not set(old) & {m.msg_id for m in held.core.messages.values()}
+    sim.restart_at(holder, sim.now)
+    sim.run(2.0, faults=False)  # the taker is back and has told: the rest is copied
+    assert not a.rep.waiting_takers
+    held = sim.brokers[third].rep.origins[a_id]
+    assert {m.key for m in a.core.messages.values()} <= {m.msg_id for m in
+                                                          held.core.messages.values()}
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost and not verdict.duplicates.get("two hosts"), verdict
+
+
 def test_two_brokers_keep_taking_over_without_a_quorum():
     """With two brokers there is no majority to tell a partition from a death: a holder
     takes a lost origin's copies over at once, as before fencing (duplicates possible)."""

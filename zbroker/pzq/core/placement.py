@@ -89,6 +89,19 @@ class Placement:
                     self.recopies[life] = Recopy(deque(keys))
         return added
 
+    def recopy_to_holders(self, backlog: Iterable[bytes]) -> list[str]:
+        """Every holder is to get a copy of ``backlog`` too (copies it has are held once);
+        returns the holders."""
+        keys = list(backlog)
+        if keys:
+            for life in self.holders:
+                r = self.recopies.get(life)
+                if r is None:
+                    self.recopies[life] = Recopy(deque(keys))
+                else:
+                    r.todo.extend(keys)
+        return list(self.holders)
+
     def confirmed(self, life: str, key: bytes) -> None:
         r = self.recopies.get(life)
         if r is not None:

@@ -154,6 +154,7 @@ class ReplicationCore:
         self.waiting_takers: dict[str, tuple[float, str | None]] = {}
         self.synced: set[str] = set()
         self._quorum = True  # (as last logged)
+        self._recopy_owed = False  # the backlog was not re-copied to a new holder (waiting)
         self._next_lease = _NEVER
         self.out: list[Any] = []
         self.taken_over = 0
@@ -348,6 +349,13 @@ class ReplicationCore:
             self._pump_recopies(placement)
 
     def _backlog_keys(self) -> list[bytes]:
+        """What a new holder is to get a copy of: the messages not yet ACKed, none while a
+        peer that may have taken them over has not said which (a second holder would hold
+        copies of messages the first delivers, and take them over in turn); they go once
+        it has (_recopy_owed)."""
+        if self.waiting_takers or self.awaiting:
+            self._recopy_owed = True
+            return []
         return [m.key for m in self.queue.messages.values()]
 
     # --- the cluster --------------------------------------------------------------------------
@@ -451,11 +459,24 @@ class ReplicationCore:
             else:
                 self._log("warning", "pzq queue fenced: no quorum of its hosts answers within "
                           "the lease, its copies may be taken over", lease=lease, **counts)
-        if any(now - t < 4 * lease for t in self.awaiting.values()):
-            until = now  # (briefly: a TAKEN list follows its sender's QUEUES)
-        if any(now - t < TAKERS_WAIT * self.settings.rejoin_grace
-               for t, _ in self.waiting_takers.values()):
-            until = now  # a peer took our copies over: its TAKEN list first
+        # (waited long enough for these: a peer of before says nothing of them)
+        for life in [k for k, t in self.awaiting.items() if now - t >= 4 * lease]:
+            del self.awaiting[life]
+        wait = TAKERS_WAIT * self.settings.rejoin_grace
+        for node_id in [k for k, (t, _) in self.waiting_takers.items() if now - t >= wait]:
+            del self.waiting_takers[node_id]
+        if self.awaiting or self.waiting_takers:
+            # a TAKEN list follows its sender's QUEUES: we deliver once it ended, and once
+            # each peer that took our copies over has sent its own
+            until = now
+        if self._recopy_owed and not self.waiting_takers and not self.awaiting \
+                and self.placement is not None:
+            self._recopy_owed = False
+            backlog = self._backlog_keys()
+            if self.placement.recopy_to_holders(backlog) and backlog:
+                self._log("info", "pzq backlog copied to the holders: the peers that took "
+                          "messages over have said which", messages=len(backlog))
+                self._pump_recopies(self.placement)
         self.queue.deliver_until = until
 
     def _quorum_counts(self, now: float, without: str | None = None) -> dict[str, int]:
