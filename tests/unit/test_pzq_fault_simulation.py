@@ -305,6 +305,30 @@ def test_an_origin_waiting_for_a_taker_copies_its_old_backlog_to_nobody_meanwhil
     assert not verdict.lost and not verdict.duplicates.get("two hosts"), verdict
 
 
+def test_copies_found_at_a_restart_wait_for_their_origin():
+    """A holder cut off misses its origin's DELETEs (the origin goes on with another holder),
+    is killed, and restarts while the origin is away: the copies it finds may be stale, and
+    taking them over after node_timeout delivered again what the origin had delivered (seen
+    in the fault runs, 100 s later). They wait for the origin's return, and its RELEASE."""
+    sim = Sim(12, consume_rate=10.0, write_chance=1.0)
+    sim.run(3, faults=False)
+    holder = holder_of(sim, "a")
+    a_id = sim.brokers["a"].node_id
+    sim.cut_off(holder, 3.0)
+    sim.run(2.5, faults=False)  # a takes the third as its holder and goes on delivering
+    sim.crash(holder, 2.0)
+    sim.run(1.5, faults=False)
+    sim.cut_off("a", 16.0)  # away before the holder is back
+    sim.run(15.0, faults=False)  # the holder restarted long ago, with copies of a's
+    h = sim.brokers[holder]
+    assert h.rep.origins[a_id].core.messages and h.rep.taken_over == 0
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost and not verdict.unexpected, verdict
+    assert sim.brokers[holder].rep.taken_over == 0  # released by a on its return
+    assert not sim.brokers[holder].rep.origins[a_id].core.messages
+
+
 def test_two_brokers_keep_taking_over_without_a_quorum():
     """With two brokers there is no majority to tell a partition from a death: a holder
     takes a lost origin's copies over at once, as before fencing (duplicates possible)."""

@@ -82,6 +82,8 @@ class Origin:
     life: str | None = None  # the cluster peer life its copies came from (None: static peer)
     #: when that life ended: its copies may be taken over until a peer_timeout later
     lost_at: float | None = None
+    #: its copies were taken over and the write failed: taken over again by the clock
+    retry: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,6 +265,7 @@ class ReplicationCore:
             origin.taken_over = False
             origin.life = None
             origin.last_seen = -_NEVER
+            origin.retry = True
             return
         origin.core.remove_by_id(key)
         if a.claim and self.settings.cluster and b"\n" not in key:
@@ -787,10 +790,14 @@ class ReplicationCore:
         self._next_housekeeping = now + s.node_timeout / 4
         if s.static_peers:
             self.out.append(SendStatic(peering.ReplicaPing(self.node_id)))
+        # (copies of a cluster origin found at our start may be stale: it went on with
+        # another holder while we were away; they wait for its return and its RELEASE)
         for origin in [o for o in self.origins.values()
                        if o.life is None and not o.taken_over and o.core.messages
                        and now - o.last_seen > s.node_timeout
-                       and (not s.cluster or self._quorum_without(o.node_id, now))]:
+                       and (not s.cluster
+                            or o.retry and self._quorum_without(o.node_id, now))]:
+            origin.retry = False
             self._take_over(origin, now_us)
 
     def counters(self) -> dict[str, int]:
