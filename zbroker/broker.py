@@ -611,7 +611,8 @@ class Broker:
             "pid": os.getpid(),
             "started": self.started_at,
             "uptime": round(time.monotonic() - self._started_mono, 3),
-            "config": str(self.config.source) if self.config.source else None,
+            # (absolute: the commands that read it may run elsewhere, check-config)
+            "config": str(Path(self.config.source).absolute()) if self.config.source else None,
             "reloads": dict(self.reloads),
             "run_dir": str(self.config.broker.run_dir),
             "services": {s.name: s.status() for s in self.services},

@@ -63,10 +63,14 @@ class ConfigError(Exception):
     ``key`` is the dotted key path at fault (or None), ``source`` the file (or None).
     """
 
-    def __init__(self, message: str, *, key: str | None = None, source: str | None = None):
+    def __init__(self, message: str, *, key: str | None = None, source: str | None = None,
+                 problems: Sequence[ConfigError] = ()):
         super().__init__(message)
         self.key = key
         self.source = source
+        #: every problem found, each its own ConfigError (a file's schema errors are all
+        #: reported at once: the message is theirs, a line each)
+        self.problems: list[ConfigError] = list(problems) or [self]
 
 
 class Invalid(ValueError):
@@ -508,7 +512,12 @@ def parse_config(data: Any, overrides: Mapping[str, Any] | None = None, *,
         raise ConfigError(f"{label}: got {show(data)}, expected a mapping of sections "
                           f"({', '.join(_keys(schema))})", source=_opt(source))
     merged = _merge(data, overrides or {})
-    cfg = _build(schema, merged, (), label, overrides or {}, _opt(source))
+    problems: list[ConfigError] = []
+    cfg = _build(schema, merged, (), label, overrides or {}, _opt(source), problems)
+    if problems:
+        first = problems[0]
+        raise ConfigError("\n".join(str(p) for p in problems), key=first.key,
+                          source=first.source, problems=problems)
     cfg = _resolve(cfg)
     return dataclasses.replace(cfg, source=Path(source) if source is not None else None)
 
@@ -573,13 +582,18 @@ def _is_override(overrides: Mapping[str, Any], path: tuple[str, ...]) -> bool:
 
 
 def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
-           overrides: Mapping[str, Any], source: str | None) -> Any:
+           overrides: Mapping[str, Any], source: str | None,
+           problems: list[ConfigError]) -> Any:
+    """The section ``cls`` from ``data``; each problem found goes to ``problems`` (and the
+    rest is still checked), the section then has its defaults where a value was wrong."""
     dotted = ".".join(path)
     if data is None:  # an empty section ("log:" and nothing under it)
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{label}: {dotted}: got {show(data)}, expected a mapping of keys "
-                          f"({', '.join(_keys(cls))})", key=dotted, source=source)
+        problems.append(ConfigError(
+            f"{label}: {dotted}: got {show(data)}, expected a mapping of keys "
+            f"({', '.join(_keys(cls))})", key=dotted, source=source))
+        return cls()
     known = _keys(cls)
     for key in data:
         if key not in known:
@@ -589,8 +603,9 @@ def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
             parent = f"under {dotted!r}" if dotted else "at the top level"
             note = getattr(cls, "unknown_key_note", None)
             note = "; " + note.format(key=key) if note else ""
-            raise ConfigError(f"{label}: unknown key {where!r}{did_you_mean}; known keys "
-                              f"{parent}: {', '.join(known)}{note}", key=where, source=source)
+            problems.append(ConfigError(
+                f"{label}: unknown key {where!r}{did_you_mean}; known keys {parent}: "
+                f"{', '.join(known)}{note}", key=where, source=source))
     values: dict[str, Any] = {}
     for f in schema_fields(cls):
         if f.name not in data:
@@ -598,7 +613,7 @@ def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
         sub = (*path, f.name)
         if "section" in f.metadata:
             values[f.name] = _build(_section_of(f), data[f.name], sub, label,
-                                    overrides, source)
+                                    overrides, source, problems)
             continue
         value = data[f.name]
         try:
@@ -606,8 +621,8 @@ def _build(cls: type, data: Any, path: tuple[str, ...], label: str,
         except Invalid as exc:
             key = ".".join(sub)
             origin = "command line" if _is_override(overrides, sub) else label
-            raise ConfigError(f"{origin}: {key}: got {show(value)}, expected {exc}",
-                              key=key, source=source) from None
+            problems.append(ConfigError(f"{origin}: {key}: got {show(value)}, expected {exc}",
+                                        key=key, source=source))
     return cls(**values)
 
 

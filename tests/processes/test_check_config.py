@@ -4,11 +4,12 @@ check-config passes starts. Real broker processes; every config is a file."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port, run_zbroker, unique_name
+from helpers import free_port, run_zbroker, unique_name, write_config
 
 KEY = "zbroker: "
 
@@ -179,3 +180,36 @@ def test_reload_refuses_a_config_that_would_not_start(start_broker, tmp_path):
         f"{jobs['receive_endpoint']}: give each its own"]
     assert b.alive()
     assert b.stop() == 0
+
+
+def test_without_a_file_the_running_brokers_config_is_checked(start_broker, tmp_path):
+    """With no FILE, check-config checked the file a broker started here would read (or
+    said "no config file found") beside a running broker started with --config: it checks
+    the file the running broker that the management commands find uses."""
+    b = start_broker(config={"log": {"level": "info"}})
+    status = json.loads(run_zbroker(["status", b.name, "--json"], cwd=b.dir).stdout)
+    here = tmp_path / "here"  # its zbroker.cfg only names the broker, as an operator's would
+    here.mkdir()
+    (here / "zbroker.cfg").write_text(yaml.safe_dump(
+        {"broker": {"name": b.name, "run_dir": status["run_dir"]}, "log": {"levle": 1}}))
+    r = run_zbroker(["check-config"], cwd=here)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{status['config']}: OK (the config of the running broker " \
+                       f"{b.name!r})\n", r.stdout
+    assert Path(status["config"]).is_absolute()
+    b.stop()
+    r = run_zbroker(["check-config"], cwd=here)  # none runs: the file here, and its error
+    assert r.returncode == 1 and "log.levle" in r.stderr, r
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
+    path = write_config(tmp_path / "bad.cfg", {
+        "log": {"levle": "debug"}, "clients": {"timeout": "soon"},
+        "cluster": {"peer_timeout": -1}})
+    r = run_zbroker(["check-config", str(path)], cwd=tmp_path)
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert len(lines) == 3, r.stderr
+    assert any("log.levle" in line for line in lines)
+    assert any("clients.timeout" in line for line in lines)
+    assert any("cluster.peer_timeout" in line for line in lines)

@@ -272,13 +272,25 @@ def check_config(argv: Sequence[str]) -> int:
         description="Validate a zbroker config file as the broker's start does (all but what "
                     "needs binding: a port another process holds is found only then): print "
                     "OK, or each problem on a line with the key(s) at fault, and exit with "
-                    "status 0 or 1. Without FILE, check the file the broker would read: "
+                    "status 0 or 1; every problem of the file at once. Without FILE, check "
+                    "the file of the running broker that the management commands would find "
+                    "here, else the file a broker started here would read: "
                     + ", then ".join(CONFIG_SEARCH_PATH) + ".",
     )
     parser.add_argument("file", metavar="FILE", nargs="?", help="the config file to check")
     args = parser.parse_args(argv)
+    which = ""
+    path = args.file
+    if path is None:
+        running = _running_config()
+        if running is not None:
+            name, path = running
+            which = (f" (the config of the running broker {name!r})" if path else
+                     f"the running broker {name!r} runs on the embedded defaults, and so "
+                     f"would a broker started here")
+        else:
+            path = find_config_file()
     try:
-        path = args.file if args.file is not None else find_config_file()
         config = load_config(path) if path is not None else load_config(None, search=())
         problems = config_problems(config)
     except ConfigError as exc:
@@ -289,10 +301,26 @@ def check_config(argv: Sequence[str]) -> int:
             error(f"{path}: {problem}" if path is not None else problem)
         return 1
     if path is None:
-        print("OK: no config file found; the broker would run on the embedded defaults")
+        print(f"OK: {which}" if which else "OK: no config file found (looked for "
+              + ", ".join(CONFIG_SEARCH_PATH) + "); the broker would run on the embedded "
+              "defaults")
     else:
-        print(f"{path}: OK")
+        print(f"{path}: OK{which}")
     return 0
+
+
+def _running_config() -> tuple[str, str | None] | None:
+    """(name, config file or None for the embedded defaults) of the running broker that
+    the management commands find from here; None if none answers."""
+    from zbroker.cli.common import locate
+    from zbroker.management import CommandError, NoAccess, NotRunning, request
+
+    try:
+        name, run_dir = locate(argparse.Namespace(config=None, name=None, run_dir=None))
+        status = request(run_dir, name, {"command": "status"})
+    except (ConfigError, NotRunning, NoAccess, CommandError, OSError):
+        return None
+    return name, status.get("config")
 
 
 def keygen(argv: Sequence[str]) -> int:
