@@ -233,8 +233,11 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(port, host, registry=self.registry)
         except OSError as exc:
-            raise MetricsError(f"cannot serve metrics on {bind}: "
-                               f"{exc.strerror or exc}") from None
+            from zbroker.runtime.port_holder import held
+
+            raise MetricsError(f"cannot serve metrics (metrics.bind) on {bind}: "
+                               f"{exc.strerror or exc}{held(f'tcp://{host}:{port}')}"
+                               ) from None
         self.bind = bind
 
     @property

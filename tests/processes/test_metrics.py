@@ -265,7 +265,7 @@ def test_reload_moves_the_endpoint_or_is_refused(start_broker, tmp_path):
                                      "log": {"level": "debug"}})
         r = run_zbroker(["reload", b.name, "--run-dir", str(b.run_dir)], cwd=b.dir)
         assert r.returncode == 1
-        assert f"cannot serve metrics on 127.0.0.1:{busy}" in r.stderr
+        assert f"cannot serve metrics (metrics.bind) on 127.0.0.1:{busy}" in r.stderr
         assert "Traceback" not in r.stderr
     _, samples = scrape(second)
     assert value(samples, "zbroker_config_reloads_total", result="refused") == 1
@@ -281,7 +281,9 @@ def test_a_broker_that_cannot_bind_its_metrics_does_not_start(start_broker, tmp_
         b = start_broker(args=["--metrics", f"127.0.0.1:{port}"], wait=False)
         assert b.wait() == 1
     err = b.stderr()
-    assert f"zbroker: cannot serve metrics on 127.0.0.1:{port}" in err
+    # the setting, and who holds the port (this test's process)
+    assert f"zbroker: cannot serve metrics (metrics.bind) on 127.0.0.1:{port}: Address " \
+           f"already in use; held by pid {os.getpid()}: " in err, err
     assert "Traceback" not in err
     r = run_zbroker(["--metrics", "nowhere:x"], cwd=tmp_path)
     assert r.returncode == 1

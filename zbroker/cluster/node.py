@@ -44,6 +44,7 @@ import functools
 import hmac
 import itertools
 import json
+import os
 import struct
 import time
 import uuid
@@ -246,8 +247,11 @@ class ClusterNode:
                 router.close(linger=0)
                 if self._guard is not None:
                     self._guard.close()
-                raise ClusterError(f"cannot bind the cluster socket to {cfg.bind}: "
-                                   f"{exc}") from None
+                from zbroker.runtime.port_holder import held
+
+                raise ClusterError(f"cannot bind the cluster socket (cluster.bind) to "
+                                   f"{cfg.bind}: {os.strerror(exc.errno)}{held(cfg.bind)}"
+                                   ) from None
         self._router = router
         self._watch_socket(router)
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -211,5 +211,8 @@ async def bind(endpoint: Receiver, address: str, role: str, name: str) -> None:
         await endpoint.start(address)
     except (OSError, EndpointError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise QueueError(f"queue {name!r}: cannot bind its {role} socket to {address}: "
-                         f"{why}") from None
+        from zbroker.runtime.port_holder import held
+
+        raise QueueError(f"queue {name!r}: cannot bind its {role} socket "
+                         f"(services.pzq.queues.{name}.{role}_endpoint) to {address}: "
+                         f"{why}{held(address)}") from None

@@ -193,8 +193,11 @@ class QueueServer:
         except (OSError, EndpointError) as exc:
             self._receiver = None
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise QueueError(f"queue {s.name!r}: cannot bind its receive socket to "
-                             f"{s.receive_endpoint}: {why}") from None
+            from zbroker.runtime.port_holder import held
+
+            raise QueueError(f"queue {s.name!r}: cannot bind its receive socket "
+                             f"(services.pzq.queues.{s.name}.receive_endpoint) to "
+                             f"{s.receive_endpoint}: {why}{held(s.receive_endpoint)}") from None
         self._consumers = Consumers(self.core, s, self.loop, self._flush, self._soon,
                                     self.log, self.dropped)
         await self._consumers.start()
