@@ -124,7 +124,7 @@ def test_an_origin_back_with_a_quorum_waits_for_the_peer_that_took_its_copies():
     sim.cut_off(holder, 6.0)
     sim.run(1.5, faults=False)  # a is back, with the third broker
     a = sim.brokers["a"]
-    assert a.rep.waiting_takers and a.core.deliver_until <= sim.now
+    assert a.rep.fence.waiting_takers and a.core.deliver_until <= sim.now
     sim.heal_and_drain()
     verdict = sim.check()
     assert not verdict.lost and not verdict.duplicates.get("two hosts"), verdict
@@ -198,7 +198,7 @@ def test_a_holder_resumed_takes_nothing_over_from_an_origin_that_ended_its_life(
     h.rep.cluster_message("t#new", peering.encode(peering.Lease(QUEUE, t.node_id, stamp,
                                                                  answer=True)),
                           now + 0.005, int(now * 1e6))
-    assert h.rep._quorum_without(c_id, now + 0.01)  # (so the quorum is there)
+    assert h.rep.fence.quorum_without(c_id, now + 0.01)  # (so the quorum is there)
     h.rep.peer_gone(old_c, now + 0.01, int(now * 1e6))  # c's refusal ends its old life
     for dt in (0.2, 0.6, 1.2, 2.5):  # and c comes back a moment later, or not at all
         h.rep.tick(now + dt, int((now + dt) * 1e6))
@@ -224,7 +224,7 @@ def test_an_origin_back_waits_for_its_holder_that_died_right_after_taking_its_co
     sim.restart_at(holder, sim.now + 5.0)
     sim.run(3.0, faults=False)  # a is back with the third; the holder is still down
     a = sim.brokers["a"]
-    assert node_id_of(holder) in a.rep.waiting_takers
+    assert node_id_of(holder) in a.rep.fence.waiting_takers
     assert a.core.deliver_until <= sim.now
     sim.heal_and_drain()
     verdict = sim.check()
@@ -288,7 +288,7 @@ def test_an_origin_waiting_for_a_taker_copies_its_old_backlog_to_nobody_meanwhil
     sim.crash(holder, 1000.0)
     sim.run(2.0, faults=False)  # a is back, with the third as its only possible holder
     a = sim.brokers["a"]
-    assert a.rep.waiting_takers and a.rep.placement.holders
+    assert a.rep.fence.waiting_takers and a.rep.placement.holders
     a_id = a.node_id
     old = [m.key for m in a.core.messages.values() if m.seq < before]
     assert len(old) >= taken
@@ -296,7 +296,7 @@ def test_an_origin_waiting_for_a_taker_copies_its_old_backlog_to_nobody_meanwhil
     assert not held or not set(old) & {m.msg_id for m in held.core.messages.values()}
     sim.restart_at(holder, sim.now)
     sim.run(2.0, faults=False)  # the taker is back and has told: the rest is copied
-    assert not a.rep.waiting_takers
+    assert not a.rep.fence.waiting_takers
     held = sim.brokers[third].rep.origins[a_id]
     assert {m.key for m in a.core.messages.values()} <= {m.msg_id for m in
                                                           held.core.messages.values()}

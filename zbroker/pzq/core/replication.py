@@ -47,6 +47,7 @@ from zbroker.pzq.core.actions import (
     SendStatic,
     Unreplicate,
 )
+from zbroker.pzq.core.fence import Fence
 from zbroker.pzq.core.peering import is_node
 from zbroker.pzq.core.placement import Placement
 from zbroker.pzq.core.queue import QUEUE_FULL, Budget, Limits, QueueCore
@@ -137,25 +138,11 @@ class ReplicationCore:
         #: its returns) for TAKEN_KEEP rejoin graces more, since its drops are not on its
         #: disk at once, and a crash meanwhile brings them back
         self.taken_told: dict[str, float] = {}
-        #: the fence (cluster only): the peer lives hosting this queue and their node ids,
-        #: when (our clock) we asked the LEASE each answered last, the node ids of every
-        #: host seen (the quorum's base), and the lives whose TAKEN list has not ended yet
-        #: (since when)
-        self.hosts: dict[str, str] = {}
-        self.heard: dict[str, float] = {}
-        self.known_nodes: set[str] = set()
-        self.awaiting: dict[str, float] = {}
-        #: when anything last came from each host's queue (by node id), whatever its life
-        self.last_from: dict[str, float] = {}
-        #: who took whose copies over, as the takers said (TOOK): origin node id -> {taker
-        #: node id: when}, told to the origin when it is back (TAKERS), kept as taken lists
+        #: the fence (cluster only: fence.py); who took whose copies over, as the takers
+        #: said (TOOK): origin node id -> {taker node id: when}, told to the origin when it
+        #: is back (TAKERS), kept as taken lists are
+        self.fence = Fence(s.lease if s.cluster else 0.0, TAKERS_WAIT * s.rejoin_grace)
         self.takers: dict[str, dict[str, float]] = {}
-        #: the takers of our copies we were told of, whose TAKEN list we wait for (since
-        #: when), and the hosts whose list ended in their present life
-        #: (since when, its life then: an answer of that same life says it took nothing)
-        self.waiting_takers: dict[str, tuple[float, str | None]] = {}
-        self.synced: set[str] = set()
-        self._quorum = True  # (as last logged)
         self._recopy_owed = False  # the backlog was not re-copied to a new holder (waiting)
         self._next_lease = _NEVER
         self.out: list[Any] = []
@@ -356,7 +343,7 @@ class ReplicationCore:
         peer that may have taken them over has not said which (a second holder would hold
         copies of messages the first delivers, and take them over in turn); they go once
         it has (_recopy_owed)."""
-        if self.waiting_takers or self.awaiting:
+        if self.fence.awaiting or self.fence.waiting_takers:
             self._recopy_owed = True
             return []
         return [m.key for m in self.queue.messages.values()]
@@ -376,11 +363,8 @@ class ReplicationCore:
             self._told_taken(life, node_id, now)
             # first: copies it holds from before are stale
             self.out.append(SendCluster(life, peering.Release(self._qname, self.node_id)))
-            self.hosts[life] = node_id
-            self.known_nodes.add(node_id)
-            self.last_from[node_id] = now
-            if self.settings.lease:  # its TAKEN list (maybe empty) before we deliver
-                self.awaiting[life] = now
+            self.fence.joined(life, node_id, now)  # its TAKEN list (maybe empty) is owed
+            if self.settings.lease:
                 self.out.append(SendCluster(life, self._lease(now)))
                 self._fence(now)
         placement = self.placement
@@ -415,64 +399,32 @@ class ReplicationCore:
 
     # --- the fence ----------------------------------------------------------------------------
 
-    def quorum_others(self) -> int:
-        """How many other hosts of this queue make a quorum with us: a majority of every host
-        seen (0 with fewer than three: no quorum can be told from a partition then; 0 without
-        a lease: no fencing)."""
-        n = len(self.known_nodes) + 1
-        return 0 if n < 3 or not self.settings.lease else n // 2
-
     def _lease(self, now: float) -> peering.Lease:
         return peering.Lease(self._qname, self.node_id, repr(now).encode())
 
-    def _fresh(self, now: float, without: str | None = None) -> list[float]:
-        """When we asked the LEASEs answered within the lease, latest first (``without``: not
-        counting that node id's)."""
-        lease, hosts = self.settings.lease, self.hosts
-        return sorted((t for life, t in self.heard.items()
-                       if now - t < lease and hosts.get(life) != without), reverse=True)
-
     def _fence(self, now: float) -> None:
-        """Until when our queue may deliver: while a quorum of its hosts has been heard within
-        the lease (so that none of them can take our copies over meanwhile), and once every
-        host that came has ended its TAKEN list."""
-        lease = self.settings.lease
-        if not lease or not self.settings.cluster:
+        """Until when our queue may deliver (fence.py), said to the queue core; what the
+        fence owes us when it is lifted (the backlog's copies)."""
+        if not self.settings.lease or not self.settings.cluster:
             return
-        until = _NEVER
-        need = self.quorum_others()
-        if need:
-            fresh = self._fresh(now)
-            until = fresh[need - 1] + lease if len(fresh) >= need else now
+        fence = self.fence
+        until = fence.quorum_until(now)
         quorum = until > now
-        if quorum != self._quorum:
-            self._quorum = quorum
+        if quorum != fence.quorum:
+            fence.quorum = quorum
             if not quorum and self.placement is not None:
-                # our holders may take our copies over from now on: once we are heard
-                # again, each tells us first (its TAKEN list in a new life), or answers
-                # in the life it had (it took nothing: it never lost us)
-                for life in self.placement.holders:
-                    node_id = self.hosts.get(life)
-                    if node_id is not None:
-                        self.waiting_takers.setdefault(node_id, (now, life))
-            counts = self._quorum_counts(now)
+                fence.fenced(self.placement.holders, now)
             if quorum:
                 self._log("info", "pzq queue delivers again: a quorum of its hosts answers",
-                          **counts)
+                          **fence.counts(now))
             else:
                 self._log("warning", "pzq queue fenced: no quorum of its hosts answers within "
-                          "the lease, its copies may be taken over", lease=lease, **counts)
-        # (waited long enough for these: a peer of before says nothing of them)
-        for life in [k for k, t in self.awaiting.items() if now - t >= 4 * lease]:
-            del self.awaiting[life]
-        wait = TAKERS_WAIT * self.settings.rejoin_grace
-        for node_id in [k for k, (t, _) in self.waiting_takers.items() if now - t >= wait]:
-            del self.waiting_takers[node_id]
-        if self.awaiting or self.waiting_takers:
-            # a TAKEN list follows its sender's QUEUES: we deliver once it ended, and once
-            # each peer that took our copies over has sent its own
-            until = now
-        if self._recopy_owed and not self.waiting_takers and not self.awaiting \
+                          "the lease, its copies may be taken over", lease=fence.lease,
+                          **fence.counts(now))
+        if fence.waiting(now):
+            until = now  # a TAKEN list first
+        self.queue.deliver_until = until
+        if self._recopy_owed and not fence.awaiting and not fence.waiting_takers \
                 and self.placement is not None:
             self._recopy_owed = False
             backlog = self._backlog_keys()
@@ -480,28 +432,12 @@ class ReplicationCore:
                 self._log("info", "pzq backlog copied to the holders: the peers that took "
                           "messages over have said which", messages=len(backlog))
                 self._pump_recopies(self.placement)
-        self.queue.deliver_until = until
-
-    def _quorum_counts(self, now: float, without: str | None = None) -> dict[str, int]:
-        """For the log, in plain numbers: the queue's hosts seen (ourselves counted), those
-        answering within the lease (ourselves counted), and how many make a majority."""
-        hosts = len(self.known_nodes) + 1
-        return {"hosts": hosts, "answering": len(self._fresh(now, without)) + 1,
-                "majority": hosts // 2 + 1}
-
-    def _quorum_without(self, node_id: str, now: float) -> bool:
-        """A quorum of the queue's hosts other than ``node_id`` is heard: that node, if it is
-        alive, is outside it and has stopped delivering (its own fence)."""
-        need = self.quorum_others()
-        return not need or len(self._fresh(now, without=node_id)) >= need
 
     def peer_gone(self, life: str, now: float, now_us: int) -> None:
         """A peer of the cluster left (or was lost): replace it as a holder of our copies;
         deliver the copies we hold for it if a quorum without it answers our LEASEs (else it
         may still deliver them; they wait for its return, and its RELEASE)."""
-        self.synced.discard(self.hosts.pop(life, ""))
-        self.heard.pop(life, None)
-        self.awaiting.pop(life, None)
+        self.fence.left(life)
         self._fence(now)
         placement = self.placement
         if placement is not None:
@@ -523,14 +459,14 @@ class ReplicationCore:
         what it sent before comes first. Not taken over within TAKEOVER_WINDOW leases, they
         wait for the origin's return (its RELEASE)."""
         lease = self.settings.lease
+        fence = self.fence
         for origin in self.origins.values():
             lost = origin.lost_at
             if lost is None or origin.taken_over or not origin.core.messages:
                 origin.lost_at = None
                 continue
             node_id = origin.node_id
-            if (self._quorum_without(node_id, now)
-                    and now - self.last_from.get(node_id, -_NEVER) >= lease):
+            if fence.quorum_without(node_id, now) and fence.silent(node_id, now):
                 origin.lost_at = None
                 self._take_over(origin, now_us)
             elif now - lost >= TAKEOVER_WINDOW * lease:
@@ -538,7 +474,7 @@ class ReplicationCore:
                 self._log("warning", "pzq replica origin lost, its copies kept: no quorum "
                           "of the queue's hosts answers us without it, or it was heard "
                           "meanwhile", node=node_id, copies=len(origin.core.messages),
-                          **self._quorum_counts(now, node_id))
+                          **fence.counts(now, node_id))
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
                         now_us: int) -> bool:
@@ -546,9 +482,7 @@ class ReplicationCore:
         False if it is malformed, or not meant for this queue."""
         msg = peering.decode(frames)
         peer = CLUSTER_PEER + life.encode()
-        sender = self.hosts.get(life)
-        if sender is not None:
-            self.last_from[sender] = now
+        self.fence.heard(life, now)
         # (type() again in each test, not once in a name: mypy narrows only the former;
         # COPY, the common one, is tested first)
         if type(msg) is peering.Copy:
@@ -573,36 +507,31 @@ class ReplicationCore:
             if msg.node_id != self.node_id:
                 return False
             if not msg.keys:  # the list is over
-                node_id = self.hosts.get(life)
-                if node_id is not None:
-                    self.synced.add(node_id)
-                    self.waiting_takers.pop(node_id, None)
-                self.awaiting.pop(life, None)
+                self.fence.list_ended(life)
                 self._fence(now)
                 return True
             dropped = sum(self.queue.taken_back(key) for key in msg.keys)
             self._log("info", "pzq messages delivered by a peer in our absence dropped",
                       peer=life, dropped=dropped, listed=len(msg.keys))
         elif type(msg) is peering.Took:
-            taker = self.hosts.get(life)
+            taker = self.fence.hosts.get(life)
             if taker is None or msg.node_id == taker:
                 return True
             self.takers.setdefault(msg.node_id, {})[taker] = now
-            origin_life = next((k for k, v in self.hosts.items() if v == msg.node_id), None)
+            origin_life = next((k for k, v in self.fence.hosts.items() if v == msg.node_id),
+                               None)
             if origin_life is not None:  # it is alive to us: it stops delivering at once
                 self.out.append(SendCluster(origin_life, peering.Takers(
                     self._qname, msg.node_id, [taker])))
         elif type(msg) is peering.Takers:
             if msg.node_id != self.node_id:
                 return False
-            for taker in msg.takers:
-                if taker != self.node_id and taker not in self.synced:
-                    self.waiting_takers.setdefault(taker, (now, None))
+            self.fence.told_takers(msg.takers, self.node_id, now)
             self._log("warning", "pzq queue waits for the peers that took its copies over",
-                      takers=msg.takers, waiting=len(self.waiting_takers))
+                      takers=msg.takers, waiting=len(self.fence.waiting_takers))
             self._fence(now)
         elif type(msg) is peering.Lease:
-            if life not in self.hosts:
+            if life not in self.fence.hosts:
                 return True  # (before its QUEUES, or after its life)
             if not msg.answer:
                 self.out.append(SendCluster(life, dataclasses.replace(
@@ -612,12 +541,8 @@ class ReplicationCore:
                 asked = float(msg.stamp)
             except ValueError:
                 return False
-            if asked <= now and asked > self.heard.get(life, -_NEVER):
-                self.heard[life] = asked
-                waited = self.waiting_takers.get(msg.node_id)
-                if waited is not None and waited[1] == life:
-                    del self.waiting_takers[msg.node_id]
-                self._fence(now)
+            self.fence.answer(life, asked, now)
+            self._fence(now)
         else:
             return False
         return True
@@ -726,7 +651,7 @@ class ReplicationCore:
         self.taken_over += len(messages)
         if self.settings.cluster:  # so that the origin, told on its return, waits for us
             took = peering.Took(self._qname, origin.node_id)
-            for life, node_id in self.hosts.items():
+            for life, node_id in self.fence.hosts.items():
                 if node_id != origin.node_id:
                     self.out.append(SendCluster(life, took))
         self._log("warning", "pzq replica origin lost: its messages taken over",
@@ -772,7 +697,7 @@ class ReplicationCore:
         if now >= self._next_lease:
             self._next_lease = now + self.settings.lease / 4
             lease = self._lease(now)
-            for life in self.hosts:
+            for life in self.fence.hosts:
                 self.out.append(SendCluster(life, lease))
             self._fence(now)
             self._take_over_lost(now, now_us)
@@ -796,7 +721,7 @@ class ReplicationCore:
                        if o.life is None and not o.taken_over and o.core.messages
                        and now - o.last_seen > s.node_timeout
                        and (not s.cluster
-                            or o.retry and self._quorum_without(o.node_id, now))]:
+                            or o.retry and self.fence.quorum_without(o.node_id, now))]:
             origin.retry = False
             self._take_over(origin, now_us)
 
