@@ -27,10 +27,10 @@ from time import monotonic
 from zpipes.zmtp_framing import (
     COMMAND,
     LONG,
-    SIGNATURE,
     command,
     error_reason,
     frame_head,
+    greeting,
     ready_command,
     split_command,
 )
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 #: our greeting: ZMTP 3.0, NULL mechanism, not as-server
-GREETING = SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" + b"\x00" * 31
+GREETING = greeting()
 DIRECT_MIN = 64 << 10  # a frame this large is received into its own buffer
 READ_SIZE = 256 << 10  # bytes asked for by one receive of small frames
 #: bytes asked for by the first receive after a large frame: most likely the head of the next
@@ -151,6 +151,15 @@ def connect(family: int, address: Any, timeout: float) -> socket.socket:
     return sock
 
 
+def _send_or_closed(sock: socket.socket, data: bytes) -> None:
+    """Send ``data``, unless the peer closed already: a peer that refuses us sends its
+    greeting and ERROR (why) and closes; what it sent is read next."""
+    try:
+        sock.sendall(data, _NOSIGNAL)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 class DealerLink:
     """One ZMTP connection, as a DEALER, on a connected stream socket (see :func:`connect`).
 
@@ -176,7 +185,7 @@ class DealerLink:
         or OSError (a timeout included) from the socket."""
         sock = self.sock
         sock.settimeout(timeout)
-        sock.sendall(GREETING, _NOSIGNAL)
+        _send_or_closed(sock, GREETING)
         greeting = self._recv_exactly(11)  # (what a ZMTP 2 peer sends before it waits)
         if greeting[0] != 0xFF or not greeting[9] & 1:
             raise HandshakeError("the peer does not speak ZMTP")
@@ -185,10 +194,13 @@ class DealerLink:
         greeting += self._recv_exactly(53)
         if greeting[12:32].rstrip(b"\x00") != b"NULL":
             raise HandshakeError("the peer asks for a security mechanism other than NULL")
-        sock.sendall(ready_command(b"DEALER", identity=b""), _NOSIGNAL)
+        _send_or_closed(sock, ready_command(b"DEALER", identity=b""))
         reader = self.reader
         while not reader.commands:
-            data = sock.recv(READ_SIZE)
+            try:
+                data = sock.recv(READ_SIZE)
+            except ConnectionResetError:
+                data = b""
             if not data:
                 raise HandshakeError("the peer closed the connection during the handshake")
             reader.feed(data)

@@ -50,6 +50,18 @@ def split_command(body: bytes) -> tuple[bytes, bytes]:
     return body[1 : 1 + n], body[1 + n :]
 
 
+def greeting(as_server: bool = False) -> bytes:
+    """A whole ZMTP 3.0 greeting with the NULL mechanism."""
+    return (SIGNATURE + b"\x03\x00" + b"NULL".ljust(20, b"\x00")
+            + (b"\x01" if as_server else b"\x00") + b"\x00" * 31)
+
+
+def error_command(reason: str) -> bytes:
+    """ERROR with ``reason`` (at most 255 bytes of it)."""
+    data = reason.encode("utf-8")[:255]
+    return command(b"ERROR", bytes((len(data),)) + data)
+
+
 def error_reason(data: bytes) -> str:
     """The reason an ERROR command's data gives."""
     return data[1 : 1 + data[0]].decode("utf-8", "replace") if data else ""

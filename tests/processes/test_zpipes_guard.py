@@ -14,7 +14,15 @@ import sys
 import textwrap
 
 import pytest
-from helpers import FLOOD, broker_env, rss_bytes, run_zbroker, wait_for, write_config
+from helpers import (
+    FLOOD,
+    REPO_ROOT,
+    broker_env,
+    rss_bytes,
+    run_zbroker,
+    wait_for,
+    write_config,
+)
 from pipe_stream import lockstep
 
 from zbroker.runtime.limits import FD_RESERVE, clients_problem
@@ -362,3 +370,25 @@ def _the_budget_comes_back(b, ctx) -> None:
     assert r.call(read(1 << 20, 0)) == (READ_OK, b"x" * (1 << 20))
     w.close()
     r.close()
+
+
+@ROOT_ONLY
+def test_a_user_not_allowed_is_told_so_by_the_client(start_broker):
+    """As nobody against a root broker, `zpipes write` said "Broken pipe" and `zpipes read`
+    "Connection reset by peer": the broker hung up. It says why first (a ZMTP ERROR)."""
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs a system python3 that the other user may run")
+    b = start_broker()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from zpipes.cli import main; "
+            "sys.exit(main(sys.argv[2:]))")
+    for command in ("write", "read"):
+        r = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                            "--clear-groups", "/usr/bin/python3", "-c", code,
+                            str(REPO_ROOT), command, "p", "--broker", b.name, "--timeout", "5"],
+                           input=b"x", capture_output=True, timeout=60, cwd="/")
+        err = r.stderr.decode()
+        assert r.returncode == 1, err
+        assert "user not allowed: nobody (uid 65534) may not use this zpipes endpoint of a " \
+               "broker run by root; allowed: users root" in err, err
+        assert "services.zpipes.allow" in err and "Broken pipe" not in err, err
+    assert b.alive()

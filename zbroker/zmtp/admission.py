@@ -17,6 +17,7 @@ The decisions are taken here, without I/O; :mod:`zbroker.zmtp.server` reads the 
 
 from __future__ import annotations
 
+import os
 import resource
 from collections import OrderedDict
 from typing import Any
@@ -100,8 +101,10 @@ class Admission:
 
     def __init__(self, what: str, refusals: Any, policy: Policy | None = None,
                  budget: ConnectionBudget | None = None,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT_S, setting: str = "") -> None:
+        """``setting``: the config key that says who may connect (told to those refused)."""
         self.what = what
+        self.setting = setting
         self.refusals = refusals
         self.policy = policy
         self.budget = PROCESS_BUDGET if budget is None else budget
@@ -159,6 +162,14 @@ class Admission:
         allowed = self.policy.describe() if self.policy is not None else "anyone"
         self.refusals.note(NOT_ALLOWED, f"{self.what} connection refused: user not allowed",
                            peer=peer.describe(), allowed=allowed)
+
+    def not_allowed_reason(self, peer: PeerCredentials) -> str:
+        """What a user refused is told: who it is, who may, and which setting says so."""
+        allowed = self.policy.describe() if self.policy is not None else "anyone"
+        where = f"; the setting {self.setting} says who may" if self.setting else ""
+        return (f"user not allowed: {user_name(peer.uid)} (uid {peer.uid}) may not use this "
+                f"{self.what} endpoint of a broker run by {user_name(os.getuid())}; allowed: "
+                f"{allowed}{where}")
 
     def no_handshake(self, peer: str) -> None:
         """A connection was dropped: no handshake within the timeout."""

@@ -30,9 +30,10 @@ from typing import Any
 
 from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import peer_of
+from zpipes.zmtp_framing import error_command, greeting
 
 from .addresses import listen_socket, peer_name
-from .admission import Admission, Source
+from .admission import NOT_ALLOWED, Admission, Source
 from .codec import LARGE_FRAME, Connection, Ready, RoutingIds
 
 #: what one read from a connection may take: one buffer for all connections of a server,
@@ -177,7 +178,13 @@ class Link(asyncio.BufferedProtocol):
             self.source = ("host", address[0] if isinstance(address, tuple) else str(address))
         why = s.admission.admit(peer, self.source)
         if why is not None:
-            transport.abort()
+            if why == NOT_ALLOWED and peer is not None:
+                # told, in the handshake's own terms (a ZMTP ERROR after our greeting), then
+                # closed: a client says "not allowed", not "Broken pipe"
+                transport.write(refusal(s.admission.not_allowed_reason(peer)))
+                transport.close()
+            else:
+                transport.abort()
             return
         self.taken = True
         s.all.add(self)
@@ -251,3 +258,8 @@ class Link(asyncio.BufferedProtocol):
         if rid is not None and s.links.get(rid) is self:
             del s.links[rid]
             s.unlinked(self)
+
+
+def refusal(reason: str) -> bytes:
+    """What a connection refused before its handshake is sent: our greeting, and ERROR."""
+    return greeting(as_server=True) + error_command(reason)

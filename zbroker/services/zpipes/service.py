@@ -127,7 +127,8 @@ class ZpipesService(Service):
         if problem:
             raise ServiceError(problem)
         self._policy = access_policy(config)
-        self._admission = Admission("zpipes", Refusals(ctx.log), self._policy)
+        self._admission = Admission("zpipes", Refusals(ctx.log), self._policy,
+                                    setting="services.zpipes.allow")
         self._frame_limit = frame_limit(section.max_chunk)
         self.server = ZpipesServer(server_config(config), ctx.log)
         server = self.server
