@@ -341,8 +341,8 @@ def _connect(run_dir: Path, name: str, kind: int) -> tuple[zmq.Context, zmq.Sock
     try:
         where = SocketPath(Path(run_dir), CONTROL_SOCKET)
     except (FileNotFoundError, NotADirectoryError):
-        raise NotRunning(f"no broker named {name!r} is running (no run directory "
-                         f"{run_dir})") from None
+        raise NotRunning(_elsewhere(name) or f"no broker named {name!r} is running (no run "
+                         f"directory {run_dir})") from None
     except PermissionError:
         raise NoAccess(_denied(path)) from None
     found = where.probe()
@@ -351,8 +351,8 @@ def _connect(run_dir: Path, name: str, kind: int) -> tuple[zmq.Context, zmq.Sock
         if found == "denied":
             raise NoAccess(_denied(path))
         if found == "missing":
-            raise NotRunning(f"no broker named {name!r} is running (no control socket "
-                             f"{path})")
+            raise NotRunning(_elsewhere(name) or f"no broker named {name!r} is running (no "
+                             f"control socket {path})")
         raise NotRunning(f"no broker named {name!r} is running (nothing answers on "
                          f"{path}; it was left by a broker that was killed)")
     ctx = zmq.Context()
@@ -455,3 +455,31 @@ def follow_logs(run_dir: Path, name: str, out: IO[str], *, format: str = "consol
         sock.close(linger=0)
         ctx.term()
         where.close()
+
+
+def _elsewhere(name: str) -> str | None:
+    """When no control socket is where this user looks: a broker of that name may still
+    run, as another user (its run directory is that user's). Its default ZPIPES endpoint
+    (an abstract socket, seen by every user) says so, and who runs it."""
+    import socket
+    import struct
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(f"\0/zpipes/{name}")
+        pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                       struct.calcsize("3i")))
+    except OSError:
+        return None
+    finally:
+        s.close()
+    if uid == os.getuid():
+        return None  # ours: then the run directory is the question, as said otherwise
+    from zbroker.runtime.local_access import user_name
+
+    return (f"a broker named {name!r} runs as {user_name(uid)} (pid {pid}), not as "
+            f"{user_name(os.getuid())}: its control socket is in that user's run directory, "
+            f"which this user does not look in; run this command as {user_name(uid)}, or "
+            f"give --run-dir")
+

@@ -539,3 +539,14 @@ def test_a_run_directory_that_does_not_exist_is_one_line_however_long_its_path(t
         r = run_zbroker(["status", "absent", "--run-dir", str(run_dir), "-c", os.devnull],
                         cwd=tmp_path)
         assert one_line(r).startswith("zbroker: no broker named 'absent' is running"), r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a command as another user needs root")
+def test_a_user_looking_in_its_own_run_directory_is_told_who_runs_the_broker(start_broker):
+    """As nobody, `zbroker status` said "no broker named 'local' is running", which was
+    false: the broker runs as root, with its control socket in root's run directory."""
+    b = start_broker()
+    r = as_other_user(["status", b.name])
+    assert r.returncode == 1, r
+    assert r.stderr.startswith(f"zbroker: a broker named {b.name!r} runs as root (pid "
+                               f"{b.pid}), not as nobody: ") and "--run-dir" in r.stderr, r
