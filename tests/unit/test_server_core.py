@@ -454,6 +454,18 @@ def test_an_over_size_write_is_refused_with_the_limit_and_cuts_the_stream():
     assert h.replies(R) == [p.ReadOk(b"12345678"), p.ReadFailed("writer lost: " + reason)]
 
 
+def test_the_only_writer_refused_before_its_first_byte_fails_its_readers():
+    """A reader whose pipe's only writer was refused before its first byte waited for ever
+    (its stream had not begun, so nobody was its audience)."""
+    h = Harness(max_chunk=8)
+    open_pair(h)
+    h.send(R, p.Read(100, 0))
+    h.send(W, p.Write(b"123456789", 0))
+    reason = "chunk of 9 bytes is over the broker's limit of 8 bytes (max_chunk)"
+    assert h.replies(W) == [p.WriteFailed(reason)]
+    assert h.replies(R) == [p.ReadFailed("writer lost: " + reason)]
+
+
 def test_a_withheld_write_is_refused_in_its_turn_and_holds_nothing_meanwhile():
     """A WRITE that the transport let go as it arrived (over max_chunk) is refused like one that
     arrived whole, after the requests before it, and counts for nothing while it waits."""

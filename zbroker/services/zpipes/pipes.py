@@ -19,7 +19,9 @@ Semantics (see docs/zpipes-semantics.md):
   disconnected, its broker lost, its stream broken by an over-size chunk) after its stream
   started breaks that stream: each reader of its audience gets the data it was sent, then fails
   with "writer lost: <why>" (``failure``), and takes no data from other writers from then on.
-  A lost writer that had not started breaks nothing: it never was part of a stream.
+  A lost writer that had not started breaks nothing: it never was part of a stream. (But the
+  pipe's only writer refused before its first byte fails the readers attached then: they
+  would wait for ever for the stream it could not begin.)
 
 Ends on other brokers of the cluster stand in the table as *remote* ends (proxies), so the
 rules above hold cluster-wide:
@@ -203,6 +205,11 @@ class PipeTable:
         writer = self._writers[end]
         if writer.failure is None:
             writer.failure = failure
+        if not writer.started and len(writer.pipe.writers) == 1:
+            # the pipe's only writer, refused before its first byte: its readers are told
+            # (they would wait for a writer for ever), as if its stream had begun
+            writer.audience = {r.end for r in writer.pipe.readers.values()
+                               if r.failure is None}
         self._break_audience(writer, failure)
         return writer.pipe.wake_all()
 
