@@ -329,6 +329,30 @@ def test_copies_found_at_a_restart_wait_for_their_origin():
     assert not sim.brokers[holder].rep.origins[a_id].core.messages
 
 
+def test_a_holder_that_finds_a_quorum_late_takes_nothing_over():
+    """A holder cut off loses its origin with no quorum; its link comes back just as the
+    origin is cut off in turn. It hears the third broker again (a quorum without the origin)
+    and the origin is silent, but its copies are stale: the origin went on with the third as
+    its holder meanwhile (seen in the fault runs: 1 200 delivered twice). The third, the
+    origin's holder now, takes the copies over; the late one keeps its own."""
+    sim = Sim(13, consume_rate=10.0)
+    sim.run(3, faults=False)
+    holder = holder_of(sim, "a")
+    third = next(n for n in sim.names if n not in (holder, "a"))
+    sim.cut_off(holder, 3.0)
+    sim.run(3.0, faults=False)
+    assert holder_of(sim, "a") == third
+    sim.cut_off("a", 5.0)
+    sim.run(4.0, faults=False)
+    assert sim.brokers[third].rep.taken_over > 0
+    assert sim.brokers[holder].rep.taken_over == 0
+    sim.heal_and_drain()
+    verdict = sim.check()
+    assert not verdict.lost and not verdict.unexpected, verdict
+    assert not [i for i, d in sim.deliveries.items()
+                if i.startswith(b"a-") and any(h == holder for h, _ in d)]
+
+
 def test_two_brokers_keep_taking_over_without_a_quorum():
     """With two brokers there is no majority to tell a partition from a death: a holder
     takes a lost origin's copies over at once, as before fencing (duplicates possible)."""

@@ -61,7 +61,9 @@ COPIES_FULL = f"{QUEUE_FULL}: the copies held for peers count in max_backlog"
 REFUSAL_LOG_INTERVAL = 60.0  # seconds between two log lines about refused replica traffic
 TAKEN_KEEP = 5  # rejoin graces a list of keys taken over is kept once told (taken_told)
 TAKERS_WAIT = 3  # rejoin graces a queue waits at most for the TAKEN list of a taker
-TAKEOVER_WINDOW = 4  # leases (a peer_timeout) a lost origin's copies may be taken over in
+#: leases after its loss in which a lost origin's copies may be taken over: until it has been
+#: silent for a lease (what it sent before its loss is read first), and a tick more
+TAKEOVER_WINDOW = 1.5
 _NEVER = float("inf")
 
 
@@ -85,6 +87,15 @@ class Origin:
     lost_at: float | None = None
     #: its copies were taken over and the write failed: taken over again by the clock
     retry: bool = False
+    #: the keys of the copies held when its present life began: its RELEASE (sent first
+    #: in every life) drops them, unless it copies them again; lost before that RELEASE
+    #: came, they are not taken over (the origin may have gone on with another holder)
+    stale: set[bytes] = dataclasses.field(default_factory=set)
+
+    def current(self) -> list[Any]:
+        """The copies it sent in its present life (or sent again)."""
+        stale = self.stale
+        return [m for m in self.core.messages.values() if m.msg_id not in stale]
 
 
 @dataclass(frozen=True)
@@ -359,6 +370,7 @@ class ReplicationCore:
         if origin is not None:  # from now on its liveness is that life's
             origin.life, origin.last_seen, origin.taken_over = life, now, False
             origin.lost_at = None
+            origin.stale = {m.msg_id for m in origin.core.messages.values()}
         if self.settings.cluster:
             self._told_taken(life, node_id, now)
             # first: copies it holds from before are stale
@@ -448,7 +460,7 @@ class ReplicationCore:
                 self._log("warning", "pzq replica holder lost", peer=life,
                           holders=len(placement))
         for origin in self.origins.values():
-            if origin.life == life and not origin.taken_over and origin.core.messages:
+            if origin.life == life and not origin.taken_over and origin.current():
                 origin.lost_at = now
         self._take_over_lost(now, now_us)
 
@@ -456,25 +468,27 @@ class ReplicationCore:
         """Take over the copies of the origins whose life ended, once a quorum without the
         origin answers us and nothing came from it for a lease: a life also ends when the
         origin ended it (it was alive and heard us not: we were paused, or cut off), and
-        what it sent before comes first. Not taken over within TAKEOVER_WINDOW leases, they
-        wait for the origin's return (its RELEASE)."""
+        what it sent before comes first. Not taken over within TAKEOVER_WINDOW leases of the
+        loss, they wait for the origin's return (its RELEASE)."""
         lease = self.settings.lease
         fence = self.fence
         for origin in self.origins.values():
             lost = origin.lost_at
-            if lost is None or origin.taken_over or not origin.core.messages:
+            if lost is None or origin.taken_over or not origin.current():
                 origin.lost_at = None
                 continue
             node_id = origin.node_id
-            if fence.quorum_without(node_id, now) and fence.silent(node_id, now):
-                origin.lost_at = None
-                self._take_over(origin, now_us)
-            elif now - lost >= TAKEOVER_WINDOW * lease:
+            if now - lost > TAKEOVER_WINDOW * lease:
+                # (a quorum found later is of a holder that was itself cut off or paused:
+                # the origin went on meanwhile, maybe with another holder)
                 origin.lost_at = None
                 self._log("warning", "pzq replica origin lost, its copies kept: no quorum "
                           "of the queue's hosts answers us without it, or it was heard "
                           "meanwhile", node=node_id, copies=len(origin.core.messages),
                           **fence.counts(now, node_id))
+            elif fence.quorum_without(node_id, now) and fence.silent(node_id, now):
+                origin.lost_at = None
+                self._take_over(origin, now_us)
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
                         now_us: int) -> bool:
@@ -608,6 +622,8 @@ class ReplicationCore:
             self.out.append(Log("info", "pzq replica origin is back", {"node": node_id}))
         if copy:
             origin.core.produce(peer, [key, b"", *body], now_us)
+            if origin.stale:
+                origin.stale.discard(key)
         elif type(msg) in (peering.ReplicaDelete, peering.Delete):
             origin.core.remove_by_id(key)
 
@@ -638,13 +654,15 @@ class ReplicationCore:
         ids = [m.msg_id for m in origin.core.messages.values()]
         for msg_id in ids:
             origin.core.remove_by_id(msg_id)
+        origin.stale = set()
         return len(ids)
 
     def _take_over(self, origin: Origin, now_us: int) -> None:
         """Move the copies of a lost origin into the queue; each copy is dropped from the
         replica log once the queue has written it (Adopted)."""
         origin.taken_over = True
-        messages = list(origin.core.messages.values())
+        messages = origin.current() if self.settings.cluster else list(
+            origin.core.messages.values())
         for m in messages:
             self.queue.adopt(b"replica:" + m.msg_id, m.frames, now_us,
                              (origin.node_id, m.msg_id), copy_key=m.msg_id)
