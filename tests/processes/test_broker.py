@@ -354,3 +354,22 @@ async def test_an_exception_nothing_caught_is_in_the_brokers_log_with_its_traceb
     events = [e for e in setup.events() if e["event"] == "unexpected error"]
     assert len(events) == 1 and "failing" in events[0]["what"]
     assert "KeyError" in events[0]["exception"] and "a peer gone" in events[0]["exception"]
+
+
+def test_a_cluster_port_in_use_names_the_setting_and_who_holds_it(start_broker):
+    """It said "cannot bind the cluster socket to tcp://*:5670: Address already in use
+    (addr='tcp://*:5670')", naming neither cluster.bind nor what holds the port."""
+    import os
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = start_broker(config={"cluster": {"enabled": True, "insecure": True,
+                                             "discovery": False,
+                                             "bind": f"tcp://127.0.0.1:{port}"}}, wait=False)
+        assert b.wait() == 1
+    err = b.stderr()
+    assert f"cannot bind the cluster socket (cluster.bind) to tcp://127.0.0.1:{port}: " \
+           f"Address already in use; held by pid {os.getpid()}: " in err, err

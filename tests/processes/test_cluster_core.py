@@ -612,21 +612,3 @@ def test_a_client_gone_or_a_broker_stopping_while_its_close_waits():
                                       p.ReadFailed("broker stopping")]
     assert not cc.servers["A"].links.closing
 
-
-def test_a_cluster_port_in_use_names_the_setting_and_who_holds_it(start_broker):
-    """It said "cannot bind the cluster socket to tcp://*:5670: Address already in use
-    (addr='tcp://*:5670')", naming neither cluster.bind nor what holds the port."""
-    import os
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        b = start_broker(config={"cluster": {"enabled": True, "insecure": True,
-                                             "discovery": False,
-                                             "bind": f"tcp://127.0.0.1:{port}"}}, wait=False)
-        assert b.wait() == 1
-    err = b.stderr()
-    assert f"cannot bind the cluster socket (cluster.bind) to tcp://127.0.0.1:{port}: " \
-           f"Address already in use; held by pid {os.getpid()}: " in err, err

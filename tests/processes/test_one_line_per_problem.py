@@ -25,9 +25,9 @@ def test_commands_that_only_find_the_broker_do_not_complain_of_the_rest(start_br
     r = run_zbroker(["reload"], cwd=b.dir)
     assert r.returncode == 1
     assert r.stderr.splitlines() == [f"zbroker: reload refused: {b.config_path}: {REASON}"]
-    r = run_zbroker(["check-config"], cwd=b.dir)
+    r = run_zbroker(["check-config"], cwd=b.dir)  # the running broker's file, by its path
     assert r.returncode == 1
-    assert r.stderr.splitlines() == [f"zbroker: zbroker.cfg: {REASON}"]
+    assert r.stderr.splitlines() == [f"zbroker: {b.config_path.absolute()}: {REASON}"]
     r = run_zbroker(["stop"], cwd=b.dir)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert b.wait() == 0
