@@ -43,6 +43,9 @@ import structlog
 import zmq
 
 from zbroker.runtime.zmq_reader import SocketReader
+from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.libzmq_door import LibzmqDoor
+from zbroker.zmtp.refusals import Refusals
 
 from . import logs
 from .logs import LEVEL_NUMBERS
@@ -154,6 +157,7 @@ class ControlServer:
         self.dropped = 0  # events followers were too slow to take, in total
         self._sock: zmq.Socket | None = None
         self._reader: SocketReader | None = None
+        self._door: LibzmqDoor | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._thread = threading.get_ident()
 
@@ -174,13 +178,18 @@ class ControlServer:
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST)
         sock.setsockopt(zmq.LINGER, 0)
+        # its connections take places in the process's budget, as every listener's do: a
+        # local flood of them must not use up the descriptors (libzmq_door.py)
+        door = LibzmqDoor(self.loop, Admission("control", Refusals(self.log)))
+        door.prepare(sock)
         try:
             sock.bind(where.endpoint)
         except zmq.ZMQError as exc:
             sock.close(linger=0)
             where.close()
             raise CommandError(f"cannot bind the control socket {self.path}: {exc}") from None
-        self.where, self._sock = where, sock
+        self.where, self._sock, self._door = where, sock, door
+        door.watch(sock, f"inproc://zbroker.control.{id(self)}")
         self._thread = threading.get_ident()
         self._reader = SocketReader(self.loop, sock, self._on_request, budget=DRAIN_BUDGET)
         self._reader.start()
@@ -198,6 +207,7 @@ class ControlServer:
             self._send(sock, f.ident, {"bye": reason})
         self.followers.clear()
         self._reader.stop()
+        self._door.stop()
         if self._timer is not None:
             self._timer.cancel()
         sock.close(linger=200)  # the replies and byes already queued may still go out
@@ -213,7 +223,8 @@ class ControlServer:
 
     def status(self) -> dict[str, Any]:
         return {"socket": str(self.path), "followers": len(self.followers),
-                "followers_dropped": self.dropped}
+                "followers_dropped": self.dropped,
+                **({"connections": self._door.status()} if self._door is not None else {})}
 
     # --- the log tap ---------------------------------------------------------------------
 

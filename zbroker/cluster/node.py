@@ -57,6 +57,9 @@ from zmq.utils.monitor import parse_monitor_message
 from zbroker.runtime.stats import LATENCY_BOUNDS, Buckets
 from zbroker.runtime.zmq_reader import SocketReader
 from zbroker.service import PeerBroker
+from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.libzmq_door import UNTRUSTED_LIMIT, LibzmqDoor
+from zbroker.zmtp.refusals import Refusals
 
 from . import gossip, tcp_table, troubles
 from .membership import Change, Hello, Membership, Peer
@@ -183,7 +186,8 @@ class ClusterNode:
         # why hosts do not link (troubles.py): refusals by peer and cause, seeds not answering
         self.refusals = troubles.Refusals()
         self._seeds: troubles.Seeds | None = None
-        self._socket_events: SocketReader | None = None  # our peer socket's failed handshakes
+        #: our peer socket's connections, in the process's budget; and its failed handshakes
+        self._door: LibzmqDoor | None = None
         #: their causes (whether sure, and when), until their peers are looked up
         self._unattributed: list[tuple[str, bool, float]] = []
         self._closed_seen: set[tuple[str, int]] = set()  # connections we closed, looked at
@@ -233,6 +237,9 @@ class ClusterNode:
         router.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self._secure(router, server=True)
+        self._door = LibzmqDoor(self._loop, Admission("cluster", Refusals(self._log)),
+                                untrusted_limit=UNTRUSTED_LIMIT)
+        self._door.prepare(router)
         # a port let go by this process a moment ago (the node of before a new key) is free
         # again within milliseconds: libzmq closes its listener in its own thread
         deadline = self._loop.time() + bind_wait
@@ -286,15 +293,9 @@ class ClusterNode:
             if timer is not None:
                 timer.cancel()
         self._diagnose_timer = self._attribute_timer = None
-        if self._socket_events is not None:
-            self._socket_events.stop()
-            if self._router is not None:
-                try:
-                    self._router.disable_monitor()
-                except zmq.ZMQError:
-                    pass
-            self._socket_events.sock.close(linger=0)
-            self._socket_events = None
+        if self._door is not None:
+            self._door.stop()
+            self._door = None
         if self.discovery is not None:
             await self.discovery.stop()
         if self.membership is not None:
@@ -390,7 +391,8 @@ class ClusterNode:
         """For the status: the key file (none: insecure) and the handshakes refused (ours
         and theirs)."""
         return {"key_file": self.key_file, "insecure": self._keys is None,
-                "refused": sum(self.refusals.total.values())}
+                "refused": sum(self.refusals.total.values()),
+                "port": self._door.status() if self._door is not None else None}
 
     def pending_contacts(self) -> int:
         """Contacts no peer answers at (for the status)."""
@@ -680,6 +682,8 @@ class ClusterNode:
             self._log.warning("peer refused", address=address, claimed_name=hello.name[:64],
                               claimed_endpoint=hello.endpoint[:80], why=change.refused)
             return
+        if address and self._door is not None:  # a peer's host: out of the strangers' pool
+            self._door.trust(("host", address))
         if change.challenge:  # it is admitted once it answers there
             contact = self.membership.contacts.get(change.challenge)
             if contact is not None and now - contact.last_said >= CONTACT_RETRY \
@@ -758,24 +762,22 @@ class ClusterNode:
     # --- why hosts do not link (troubles.py) ------------------------------------------------
 
     def _watch_socket(self, router: zmq.Socket) -> None:
-        """Follow the handshakes our peer socket refuses (with a key or without one)."""
+        """Keep our peer socket's connections in the process's budget (libzmq_door.py), and
+        follow the handshakes it refuses (with a key or without one)."""
         events = 0
         for event in _HANDSHAKE_FAILED:
             events |= event
-        monitor = router.get_monitor_socket(events, addr=f"inproc://zbroker.cluster.socket."
-                                                         f"{self.id}")
         self._closed_seen = self._closed_here()
-        self._socket_events = SocketReader(self._loop, monitor, self._on_socket_event)
-        self._socket_events.start()
+        self._door.watch(router, f"inproc://zbroker.cluster.socket.{self.id}", also=events,
+                         on_other=self._on_socket_event)
 
     def _closed_here(self) -> set[tuple[str, int]]:
         port = self.endpoint.rpartition(":")[2] if self.endpoint else ""
         return tcp_table.closed_at(int(port)) if port.isdigit() else set()
 
-    def _on_socket_event(self, frames: list[bytes]) -> None:
+    def _on_socket_event(self, event: dict[str, Any]) -> None:
         """Our peer socket refused a handshake: which peer it was is looked up soon after
         (the event does not say; see tcp_table.py)."""
-        event = parse_monitor_message(frames)
         if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH and self._guard is not None:
             return  # our ZAP handler refused it, and told us from where
         self._unattributed.append((troubles.cause(event["event"], event["value"],
