@@ -11,7 +11,9 @@ Each problem is one line that names the key(s) at fault, e.g.::
 What is checked: the run directory, the log file's folder and the cluster's key file can be
 used; every endpoint the broker binds (each enabled service's ``bound_endpoints``, the
 control socket, ``metrics.bind``, ``cluster.bind``) is one that can be bound and meets no
-other; and each enabled service's own ``config_problems``.
+other; each enabled service's own ``config_problems``; and the client connections fit in the
+open-file limit beside every other part of it (each listener's, each service's
+``held_descriptors``: see limits.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from zbroker.management import CONTROL_SOCKET, IPC_PATH_MAX
+from zbroker.runtime.limits import (
+    CLUSTER_CONNECTIONS,
+    CLUSTER_LINKS,
+    CONTROL_CONNECTIONS,
+    Held,
+    clients_problem,
+    open_file_limit_at_start,
+)
 from zbroker.zmtp.addresses import EndpointError, listen_address
 
 
@@ -52,7 +62,29 @@ def config_problems(config: Any, registry: Mapping[str, Any] | None = None) -> l
         problem = cluster_key_problem(config.cluster)
         if problem:
             problems.append(problem)
+    problem = clients_problem(config.clients.max_clients, open_file_limit_at_start(),
+                              held_descriptors(config, registry))
+    if problem:
+        problems.append(problem)
     return problems + endpoint_clashes(endpoints)
+
+
+def held_descriptors(config: Any, registry: Mapping[str, Any]) -> Held:
+    """What the config holds open besides client connections, by what holds it: every
+    listener's part and what each enabled service holds (its queues' files and sockets)."""
+    held: Held = [("the control socket's connections", CONTROL_CONNECTIONS + 1)]
+    if config.cluster.enabled:
+        held.append(("the cluster port's connections and peer links",
+                     CLUSTER_CONNECTIONS + CLUSTER_LINKS + 1))
+    if config.metrics.bind is not None:
+        from zbroker.metrics import MAX_CONNECTIONS
+
+        held.append(("the metrics endpoint's connections", MAX_CONNECTIONS + 1))
+    for name, service in registry.items():
+        section = getattr(config.services, name, None)
+        if section is not None and getattr(section, "enabled", False):
+            held += service.held_descriptors(config)
+    return held
 
 
 # --- paths ---------------------------------------------------------------------------------

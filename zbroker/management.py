@@ -42,8 +42,9 @@ from typing import IO, Any
 import structlog
 import zmq
 
+from zbroker.runtime.limits import CONTROL_CONNECTIONS, CONTROL_PER_SOURCE
 from zbroker.runtime.zmq_reader import SocketReader
-from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.admission import Admission, ConnectionBudget
 from zbroker.zmtp.libzmq_door import LibzmqDoor
 from zbroker.zmtp.refusals import Refusals
 
@@ -178,9 +179,11 @@ class ControlServer:
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST)
         sock.setsockopt(zmq.LINGER, 0)
-        # its connections take places in the process's budget, as every listener's do: a
-        # local flood of them must not use up the descriptors (libzmq_door.py)
-        door = LibzmqDoor(self.loop, Admission("control", Refusals(self.log)))
+        # its connections hold at most their part of the open-file limit, as every
+        # listener's do: a local flood of them must not use up the descriptors
+        # (libzmq_door.py)
+        budget = ConnectionBudget(CONTROL_CONNECTIONS, CONTROL_PER_SOURCE)
+        door = LibzmqDoor(self.loop, Admission("control", Refusals(self.log), budget=budget))
         door.prepare(sock)
         try:
             sock.bind(where.endpoint)

@@ -136,6 +136,12 @@ class Service(ABC):
         return []
 
     @classmethod
+    def held_descriptors(cls, config: Any) -> list[tuple[str, int]]:
+        """Descriptors the service holds besides client connections (files, listeners), by
+        what holds them, as the open-file limit's check tells them: none by default."""
+        return []
+
+    @classmethod
     def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
         """(key, endpoint) of each endpoint the service binds with ``config``: the key names
         the setting (``services.zpipes.endpoint``), the endpoint is resolved (``{name}``

@@ -5,11 +5,13 @@ check-config passes starts. Real broker processes; every config is a file."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import free_port, run_zbroker, unique_name, write_config
+from helpers import broker_env, free_port, run_zbroker, unique_name, write_config
 
 KEY = "zbroker: "
 
@@ -213,3 +215,36 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
     assert any("log.levle" in line for line in lines)
     assert any("clients.timeout" in line for line in lines)
     assert any("cluster.peer_timeout" in line for line in lines)
+
+
+def test_the_open_file_check_counts_what_the_queues_hold_beside_the_clients(tmp_path):
+    """2 000 queues took 10 023 descriptors, yet the default max_clients (10 000) passed the
+    check at a limit of 20 000: the check counted the clients and a reserve only."""
+    import resource
+
+    queues = {f"q{i}": {"receive_endpoint": f"tcp://127.0.0.1:{20_000 + 2 * i}",
+                        "send_endpoint": f"tcp://127.0.0.1:{20_001 + 2 * i}",
+                        "data_dir": str(tmp_path / f"q{i}")} for i in range(400)}
+    cfg = write_config(tmp_path / "zbroker.cfg", {
+        "clients": {"max_clients": 1000},
+        "services": {"pzq": {"enabled": True, "queues": queues}}})
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+
+    r = subprocess.run([sys.executable, "-m", "zbroker", "check-config", str(cfg)],
+                       cwd=tmp_path, env=broker_env(tmp_path), capture_output=True, text=True,
+                       timeout=60, preexec_fn=limit)
+    # 1 000 clients + 400 queues x 5 + the control socket's 129 + the reserve 256 = 3 385
+    assert r.returncode == 0, r.stderr
+    cfg = write_config(tmp_path / "zbroker.cfg", {
+        "clients": {"max_clients": 2000},
+        "services": {"pzq": {"enabled": True, "queues": queues}}})
+    r = subprocess.run([sys.executable, "-m", "zbroker", "check-config", str(cfg)],
+                       cwd=tmp_path, env=broker_env(tmp_path), capture_output=True, text=True,
+                       timeout=60, preexec_fn=limit)
+    assert r.returncode == 1
+    assert ("clients.max_clients (2000) does not fit in the open-file limit (4096) beside the "
+            "2385 descriptors the rest of the config holds (the control socket's connections "
+            "129; 400 queues' sockets and files 2000; a reserve for the broker's own files "
+            "256): set clients.max_clients to at most 1711") in r.stderr, r.stderr

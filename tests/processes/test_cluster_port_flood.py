@@ -78,7 +78,7 @@ def test_a_flood_of_the_cluster_port_leaves_the_broker_its_peer_and_its_pipe(tmp
         home = tmp_path / name
         home.mkdir()
         cfg = write_config(home / "zbroker.cfg", {
-            "clients": {"max_clients": 800, "timeout": 600},
+            "clients": {"max_clients": 100, "timeout": 600},
             "cluster": {"enabled": True, "discovery": False, "key_file": str(key),
                         "peer_timeout": 3.0, "bind": f"tcp://127.0.0.1:{ports[i]}",
                         "peers": [f"tcp://127.0.0.1:{ports[1 - i]}"]}})

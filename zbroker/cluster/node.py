@@ -54,10 +54,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from zbroker.runtime.limits import CLUSTER_CONNECTIONS, CLUSTER_PER_SOURCE
 from zbroker.runtime.stats import LATENCY_BOUNDS, Buckets
 from zbroker.runtime.zmq_reader import SocketReader
 from zbroker.service import PeerBroker
-from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.admission import Admission, ConnectionBudget
 from zbroker.zmtp.libzmq_door import UNTRUSTED_LIMIT, LibzmqDoor
 from zbroker.zmtp.refusals import Refusals
 
@@ -237,8 +238,9 @@ class ClusterNode:
         router.setsockopt(zmq.HEARTBEAT_IVL, max(100, timeout_ms // 3))
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
         self._secure(router, server=True)
-        self._door = LibzmqDoor(self._loop, Admission("cluster", Refusals(self._log)),
-                                untrusted_limit=UNTRUSTED_LIMIT)
+        self._door = LibzmqDoor(
+            self._loop, Admission("cluster", Refusals(self._log), budget=ConnectionBudget(
+                CLUSTER_CONNECTIONS, CLUSTER_PER_SOURCE)), untrusted_limit=UNTRUSTED_LIMIT)
         self._door.prepare(router)
         # a port let go by this process a moment ago (the node of before a new key) is free
         # again within milliseconds: libzmq closes its listener in its own thread

@@ -120,6 +120,12 @@ def default_monitor_endpoint(run_dir: Path, broker: str, queue: str) -> str:
     return f"ipc://@/zbroker/{broker}/pzq/{queue}.monitor"
 
 
+#: descriptors a queue holds: its receive, send and monitor listeners, its log's lock and
+#: open segment; and for each replica, the log of the copies a peer holds for it
+QUEUE_DESCRIPTORS = 5
+REPLICA_DESCRIPTORS = 1
+
+
 class PzqService(Service):
     name = "pzq"
     start_order = 20
@@ -135,6 +141,13 @@ class PzqService(Service):
     @classmethod
     def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
         return queue_endpoints(config, run_dir)
+
+    @classmethod
+    def held_descriptors(cls, config: Any) -> list[tuple[str, int]]:
+        queues = config.services.pzq.queue_configs()
+        held = sum(QUEUE_DESCRIPTORS + q.replicas * REPLICA_DESCRIPTORS
+                   for q in queues.values())
+        return [(f"{len(queues)} queues' sockets and files", held)] if queues else []
 
     @classmethod
     def largest_message(cls, section: PzqConfig) -> int:

@@ -1,4 +1,4 @@
-"""The connections libzmq accepts, kept inside the process's budget.
+"""The connections libzmq accepts, kept inside their listener's part of the open-file limit.
 
 The broker's control socket and its cluster port are libzmq sockets. libzmq accepts on them
 without a cap, so a flood of plain TCP connections to the cluster port (before any key is
@@ -7,8 +7,9 @@ on an ipc listener then fails with EMFILE (its ipc listener does not expect that
 next ``zbroker status`` killed the broker.
 
 A :class:`LibzmqDoor` watches one such socket through its monitor. Every connection accepted
-(``ZMQ_EVENT_ACCEPTED`` carries its descriptor) takes a place in the process's budget
-(:mod:`zbroker.zmtp.admission`) by its source, a host or a uid; one that gets none is shut down
+(``ZMQ_EVENT_ACCEPTED`` carries its descriptor) takes a place in the listener's budget
+(:mod:`zbroker.zmtp.admission`; its size is the listener's part of the open-file limit, see
+:mod:`zbroker.runtime.limits`) by its source, a host or a uid; one that gets none is shut down
 at once with shutdown(2), not closed: the descriptor stays libzmq's, which closes it on the
 end of stream. Sources not trusted yet (a host that no admitted peer came from) share a small
 pool of their own, so that a flood from strangers leaves the budget to the peers. libzmq's

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.runtime.limits import clients_problem, open_file_limit_at_start
+from zbroker.runtime.limits import clients_problem
 from zbroker.runtime.local_access import Policy, default_policy
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.zmtp.addresses import EndpointError
@@ -81,11 +81,6 @@ class ZpipesService(Service):
     name = "zpipes"
     start_order = 10
     config_section = ZpipesConfig
-
-    @classmethod
-    def config_problems(cls, config: Any, run_dir: Path) -> list[str]:
-        problem = clients_problem(config.clients.max_clients, open_file_limit_at_start())
-        return [problem] if problem else []
 
     @classmethod
     def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
