@@ -379,7 +379,7 @@ class Broker:
             control.stop()
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
-            await asyncio.get_running_loop().run_in_executor(None, metrics.stop)
+            metrics.stop()
         relinking, self._relinking = self._relinking, None
         if relinking is not None and not relinking.done():
             relinking.cancel()
@@ -620,6 +620,7 @@ class Broker:
                      "file": str(log.file) if log.file else None, "animate": log.animate},
             "management": self.control.status() if self.control else None,
             "metrics": self.metrics.url if self.metrics is not None else None,
+            "metrics_endpoint": self.metrics.status() if self.metrics is not None else None,
             "cluster": self._cluster_status(),
         }
 
@@ -683,11 +684,12 @@ class Broker:
                              bind=bind)
 
     def _metrics_server(self, bind: str) -> Any:
-        """A metrics endpoint listening on ``bind``; raises MetricsError."""
+        """A metrics endpoint listening on ``bind``, served on the loop (call it there);
+        raises MetricsError."""
         from .metrics import MetricsServer
 
         assert self.loop is not None
-        server = MetricsServer(self.loop, self.metrics_snapshot)
+        server = MetricsServer(self.loop, self.metrics_snapshot, log=self.log)
         server.start(bind)
         return server
 

@@ -1,13 +1,26 @@
-"""Prometheus metrics: an HTTP endpoint (``metrics.bind``, ``--metrics ADDR``) on
-prometheus_client.
+"""Prometheus metrics: an HTTP endpoint (``metrics.bind``, ``--metrics ADDR``) that renders
+with prometheus_client.
 
 Nothing is counted for it on the hot paths: the broker and its services keep their counters
 anyway (status, the pzq monitor, a few plain ints and :class:`zbroker.runtime.stats.Buckets`), and a
-scrape reads them. prometheus_client serves HTTP on a thread of its own; the collector's
-``collect`` (run on that thread) asks the event loop for a snapshot of plain data
-(``Broker.metrics_snapshot``) and waits for it, so broker state is only ever read on the loop.
-A loop that does not answer within SNAPSHOT_TIMEOUT makes the scrape fail (HTTP 500, so
-Prometheus' ``up`` is 0): a stuck broker is not reported as a healthy one.
+scrape reads them. The endpoint is served on the broker's event loop, like its other
+endpoints: a scrape takes a snapshot of plain data (``Broker.metrics_snapshot``) right there,
+so broker state is only ever read on the loop, and renders it there too (plain counters, in
+bounded sets of families). A stuck loop answers no scrape, so Prometheus' ``up`` is 0: a
+stuck broker is not reported as a healthy one.
+
+Its clients are not trusted to be quick, or few: it is not a thread and a descriptor per
+connection for as long as the client likes (prometheus_client's own server is), which
+thousands of clients that connect and say nothing turned into thousands of threads and, once
+the descriptors ran out, an aborted broker. A connection has HEAD_TIMEOUT_S to send its
+request head, of MAX_HEAD_BYTES at most, and ANSWER_TIMEOUT_S to take the answer. At most
+MAX_CONNECTIONS are open, MAX_PER_SOURCE from one address: a budget of its own
+(:class:`zbroker.zmtp.admission.ConnectionBudget`), its part of the open-file limit, as the
+control socket and the cluster port have theirs (:mod:`zbroker.runtime.limits`; the config
+check counts it), so that a flood of clients elsewhere does not shut the scrapes out, nor a
+flood of scrapes the clients. A connection past it is hung up unread, counted
+(:meth:`MetricsServer.status`), and logged at most once a second. When accepting fails (no
+descriptor to spare), accepting rests for ACCEPT_PAUSE_S.
 
 :func:`families` turns a snapshot into metric families: the broker's, the cluster's and
 syslog's here, each service's by its own ``Service.metric_families`` (a service is a plug-in,
@@ -20,9 +33,13 @@ only for the ``metrics.pipe_series`` busiest pipes).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
+import contextlib
+import functools
+import gzip
+import re
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
@@ -32,17 +49,18 @@ from prometheus_client.core import (
     InfoMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from zbroker import logs
 from zbroker.runtime.stats import cumulative
+from zbroker.zmtp.admission import SOURCE_FULL, TOO_MANY, ConnectionBudget, Source
+from zbroker.zmtp.refusals import Refusals
 
 from .config import parse_bind
 
 if TYPE_CHECKING:
     from .service import Service
-
-SNAPSHOT_TIMEOUT = 5.0  # seconds a scrape waits for the event loop
-
 
 class MetricsError(Exception):
     """The endpoint cannot be served; the message is for the operator."""
@@ -178,60 +196,74 @@ def _syslog(s: dict[str, Any]) -> list[Metric]:
 
 
 # --- the endpoint ----------------------------------------------------------------------------
+# HTTP/1.1 on the event loop: one request per connection, answered, then closed; what a
+# connection may hold is bounded (see the module's docstring)
+
+#: seconds a connection has to send its request head (line and headers); then it is closed
+HEAD_TIMEOUT_S = 5.0
+#: seconds an answer has to be taken whole; then the connection is cut
+ANSWER_TIMEOUT_S = 20.0
+#: seconds a connection answered is left to close (what it still sends is read and dropped:
+#: closing on unread bytes would reset it, and the client could lose its answer)
+LINGER_S = 2.0
+#: bytes a request head may have; a longer one is answered 431
+MAX_HEAD_BYTES = 8192
+#: metrics connections open at once, and of them from one address (the endpoint's part of
+#: the open-file limit, with its listening socket: zbroker.config_checks counts it)
+MAX_CONNECTIONS = 64
+MAX_PER_SOURCE = 8
+#: seconds accepting rests after accept failed (EMFILE, ENFILE: no descriptor to spare)
+ACCEPT_PAUSE_S = 1.0
+ACCEPTS_PER_TURN = 64  # connections taken before the loop has a turn
+BACKLOG = 128
+#: why connections were refused or dropped: the counts ``MetricsServer.status`` shows
+NO_REQUEST = "no request"
+BAD_REQUEST = "bad request"
+ANSWER_NOT_TAKEN = "answer not taken"
+REFUSAL_KINDS = (TOO_MANY, SOURCE_FULL, NO_REQUEST, BAD_REQUEST, ANSWER_NOT_TAKEN)
+ACCEPT_FAILED = "accept failed"  # logged (at most once a second), not a connection's
+SCRAPE_FAILED = "scrape failed"  # the same
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP method
 
 
 class SnapshotCollector(Collector):
-    """Collects :func:`families` of a snapshot taken on the event loop."""
+    """Collects :func:`families` of a snapshot; called on the event loop (where a scrape is
+    answered), so broker state is only ever read there."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop,
-                 snapshot: Callable[[], dict[str, Any]]) -> None:
-        self.loop = loop
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        return iter(families(self.take()))
-
-    def take(self) -> dict[str, Any]:
-        """A snapshot made on the loop (raises TimeoutError if the loop does not answer)."""
-        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-
-        def run() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(self.snapshot())
-                except BaseException as exc:
-                    future.set_exception(exc)
-
-        self.loop.call_soon_threadsafe(run)
-        try:
-            return future.result(SNAPSHOT_TIMEOUT)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"the broker's event loop did not answer within "
-                               f"{SNAPSHOT_TIMEOUT:g} s") from None
+        return iter(families(self.snapshot()))
 
 
 class MetricsServer:
-    """The HTTP endpoint: ``/metrics`` (any path answers, as prometheus_client does)."""
+    """The HTTP endpoint: ``/metrics`` (any path answers, as prometheus_client does), served
+    on ``loop``; :meth:`start` and :meth:`stop` are called on its thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop,
-                 snapshot: Callable[[], dict[str, Any]]) -> None:
+                 snapshot: Callable[[], dict[str, Any]], log: Any = None) -> None:
+        """``log``: where refusals go (the broker's log by default)."""
         from prometheus_client.process_collector import ProcessCollector
 
+        self.loop = loop
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SnapshotCollector(loop, snapshot))
+        self.registry.register(SnapshotCollector(snapshot))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, memory, files
+        self.budget = ConnectionBudget(MAX_CONNECTIONS, MAX_PER_SOURCE)
+        self.refusals = Refusals(log if log is not None else logs.get_logger(),
+                                 endpoint="metrics")
         self.bind: str | None = None
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        self._resume: asyncio.TimerHandle | None = None  # accepting again, after a failure
+        self._served: dict[asyncio.Task[None], Source] = {}  # connections open, by source
 
     def start(self, bind: str) -> None:
-        """Listen on ``bind`` (HOST:PORT). Raises MetricsError if it cannot."""
-        from prometheus_client import start_http_server
-
+        """Listen on ``bind`` (HOST:PORT). The socket is bound here and now, so that an
+        address that cannot be had is told at once: raises MetricsError."""
         host, port = parse_bind(bind)
         try:
-            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+            self._sock = listening_socket(host, port)
         except OSError as exc:
             from zbroker.runtime.port_holder import held
 
@@ -239,29 +271,226 @@ class MetricsServer:
                                f"{exc.strerror or exc}{held(f'tcp://{host}:{port}')}"
                                ) from None
         self.bind = bind
+        self.loop.add_reader(self._sock.fileno(), self._accept)
 
     @property
     def url(self) -> str | None:
         """Where it listens (with the port chosen for port 0), or None when stopped."""
-        if self._server is None:
+        if self._sock is None:
             return None
-        host, port = self._server.server_address[:2]
+        host, port = self._sock.getsockname()[:2]
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
     def stop(self, wait: bool = True) -> None:
-        """Stop listening. ``wait``: until the server's thread has ended and the port is
-        released (the thread looks every half second); else that happens in the
-        background."""
-        server, self._server = self._server, None
+        """Stop listening (the port is let go at once) and cut the connections open.
+        ``wait`` is for callers of the threaded server this was: nothing is left to wait
+        for, either way."""
+        sock, self._sock = self._sock, None
         self.bind = None
-        if server is None:
+        if sock is None:
             return
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
+        self.loop.remove_reader(sock.fileno())
+        sock.close()
+        for task in self._served:
+            task.cancel()
 
-        def shut() -> None:
-            server.shutdown()
-            server.server_close()
+    def status(self) -> dict[str, Any]:
+        """Where it listens, the connections open, and those refused or dropped by reason."""
+        return {"url": self.url, "connections": len(self._served),
+                "refused": {kind: self.refusals.count(kind) for kind in REFUSAL_KINDS}}
 
-        if wait:
-            shut()
-        else:
-            threading.Thread(target=shut, name="metrics stop", daemon=True).start()
+    # --- connections ---
+
+    def _accept(self) -> None:
+        """Take the connections waiting; on a failure (out of descriptors), rest a while:
+        they wait in the backlog meanwhile, and the loop does not spin on them."""
+        assert self._sock is not None
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                conn, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                self._pause(exc)
+                return
+            self._admit(conn, peer[0])
+
+    def _pause(self, exc: OSError) -> None:
+        assert self._sock is not None
+        self.loop.remove_reader(self._sock.fileno())
+        self._resume = self.loop.call_later(ACCEPT_PAUSE_S, self._accept_again)
+        self.refusals.note(ACCEPT_FAILED, "metrics endpoint cannot accept connections; "
+                           "it tries again", error=exc.strerror or str(exc),
+                           after_s=ACCEPT_PAUSE_S)
+
+    def _accept_again(self) -> None:
+        self._resume = None
+        if self._sock is not None:
+            self.loop.add_reader(self._sock.fileno(), self._accept)
+
+    def _admit(self, conn: socket.socket, host: str) -> None:
+        """Serve ``conn`` (from ``host``) if it has a place, else hang it up unread."""
+        source: Source = ("host", host)
+        why = self.budget.take(source)
+        if why is not None:
+            conn.close()
+            self.refusals.note(why, f"metrics connection refused: {why}", source=host,
+                               open=len(self._served), max_connections=MAX_CONNECTIONS,
+                               max_per_source=MAX_PER_SOURCE)
+            return
+        task = self.loop.create_task(self._serve(conn, host))
+        self._served[task] = source
+        task.add_done_callback(functools.partial(self._ended, conn))
+
+    def _ended(self, conn: socket.socket, task: asyncio.Task[None]) -> None:
+        conn.close()  # (already closed unless the task was cancelled before it began)
+        self.budget.give_back(self._served.pop(task))
+        if not task.cancelled() and task.exception() is not None:
+            self.loop.call_exception_handler({"message": "metrics connection failed",
+                                              "exception": task.exception()})
+
+    async def _serve(self, conn: socket.socket, host: str) -> None:
+        """One request, its answer, and the connection closed."""
+        conn.setblocking(False)
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_HEAD_BYTES)
+        except OSError:
+            return
+        try:
+            answer = await self._request(reader, host)
+            if answer is not None:
+                async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                    await answer_and_linger(reader, writer, answer)
+        except TimeoutError:
+            self.refusals.note(ANSWER_NOT_TAKEN, "metrics connection cut: its answer was "
+                               f"not taken within {ANSWER_TIMEOUT_S:g} s", source=host)
+        except OSError:  # reset, broken pipe: the client went
+            pass
+        finally:
+            writer.transport.abort()
+
+    async def _request(self, reader: asyncio.StreamReader, host: str) -> bytes | None:
+        """The answer to the request head that comes within HEAD_TIMEOUT_S; None when none
+        does (the connection is then closed unanswered)."""
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            self.refusals.note(NO_REQUEST, "metrics connection dropped: no request within "
+                               f"{HEAD_TIMEOUT_S:g} s", level="info", source=host)
+            return None
+        except asyncio.IncompleteReadError:  # closed first
+            return None
+        except asyncio.LimitOverrunError:
+            self._bad_request(host, 431)
+            return plain(431, f"the request head is over {MAX_HEAD_BYTES} bytes")
+        return self.answer(head, host)
+
+    def answer(self, head: bytes, host: str = "") -> bytes:
+        """The HTTP answer to a request head: the metrics to GET (HEAD: without the body),
+        405 to other methods, 400 to what is not HTTP/1."""
+        request = parse_head(head)
+        if request is None:
+            self._bad_request(host, 400)
+            return plain(400, "not an HTTP/1 request")
+        method, _, headers = request
+        if method not in ("GET", "HEAD"):
+            self._bad_request(host, 405, method=method[:20])
+            return plain(405, f"{method} is not served: use GET or HEAD",
+                         [("Allow", "GET, HEAD")])
+        status, fields, body = self._scrape(headers)
+        return http_answer(status, fields, body, with_body=method == "GET")
+
+    def _bad_request(self, host: str, status: int, **fields: Any) -> None:
+        self.refusals.note(BAD_REQUEST, "metrics request refused", level="info",
+                           source=host, status=status, **fields)
+
+    def _scrape(self, headers: Mapping[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
+        """(status, header fields, body) of a scrape (of any path), as prometheus_client
+        makes them: in the format the client accepts (text, or OpenMetrics), gzip if
+        accepted."""
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        try:
+            body = encoder(self.registry)
+        except Exception as exc:  # a bug: the scrape fails (Prometheus' up is 0), told
+            self.refusals.note(SCRAPE_FAILED, "metrics scrape failed", level="error",
+                               error=repr(exc)[:500])
+            return 500, [("Content-Type", TEXT)], f"# the scrape failed: {exc!r}\n".encode()
+        fields = [("Content-Type", content_type)]
+        if gzip_accepted(headers.get("accept-encoding", "")):
+            body = gzip.compress(body)
+            fields.append(("Content-Encoding", "gzip"))
+        return 200, fields, body
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket listening on ``host`` (an address or a name: its first
+    address) and ``port``. Raises OSError."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        sock.bind(address)
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def answer_and_linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            answer: bytes) -> None:
+    """Write ``answer`` whole (to the kernel), end our side (FIN), then drop what the
+    client still sends until it closes, LINGER_S at most."""
+    writer.transport.set_write_buffer_limits(high=0)  # drain: until nothing is left
+    writer.write(answer)
+    await writer.drain()
+    if writer.can_write_eof():
+        writer.write_eof()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(LINGER_S):
+            while await reader.read(65536):
+                pass
+
+
+def parse_head(head: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """(method, target, {header name in lower case: value}) of a request head (up to its
+    blank line), or None if it is not an HTTP/1 request."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1] \
+            or not parts[2].startswith("HTTP/1."):
+        return None
+    headers: dict[str, str] = {}
+    for line in filter(None, lines[1:]):
+        name, colon, value = line.partition(":")
+        if not colon or not _TOKEN.fullmatch(name):
+            return None
+        headers[name.lower()] = value.strip()
+    return parts[0], parts[1], headers
+
+
+TEXT = "text/plain; charset=utf-8"
+
+
+def plain(status: int, text: str, fields: Iterable[tuple[str, str]] = ()) -> bytes:
+    """An HTTP error answer that says ``text``."""
+    phrase = HTTPStatus(status).phrase
+    return http_answer(status, [("Content-Type", TEXT), *fields],
+                       f"# HTTP {status} {phrase}: {text}\n".encode())
+
+
+def http_answer(status: int, fields: Iterable[tuple[str, str]], body: bytes,
+                with_body: bool = True) -> bytes:
+    """The bytes of an HTTP/1.1 answer after which the connection closes."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+             *(f"{name}: {value}" for name, value in fields),
+             f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (body if with_body else b"")
