@@ -56,10 +56,26 @@ DIRECT_MIN = 128 << 10
 #: again until the loop has gone round once (a client that sends a flood of small requests
 #: cannot keep the others waiting more than this many requests' time)
 TURN_MESSAGES = 512
-#: after a read that held more than SMALL_AFTER messages, a connection is read SMALL_READ
-#: bytes at a time (as libzmq reads), so that one read's messages are few: a read is handled
-#: whole before the others get their turn (bulk data stays in large reads)
-SMALL_READ, SMALL_AFTER = 8 << 10, 64
+#: ... and when many connections send floods, they share this many messages a round of the
+#: loop (each at least TURN_MIN): the loop goes round often enough to greet new clients (it
+#: accepts one connection a round) and to read the others. 100 PINGers each taking 512 a
+#: round made a round 0.25 s: a new client waited 10 s for its greeting
+ROUND_MESSAGES, TURN_MIN = 4096, 16
+#: a connection that sends small messages is read in small reads, sized for about SMALL_AFTER
+#: messages of the size it last sent (at least MIN_READ bytes; past SMALL_READ, as much as
+#: there is), so that one read's messages are few: a read is handled whole before the others
+#: get their turn (bulk data stays in large reads). One 1 MiB read of 5-byte PINGs was
+#: 200 000 requests: 100 such clients kept a new one from its greeting for 10 s
+SMALL_READ, SMALL_AFTER, MIN_READ = 8 << 10, 64, 256
+
+
+def read_size(nbytes: int, messages: int) -> int:
+    """How much to read next from a connection whose last read of ``nbytes`` held
+    ``messages``: about SMALL_AFTER messages of that size (0: as much as there is)."""
+    if messages <= 1:
+        return 0
+    size = nbytes * SMALL_AFTER // messages
+    return max(size, MIN_READ) if size < SMALL_READ else 0
 
 
 class Endpoint(Server):
@@ -85,11 +101,25 @@ class Endpoint(Server):
         self.after_input, self.admit_frame = after_input, admit_frame
         self.incoming = 0  # bytes held of messages still arriving, all connections
         self.incoming_by_source: dict[Any, int] = {}  # the same, by source
-        self.small_reads = self.scratch[:SMALL_READ]
         self.max_bytes, self.max_frames = max_bytes, max_frames
         self._dirty: list[_Link] = []  # connections with sends queued
         self._first: list[_Link] = []  # of those, the ones to write first (``send``'s first)
         self._backed_up: set[_Link] = set()  # connections with sends not yet written out
+        #: messages a connection may send in a round of the loop before it yields, and the
+        #: connections that yielded in this round (see ROUND_MESSAGES)
+        self.turn_messages = TURN_MESSAGES
+        self._yielded = 0
+
+    def took_turn(self) -> None:
+        """A connection used its turn: it yields until the loop has gone round once. At
+        the round's end, each turn is sized for the crowd of that round."""
+        if not self._yielded:
+            self.loop.call_soon(self._round_ended)
+        self._yielded += 1
+
+    def _round_ended(self) -> None:
+        crowd, self._yielded = self._yielded, 0
+        self.turn_messages = min(TURN_MESSAGES, max(TURN_MIN, ROUND_MESSAGES // crowd))
 
     # --- sending --------------------------------------------------------------------------
 
@@ -125,7 +155,7 @@ class Endpoint(Server):
             transport = link.transport
             if transport is not None and not transport.is_closing():
                 link.write_parts(out)
-                if transport.get_write_buffer_size():  # its peer does not keep up
+                if link.unsent_bytes():  # its peer does not keep up
                     self._backed_up.add(link)
 
     async def close_after(self, linger: float) -> None:
@@ -141,8 +171,7 @@ class Endpoint(Server):
         the transports' buffers): what the broker holds for readers that do not read."""
         total = 0
         for link in list(self._backed_up):
-            transport = link.transport
-            n = transport.get_write_buffer_size() if transport is not None else 0
+            n = link.unsent_bytes()
             if n:
                 total += n
             else:
@@ -188,7 +217,10 @@ class _Link(Link):
         self.out: list[Any] = []
         self.paused = False  # not read: its replies wait to be written
         self.turn = 0  # messages it sent since it last let the others go first
-        self.many = False  # its last read held many messages: read it SMALL_READ at a time
+        #: read it this much at a time (0: as much as there is), for the size of the messages
+        #: it sent last; small at first: a new client's first read is not a flood's whole
+        #: backlog (1 MiB of 5-byte PINGs is 200 000 requests, handled before anyone else's)
+        self.small = SMALL_READ
         self.yielding = False  # not read until the loop has gone round once
 
     def codec(self, server: Endpoint) -> zmtp.Connection:  # type: ignore[override]
@@ -204,14 +236,14 @@ class _Link(Link):
         self.direct = direct is not None
         if direct is not None:
             return direct
-        return self.server.small_reads if self.many else self.server.scratch
+        return self.server.scratch[:self.small] if self.small else self.server.scratch
 
     def buffer_updated(self, nbytes: int) -> None:
         e, conn = self.server, self.conn
         if self.direct:
             conn.frame_filled(nbytes)
         else:
-            conn.receive_data(e.scratch[:nbytes])  # (small_reads is its head)
+            conn.receive_data(e.scratch[:nbytes])  # (a small read's buffer is its head)
         self._count_incoming()  # (before the messages are handed on: a whole one is the
         # core's to count)
         if (self.incoming and not conn.receiving_large and e.admit_frame is not None
@@ -237,10 +269,11 @@ class _Link(Link):
         if conn.closed:
             self.transport.close()
         else:
-            self.many = len(events) > SMALL_AFTER
+            self.small = read_size(nbytes, len(events)) if not self.direct else 0
             self.turn += len(events)
-            if self.turn > TURN_MESSAGES and not self.yielding:
+            if self.turn > e.turn_messages and not self.yielding:
                 self.yielding = True
+                e.took_turn()
                 if not self.paused:
                     self.transport.pause_reading()
                 e.loop.call_soon(self._next_turn)

@@ -282,8 +282,8 @@ class ZpipesService(Service):
         cluster's links, if this broker is in one."""
         node = self._cluster.node if self._cluster is not None else None
         text = node.hint() if hasattr(node, "hint") else ""
-        if self._ep is not None and self._ep.send(routing_id, hint.encode_reply(text)):
-            self._ep.flush()
+        if self._ep is not None:
+            self._ep.send(routing_id, hint.encode_reply(text))  # (written after the read)
 
     def _on_refused(self, routing_id: bytes, refused: zmtp.Refused) -> None:
         """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout,
@@ -339,8 +339,6 @@ class ZpipesService(Service):
         if server is None:
             return
         out = server.take_output()
-        if not out:
-            return
         send = ep.send if ep is not None else None
         while out:
             for action in out:
@@ -350,7 +348,7 @@ class ZpipesService(Service):
                 else:
                     self._cluster.send(action.peer, action.frames)
             out = server.take_output()  # (what the core did meanwhile: a peer lost on a send)
-        if ep is not None:
+        if ep is not None:  # (also what was sent beside the core: HINT answers)
             ep.flush()
 
     def _schedule(self) -> None:
