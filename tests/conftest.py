@@ -34,6 +34,14 @@ from helpers import REPO_ROOT, BrokerProcess, spawn_broker  # noqa: E402
 
 StartBroker = Callable[..., BrokerProcess]
 
+# what a clustered broker remembers of its cluster (its state directory) goes under the
+# tests' own temporary directory, for every process they start, never in the home directory
+if "ZBROKER_TESTS_STATE" not in os.environ:
+    import tempfile
+
+    os.environ["ZBROKER_TESTS_STATE"] = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(
+        prefix="zbroker-tests-state-")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Compile zbroker and zpipes to bytecode once, before any test runs.

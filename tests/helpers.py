@@ -149,6 +149,7 @@ def broker_env(tmp_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env["XDG_RUNTIME_DIR"] = str(tmp_dir)
     env["XDG_CONFIG_HOME"] = str(tmp_dir / "config")  # a cluster key made there, not in ~
+    env["XDG_STATE_HOME"] = str(tmp_dir / "state")  # and what it remembers of its cluster
     env.pop("NO_COLOR", None)
     env.pop("ZPIPES_BROKER", None)  # the tests name their brokers
     env.pop("ZPIPES_PROGRESS", None)

@@ -73,7 +73,8 @@ class Host:
         return ["ip", "netns", "exec", self.ns, *args]
 
     def popen(self, args: Sequence[str], **kw: Any) -> subprocess.Popen:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", XDG_CONFIG_HOME=str(self.dir / "config"))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", XDG_CONFIG_HOME=str(self.dir / "config"),
+                   XDG_STATE_HOME=str(self.dir / "state"))
         proc = subprocess.Popen(self.command(args), env=env, **kw)
         self.bed.procs.append(proc)
         return proc

@@ -136,6 +136,7 @@ class Broker:
         self.metrics: Any = None  # the metrics endpoint (zbroker.metrics), when metrics.bind
         self._build: tuple[str, str] | None = None  # (zbroker version, Python version)
         self.seeds = tuple(seeds)  # a join token's: said HELLO to as cluster.peers are
+        self._memory: Any = None  # the cluster's snapshot, kept (cluster/snapshot.py)
         #: what the cluster runs with: (key pair or None, key file, made), once it started
         self._cluster_keys: Any = None
         self._relinking: asyncio.Task[None] | None = None  # the node started anew
@@ -255,11 +256,49 @@ class Broker:
         return ClusterNode(
             self.config.cluster, self.name, self.zmq_context, self.loop,
             logs.get_logger(component="cluster"),
-            on_join=lambda peer: [s.peer_joined(peer) for s in self.services],
+            on_join=self._peer_joined,
             on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
             on_message=on_message, max_message=message_limit(self._largest_payload()),
             features={service.name: service.features() for service in self.services},
-            seeds=self.seeds)
+            seeds=(*self.seeds, *self._remembered()))
+
+    def _peer_joined(self, peer: Any) -> None:
+        for service in self.services:
+            service.peer_joined(peer)
+        if self._memory is not None:
+            self._memory.joined(peer.endpoint)
+
+    def _remembered(self) -> list[str]:
+        """The members this broker knew before its restart (cluster/snapshot.py)."""
+        memory = self._memory
+        return memory.snapshot.endpoints() if memory is not None else []
+
+    def _remember_cluster(self) -> None:
+        """Keep what this broker knows of its keyed cluster across restarts (its name, key
+        file, seeds and members): the snapshot of before, if it is of this cluster."""
+        from .cluster import snapshot
+
+        cfg = self.config.cluster
+        path = snapshot.snapshot_path(self.name)
+        try:
+            known = snapshot.load(path)
+        except ValueError as exc:
+            self.log.warning("cluster snapshot ignored", reason=str(exc))
+            known = None
+        key_file = str(cfg.key_file) if cfg.key_file is not None else None
+        if known is None or known.cluster != cfg.name:
+            known = snapshot.Snapshot(cfg.name, key_file, self.seeds)
+        known.key_file = key_file
+        if self.seeds:  # a join token's, now
+            known.seeds = self.seeds
+        self._memory = snapshot.Memory(
+            self.loop, path, known, self.log,
+            peers=lambda: [p["endpoint"] for p in self.cluster.peers()] if self.cluster
+            else [], saved=self._rewrite_join_file)
+
+    def _rewrite_join_file(self) -> None:
+        if self.cluster is not None and self.cluster.keys() is not None:
+            self._write_join_file()
 
     async def _start_cluster(self) -> None:
         from .cluster.node import ClusterError
@@ -269,6 +308,8 @@ class Broker:
             keys = cluster_keys(self.config.cluster)
         except KeyFileError as exc:
             raise StartupError(str(exc)) from None
+        if keys[0] is not None:
+            self._remember_cluster()
         node = self._cluster_node()
         try:
             await node.start(keys)
@@ -279,6 +320,7 @@ class Broker:
             port.node = node
         if keys[0] is not None:
             self._write_join_file(announce=True)
+            self._memory.start()
 
     def _relink_cluster(self, keys: Any) -> None:
         """Start the cluster node anew with ``keys`` (a new cluster key), after the one
@@ -339,9 +381,10 @@ class Broker:
                                "--cluster (and without cluster.insecure)")
         public, secret = node.keys()
         seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
-        # and the seeds we were given: a join file copied back over the one it came from
-        # still names a member other than ourselves
-        seeds = joining.usable_seeds((seed, *self.config.cluster.peers, *self.seeds))
+        # and the peers that answered: a join file copied back over the one it came from
+        # still names a member other than ourselves; a seed that never answered is not passed
+        # on (a dead seed of this host's config was copied into its join file)
+        seeds = joining.usable_seeds((seed, *(p["endpoint"] for p in node.peers())))
         token = JoinToken(self.config.cluster.name, seeds, public, secret)
         path = joining.join_file_path(node.key_file)
         try:
@@ -384,6 +427,9 @@ class Broker:
         if relinking is not None and not relinking.done():
             relinking.cancel()
             await asyncio.gather(relinking, return_exceptions=True)
+        memory, self._memory = self._memory, None
+        if memory is not None:  # (the peers of now noted: the cluster is still there)
+            memory.stop()
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
             for port in self._ports:

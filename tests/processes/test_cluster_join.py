@@ -9,7 +9,7 @@ import shutil
 import stat
 
 import yaml
-from helpers import free_port, run_zbroker, wait_for
+from helpers import free_port, run_zbroker, unique_name, wait_for
 
 from zbroker.cluster.join_token import decode
 from zbroker.cluster.joining import read_token
@@ -124,3 +124,64 @@ def test_reload_applies_a_new_key_all_or_nothing_and_names_what_needs_a_restart(
                                            "only change with a restart: "
                                            "cluster.peer_timeout\n")
     assert b.alive()
+
+
+def peer_names(b) -> set[str]:
+    r = zb(b, "status", "--json")
+    return {p["name"] for p in json.loads(r.stdout)["cluster"]["peers"]} if r.returncode == 0 \
+        else set()
+
+
+def test_a_joined_broker_rejoins_with_its_plain_command_and_passes_on_only_answering_seeds(
+        start_broker):
+    """Reported: seeds from the join token were not kept, so a joined broker restarted with
+    its plain command ran standalone, key installed, without a word; and a dead seed of a
+    host's config was copied into its join file. Two brokers (each its own home) join, are
+    killed and started again with their plain commands: they link again, from what each
+    remembered (cluster/snapshot.py)."""
+    a_port, b_port, dead = free_port(), free_port(), free_port()
+    a_config = loopback_cluster(a_port)
+    a = start_broker(config=a_config)
+    wait_for(lambda: "cluster join file written" in a.stderr(), 10, "a's join file")
+    join = a.dir / "config" / "zbroker" / "cluster-default.join"
+    # the cluster's settings but not cluster.enabled: the join turns it on
+    b_config = {"cluster": {"discovery": False, "bind": f"tcp://127.0.0.1:{b_port}",
+                            "peers": [f"tcp://127.0.0.1:{dead}"]}}
+    b = start_broker(config=b_config, args=["--join-file", str(join)])
+    wait_for(lambda: b.name in peer_names(a) and a.name in peer_names(b), 20, "the join")
+
+    # b's join file names b and its peer, not the seed of its config that never answered
+    r = zb(b, "join-token", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["seeds"] == [f"tcp://127.0.0.1:{b_port}",
+                                             f"tcp://127.0.0.1:{a_port}"]
+
+    # both killed, then started with their plain commands (b: no join file, no cluster in
+    # its config): they link again
+    a.kill()
+    b.kill()
+    b = start_broker(name=b.name, config=b_config)
+    a = start_broker(name=a.name, config=a_config)
+    wait_for(lambda: b.name in peer_names(a) and a.name in peer_names(b), 20, "the rejoin")
+    assert "rejoining the cluster this broker was a member of" in b.stderr()
+    snapshot = json.loads((b.dir / "state" / "zbroker" / f"{b.name}.cluster.json").read_text())
+    assert snapshot["cluster"] == "default"
+    assert f"tcp://127.0.0.1:{a_port}" in snapshot["members"]
+
+    # a config that turns the cluster off in so many words wins, and says what it leaves
+    b.stop()
+    b = start_broker(name=b.name, config={**b_config, "cluster": {**b_config["cluster"],
+                                                                  "enabled": False}})
+    assert "running standalone: the config file sets cluster.enabled false, yet this broker " \
+           "was a member of a cluster" in b.stderr()
+    assert zb(b, "status", "--json").returncode == 0
+    assert b.name not in peer_names(a)
+
+    # a broker with a cluster key and no cluster says so at start
+    c_name = unique_name("c")
+    key_dir = b.dir.parent / f"broker-{c_name}" / "config" / "zbroker"
+    key_dir.mkdir(parents=True)
+    shutil.copy(a.dir / "config" / "zbroker" / "cluster-default.key", key_dir)
+    c = start_broker(name=c_name)
+    assert "running standalone with a cluster key installed: start with --cluster" \
+           in c.stderr(), c.stderr()

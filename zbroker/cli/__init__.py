@@ -199,6 +199,13 @@ def run_broker(argv: Sequence[str]) -> int:
     except ConfigError as exc:
         error(str(exc))
         return 1
+    standalone_note = None
+    if token is None and not config.cluster.enabled:
+        try:
+            config, standalone_note = _cluster_of_before(args, config, overrides)
+        except ConfigError as exc:
+            error(str(exc))
+            return 1
     installed = None
     if token is not None:
         from zbroker.cluster.joining import install_key
@@ -220,6 +227,9 @@ def run_broker(argv: Sequence[str]) -> int:
         error("\n".join(config_problems(config))
               or f"cannot open log file {str(config.log.file)!r}: {exc.strerror or exc}")
         return 1
+    if standalone_note is not None:
+        level, event, fields = standalone_note
+        getattr(logs.get_logger(), level)(event, **fields)
     broker = Broker(config, config_path=args.config, overrides=overrides,
                     seeds=token.seeds if token is not None else ())
     if token is not None and installed is not None:
@@ -235,6 +245,59 @@ def run_broker(argv: Sequence[str]) -> int:
         return 130
     finally:
         logs.shutdown()  # bounded: lets syslog send its last records
+
+
+def _cluster_of_before(args: Any, config: Any, overrides: dict[str, Any]
+                       ) -> tuple[Any, tuple[str, str, dict[str, Any]] | None]:
+    """A broker whose config leaves the cluster off: clustered again if it was (its snapshot,
+    cluster/snapshot.py), unless its config file turns the cluster off; then, or when it
+    holds a cluster key, what it says of running standalone. Returns the config it starts
+    with (``overrides`` updated) and what to log of it (level, event, fields), or None."""
+    from zbroker.cluster import snapshot
+    from zbroker.cluster.security import default_key_path
+
+    path = snapshot.snapshot_path(config.broker.name)
+    try:
+        before = snapshot.load(path)
+    except ValueError as exc:
+        return config, ("warning", "cluster snapshot ignored: running standalone",
+                        {"reason": str(exc)})
+    if before is not None and not _file_turns_cluster_off(args.config):
+        overrides.setdefault("cluster", {}).update(snapshot.rejoin_overrides(before)["cluster"])
+        return load_config(args.config, overrides), (
+            "info", "rejoining the cluster this broker was a member of",
+            {"cluster": before.cluster, "snapshot": str(path),
+             "members": len(before.members)})
+    if before is not None:
+        return config, ("warning", "running standalone: the config file sets cluster.enabled "
+                        "false, yet this broker was a member of a cluster (remove the setting "
+                        "to rejoin it, or delete the snapshot to forget it)",
+                        {"cluster": before.cluster, "snapshot": str(path)})
+    key = default_key_path(config.cluster.name)
+    if key.exists():
+        return config, ("warning", "running standalone with a cluster key installed: start with "
+                        "--cluster (or cluster.enabled: true) to join its cluster",
+                        {"cluster": config.cluster.name, "key_file": str(key)})
+    return config, None
+
+
+def _file_turns_cluster_off(config_path: str | None) -> bool:
+    """Whether the config file (the one given, else the one found) says
+    ``cluster: {enabled: false}`` in so many words."""
+    import yaml
+
+    from zbroker.config import find_config_file
+
+    file = config_path or find_config_file()
+    if file is None:
+        return False
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return False
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    return isinstance(cluster, dict) and cluster.get("enabled") is False
 
 
 def _say_joined(log: Any, token: Any, installed: tuple[Any, str], args: Any) -> None:
