@@ -68,6 +68,8 @@ class PeerBroker:
     features: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False)
     #: the link numbers service messages (a message's order and loss are known)
     numbered: bool = False
+    #: how people are told of it (``local@hosta (10.0.0.1)``): in logs and client errors
+    label: str = field(default="", compare=False)
 
     def features_of(self, service: str) -> Mapping[str, Any]:
         """What the peer's ``service`` said it does ({} when it has no such service or is a

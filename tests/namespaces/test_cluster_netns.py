@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import select
+import socket
 import subprocess
 import threading
 import time
@@ -220,7 +221,10 @@ def test_sigkill_of_the_writers_broker_fails_the_reader(testbed):
     a.kill_broker()
     assert r.wait(PEER_TIMEOUT + 5) == 1
     took = time.monotonic() - killed
-    assert "peer lost" in r.stderr.read().decode()
+    # which broker: every host's is named "local", so its host's name and address are said
+    said = r.stderr.read().decode()
+    assert f"writer lost: peer lost: broker local@{socket.gethostname()} ({a.address})" \
+        in said, said
     assert took < PEER_TIMEOUT + 1.0, took
     w.kill()
 

@@ -146,11 +146,12 @@ def test_zpipes_reads_its_own_flags_out_of_a_peers_features(numbered):
     service._flush_outside = lambda: None
     flags = service.features()
     service.peer_joined(PeerBroker("b#1", "b", "tcp://b:1", member="b",
-                                   features={"zpipes": flags, "pzq": {}}, numbered=numbered))
+                                   features={"zpipes": flags, "pzq": {}}, numbered=numbered,
+                                   label="b@hostb (10.0.0.2)"))
     service.peer_joined(PeerBroker("c#1", "c", "tcp://c:1", member="c",
                                    features={"pzq": {}}, numbered=numbered))
     assert calls == [
         ("b#1", {"member": "b", "directory": True, "fanout": True, "write_frames": True,
-                 "confirm": numbered}),
+                 "confirm": numbered, "label": "b@hostb (10.0.0.2)"}),
         ("c#1", {"member": "c", "directory": False, "fanout": False, "write_frames": False,
-                 "confirm": False})]
+                 "confirm": False, "label": ""})]

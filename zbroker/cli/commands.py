@@ -98,7 +98,9 @@ def format_status(status: dict[str, Any]) -> str:
                      + (f", {refused} handshakes refused" if refused else ""))
         for peer in peers:
             rtt = peer.get("rtt_s")
-            lines.append(f"  {peer.get('name')} ({peer.get('id')}) {peer.get('endpoint')}, "
+            who = (f"{peer.get('name')}@{peer['host']}" if peer.get("host")
+                   else peer.get("name"))
+            lines.append(f"  {who} ({peer.get('id')}) {peer.get('endpoint')}, "
                          f"last heard {peer.get('last_heard_s')}s ago"
                          + (f", round trip {rtt * 1000:.2f} ms" if rtt is not None else ""))
         lines += trouble_lines(cluster)

@@ -113,7 +113,9 @@ def compute_view(prev: Sample | None, cur: Sample) -> View:
     cluster = s.get("cluster")
     if cluster:
         view.cluster = True
-        view.peers = sorted(({"name": p.get("name", "?"), "endpoint": p.get("endpoint", ""),
+        view.peers = sorted(({"name": (f"{p.get('name', '?')}@{p['host']}" if p.get("host")
+                                       else p.get("name", "?")),
+                              "endpoint": p.get("endpoint", ""),
                               "rtt": p.get("rtt_s"), "last_heard": p.get("last_heard_s")}
                              for p in cluster.get("peers") or []),
                             key=lambda p: (-(p["rtt"] or 0.0), p["name"]))

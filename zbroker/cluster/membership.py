@@ -104,6 +104,8 @@ class Hello:
     #: what each of the sender's services says it does (Service.features), by service; the
     #: cluster carries them without knowing what they mean
     features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the sender's host name, for people to read (brokers of before say nothing of it)
+    host: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         legacy = {key: (self.features.get(service) or {}).get(key) is True
@@ -113,7 +115,7 @@ class Hello:
                 "nonce": self.nonce, "echo": self.echo, "gossip": self.gossip,
                 "session": self.session, "admitted": self.admitted,
                 "numbered": self.numbered, **legacy,
-                "services": self.features}
+                "services": self.features, **({"host": self.host} if self.host else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> Hello | None:
@@ -123,10 +125,20 @@ class Hello:
                         str(data.get("nonce", "")), str(data.get("echo", "")),
                         data.get("gossip") is True, str(data.get("session", "")),
                         str(data.get("admitted", "")), data.get("numbered") is True,
-                        _features(data))
+                        _features(data), _host(data.get("host")))
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return hello if hello.id and hello.endpoint else None
+
+
+MAX_HOST = 64  # characters of a peer's host name kept
+
+
+def _host(value: Any) -> str:
+    """A HELLO's host name, made printable and short (it is shown to people)."""
+    if not isinstance(value, str):
+        return ""
+    return "".join(c for c in value[:MAX_HOST] if c.isprintable() and not c.isspace())
 
 
 def _features(data: Any) -> dict[str, dict[str, Any]]:
@@ -179,6 +191,19 @@ class Peer:
     session: str = ""  # its session with us, from the HELLO that admitted it
     #: its service messages' numbers and ours in this life (None: a broker of before)
     numbering: Numbering | None = None
+    host: str = ""  # its host name, as its HELLO said it ("" for a broker of before)
+
+    @property
+    def label(self) -> str:
+        """How people are told of it: ``local@hosta (10.0.0.1)``."""
+        return broker_label(self.name, self.host, self.endpoint)
+
+
+def broker_label(name: str, host: str, endpoint: str) -> str:
+    """A broker as people are told of it: its name, its host's name and the address it is
+    reached at (``local@hosta (10.0.0.1)``): every host's broker may be named ``local``."""
+    address = endpoint.partition("://")[2].rpartition(":")[0].strip("[]") or endpoint
+    return f"{name}@{host} ({address})" if host else f"{name} ({address})"
 
 
 class Named(Protocol):
@@ -264,7 +289,7 @@ class Membership:
         return Hello(me.id, me.name, me.cluster, me.endpoint, reply=reply,
                      nonce=self.nonce(endpoint), echo=contact.their_nonce if contact else "",
                      session=contact.session if contact else "", admitted=admitted,
-                     features=me.features)
+                     features=me.features, host=me.host)
 
     def own_contact(self, hello: Hello) -> str | None:
         """The contact at which ``hello``, naming this broker, was said by this broker itself
@@ -335,7 +360,7 @@ class Membership:
         self._lives += 1
         peer = Peer(hello.id, hello.name, hello.endpoint, f"{hello.id}#{self._lives}", now, now,
                     now, gossip=hello.gossip, features=hello.features,
-                    session=hello.session)
+                    session=hello.session, host=hello.host)
         if hello.numbered and hello.session:
             peer.numbering = Numbering(session_bytes(contact.session),
                                        session_bytes(hello.session))

@@ -45,6 +45,7 @@ import hmac
 import itertools
 import json
 import os
+import socket
 import struct
 import time
 import uuid
@@ -266,7 +267,8 @@ class ClusterNode:
         self.endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         advertised = cfg.advertise or _wildcard_host(self.endpoint)
         self.advertised = advertised
-        me = Hello(self.id, self.broker_name, cfg.name, advertised, features=self.features)
+        me = Hello(self.id, self.broker_name, cfg.name, advertised, features=self.features,
+                   host=socket.gethostname()[:64])
         self.membership = Membership(me, cfg.peer_timeout)
         self._reader = SocketReader(self._loop, router, self._on_message_frames,
                                     after=self._schedule_next, copy=False)
@@ -358,7 +360,8 @@ class ClusterNode:
 
     def peers(self) -> list[dict[str, Any]]:
         now = self._loop.time()
-        return [{"id": p.id, "name": p.name, "endpoint": p.endpoint,
+        return [{"id": p.id, "name": p.name, "host": p.host, "label": p.label,
+                 "endpoint": p.endpoint,
                  "last_heard_s": round(now - p.last_heard, 3),
                  **({"rtt_s": round(self.last_rtt[p.id], 6)} if p.id in self.last_rtt
                     else {})}
@@ -705,14 +708,14 @@ class ClusterNode:
             return
         members, problem = gossip.decode(frame.buffer)
         if problem:
-            self._log.warning("invalid gossip", address=address, peer=peer.name[:64],
+            self._log.warning("invalid gossip", address=address, peer=peer.label,
                               why=problem)
         change = self.membership.learn(members, sender, now)
         if change.refused:
-            self._log.warning("gossip partly ignored", address=address, peer=peer.name[:64],
+            self._log.warning("gossip partly ignored", address=address, peer=peer.label,
                               why=change.refused)
         if change.learned:
-            self._log.info("members learned", peer=peer.name, id=peer.id,
+            self._log.info("members learned", peer=peer.label, id=peer.id,
                            contacts=len(change.learned), first=change.learned[0])
             self._schedule(0.0)
 
@@ -740,22 +743,23 @@ class ClusterNode:
             self._held.pop(peer.id, None)
             self.peer_losses += 1
             self.last_rtt.pop(peer.id, None)
-            self._log.warning("peer left", peer=peer.name, id=peer.id, life=peer.life,
+            self._log.warning("peer left", peer=peer.label, id=peer.id, life=peer.life,
                               endpoint=peer.endpoint, why=reason or why)
             if life is not None:
                 self._on_leave(life, reason or why)
         for peer in change.joined:
             life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
-                              features=peer.features, numbered=peer.numbering is not None)
+                              features=peer.features, numbered=peer.numbering is not None,
+                              label=peer.label)
             self._lives[peer.id] = life
             self._watch(peer.endpoint)
             if self._keys is None:  # said on every join: nothing proved who it is
-                self._log.warning("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                self._log.warning("peer joined", peer=peer.label, id=peer.id, life=peer.life,
                                   endpoint=peer.endpoint,
                                   insecure="no cluster key: anyone who says the cluster's "
                                            "name joins")
             else:
-                self._log.info("peer joined", peer=peer.name, id=peer.id, life=peer.life,
+                self._log.info("peer joined", peer=peer.label, id=peer.id, life=peer.life,
                                endpoint=peer.endpoint)
             self._on_join(life)
             if peer.id in self._lives:  # still a peer once the services were told

@@ -119,7 +119,8 @@ FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large
 
 def failure_kind(reason: str) -> str:
     """A failed end's reason, as one of FAILURE_KINDS."""
-    if reason.endswith(PEER_LOST):  # also a reader's "writer lost: peer lost"
+    if reason.startswith(PEER_LOST) or reason.startswith(WRITER_LOST + PEER_LOST):
+        # (also a reader's "writer lost: peer lost: broker local@hosta (10.0.0.1)")
         return "peer_lost"
     if reason.startswith(WRITER_LOST):
         return "writer_lost"

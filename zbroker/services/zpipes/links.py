@@ -82,12 +82,17 @@ class PeerLinks:
         #: messages and the bytes of their chunks, CREDIT messages
         self.data_sent = self.data_bytes_sent = self.credit_sent = 0
         self.data_received = self.data_bytes_received = 0
+        self.labels: dict[str, str] = {}  # peer -> how people are told of it
 
     # --- peers come and go -------------------------------------------------------------------
 
-    def up(self, peer: str, fanout: bool, write_frames: bool, confirm: bool) -> None:
-        """A peer broker joined (a new life of it), with what its HELLO says it takes."""
+    def up(self, peer: str, fanout: bool, write_frames: bool, confirm: bool,
+           label: str = "") -> None:
+        """A peer broker joined (a new life of it), with what its HELLO says it takes, and
+        how people are told of it (``label``)."""
         self.peers.add(peer)
+        if label:
+            self.labels[peer] = label
         if fanout:
             self._fanout.add(peer)
         if write_frames:
@@ -116,24 +121,33 @@ class PeerLinks:
         """A peer broker was lost: its ends are detached, and the streams that ran through it
         break ("peer lost")."""
         self.peers.discard(peer)
+        label = self.labels.get(peer, "")  # (let go by fail_confirmations, which follows)
+        why = self.lost_reason(label)
         lost = [(key, proxy) for key, proxy in self._proxies.items() if key[0] == peer]
         for key, proxy in lost:
             del self._proxies[key]
             del self._proxy_of[proxy]
-            self._woken.extend(self.pipes.detach(proxy, PEER_LOST))
+            self._woken.extend(self.pipes.detach(proxy, why))
         if lost:
-            self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost))
+            self.log.warning("peer lost: its pipe ends are detached", peer=peer, ends=len(lost),
+                             **({"broker": label} if label else {}))
         self._fanout.discard(peer)
         self._write_frames.discard(peer)
         self._confirming.discard(peer)
         self.windows.pop(peer, None)
         self._rtts.pop(peer, None)
 
+    @staticmethod
+    def lost_reason(label: str) -> str:
+        """What the ends a lost peer broke are told: which broker, on which host."""
+        return f"{PEER_LOST}: broker {label}" if label else PEER_LOST
+
     def fail_confirmations(self, peer: str) -> None:
         """The CLOSEs awaiting the lost ``peer`` are answered: its stream's end may not have
         arrived there, and their CLOSE says so."""
+        why = self.lost_reason(self.labels.pop(peer, ""))
         for client in [c for c in self.closing.values() if peer in c.awaiting]:
-            client.close_failure = client.close_failure or PEER_LOST
+            client.close_failure = client.close_failure or why
             self.engine.answer_awaited(client)
 
     # --- peer messages -----------------------------------------------------------------------

@@ -135,16 +135,17 @@ class ZpipesServer:
 
     def peer_up(self, peer: str, now: float, member: str = "",
                 directory: bool = False, fanout: bool = False,
-                write_frames: bool = False, confirm: bool = False) -> None:
+                write_frames: bool = False, confirm: bool = False, label: str = "") -> None:
         """A peer broker joined (a new life of it: ``peer`` names one session). ``member``:
         its id among the members (the same for all of them); ``directory``: it speaks the
         pipe directory; ``fanout``: it takes a DATA (and a CREDIT) for several readers;
         ``write_frames``: a DATA whose chunk is in its WRITE frame; ``confirm``: it answers
-        CONFIRM, and its link numbers messages (what came before a CONFIRMED did arrive).
+        CONFIRM, and its link numbers messages (what came before a CONFIRMED did arrive);
+        ``label``: how people are told of it (in the reasons of the ends it breaks).
         Then our ends whose home it now is register with it; otherwise it is told of every end
         we have, so pipes opened before it came find their other ends."""
         self.engine.now = now
-        self.links.up(peer, fanout, write_frames, confirm)
+        self.links.up(peer, fanout, write_frames, confirm, label)
         self.directory.peer_up(peer, member, directory, now)
         self.engine.wake()
 

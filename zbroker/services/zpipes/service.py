@@ -214,7 +214,8 @@ class ZpipesService(Service):
                                 write_frames=said.get("write_frames") is True,
                                 # (a CONFIRMED proves what came before it only on a
                                 # numbered link)
-                                confirm=said.get("confirm") is True and peer.numbered)
+                                confirm=said.get("confirm") is True and peer.numbered,
+                                label=peer.label)
             self._flush_outside()
 
     def features(self) -> dict[str, Any]:
