@@ -44,7 +44,7 @@ from pipe_stream import (
 from test_zpipes_guard import limit_files
 
 from zbroker.pzq.client import Consumer, Producer
-from zbroker.runtime.limits import FD_RESERVE
+from zbroker.runtime.limits import CONTROL_CONNECTIONS, FD_RESERVE
 from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 
 MAX_CLIENTS = 1500
@@ -73,8 +73,9 @@ def test_a_flood_on_every_zmtp_endpoint_leaves_the_broker_and_its_clients_going(
         "services": {"pzq": {"enabled": True, "queues": {"jobs": {
             "receive_endpoint": f"tcp://{receive}", "send_endpoint": f"tcp://{send}",
             "data_dir": str(tmp_path / "jobs")}}}}})
-    broker, log_path = logged_broker(tmp_path, name, cfg,
-                                     preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + 100))
+    broker, log_path = logged_broker(
+        tmp_path, name, cfg,
+        preexec_fn=limit_files(MAX_CLIENTS + FD_RESERVE + CONTROL_CONNECTIONS + 100))
     endpoint = f"ipc://@/zpipes/{name}"
     floods: list[subprocess.Popen] = []
     w, r = RawClient(ctx, endpoint), RawClient(ctx, endpoint)

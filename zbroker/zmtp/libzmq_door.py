@@ -76,15 +76,15 @@ class LibzmqDoor:
         self._trusted: OrderedDict[Source, None] = OrderedDict()
         self._listener: Any = None  # the listening address, as getsockname() says it
         self._reader: SocketReader | None = None
-        self._sock: zmq.Socket | None = None
+        self._sock: zmq.Socket[Any] | None = None
         self._on_other: Callable[[dict[str, Any]], None] | None = None
         self._sweep: asyncio.TimerHandle | None = None
 
-    def prepare(self, sock: zmq.Socket) -> None:
+    def prepare(self, sock: zmq.Socket[Any]) -> None:
         """Before the bind: the handshake deadline (libzmq copies options at bind time)."""
         sock.setsockopt(zmq.HANDSHAKE_IVL, int(self.admission.handshake_timeout * 1000))
 
-    def watch(self, sock: zmq.Socket, addr: str, also: int = 0,
+    def watch(self, sock: zmq.Socket[Any], addr: str, also: int = 0,
               on_other: Callable[[dict[str, Any]], None] | None = None) -> None:
         """After the bind: follow ``sock``'s connections (its one monitor, at inproc
         ``addr``). ``also``: more events of the monitor, given to ``on_other``."""
@@ -103,10 +103,11 @@ class LibzmqDoor:
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.stop()
-            try:
-                self._sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
+            if self._sock is not None:
+                try:
+                    self._sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
             reader.sock.close(linger=0)
         for fd in list(self._places):
             self._give_back(fd)
@@ -131,7 +132,7 @@ class LibzmqDoor:
     # --- the monitor's events ------------------------------------------------------------
 
     def _on_event(self, frames: list[bytes]) -> None:
-        event = parse_monitor_message(frames)
+        event: dict[str, Any] = dict(parse_monitor_message(frames))
         kind, fd = event["event"], event["value"]
         if kind == zmq.EVENT_ACCEPTED:
             self._accepted(fd)
@@ -166,10 +167,11 @@ class LibzmqDoor:
     def _strangers_full(self, source: Source) -> str | None:
         """Why the pool of untrusted sources has no place for ``source``, or None."""
         held = self._untrusted.get(source, 0)
-        if sum(self._untrusted.values()) >= self.untrusted_limit:
+        limit = self.untrusted_limit if self.untrusted_limit is not None else 0
+        if sum(self._untrusted.values()) >= limit:
             self.admission.refusals.note(
                 TOO_MANY, f"{self.admission.what} connection refused: too many connections "
-                "from hosts that are not peers", limit=self.untrusted_limit,
+                "from hosts that are not peers", limit=limit,
                 source=describe(source))
             return TOO_MANY
         if held >= self.untrusted_share:
@@ -238,7 +240,7 @@ def _shut_down(fd: int) -> None:
         sock.detach()
 
 
-def _listening_address(sock: zmq.Socket) -> str | int:
+def _listening_address(sock: zmq.Socket[Any]) -> str | int:
     """What the connections of ``sock``'s listener have as their own address: the socket's
     path (ipc) or port (tcp: their host is the interface each came in by)."""
     endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -254,4 +256,4 @@ def _same_listener(address: Any, listener: str | int) -> bool:
         return isinstance(address, tuple) and address[1] == listener
     if isinstance(address, bytes):
         address = address.decode("utf-8", "surrogateescape")
-    return address == listener
+    return bool(address == listener)
