@@ -60,10 +60,22 @@ def resolved_queues(config: Any, run_dir: Path) -> list[QueueSettings]:
 
 def queue_key(config: Any, queue: str, key: str) -> str:
     """The dotted key a queue's setting comes from: the queue's own, or the defaults'."""
-    queues = dict(config.services.pzq.queues or ())
-    if queue in queues and key in dict(queues[queue]):
+    queues = _queue_items(config.services.pzq.queues)
+    if queue in queues and key in queues[queue]:
         return f"services.pzq.queues.{queue}.{key}"
     return f"services.pzq.defaults.{key} (queue {queue!r})"
+
+
+_items_of: list[Any] = [None, {}]  # the queues last asked of, and their settings by queue
+
+
+def _queue_items(queues: Any) -> dict[str, dict[str, Any]]:
+    """Each queue's own settings, by queue (made once for a config's queues: a check asks
+    for each key of each of thousands of queues)."""
+    if _items_of[0] is not queues:
+        _items_of[:] = [queues, {name: dict(items) for name, items in (queues or ())}]
+    items: dict[str, dict[str, Any]] = _items_of[1]
+    return items
 
 
 def queue_endpoints(config: Any, run_dir: Path) -> list[tuple[str, str]]:

@@ -1,12 +1,14 @@
-"""The pzq store: an append-only segmented log with group commit, in a writer thread.
+"""The pzq store: an append-only segmented log with group commit, written by the process's
+writer threads (writers.py).
 
 The event loop calls :meth:`Store.append` and :meth:`Store.ack`; they only queue records in
-memory. One writer thread takes what has queued, writes it to the current segment with one
-``write`` and (unless ``sync: none``) one ``fdatasync``, then reports a :class:`BatchResult`
-through the ``notify`` callable (which the caller makes thread-safe). Producer ACKs go out on
-that report, so the event loop never waits for the disk. When to write and what to take (the
-sync modes, the window, batches of at most ``max_batch_bytes``, the backoff after a failed
-write) is the group-commit policy's (group_commit.py): the writer thread asks it.
+memory. A writer thread, in the store's turn, takes what has queued, writes it to the current
+segment with one ``write`` and (unless ``sync: none``) one ``fdatasync``, then reports a
+:class:`BatchResult` through the ``notify`` callable (which the caller makes thread-safe).
+Producer ACKs go out on that report, so the event loop never waits for the disk. When to
+write and what to take (the sync modes, the window, batches of at most ``max_batch_bytes``,
+the backoff after a failed write) is the group-commit policy's (group_commit.py): each turn
+asks it, and says when the next is due.
 
 Write avoidance: a message ACKed by its consumer while its record is still queued (not yet
 taken by the writer) is never written, nor is its ACK record; its batch still completes, so
@@ -51,6 +53,8 @@ from zbroker.pzq.core.group_commit import (
     DEFAULT_SYNC_WINDOW,
     GroupCommit,
 )
+from zbroker.pzq.writers import DONE, Writers
+from zbroker.pzq.writers import shared as shared_writers
 from zbroker.runtime.iovec import gather
 from zbroker.runtime.stats import BATCH_BOUNDS, Buckets
 
@@ -217,7 +221,8 @@ class Store:
         self._writer_segment = -1
         self._seen_good = 0  # good_writes of the last result taken
         self._deleted_below = -1
-        self._thread: threading.Thread | None = None
+        self._writers: Writers | None = None  # whose threads write it, once started
+        self._stopped = threading.Event()  # its last turn is over
         self._notify: Callable[[BatchResult], None] | None = None
         # counters (loop side, except those the writer adds; ints are updated atomically)
         self.syncs = 0
@@ -287,25 +292,25 @@ class Store:
         self._next_segment = (segments[-1] + 1) if segments else 0
         return found
 
-    def start(self, notify: Callable[[BatchResult], None]) -> None:
-        """Start the writer thread; ``notify(result)`` is called from it after each write."""
+    def start(self, notify: Callable[[BatchResult], None],
+              writers: Writers | None = None) -> None:
+        """Start writing, in turns on ``writers`` (the process's writer threads by default:
+        writers.py); ``notify(result)`` is called from a writer thread after each write."""
         if self._dir_fd < 0:
             raise RuntimeError("open() the store first")
         self._notify = notify
-        self._thread = threading.Thread(target=self._run, name=f"pzq-writer:{self.directory}",
-                                        daemon=True)
-        self._thread.start()
+        self._writers = writers or shared_writers()
+        self._writers.add(self)
         self._collect()
 
     def close(self, timeout: float = STOP_TIMEOUT) -> bool:
-        """Write what is queued, stop the writer; True if it stopped within ``timeout``."""
+        """Write what is queued, stop writing; True if that was done within ``timeout``."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._wake()
         stopped = True
-        if self._thread is not None:
-            self._thread.join(timeout)
-            stopped = not self._thread.is_alive()
+        if self._writers is not None:
+            stopped = self._stopped.wait(timeout)
         if stopped:
             self._close_segment()
             if self._dir_fd >= 0:
@@ -315,6 +320,11 @@ class Store:
                 os.close(self._lock_fd)  # releases the lock
                 self._lock_fd = -1
         return stopped
+
+    def _wake(self) -> None:
+        """There is work for the writer (called with ``_cond`` held)."""
+        if self._writers is not None:
+            self._writers.wake(self)
 
     # --- the event loop's side -------------------------------------------------------------
 
@@ -352,7 +362,7 @@ class Store:
                     by_seq.update(dict.fromkeys(entry.seqs(), entry))
                 self._pending_bytes += entry.size
             if wake:
-                self._cond.notify()
+                self._wake()
             self._pending.extend(entries)
         return entries[-1].batch
 
@@ -388,7 +398,7 @@ class Store:
                     if (batch := self._acked_in_batch(entry, before)) is not None:
                         dropped.append(batch)
                 if self._policy.ack(now, True, len(seqs)):
-                    self._cond.notify()
+                    self._wake()
                 return dropped
             for seq, entry in zip(seqs, entries, strict=True):
                 count += 1
@@ -415,7 +425,7 @@ class Store:
                 if (batch := self._acked_in_batch(entry, before)) is not None:
                     dropped.append(batch)
             if count and self._policy.ack(now, avoiding, count):
-                self._cond.notify()
+                self._wake()
         for seq, entry in settle:  # (the event loop's own bookkeeping: no lock needed)
             segment = live.pop(seq, None)
             if segment is not None:
@@ -477,7 +487,7 @@ class Store:
                 with self._cond:
                     self._pending_acks.extend(result.failed_acks)
                     self._policy.ack(time.monotonic())
-                    self._cond.notify()
+                    self._wake()
             self._collect()  # segments with nothing unACKed left can go: it frees space
             return
         self.last_error = None
@@ -523,7 +533,7 @@ class Store:
             with self._cond:
                 self._delete_below = below
                 self._delete_current = self._seen_good if current else -1
-                self._cond.notify()
+                self._wake()
 
     @property
     def disk_bytes(self) -> int:
@@ -545,52 +555,54 @@ class Store:
 
     # --- the writer thread -----------------------------------------------------------------
 
-    def _run(self) -> None:
+    def turn(self) -> float | None:
+        """One turn of the writer (writers.py runs it): write and sync what the group-commit
+        policy says is due, delete what the loop let go. Returns when the next turn is due:
+        seconds (0: at once), None (when woken), or DONE once stopped."""
         policy, cond = self._policy, self._cond
-        while True:
-            with cond:
-                while True:  # until the policy says write, or a stop or deletes want it
-                    wait = policy.wait(self._pending, self._pending_bytes, time.monotonic(),
-                                       self._stopping)
-                    if wait == 0.0 or (wait is None and (self._stopping
-                                                         or self._delete_below > 0)):
-                        break
-                    cond.wait(wait)
-                n = policy.take(self._pending)
-                taken, self._pending = self._pending[:n], self._pending[n:]
-                for e in taken:
-                    if e.count > 1:
-                        by_seq = self._pending_by_seq
-                        if len(e.acked) < e.count:  # (all ACKed: all gone from it already)
-                            for seq in e.seqs():
-                                if by_seq.get(seq) is e:
-                                    del by_seq[seq]
-                        if e.alive:
-                            self._pending_bytes -= e.size
-                    elif self._pending_by_seq.get(e.seq) is e:
-                        del self._pending_by_seq[e.seq]
+        with cond:
+            wait = policy.wait(self._pending, self._pending_bytes, time.monotonic(),
+                               self._stopping)
+            if not (wait == 0.0 or (wait is None and (self._stopping
+                                                      or self._delete_below > 0))):
+                return wait
+            n = policy.take(self._pending)
+            taken, self._pending = self._pending[:n], self._pending[n:]
+            for e in taken:
+                if e.count > 1:
+                    by_seq = self._pending_by_seq
+                    if len(e.acked) < e.count:  # (all ACKed: all gone from it already)
+                        for seq in e.seqs():
+                            if by_seq.get(seq) is e:
+                                del by_seq[seq]
+                    if e.alive:
                         self._pending_bytes -= e.size
-                acks, self._pending_acks = self._pending_acks, []
-                delete_below, self._delete_below = self._delete_below, -1
-                delete_current, self._delete_current = self._delete_current, -1
-                stopping = self._stopping
-                done = stopping and not self._pending and not self._pending_acks
-            failed = False
-            if taken or acks:
-                result = self._write(taken, acks)
-                failed = result.error is not None
-                self._note(result.error)
-                with cond:
-                    policy.written(not failed, time.monotonic())
-                if self._notify is not None:
-                    try:
-                        self._notify(result)
-                    except Exception:  # the loop is gone (shutting down)
-                        pass
-            if delete_below > 0:
-                self._delete(delete_below, delete_current)
-            if done or (failed and stopping):
-                return  # stopping on a failing disk: what could not be written is lost
+                elif self._pending_by_seq.get(e.seq) is e:
+                    del self._pending_by_seq[e.seq]
+                    self._pending_bytes -= e.size
+            acks, self._pending_acks = self._pending_acks, []
+            delete_below, self._delete_below = self._delete_below, -1
+            delete_current, self._delete_current = self._delete_current, -1
+            stopping = self._stopping
+            done = stopping and not self._pending and not self._pending_acks
+        failed = False
+        if taken or acks:
+            result = self._write(taken, acks)
+            failed = result.error is not None
+            self._note(result.error)
+            with cond:
+                policy.written(not failed, time.monotonic())
+            if self._notify is not None:
+                try:
+                    self._notify(result)
+                except Exception:  # the loop is gone (shutting down)
+                    pass
+        if delete_below > 0:
+            self._delete(delete_below, delete_current)
+        if done or (failed and stopping):
+            self._stopped.set()  # stopping on a failing disk: what could not be written is lost
+            return DONE
+        return 0.0  # (the policy is asked again at once: more may be due)
 
     def _note(self, error: str | None) -> None:
         """Keep the failing state: log its start (once) and its end."""

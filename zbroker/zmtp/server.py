@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from typing import Any
 
 from zbroker.runtime.iovec import gather
@@ -49,6 +50,19 @@ HELD_MAX = 64 << 10
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
 
+_buffers = threading.local()
+
+
+def read_buffer() -> memoryview:
+    """The buffer every connection served on this thread's loop reads into (its messages are
+    taken out of it before the next read): one per thread, not one per endpoint (2 000
+    queues held 2 000 of them, 1 MiB each)."""
+    buffer = getattr(_buffers, "scratch", None)
+    if buffer is None:
+        buffer = _buffers.scratch = memoryview(bytearray(READ_SIZE))
+    return buffer
+
+
 class Server:
     """One ZMTP endpoint's listening sockets and connections, on ``loop``.
 
@@ -68,7 +82,7 @@ class Server:
         self.links: dict[bytes, Any] = {}  # by routing id, once the handshake is done
         self.all: set[Any] = set()  # connections taken (handshake done or not)
         self.hung_up = 0  # connections dropped for breaking the protocol
-        self.scratch = memoryview(bytearray(READ_SIZE))  # read into, taken out at once
+        self.scratch = read_buffer()  # read into, taken out at once
         self._ids = RoutingIds(int.from_bytes(os.urandom(4), "big"))
         self._servers: list[asyncio.AbstractServer] = []
         self._paths: list[str] = []  # ipc endpoints' files, removed at close
