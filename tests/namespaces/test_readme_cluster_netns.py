@@ -54,7 +54,8 @@ class FreshHost:
         self.home = host.dir / "home"
         self.home.mkdir()
         self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("XDG_CONFIG_HOME", "ZPIPES_BROKER", "ZPIPES_PROGRESS")}
+                    if k not in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "ZPIPES_BROKER",
+                                 "ZPIPES_PROGRESS")}
         self.env.update(
             HOME=str(self.home), XDG_RUNTIME_DIR=str(host.dir / "run"),
             PYTHONUNBUFFERED="1",
@@ -165,9 +166,11 @@ def test_the_readme_two_host_section_runs_as_written(two_subnets):
     assert key_b.read_bytes() == key_a.read_bytes()
     assert stat.S_IMODE(key_b.stat().st_mode) == 0o600
     assert a.peers()[0]["endpoint"] == f"tcp://{b.host.address}:5670"
-    # B's own join file names B, then the member it joined through
-    assert read_token(file=str(b.home / ".config" / "zbroker" / name)).seeds == (
-        f"tcp://{b.host.address}:5670", f"tcp://{a.host.address}:5670")
+    # B's own join file names B, then the member it joined through (written again once
+    # that member is a peer)
+    wait_until(lambda: read_token(file=str(b.home / ".config" / "zbroker" / name)).seeds == (
+        f"tcp://{b.host.address}:5670", f"tcp://{a.host.address}:5670"), WAIT,
+        "B's join file naming its peer")
 
     # a pipe written on A is read on B
     reader = hosts["host-b"].bash(read_b)
@@ -188,6 +191,17 @@ def test_the_readme_two_host_section_runs_as_written(two_subnets):
     r = a.zbroker("join-token", "--token")
     assert r.returncode == 0 and r.stdout.startswith("zbjoin1.")
     assert r.stdout.strip() in join_file.read_text()
+
+    # both hosts restarted with the plain command a service unit runs (no --cluster, no join
+    # file): each rejoins from what it remembers, across the router (no zeroconf between
+    # them). Before, both came back standalone, the key installed, without a word
+    for host in (a, b):
+        host.stop()
+        host.procs.clear()
+    again = [host.bash("exec zbroker local") for host in (a, b)]
+    wait_until(lambda: len(a.peers()) == 1 and len(b.peers()) == 1, WAIT,
+               "the two brokers linked again after their restarts")
+    assert all(proc.poll() is None for proc in again)
 
 
 # --- reload applies a new cluster key --------------------------------------------------------
