@@ -108,8 +108,8 @@ def test_reload_applies_a_new_key_all_or_nothing_and_names_what_needs_a_restart(
     third.unlink()
     generate_key_file(third)
     r = reload_with(key_file=str(third))
-    assert r.stdout == (f"reloaded {b.config_path}: nothing changed; the cluster key changed: "
-                        "the peers are linked anew with it\n"), r.stderr
+    assert r.stdout == (f"reloaded {b.config_path}: no setting changed, but the cluster key "
+                        "in its file did: the peers are linked anew with it\n"), r.stderr
     wait_for(lambda: b.stderr().count("cluster started") == 3, 10, "the node started anew")
 
     # what needs a restart: named by a reload, refused by a set

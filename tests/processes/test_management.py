@@ -404,7 +404,7 @@ def test_status_text_renders_any_service_and_the_cluster():
                                      "  run dir: /run/zbroker/b1"]
     assert "    p: readers 1, writers 0, buffered 5" in text
     assert "pzq:\n  queues: 1\n    orders: depth 3, in_flight 1\n  paused: false" in text
-    assert "cluster: tcp://10.0.0.1:5670, 1 peers, 3 contacts not answering\n" \
+    assert "cluster: tcp://10.0.0.1:5670, 1 peer, 3 contacts not answering\n" \
            "  b2 (AB) tcp://10.0.0.2:5670, last heard 0.4s ago" in text
     assert "logs: level info, json to standard error, 1999 repeated warnings counted, " \
            "not written" in text

@@ -104,15 +104,18 @@ def test_a_typo_of_a_sub_command_is_refused_not_run_as_a_broker(capsys, monkeypa
 
 def test_status_and_top_name_each_contact_not_answering_and_each_peer_refused():
     """What keeps a cluster from linking, as ``zbroker status`` and ``zbroker top`` show it:
-    since when (local time of day) and for how long; a refused contact once, with why."""
+    one line for each host, since when (local time of day) and for how long, why, and the
+    fix. Reported: a peer with another key was three lines (its address refused, its endpoint
+    refusing us, and not answering), with "1 times" and "1 peers"."""
     import time
 
-    from zbroker.cli.common import trouble_lines
+    from zbroker.cli.common import not_answering, trouble_lines
     from zbroker.cli.top import Sample, compute_view, render_text
 
     since = time.mktime((2026, 11, 28, 12, 3, 4, 0, 0, -1))
     cluster = {
         "endpoint": "tcp://0.0.0.0:5670", "peers": [], "pending_contacts": 2,
+        "key_file": "/etc/zbroker/prod.key",
         "not_answering": [
             {"endpoint": "tcp://10.77.0.9:5670", "since": since, "seconds": 40.2, "seed": True},
             {"endpoint": "tcp://10.77.0.2:5670", "since": since, "seconds": 40.2,
@@ -120,15 +123,22 @@ def test_status_and_top_name_each_contact_not_answering_and_each_peer_refused():
         "refusals": [
             {"peer": "tcp://10.77.0.2:5670", "why": "another cluster key",
              "refused_by": "the peer", "since": since, "seconds": 40.2, "times": 160},
-            {"peer": "10.77.0.3", "why": "another cluster key", "refused_by": "us",
-             "since": since, "seconds": 3, "times": 176}]}
+            {"peer": "10.77.0.2", "why": "another cluster key", "refused_by": "us",
+             "since": since + 1, "seconds": 39.2, "times": 176},
+            {"peer": "10.77.0.3", "why": "the peer runs without a key (cluster.insecure)",
+             "refused_by": "us", "since": since, "seconds": 3, "times": 1}]}
+    fix = ("copy /etc/zbroker/prod.key from a member of the cluster (or ours to the peer), "
+           "then run zbroker reload on the broker that got the new key")
     lines = ["  tcp://10.77.0.9:5670 (seed) not answering since 12:03:04 (40s)",
-             "  tcp://10.77.0.2:5670 refuses us: another cluster key, since 12:03:04 "
-             "(40s, 160 times)",
-             "  10.77.0.3 refused: another cluster key, since 12:03:04 (3s, 176 times)"]
+             "  tcp://10.77.0.2:5670 refused both ways: another cluster key, since 12:03:04 "
+             f"(40s, 336 times); fix: {fix}",
+             "  10.77.0.3 refused: the peer runs without a key (cluster.insecure), since "
+             "12:03:04 (3s, 1 time); fix: give the peer the cluster key "
+             "(/etc/zbroker/prod.key) (cluster.key_file), or run every broker without one"]
     assert trouble_lines(cluster) == lines
+    assert not_answering(cluster) == 1  # (the refused one is said once, with why)
     status = {"name": "b", "pid": 7, "uptime": 61.0, "services": {}, "cluster": cluster}
-    text = render_text(compute_view(None, Sample(1.0, status)))
+    text = render_text(compute_view(None, Sample(1.0, status)), width=400)
     assert "cluster: 0 peers\n" + "\n".join(lines) in text, text
     # a broker of before says nothing of them: nothing more is shown
     assert trouble_lines({"peers": [], "pending_contacts": 1}) == []

@@ -26,6 +26,8 @@ from zbroker.cli.common import (
     duration,
     error,
     locate,
+    not_answering,
+    plural,
     seconds_argument,
     trouble_lines,
 )
@@ -88,14 +90,15 @@ def format_status(status: dict[str, Any]) -> str:
     cluster = status.get("cluster")
     if cluster:
         peers = cluster.get("peers") or []
-        pending = cluster.get("pending_contacts")
+        pending = not_answering(cluster)
         security = ("" if "insecure" not in cluster else
                     ", INSECURE: no key" if cluster["insecure"] else
                     f", key {cluster.get('key_file')}")
         refused = cluster.get("refused")
-        lines.append(f"cluster: {cluster.get('endpoint')}, {len(peers)} peers"
-                     + (f", {pending} contacts not answering" if pending else "") + security
-                     + (f", {refused} handshakes refused" if refused else ""))
+        lines.append(f"cluster: {cluster.get('endpoint')}, {plural(len(peers), 'peer')}"
+                     + (f", {plural(pending, 'contact')} not answering" if pending else "")
+                     + security
+                     + (f", {plural(refused, 'handshake')} refused" if refused else ""))
         for peer in peers:
             rtt = peer.get("rtt_s")
             who = (f"{peer.get('name')}@{peer['host']}" if peer.get("host")
@@ -218,11 +221,19 @@ def format_reload(result: dict[str, Any]) -> str:
     keys whose new values wait for a restart."""
     line = f"reloaded {result['config'] or '(embedded defaults)'}"
     changed = result.get("changed")
-    if changed is not None:
-        line += f": changed {', '.join(changed)}" if changed else ": nothing changed"
-    if result.get("cluster_key_changed"):
-        line += "; the cluster key changed: the peers are linked anew with it"
+    key_changed = result.get("cluster_key_changed")
     restart = result.get("restart_needed")
+    if changed:
+        line += f": changed {', '.join(changed)}"
+        if key_changed:
+            line += "; the cluster key changed: the peers are linked anew with it"
+    elif key_changed:  # (never "nothing changed" beside what did)
+        line += (": no setting changed, but the cluster key in its file did: the peers are "
+                 "linked anew with it")
+    elif restart:
+        line += ": nothing applied now"
+    elif changed is not None:
+        line += ": nothing changed"
     if restart:
         line += ("\nrestart needed for: " + ", ".join(restart) + " (the broker runs on their "
                  "values of before until it restarts)")

@@ -27,6 +27,7 @@ from zbroker.cli.common import (
     duration,
     error,
     locate,
+    plural,
     trouble_lines,
 )
 from zbroker.config import ConfigError
@@ -192,7 +193,7 @@ def render(view: View, plain: bool = False) -> Any:
                       _count(q["inflight"]), f"{q['producers']}/{q['consumers']}")
         parts.append(t)
     if view.cluster:
-        parts.append(Text(f"cluster: {len(view.peers)} peers"))
+        parts.append(Text(f"cluster: {plural(len(view.peers), 'peer')}"))
         parts += [Text(line) for line in view.troubles[:MAX_ROWS]]
         if view.peers:
             t = Table(**style)

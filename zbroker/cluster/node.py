@@ -438,13 +438,18 @@ class ClusterNode:
         may be missing: no peers, or peers refused ("" when nothing is wrong here)."""
         if self.membership is None:
             return ""
-        refused = {r.peer for r in self.refusals.current(self._loop.time(), REFUSAL_SHOWN)}
+        current = self.refusals.current(self._loop.time(), REFUSAL_SHOWN)
+        # one host, whether named by its address or by its endpoint, is one broker
+        hosts = sorted({_refused_host(r.peer) for r in current})
+        named = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3
+                                        else "")
+        why = current[0].why if current else ""
         if not self.membership.peers:
             what = "this broker has no peers"
-            if refused:
-                what += f", and {len(refused)} refused"
-        elif refused:
-            what = f"this broker refuses or is refused by {len(refused)} brokers"
+            if hosts:
+                what += f"; it and {named} refuse each other ({why})"
+        elif hosts:
+            what = f"this broker and {named} refuse each other ({why})"
         else:
             return ""
         return f"{what}: see zbroker status"
@@ -969,6 +974,13 @@ def _address(frame: zmq.Frame) -> str:
         return frame.get("Peer-Address") or ""
     except zmq.ZMQError:
         return ""
+
+
+def _refused_host(peer: str) -> str:
+    """The host of a refusal's peer (its endpoint, or the address it came from)."""
+    if "://" in peer:
+        peer = peer.partition("://")[2].rpartition(":")[0]
+    return peer.strip("[]")
 
 
 def _wildcard_host(endpoint: str) -> str:
