@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import socket
 import stat
 import time
 from collections.abc import Mapping
@@ -749,7 +750,8 @@ class Broker:
             self._build = (version(), platform.python_version())
         status = logs.status()
         return {
-            "name": self.name, "version": self._build[0], "python": self._build[1],
+            "name": self.name, "host": socket.gethostname(), "version": self._build[0],
+            "python": self._build[1],
             "started": self.started_at, "uptime": time.monotonic() - self._started_mono,
             "reloads": dict(self.reloads),
             "services": {s.name: s.metrics() for s in self.services},

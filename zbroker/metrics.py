@@ -133,7 +133,7 @@ def families(snap: dict[str, Any],
 def _broker(snap: dict[str, Any]) -> list[Metric]:
     build = InfoMetricFamily("zbroker_build", "The broker's version and Python (always 1).",
                              value={"version": snap["version"], "python": snap["python"],
-                                    "broker": snap["name"]})
+                                    "broker": snap["name"], "host": snap.get("host", "")})
     reloads = counter("zbroker_config_reloads",
                        "Config reloads (SIGHUP, zbroker reload), by result: ok or refused.",
                        labels=["result"])
@@ -163,8 +163,20 @@ def _cluster(c: dict[str, Any]) -> list[Metric]:
         counter("zbroker_cluster_sent_bytes", "Bytes sent to peer brokers.", c["bytes_sent"]),
         counter("zbroker_cluster_received_bytes", "Bytes received from peer brokers.",
                  c["bytes_received"]),
+        _peer_heard(c.get("peer_list") or []),
         *_refusals(c),
     ]
+
+
+def _peer_heard(peers: list[dict[str, Any]]) -> Metric:
+    """Each peer, as people name it (``local@hostb (10.0.0.2)``: every host's broker may be
+    named local), and how long ago it was last heard from."""
+    heard = gauge("zbroker_cluster_peer_last_heard_seconds",
+                  "Seconds since each peer broker was last heard from.",
+                  labels=["peer", "endpoint"])
+    for p in peers:
+        heard.add_metric([p["label"], p["endpoint"]], p["last_heard_s"])
+    return heard
 
 
 def _refusals(c: dict[str, Any]) -> list[Metric]:

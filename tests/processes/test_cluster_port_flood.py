@@ -28,14 +28,11 @@ from helpers import (
 from pipe_stream import (
     INPUT_OK,
     OUTPUT_OK,
-    READ_OK,
-    WRITE_OK,
     RawClient,
     input_,
     output,
-    read,
-    write,
 )
+from test_zmtp_flood import pipe_round
 from test_zpipes_guard import limit_files
 
 from zbroker.cluster.security import generate_key_file
@@ -59,12 +56,6 @@ def peer_names(name: str, cwd) -> set[str]:
     if r.returncode != 0:
         return set()
     return {p["name"] for p in json.loads(r.stdout)["cluster"]["peers"]}
-
-
-def pipe_round(w: RawClient, r: RawClient, i: int) -> None:
-    data = b"%06d" % i * 100
-    assert w.call(write(data, 10_000)) == (WRITE_OK, None)
-    assert r.call(read(len(data), 10_000)) == (READ_OK, data)
 
 
 @pytest.mark.slow

@@ -57,7 +57,8 @@ def _snapshot(pipe_series: int = 0) -> dict:
     latency = Buckets()
     latency.observe(0.002, 5)
     return {
-        "name": "b1", "version": "9.9", "python": "3.11.0", "started": 1000.0, "uptime": 12.5,
+        "name": "b1", "host": "hosta", "version": "9.9", "python": "3.11.0", "started": 1000.0,
+        "uptime": 12.5,
         "reloads": {"ok": 2, "refused": 1}, "pipe_series": pipe_series,
         "log_write_errors": 0,
         "services": {
@@ -76,6 +77,8 @@ def _snapshot(pipe_series: int = 0) -> dict:
                                         "group.spark.committed": 3}}},
         },
         "cluster": {"peers": 1, "peer_losses": 0, "bytes_sent": 5, "bytes_received": 6,
+                    "peer_list": [{"label": "b2@hostb (10.0.0.2)",
+                                   "endpoint": "tcp://10.0.0.2:5670", "last_heard_s": 0.4}],
                     "rtt": Buckets().snapshot()},
         "syslog": {"sent": 9, "dropped": 1, "reconnects": 0, "queued": 0, "connected": True},
     }
@@ -112,8 +115,10 @@ def test_a_snapshot_becomes_conventional_metrics():
             assert any(s[0] == name + "_total" for s in samples), name
     assert value(samples, "zbroker_zpipes_written_bytes_total") == 700
     assert value(samples, "zbroker_config_reloads_total", result="refused") == 1
-    assert value(samples, "zbroker_build_info", broker="b1", version="9.9",
+    assert value(samples, "zbroker_build_info", broker="b1", host="hosta", version="9.9",
                  python="3.11.0") == 1
+    assert value(samples, "zbroker_cluster_peer_last_heard_seconds",
+                 peer="b2@hostb (10.0.0.2)", endpoint="tcp://10.0.0.2:5670") == 0.4
     assert value(samples, "zbroker_zpipes_ends_failed_total", role="reader",
                  reason="writer_lost") == 2
     # every reason of each role is there from the start, and nothing else
@@ -351,6 +356,11 @@ def test_two_clustered_brokers_export_peers_round_trips_and_traffic(start_broker
     assert value(samples, "zbroker_cluster_sent_bytes_total") > 0
     assert value(samples, "zbroker_cluster_received_bytes_total") > 0
     assert value(samples, "zbroker_cluster_peer_losses_total") == 0
+    # the peer as people name it: its broker, its host, its address
+    heard = [dict(labels) for name, labels in samples
+             if name == "zbroker_cluster_peer_last_heard_seconds"]
+    assert heard == [{"peer": f"{brokers[1].name}@{socket.gethostname()} (127.0.0.1)",
+                      "endpoint": f"tcp://127.0.0.1:{ports[1]}"}], heard
     # the status shows each peer's last round trip (zbroker top shows it)
     r = run_zbroker(["status", brokers[0].name, "--json", "--run-dir", str(brokers[0].run_dir)],
                     cwd=brokers[0].dir)

@@ -369,7 +369,12 @@ class ClusterNode:
 
     def metrics(self) -> dict[str, Any]:
         """Counters for metrics, as plain data."""
+        now = self._loop.time()
         return {"peers": len(self.membership.peers) if self.membership else 0,
+                "peer_list": [{"label": p.label, "endpoint": p.endpoint,
+                               "last_heard_s": round(now - p.last_heard, 3)}
+                              for p in (self.membership.peers.values() if self.membership
+                                        else [])],
                 "peer_losses": self.peer_losses, "bytes_sent": self.bytes_sent,
                 "bytes_received": self.bytes_received, "rtt": self.rtt.snapshot(),
                 "refused": dict(self.refusals.total),
@@ -736,11 +741,15 @@ class ClusterNode:
         if change.dropped:
             # a flood of HELLOs gives contacts up one by one: logged by where the HELLOs come
             # from, so that the repeats are counted into one line
+            refusing = {_refused_host(r.peer) for r in self.refusals.kept.values()}
+            answered = [e for e in change.dropped if _refused_host(e) in refusing]
+            why = ("its broker answered, but the handshake is refused (see zbroker status)"
+                   if len(answered) == len(change.dropped) else
+                   "no broker answered there in time, or more than "
+                   f"{self.membership.max_pending} were waiting")
             self._log.warning("cluster contacts given up", contacts=len(change.dropped),
                               first=change.dropped[0][:80], **({"address": address} if address
-                                                               else {}),
-                              why="no broker answered there in time, or more than "
-                                  f"{self.membership.max_pending} were waiting")
+                                                               else {}), why=why)
         for endpoint in change.dropped:
             self._close_link(endpoint)
         for peer, why in change.left:
