@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from zbroker.cluster.membership import endpoint_host
 from zbroker.config import Config, ConfigError, find_config_file, load_config, parse_config
 
 
@@ -113,21 +114,14 @@ def _since(entry: dict[str, Any]) -> str:
             + (f", {plural(times, 'time')})" if times is not None else ")"))
 
 
-def _host(peer: str) -> str:
-    """The host of a refusal's peer: ``tcp://10.0.0.2:5670`` and ``10.0.0.2`` are one."""
-    if "://" in peer:
-        peer = peer.partition("://")[2].rpartition(":")[0]
-    return peer.strip("[]")
-
-
 def not_answering(cluster: dict[str, Any]) -> int:
     """Contacts that do not answer, but for those of a host that refuses or is refused (said
     so, with why, and not twice)."""
-    refused = {_host(str(r.get("peer", ""))) for r in cluster.get("refusals") or []}
+    refused = {endpoint_host(str(r.get("peer", ""))) for r in cluster.get("refusals") or []}
     listed = cluster.get("not_answering")
     if listed is None:  # a broker of before: only its count
         return int(cluster.get("pending_contacts") or 0)
-    return sum(1 for c in listed if _host(str(c.get("endpoint", ""))) not in refused)
+    return sum(1 for c in listed if endpoint_host(str(c.get("endpoint", ""))) not in refused)
 
 
 def trouble_lines(cluster: dict[str, Any]) -> list[str]:
@@ -138,10 +132,10 @@ def trouble_lines(cluster: dict[str, Any]) -> list[str]:
 
     by_host: dict[str, list[dict[str, Any]]] = {}
     for r in cluster.get("refusals") or []:
-        by_host.setdefault(_host(str(r.get("peer", ""))), []).append(r)
+        by_host.setdefault(endpoint_host(str(r.get("peer", ""))), []).append(r)
     lines = []
     for contact in cluster.get("not_answering") or []:
-        if _host(str(contact.get("endpoint", ""))) in by_host:
+        if endpoint_host(str(contact.get("endpoint", ""))) in by_host:
             continue  # said below, with why
         seed = " (seed)" if contact.get("seed") else ""
         lines.append(f"  {contact.get('endpoint')}{seed} not answering {_since(contact)}")

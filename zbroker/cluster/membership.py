@@ -199,10 +199,19 @@ class Peer:
         return broker_label(self.name, self.host, self.endpoint)
 
 
+def endpoint_host(where: str) -> str:
+    """The host of ``tcp://HOST:PORT`` (brackets of an IPv6 address taken off), or ``where``
+    itself when it is a bare address: one host, whether named by an endpoint or by the
+    address a connection came from."""
+    if "://" in where:
+        where = where.partition("://")[2].rpartition(":")[0]
+    return where.strip("[]")
+
+
 def broker_label(name: str, host: str, endpoint: str) -> str:
     """A broker as people are told of it: its name, its host's name and the address it is
     reached at (``local@hosta (10.0.0.1)``): every host's broker may be named ``local``."""
-    address = endpoint.partition("://")[2].rpartition(":")[0].strip("[]") or endpoint
+    address = endpoint_host(endpoint) or endpoint
     return f"{name}@{host} ({address})" if host else f"{name} ({address})"
 
 

@@ -64,7 +64,7 @@ from zbroker.zmtp.libzmq_door import UNTRUSTED_LIMIT, LibzmqDoor
 from zbroker.zmtp.refusals import Refusals
 
 from . import gossip, tcp_table, troubles
-from .membership import Change, Hello, Membership, Peer
+from .membership import Change, Hello, Membership, Peer, endpoint_host
 
 KIND_HELLO, KIND_PING, KIND_BYE, KIND_SVC = b"HELLO", b"PING", b"BYE", b"SVC"
 KIND_MEMBERS, KIND_SVCN = b"MEMBERS", b"SVCN"
@@ -445,7 +445,7 @@ class ClusterNode:
             return ""
         current = self.refusals.current(self._loop.time(), REFUSAL_SHOWN)
         # one host, whether named by its address or by its endpoint, is one broker
-        hosts = sorted({_refused_host(r.peer) for r in current})
+        hosts = sorted({endpoint_host(r.peer) for r in current})
         named = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3
                                         else "")
         why = current[0].why if current else ""
@@ -741,8 +741,8 @@ class ClusterNode:
         if change.dropped:
             # a flood of HELLOs gives contacts up one by one: logged by where the HELLOs come
             # from, so that the repeats are counted into one line
-            refusing = {_refused_host(r.peer) for r in self.refusals.kept.values()}
-            answered = [e for e in change.dropped if _refused_host(e) in refusing]
+            refusing = {endpoint_host(r.peer) for r in self.refusals.kept.values()}
+            answered = [e for e in change.dropped if endpoint_host(e) in refusing]
             why = ("its broker answered, but the handshake is refused (see zbroker status)"
                    if len(answered) == len(change.dropped) else
                    "no broker answered there in time, or more than "
@@ -983,13 +983,6 @@ def _address(frame: zmq.Frame) -> str:
         return frame.get("Peer-Address") or ""
     except zmq.ZMQError:
         return ""
-
-
-def _refused_host(peer: str) -> str:
-    """The host of a refusal's peer (its endpoint, or the address it came from)."""
-    if "://" in peer:
-        peer = peer.partition("://")[2].rpartition(":")[0]
-    return peer.strip("[]")
 
 
 def _wildcard_host(endpoint: str) -> str:
