@@ -7,7 +7,7 @@ routes the peers' replication messages to the queue they name (replication.py).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,36 +58,31 @@ def resolved_queues(config: Any, run_dir: Path) -> list[QueueSettings]:
     return out
 
 
-def queue_key(config: Any, queue: str, key: str) -> str:
-    """The dotted key a queue's setting comes from: the queue's own, or the defaults'."""
-    queues = _queue_items(config.services.pzq.queues)
-    if queue in queues and key in queues[queue]:
-        return f"services.pzq.queues.{queue}.{key}"
-    return f"services.pzq.defaults.{key} (queue {queue!r})"
+def queue_keys(config: Any) -> Callable[[str, str], str]:
+    """``key_of(queue, key)``: the dotted key a queue's setting comes from, the queue's own or
+    the defaults' (each queue's own settings read once: a check asks for every key of each of
+    thousands of queues)."""
+    own = {name: dict(items) for name, items in (config.services.pzq.queues or ())}
 
+    def key_of(queue: str, key: str) -> str:
+        if key in own.get(queue, {}):
+            return f"services.pzq.queues.{queue}.{key}"
+        return f"services.pzq.defaults.{key} (queue {queue!r})"
 
-_items_of: list[Any] = [None, {}]  # the queues last asked of, and their settings by queue
-
-
-def _queue_items(queues: Any) -> dict[str, dict[str, Any]]:
-    """Each queue's own settings, by queue (made once for a config's queues: a check asks
-    for each key of each of thousands of queues)."""
-    if _items_of[0] is not queues:
-        _items_of[:] = [queues, {name: dict(items) for name, items in (queues or ())}]
-    items: dict[str, dict[str, Any]] = _items_of[1]
-    return items
+    return key_of
 
 
 def queue_endpoints(config: Any, run_dir: Path) -> list[tuple[str, str]]:
     """(key, endpoint) of every endpoint the queues bind."""
     out = []
+    key_of = queue_keys(config)
     for s in resolved_queues(config, run_dir):
         used = ["receive_endpoint", "send_endpoint", "monitor_endpoint"]
         if s.mode == "stream":
             used.append("stream_endpoint")
         elif s.credit_endpoint:
             used.append("credit_endpoint")
-        out += [(queue_key(config, s.name, what), str(getattr(s, what))) for what in used]
+        out += [(key_of(s.name, what), str(getattr(s, what))) for what in used]
     return out
 
 
@@ -99,13 +94,14 @@ def queue_problems(config: Any, run_dir: Path) -> list[str]:
     problems = []
     cluster = config.cluster.enabled
     by_dir: dict[Path, str] = {}
+    key_of = queue_keys(config)
     for s in resolved_queues(config, run_dir):
         q = s.name
         if s.replicas > len(s.peers) and (s.peers or not cluster):
             problems.append(
-                f"{queue_key(config, q, 'replicas')}: {s.replicas} needs "
+                f"{key_of(q, 'replicas')}: {s.replicas} needs "
                 + (f"at least as many peers (has {len(s.peers)}) in "
-                   f"{queue_key(config, q, 'peers')}" if s.peers
+                   f"{key_of(q, 'peers')}" if s.peers
                    else "a cluster (cluster.enabled: true) or static peers"))
         else:
             try:
@@ -113,11 +109,11 @@ def queue_problems(config: Any, run_dir: Path) -> list[str]:
             except QueueError as exc:
                 problems.append(f"services.pzq: {exc}")
         if s.data_dir in by_dir:
-            problems.append(f"{queue_key(config, by_dir[s.data_dir], 'data_dir')} and "
-                            f"{queue_key(config, q, 'data_dir')} both use {s.data_dir}: give "
+            problems.append(f"{key_of(by_dir[s.data_dir], 'data_dir')} and "
+                            f"{key_of(q, 'data_dir')} both use {s.data_dir}: give "
                             "each queue its own data_dir")
         by_dir.setdefault(s.data_dir, q)
-        problem = directory_problem(queue_key(config, q, "data_dir"), s.data_dir)
+        problem = directory_problem(key_of(q, "data_dir"), s.data_dir)
         if problem:
             problems.append(problem)
     return problems
