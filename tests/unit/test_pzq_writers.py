@@ -79,3 +79,20 @@ def test_hundreds_of_stores_share_a_few_threads(tmp_path):
         found = again.open()
         assert [list(m.frames) for m in found.messages] == [[b"body %d" % i]]
         again.close()
+
+
+def test_timers_left_behind_by_early_wakes_do_not_pile_up():
+    """A store in a long backoff, woken by every append: each turn leaves a timer that an
+    early wake made stale."""
+    writers = Writers(threads=1)
+    s = Turns([])
+    s.plan = [60.0] * 10_000  # each turn asks for its next in a minute
+    writers.add(s)
+    for _ in range(2000):
+        writers.wake(s)
+        time.sleep(0.0002)
+    wait_until(lambda: s.turns >= 500)
+    assert len(writers._timers) <= 2 * 1 + 64 + 1
+    s.plan = [DONE]
+    writers.wake(s)
+    wait_until(lambda: writers.stores == 0)

@@ -118,6 +118,12 @@ class Writers:
             due = time.monotonic() + wait
             self._due[store] = due
             heapq.heappush(self._timers, (due, next(self._order), store))
+            if len(self._timers) > 2 * len(self._due) + 64:
+                # a store woken before its timer leaves that timer behind, stale until due: a
+                # store in a long backoff (a failing disk) woken by every append would pile
+                # them up. Keep the live ones only
+                self._timers = [(d, next(self._order), s) for s, d in self._due.items()]
+                heapq.heapify(self._timers)
             self._cond.notify()  # (a sleeping worker may have to wake sooner)
 
 
