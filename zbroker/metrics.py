@@ -19,8 +19,9 @@ MAX_CONNECTIONS are open, MAX_PER_SOURCE from one address: a budget of its own
 control socket and the cluster port have theirs (:mod:`zbroker.runtime.limits`; the config
 check counts it), so that a flood of clients elsewhere does not shut the scrapes out, nor a
 flood of scrapes the clients. A connection past it is hung up unread, counted
-(:meth:`MetricsServer.status`), and logged at most once a second. When accepting fails (no
-descriptor to spare), accepting rests for ACCEPT_PAUSE_S.
+(:meth:`MetricsServer.status`), and logged at most once a second. Accepting is
+:mod:`zbroker.runtime.acceptor`'s, as every listener of the broker's own: when it fails (no
+descriptor to spare), it rests a while.
 
 :func:`families` turns a snapshot into metric families: the broker's, the cluster's and
 syslog's here, each service's by its own ``Service.metric_families`` (a service is a plug-in,
@@ -53,6 +54,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from zbroker import logs
+from zbroker.runtime.acceptor import ACCEPT_PAUSE_S, Acceptor
 from zbroker.runtime.stats import cumulative
 from zbroker.zmtp.admission import SOURCE_FULL, TOO_MANY, ConnectionBudget, Source
 from zbroker.zmtp.refusals import Refusals
@@ -225,8 +227,6 @@ MAX_HEAD_BYTES = 8192
 MAX_CONNECTIONS = 64
 MAX_PER_SOURCE = 8
 #: seconds accepting rests after accept failed (EMFILE, ENFILE: no descriptor to spare)
-ACCEPT_PAUSE_S = 1.0
-ACCEPTS_PER_TURN = 64  # connections taken before the loop has a turn
 BACKLOG = 128
 #: why connections were refused or dropped: the counts ``MetricsServer.status`` shows
 NO_REQUEST = "no request"
@@ -267,7 +267,7 @@ class MetricsServer:
                                  endpoint="metrics")
         self.bind: str | None = None
         self._sock: socket.socket | None = None
-        self._resume: asyncio.TimerHandle | None = None  # accepting again, after a failure
+        self._acceptor: Acceptor | None = None
         self._served: dict[asyncio.Task[None], Source] = {}  # connections open, by source
 
     def start(self, bind: str) -> None:
@@ -283,7 +283,9 @@ class MetricsServer:
                                f"{exc.strerror or exc}{held(f'tcp://{host}:{port}')}"
                                ) from None
         self.bind = bind
-        self.loop.add_reader(self._sock.fileno(), self._accept)
+        self._acceptor = Acceptor(self.loop, self._sock,
+                                  lambda conn, peer: self._admit(conn, peer[0]), self._paused)
+        self._acceptor.start()
 
     @property
     def url(self) -> str | None:
@@ -301,10 +303,9 @@ class MetricsServer:
         self.bind = None
         if sock is None:
             return
-        if self._resume is not None:
-            self._resume.cancel()
-            self._resume = None
-        self.loop.remove_reader(sock.fileno())
+        if self._acceptor is not None:
+            self._acceptor.stop()
+            self._acceptor = None
         sock.close()
         for task in self._served:
             task.cancel()
@@ -316,34 +317,10 @@ class MetricsServer:
 
     # --- connections ---
 
-    def _accept(self) -> None:
-        """Take the connections waiting; on a failure (out of descriptors), rest a while:
-        they wait in the backlog meanwhile, and the loop does not spin on them."""
-        assert self._sock is not None
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                conn, peer = self._sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionAbortedError:
-                continue
-            except OSError as exc:
-                self._pause(exc)
-                return
-            self._admit(conn, peer[0])
-
-    def _pause(self, exc: OSError) -> None:
-        assert self._sock is not None
-        self.loop.remove_reader(self._sock.fileno())
-        self._resume = self.loop.call_later(ACCEPT_PAUSE_S, self._accept_again)
+    def _paused(self, exc: OSError) -> None:
         self.refusals.note(ACCEPT_FAILED, "metrics endpoint cannot accept connections; "
                            "it tries again", error=exc.strerror or str(exc),
                            after_s=ACCEPT_PAUSE_S)
-
-    def _accept_again(self) -> None:
-        self._resume = None
-        if self._sock is not None:
-            self.loop.add_reader(self._sock.fileno(), self._accept)
 
     def _admit(self, conn: socket.socket, host: str) -> None:
         """Serve ``conn`` (from ``host``) if it has a place, else hang it up unread."""

@@ -24,12 +24,12 @@ broke the protocol); a subclass of :class:`Server` hears :meth:`Server.linked` a
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import socket
 import threading
 from typing import Any
 
+from zbroker.runtime.acceptor import ACCEPT_PAUSE_S, Acceptor
 from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import peer_of
 from zpipes.zmtp_framing import error_command, greeting
@@ -41,9 +41,6 @@ from .codec import LARGE_FRAME, Connection, Ready, RoutingIds
 #: what one read from a connection may take: one buffer for all connections of a server,
 #: large enough that a window of big messages comes in a few reads (each a wake-up)
 READ_SIZE = 1 << 20
-#: connections accepted a round of the loop at most, and how long accepting pauses when the
-#: process has no descriptor left for one
-ACCEPTS_PER_TURN, ACCEPT_PAUSE_S = 64, 1.0
 #: while a connection's transport holds bytes its peer has not taken, small answers wait
 #: here for this long (or this many bytes), joined, and go to the transport as one piece: a
 #: transport keeps an object for each piece it holds, so answers sent one at a time to a
@@ -88,7 +85,8 @@ class Server:
         self.hung_up = 0  # connections dropped for breaking the protocol
         self.scratch = read_buffer()  # read into, taken out at once
         self._ids = RoutingIds(int.from_bytes(os.urandom(4), "big"))
-        self._listeners: list[socket.socket] = []  # listening sockets accepted on
+        #: listening sockets accepted on, with their acceptors
+        self._listeners: list[tuple[socket.socket, Acceptor]] = []
         self._taking: set[asyncio.Task[None]] = set()  # accepted, being made transports
         self._paths: list[str] = []  # ipc endpoints' files, removed at close
         self._idle = asyncio.Event()  # set when no connection is left (see close)
@@ -109,30 +107,17 @@ class Server:
         return sock
 
     async def serve(self, sock: socket.socket) -> None:
-        """Accept connections on ``sock`` (listening) until :meth:`stop_listening`: every
-        connection waiting, up to ACCEPTS_PER_TURN a round of the loop (uvloop's own server
-        takes one a round: beside a flood, the hundredth waiting client was greeted a hundred
-        rounds later); on EMFILE or ENFILE, accepting pauses ACCEPT_PAUSE_S instead of
-        spinning (the connections wait in the backlog)."""
-        sock.setblocking(False)
-        self._listeners.append(sock)
-        self.loop.add_reader(sock.fileno(), self._accept, sock)
+        """Accept connections on ``sock`` (listening) until :meth:`stop_listening`, as
+        :mod:`zbroker.runtime.acceptor` does: every one waiting, a round of the loop at a
+        time, and a rest when the process is out of descriptors."""
+        acceptor = Acceptor(self.loop, sock, self._accepted, self._accept_failed)
+        self._listeners.append((sock, acceptor))
+        acceptor.start()
 
-    def _accept(self, sock: socket.socket) -> None:
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._pause_accepting(sock, exc)
-                    return
-                continue  # (ECONNABORTED and the like: that one is gone)
-            conn.setblocking(False)
-            task = self.loop.create_task(self._take(conn))
-            self._taking.add(task)  # (held: the loop keeps only a weak reference)
-            task.add_done_callback(self._taking.discard)
+    def _accepted(self, conn: socket.socket, address: Any) -> None:
+        task = self.loop.create_task(self._take(conn))
+        self._taking.add(task)  # (held: the loop keeps only a weak reference)
+        task.add_done_callback(self._taking.discard)
 
     async def _take(self, conn: socket.socket) -> None:
         try:
@@ -140,25 +125,18 @@ class Server:
         except OSError:
             conn.close()
 
-    def _pause_accepting(self, sock: socket.socket, exc: OSError) -> None:
-        self.loop.remove_reader(sock.fileno())
+    def _accept_failed(self, exc: OSError) -> None:
         self.admission.refusals.note(
             "accept failed", f"{self.admission.what} cannot accept connections: "
             f"{exc.strerror}; accepting again in {ACCEPT_PAUSE_S:g} s", level="error")
-
-        def resume() -> None:
-            if sock in self._listeners:
-                self.loop.add_reader(sock.fileno(), self._accept, sock)
-
-        self.loop.call_later(ACCEPT_PAUSE_S, resume)
 
     async def start(self, endpoint: str) -> None:
         """Listen on ``endpoint`` and serve it (OSError or EndpointError if it cannot)."""
         await self.serve(self.listen(endpoint))
 
     def stop_listening(self) -> None:
-        for sock in self._listeners:
-            self.loop.remove_reader(sock.fileno())
+        for sock, acceptor in self._listeners:
+            acceptor.stop()
             sock.close()
         self._listeners.clear()
         for path in self._paths:
