@@ -4,6 +4,7 @@ process has no descriptor left, a pause rather than a spin or a stop."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from helpers import broker_env
+from helpers import broker_env, wait_for
 from test_metrics_slow_clients import cpu_seconds
 from test_zpipes_guard import limit_files
 
@@ -85,6 +86,7 @@ def test_every_waiting_connection_is_taken_and_out_of_descriptors_it_waits(tmp_p
     conns: list[socket.socket] = []
     try:
         port = int(server.stdout.readline())
+        fds = len(os.listdir(f"/proc/{server.pid}/fd"))
         # 100 connections at once to a loop whose rounds take 10 ms: all greeted within a
         # few rounds (one a round: a second)
         conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(100)]
@@ -94,6 +96,16 @@ def test_every_waiting_connection_is_taken_and_out_of_descriptors_it_waits(tmp_p
         for c in conns:
             c.close()
         conns = []
+        # (their ends closed on the server's side too, before it takes every descriptor left:
+        # one freed after would let the next connection in)
+        seen = []
+
+        def settled() -> bool:
+            seen.append(len(os.listdir(f"/proc/{server.pid}/fd")))
+            time.sleep(0.2)
+            return len(seen) > 5 and len(set(seen[-5:])) == 1 and seen[-1] < fds + 50
+
+        wait_for(settled, 15, "the server to close the connections")
 
         server.stdin.write(b"hog\n")
         server.stdin.flush()
