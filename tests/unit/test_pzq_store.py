@@ -12,23 +12,51 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from zbroker.pzq.core import records
 from zbroker.pzq.store import BatchResult, Store, list_segments, segment_name
+from zbroker.pzq.writers import Writers
 
 WAIT = 10.0
 
 
-class Harness:
-    """A store whose reports come back to the test thread (standing in for the loop)."""
+class FakeClock:
+    """A clock the test moves by hand, for a store and writer threads of its own: the
+    store's windows and lingers pass when the test says, not in real time."""
 
-    def __init__(self, directory: Path, **kw):
-        self.store = Store(directory, **kw)
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.writers = Writers(threads=1, clock=self)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.writers.clock_moved()
+
+
+class Harness:
+    """A store whose reports come back to the test thread (standing in for the loop); with
+    ``clock`` (a FakeClock), its time is that clock's."""
+
+    def __init__(self, directory: Path, clock: FakeClock | None = None, **kw):
+        self.clock = clock
+        self.store = Store(directory, **kw) if clock is None else Store(directory, clock=clock,
+                                                                        **kw)
         self.recovered = self.store.open()
         self.results: queue.Queue[BatchResult] = queue.Queue()
-        self.store.start(self.results.put)
+        self.store.start(self.results.put, None if clock is None else clock.writers)
         self.completed: set[int] = set()
         self.failed: list[BatchResult] = []
+
+    def timer(self, after: float | None = None) -> float:
+        """When the writer's next look at the store is due (on ``clock``), once it has set
+        that timer (one other than ``after``, the one it had)."""
+        writers = self.clock.writers
+        return wait_for(lambda: (due := writers.due(self.store)) not in (None, after) and due,
+                        WAIT, "the writer to set its timer")
 
     def append(self, seq: int, body: bytes = b"x" * 20) -> int:
         return self.store.append(seq, b"key-%d" % seq, b"id-%d" % seq, [body])
@@ -115,21 +143,34 @@ def test_group_commit_puts_many_messages_in_one_fsync(tmp_path):
 def test_a_lone_message_is_written_without_waiting_out_the_window(tmp_path):
     """A producer that waits for each ACK sends nothing more: its message is written once
     nothing else came for a tenth of the window, not after the whole window."""
-    h = Harness(tmp_path, sync="batch", sync_window=60.0)
+    clock = FakeClock()
+    start = clock.now
+    h = Harness(tmp_path, clock, sync="batch", sync_window=60.0)
     b = h.append(0)
-    r = h.take(30.0)  # queue.Empty here if it waited the 60 s window
+    due = h.timer()
+    assert due == pytest.approx(start + 6.0)  # it looks again in a linger, a tenth of 60 s
+    clock.advance(due - clock.now - 0.1)
+    assert h.results.empty() and h.timer() == due  # not yet
+    clock.advance(due - clock.now)
+    r = h.take(WAIT)  # queue.Empty here if it waited on for the 60 s window
     assert b in r.batches and h.store.syncs == 1
     h.close()
 
 
 def test_records_that_keep_coming_are_gathered_into_one_batch(tmp_path):
-    h = Harness(tmp_path, sync="batch", sync_window=20.0)  # lingers 2 s for the next record
-    batches = set()
-    for seq in range(10):
+    clock = FakeClock()
+    h = Harness(tmp_path, clock, sync="batch", sync_window=20.0)  # lingers 2 s for the next
+    batches = {h.append(0)}
+    first = h.timer()  # the writer has looked: it lingers
+    for seq in range(1, 10):
+        clock.advance(0.05)
         batches.add(h.append(seq))
-        time.sleep(0.05)
     assert len(batches) == 1
-    r = h.take(30.0)
+    clock.advance(first - clock.now)  # a linger after it looked: more came, so it lingers on
+    again = h.timer(after=first)
+    assert again == pytest.approx(first + 2.0) and h.results.empty()
+    clock.advance(again - clock.now)  # nothing new for a linger: written
+    r = h.take(WAIT)
     assert batches <= set(r.batches)
     assert h.store.syncs == 1  # ten records arriving 50 ms apart: one write, one fdatasync
     h.close()

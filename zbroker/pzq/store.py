@@ -185,9 +185,13 @@ class Store:
     def __init__(self, directory: str | os.PathLike[str], *, sync: str = DEFAULT_SYNC,
                  sync_window: float = DEFAULT_SYNC_WINDOW,
                  segment_size: int = DEFAULT_SEGMENT_SIZE,
-                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, log: Any = None):
+                 max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, log: Any = None,
+                 clock: Callable[[], float] = time.monotonic):
         policy = GroupCommit(sync, sync_window, max_batch_bytes)  # checks the settings
         self.directory = Path(directory)
+        #: the time the group-commit policy is given (seconds; a test's clock can be moved
+        #: by hand: give the store writer threads of the same clock, Writers(clock=...))
+        self._clock = clock
         self.sync = sync
         self.segment_size = segment_size
         self.log = log
@@ -347,7 +351,7 @@ class Store:
     def _queue(self, entries: list[_Entry]) -> int:
         """Queue ``entries`` in order, under one lock (their batch and time are set here);
         returns the last one's batch."""
-        now = time.monotonic()
+        now = self._clock()
         record, by_seq = self._policy.record, self._pending_by_seq
         with self._cond:
             wake = False
@@ -384,7 +388,7 @@ class Store:
         # how many of its seqs were ACKed before
         count = 0
         avoiding = False
-        now = time.monotonic()
+        now = self._clock()
         seqs = list(seqs)
         with self._cond:
             acks = self._pending_acks  # (the writer takes this list and leaves a new one:
@@ -486,7 +490,7 @@ class Store:
             if result.failed_acks:  # ACKs must not be lost: queue them again
                 with self._cond:
                     self._pending_acks.extend(result.failed_acks)
-                    self._policy.ack(time.monotonic())
+                    self._policy.ack(self._clock())
                     self._wake()
             self._collect()  # segments with nothing unACKed left can go: it frees space
             return
@@ -561,7 +565,7 @@ class Store:
         seconds (0: at once), None (when woken), or DONE once stopped."""
         policy, cond = self._policy, self._cond
         with cond:
-            wait = policy.wait(self._pending, self._pending_bytes, time.monotonic(),
+            wait = policy.wait(self._pending, self._pending_bytes, self._clock(),
                                self._stopping)
             if not (wait == 0.0 or (wait is None and (self._stopping
                                                       or self._delete_below > 0))):
@@ -591,7 +595,7 @@ class Store:
             failed = result.error is not None
             self._note(result.error)
             with cond:
-                policy.written(not failed, time.monotonic())
+                policy.written(not failed, self._clock())
             if self._notify is not None:
                 try:
                     self._notify(result)

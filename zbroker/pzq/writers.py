@@ -16,6 +16,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Protocol
 
 THREADS = 4  # writer threads of the process (a turn's fsync blocks its thread)
@@ -32,8 +33,12 @@ class Writers:
     """The writer threads: ``add`` a store, ``wake`` it when it has new work, and it is
     given turns until one returns DONE."""
 
-    def __init__(self, threads: int = THREADS) -> None:
+    def __init__(self, threads: int = THREADS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.threads = threads
+        #: when timers are due (seconds). A clock moved by hand (a test's) calls
+        #: :meth:`clock_moved` after each move, so the threads look at their timers again
+        self._clock = clock
         self._cond = threading.Condition()
         self._ready: deque[Any] = deque()  # stores whose turn is due, in order
         self._timers: list[tuple[float, int, Any]] = []  # (due, order, store)
@@ -63,6 +68,17 @@ class Writers:
             elif state == "waiting":
                 self._make_ready(store)
 
+    def clock_moved(self) -> None:
+        """The clock went forward other than with time: timers may be due now."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def due(self, store: Writable) -> float | None:
+        """When ``store``'s next turn is due by its timer (the clock's time), None if it has
+        no timer (it waits to be woken, or has a turn now)."""
+        with self._cond:
+            return self._due.get(store)
+
     @property
     def stores(self) -> int:
         with self._cond:
@@ -90,7 +106,7 @@ class Writers:
     def _next(self) -> Any:
         """The next store whose turn is due, waiting for one (called with the lock)."""
         while True:
-            now = time.monotonic()
+            now = self._clock()
             timers = self._timers
             while timers and timers[0][0] <= now:
                 due, _, store = heapq.heappop(timers)
@@ -115,7 +131,7 @@ class Writers:
         if again or wait == 0.0:
             self._make_ready(store)
         elif wait is not None:
-            due = time.monotonic() + wait
+            due = self._clock() + wait
             self._due[store] = due
             heapq.heappush(self._timers, (due, next(self._order), store))
             if len(self._timers) > 2 * len(self._due) + 64:
