@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -688,3 +689,23 @@ def test_longest_and_non_ascii_names_work(broker):
         with zpipes.open(name, "r", broker=broker.name, timeout=10) as reader:
             write_all(broker.name, name, [name.encode()])
             assert reader.read() == name.encode()
+
+
+def test_a_send_to_a_closed_connection_fails_even_with_sigpipe_at_its_default():
+    """A program may set SIGPIPE back to its default (many command-line tools do); a write to a
+    broker connection that just closed must then fail, not kill the program."""
+    code = textwrap.dedent("""
+        import signal, socket
+        from zpipes import zmtp
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        ours, theirs = socket.socketpair()
+        theirs.close()
+        link = zmtp.DealerLink(ours)
+        try:
+            link.send(b"x" * 100, None)
+        except BrokenPipeError:
+            print("failed")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and done.stdout == "failed\n", (done.returncode, done.stderr)
