@@ -55,6 +55,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
         time.sleep(interval)
 
 
+async def wait_for_async(predicate: Callable[[], Any], timeout: float, what: str,
+                         interval: float = 0.005) -> Any:
+    """:func:`wait_for` on an event loop: the loop runs on between the polls."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
 def assert_writer_lost(error: Exception) -> None:
     """A reader's error says its writer was lost: the stream was cut, not whole."""
     from zpipes import PipeFailed

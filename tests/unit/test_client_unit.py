@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 import zmq
+from helpers import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -687,10 +688,8 @@ class ScriptedBroker:
         return sum(isinstance(m, cls) for m in list(self.seen))
 
     def wait_for(self, cls, count: int) -> list:
-        deadline = time.monotonic() + 5
-        while self.count(cls) < count:
-            assert time.monotonic() < deadline, f"broker got no {count} {cls.__name__}"
-            time.sleep(0.01)
+        wait_for(lambda: self.count(cls) >= count, 5, f"the broker to get {count} "
+                 f"{cls.__name__}", interval=0.01)
         return [m for m in list(self.seen) if isinstance(m, cls)]
 
     def watch(self):
@@ -712,13 +711,12 @@ class ScriptedBroker:
 
     def settle(self) -> None:
         """Wait until the stand-in took every message that has arrived."""
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+
+        def taken() -> bool:
             with self.lock:
-                if not self.sock.poll(0):
-                    return
-            time.sleep(0.01)
-        raise AssertionError("the stand-in did not take what arrived")
+                return not self.sock.poll(0)
+
+        wait_for(taken, 5, "the stand-in to take what arrived", interval=0.01)
 
     def close(self):
         self.stop.set()

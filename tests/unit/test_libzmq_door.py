@@ -10,6 +10,7 @@ import socket
 import pytest
 import structlog
 import zmq
+from helpers import wait_for_async
 
 from zbroker.zmtp.admission import SOURCE_FULL, TOO_MANY, Admission, ConnectionBudget
 from zbroker.zmtp.libzmq_door import LibzmqDoor
@@ -30,11 +31,7 @@ def ended(conn: socket.socket) -> bool:
 
 
 async def settle(predicate, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "not within the time"
-        await asyncio.sleep(0.02)
+    await wait_for_async(predicate, timeout, "the door", interval=0.02)
 
 
 class Listener:

@@ -12,7 +12,7 @@ import pytest
 import structlog
 import zmq
 import zmq.asyncio
-from helpers import free_port
+from helpers import free_port, wait_for_async
 
 from zbroker.config import parse_config
 from zbroker.pzq.core.peering import BATCH_BYTES, copies, encode, parse_copies
@@ -94,7 +94,9 @@ async def pair(tmp_path):
     pa.other, pb.other = (peer_a, b), (peer_b, a)
     a.peer_joined(peer_b)
     b.peer_joined(peer_a)
-    await settle()
+    # each has the other's QUEUES (a's went first: handed over in order, on the loop)
+    await wait_for_async(lambda: a.queues["jobs"].replication.placement.holders == ["b-life"],
+                         10, "a to take b as the holder of its copies")
     yield a, b, pa, pb, peer_a, peer_b
     await a.stop()
     await b.stop()

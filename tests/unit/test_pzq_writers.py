@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from helpers import wait_for
+
 from zbroker.pzq.store import Store
 from zbroker.pzq.writers import DONE, Writers
 
@@ -34,10 +36,7 @@ class Turns:
 
 
 def wait_until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the time"
-        time.sleep(0.005)
+    wait_for(predicate, timeout, "the writer threads", interval=0.005)
 
 
 def test_a_store_gets_turns_when_woken_and_when_its_timer_is_due_never_two_at_once():

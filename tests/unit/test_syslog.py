@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from helpers import wait_for
 
 from zbroker import logs
 from zbroker.config import ConfigError, default_config, parse_config, with_setting
@@ -25,11 +26,7 @@ def _restore_default_logging():
 
 
 def wait_until(predicate, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
+    wait_for(predicate, timeout, what, interval=0.01)
 
 
 # --- formatting ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import zmq
+from helpers import wait_for_async
 
 from zbroker.runtime.zmq_reader import SocketReader
 
@@ -23,10 +24,7 @@ def pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.001)
+    await wait_for_async(predicate, timeout, "the reader", interval=0.001)
 
 
 async def test_messages_that_waited_before_start_and_that_come_later_are_all_read():
