@@ -36,23 +36,16 @@ class Echo(Link):
     def codec(self, server: Server) -> zmtp.Connection:
         return zmtp.Connection(max_frames=16, max_bytes=1 << 20)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.server.scratch
 
-    def buffer_updated(self, nbytes: int) -> None:
-        self.conn.receive_data(self.server.scratch[:nbytes])
-        for ev in self.conn.next_events():
-            if type(ev) is zmtp.Ready:
-                self.ready(ev)
-            elif type(ev) is zmtp.Message:
-                self.transport.write(zmtp.encode_message(ev.frames))
-            elif type(ev) is zmtp.Closed:
-                self.broken(ev.reason)
-        out = self.conn.data_to_send()
-        if out:
-            self.transport.write(out)
-        if self.conn.closed:
-            self.hang_up()
+class EchoServer(Server):
+    """A service of the transport in a few lines: each message back to its sender (the
+    read path, its turns and the write path are the transport's)."""
+
+    def message(self, link: Link, message: zmtp.Message) -> None:
+        self.queue(link, *zmtp.encode_parts(message.frames))
+
+    def after_read(self, link: Link, events: int) -> None:
+        self.flush()
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def echo() -> Iterator[tuple[str, str, Server]]:
     """An echo server on a tcp and an ipc endpoint, on a loop in a thread of its own."""
     loop = asyncio.new_event_loop()
     log = _Log()
-    server = Server(loop, Admission("echo", Refusals(log), budget=ConnectionBudget(100)), log,
+    server = EchoServer(loop, Admission("echo", Refusals(log), budget=ConnectionBudget(100)), log,
                     Echo)
     tcp = f"tcp://127.0.0.1:{free_port()}"
     ipc = f"ipc://@/zmtp-echo-{os.getpid()}-{id(server)}"

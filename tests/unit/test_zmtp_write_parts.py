@@ -12,12 +12,13 @@ import socket
 import pytest
 
 from zbroker.zmtp.codec import LARGE_FRAME
-from zbroker.zmtp.server import HELD_WAIT_S, Link
+from zbroker.zmtp.server import DEFAULT_POLICY, HELD_WAIT_S, Link
 
 
 class _Server:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.policy = DEFAULT_POLICY
 
 
 class _Link(Link):

@@ -70,19 +70,8 @@ class _Endpoint(Receiver):
     def writable(self, link: _Link) -> None:
         self.on_writable()
 
-    def _put(self, link: _Link, frames: Sequence[bytes]) -> None:
-        parts, size = zmtp.encode_parts(frames)
-        link.pending += parts
-        link.queued += size
-        self._dirty.add(link)
-
     def _full(self, link: _Link) -> bool:
-        if link.full:
-            return True
-        if link.queued <= self.high:
-            return False
-        t = link.transport
-        return t is None or link.queued + t.get_write_buffer_size() > self.high
+        return link.over(self.high)
 
 
 class SendEndpoint(_Endpoint):
@@ -123,7 +112,7 @@ class SendEndpoint(_Endpoint):
             turn += 1
             if not self._full(link):
                 self._turn = turn
-                self._put(link, frames)
+                self.put(link, frames)
                 return True
         self._turn = turn
         return False
@@ -164,7 +153,7 @@ class RouterEndpoint(_Endpoint):
             return GONE
         if self._full(link):
             return FULL
-        self._put(link, frames)
+        self.put(link, frames)
         return SENT
 
 

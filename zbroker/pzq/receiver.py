@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.runtime import shares
 from zbroker.runtime.local_access import default_policy
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.flow import READ_SIZE, ReadPolicy
 from zbroker.zmtp.refusals import Refusals
-from zbroker.zmtp.server import Link, Server
+from zbroker.zmtp.server import CROWDED, INBOX, Link, Server
 
 __all__ = ["FULL", "GONE", "SENT", "EndpointError", "Receiver"]
 
@@ -50,7 +50,8 @@ class Receiver(Server):
     and the members of its group (``local_access.default_policy``). ``read_while_full``:
     False for peers that only ask and are answered (a stream reader, a monitor): a connection
     whose answers are not taken is not read until they are, so a peer that asks and never
-    reads costs at most the write buffer and one answer."""
+    reads costs at most the write buffer and one answer. ``read_size``: what one read takes
+    at most (small for endpoints of small requests)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_input: Callable[[], None], *,
                  max_frames: int, max_bytes: int, frame_cost: int, keep_first: int,
@@ -58,33 +59,26 @@ class Receiver(Server):
                  connection: type[zmtp.Connection] = zmtp.Connection, role: str = "producer",
                  read_while_full: bool = True, read_size: int | None = None):
         admission = Admission(f"pzq {role}", Refusals(log, queue=name), default_policy())
-        super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH)
+        policy = ReadPolicy(read_while_full=read_while_full, max_read=read_size or READ_SIZE)
+        super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH, policy=policy)
         self.connection = connection
         self.role = role
         self.on_input = on_input
         self.limits = (max_frames, max_bytes, frame_cost, keep_first)
         self.max_held = max_held
         self.name = name
-        self.read_while_full = read_while_full
-        #: what one read of a connection may take (and so what it adds to the inbox before
-        #: it can be paused): small for endpoints of small requests
-        self.read_buffer = self.scratch[:read_size] if read_size else self.scratch
         self.inbox: deque[tuple[bytes, list[bytes], str | None]] = deque()
         self._inbox_sizes: deque[int] = deque()  # each one's bytes, as they came
         self.inbox_bytes = 0
-        self.unfinished = 0  # bytes the connections hold of messages not yet whole
-        #: the same by source (a uid on ipc, a host on tcp): one may hold at most half
-        self.unfinished_by_source: dict[Any, int] = {}
         self.refused_busy = 0
         self.held: deque[tuple[bytes, list[bytes]]] = deque()  # answers (answer())
         self.dropped_answers = 0
         self._retry: asyncio.TimerHandle | None = None
-        self._paused: set[_Link] = set()
-        self._dirty: set[_Link] = set()
+        self._paused: set[_Link] = set()  # held while the inbox is full
 
     def counters(self) -> dict[str, int]:
         return {"producers": len(self.links),
-                "receiving_bytes": self.unfinished + self.inbox_bytes,
+                "receiving_bytes": self.incoming + self.inbox_bytes,
                 "refused_busy": self.refused_busy, "producers_hung_up": self.hung_up}
 
     def close(self) -> None:
@@ -92,6 +86,50 @@ class Receiver(Server):
             self._retry.cancel()
             self._retry = None
         self.close_now()
+
+    # --- what the transport hands on --------------------------------------------------------
+
+    def message(self, link: _Link, message: zmtp.Message) -> None:
+        frames = message.frames
+        self.inbox.append((link.routing_id, frames, None))  # type: ignore[arg-type]
+        # what it takes in memory: its bytes, and the objects that hold them
+        size = message.size + MESSAGE_OVERHEAD + FRAME_OVERHEAD * len(frames)
+        self._inbox_sizes.append(size)
+        self.inbox_bytes += size
+        link.waiting += 1
+
+    def refused(self, link: _Link, refused: zmtp.Refused) -> None:
+        self.received((link.routing_id, [refused.first], refused.reason),  # type: ignore[arg-type]
+                      len(refused.first))
+        link.waiting += 1
+
+    def police(self, link: _Link) -> None:
+        # what is still arriving counts against its source's share (half) first, then the total
+        if self.incoming_by_source.get(link.source, 0) > self.max_held // 2:
+            self._refuse_busy(link, f"this host's or user's messages being received hold "
+                                    f"more than half of {self.max_held} bytes")
+        if self.incoming + self.inbox_bytes > self.max_held and not link.conn.closed:
+            refused = self._refuse_busy(link, f"more than {self.max_held} bytes of messages "
+                                              f"are being received")
+            if not refused and self.inbox_bytes and not link.holds & INBOX:
+                link.hold(INBOX)
+                self._paused.add(link)
+
+    def _refuse_busy(self, link: _Link, why: str) -> bool:
+        """Refuse the message under way ("Server busy: WHY; send it again later"); True if
+        there was one (its refusal is then in the inbox)."""
+        if not link.refuse(f"Server busy: {why}; send it again later"):
+            return False
+        self.refused_busy += 1
+        return True
+
+    def after_read(self, link: _Link, events: int) -> None:
+        if not events:
+            return
+        if (not self.policy.read_while_full and link.waiting > MAX_WAITING_REQUESTS
+                and not link.holds & (INBOX | CROWDED) and not link.conn.closed):
+            link.hold(CROWDED)
+        self.on_input()
 
     def received(self, item: tuple[bytes, list[bytes], str | None], size: int) -> None:
         """A message (or a refusal) for the inbox, and its bytes."""
@@ -112,12 +150,12 @@ class Receiver(Server):
             for _ in range(n):
                 out.append(inbox.popleft())
                 self.inbox_bytes -= sizes.popleft()
-        if not self.read_while_full:
+        if not self.policy.read_while_full:
             self._taken_from(out)
-        if self._paused and self.unfinished + self.inbox_bytes <= self.max_held // 2:
+        if self._paused and self.incoming + self.inbox_bytes <= self.max_held // 2:
             paused, self._paused = self._paused, set()
             for link in paused:
-                link.resume()
+                link.release(INBOX)
         return out
 
     def _taken_from(self, taken: list[tuple[bytes, list[bytes], str | None]]) -> None:
@@ -127,9 +165,15 @@ class Receiver(Server):
             link = links.get(rid)
             if link is not None:
                 link.waiting -= 1
-                if link.crowded and link.waiting <= 0:
-                    link.crowded = False
-                    link.resume()
+                if link.waiting <= 0:
+                    link.release(CROWDED)
+
+    # --- answers --------------------------------------------------------------------------
+
+    def put(self, link: _Link, frames: Sequence[bytes]) -> None:
+        """Queue ``frames`` for ``link``'s peer, to leave at :meth:`flush`."""
+        parts, size = zmtp.encode_parts(frames)
+        self.queue(link, parts, size)
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         link = self.links.get(routing_id)
@@ -137,8 +181,7 @@ class Receiver(Server):
             return GONE
         if link.full:
             return FULL
-        link.pending += zmtp.encode_parts(frames)[0]
-        self._dirty.add(link)
+        self.put(link, frames)
         return SENT
 
     def answer(self, routing_id: bytes, frames: list[bytes]) -> None:
@@ -153,9 +196,7 @@ class Receiver(Server):
             if self.send(*held[0]) == FULL:
                 break
             held.popleft()  # sent, or GONE: the producer will send again when back
-        dirty, self._dirty = self._dirty, set()
-        for link in dirty:
-            link.write_pending()
+        super().flush()
         if held:
             while len(held) > MAX_HELD_ANSWERS:
                 held.popleft()
@@ -167,9 +208,6 @@ class Receiver(Server):
         self._retry = None
         self.flush()
 
-    def writable(self, link: _Link) -> None:
-        """``link`` takes more again (its write buffer drained below the low mark)."""
-
 
 class _Link(Link):
     """One peer's connection."""
@@ -178,128 +216,13 @@ class _Link(Link):
 
     def __init__(self, receiver: Receiver):
         super().__init__(receiver)
-        self.pending: list[bytes] = []
-        self.queued = 0  # bytes in pending (kept by the senders that need it)
-        self.full = False
-        self.held = 0  # this connection's part of receiver.unfinished
-        self.paused = False
         #: an endpoint of requests: its requests in the inbox; past MAX_WAITING_REQUESTS it
-        #: is ``crowded``, and not read until they are all taken (each asker gets its turn)
+        #: is held (CROWDED), and not read until they are all taken (each asker gets its turn)
         self.waiting = 0
-        self.crowded = False
 
     def codec(self, server: Receiver) -> zmtp.Connection:  # type: ignore[override]
         return server.connection(*server.limits)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.server.read_buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        conn, r = self.conn, self.server
-        conn.receive_data(r.read_buffer[:nbytes])
-        got = self._take_events()
-        self._count_held()
-        # what is still arriving counts against its source's share (half) first, then the total
-        if r.unfinished_by_source.get(self.source, 0) > r.max_held // 2:
-            got |= self._refuse_busy(f"this host's or user's messages being received hold "
-                                     f"more than half of {r.max_held} bytes")
-        if r.unfinished + r.inbox_bytes > r.max_held and not conn.closed:
-            refused = self._refuse_busy(f"more than {r.max_held} bytes of messages are being "
-                                        f"received")
-            got |= refused
-            if not refused and r.inbox_bytes and not self.paused:
-                self.paused = True
-                self.transport.pause_reading()
-                r._paused.add(self)
-        out = conn.data_to_send()
-        if out:
-            self.transport.write(out)
-        if conn.closed:
-            self.hang_up()
-        if got and not r.read_while_full and self.waiting > MAX_WAITING_REQUESTS \
-                and not self.paused and not conn.closed:
-            self.crowded = self.paused = True
-            self.transport.pause_reading()
-        if got:
-            r.on_input()
-
-    def _refuse_busy(self, why: str) -> bool:
-        """Refuse the message under way ("Server busy: WHY; send it again later"); True if
-        there was one (its refusal is then in the inbox)."""
-        conn = self.conn
-        if conn.closed or not conn.refuse_current(f"Server busy: {why}; send it again later"):
-            return False
-        self.server.refused_busy += 1
-        self._take_events()
-        self._count_held()
-        return True
-
-    def _count_held(self) -> None:
-        """What this connection holds of a message not yet whole, in the receiver's counts."""
-        change = self.conn.buffered - self.held
-        if change:
-            r = self.server
-            r.unfinished += change
-            self.held += change
-            shares.count(r.unfinished_by_source, self.source, change)
-
-    def _take_events(self) -> bool:
-        r, got = self.server, False
-        for ev in self.conn.next_events():
-            if type(ev) is zmtp.Message:  # (Receiver.received, inline: one for each message)
-                r.inbox.append((self.routing_id, ev.frames, None))
-                # what it takes in memory: its bytes, and the objects that hold them
-                size = ev.size + MESSAGE_OVERHEAD + FRAME_OVERHEAD * len(ev.frames)
-                r._inbox_sizes.append(size)
-                r.inbox_bytes += size
-                self.waiting += 1
-                got = True
-            elif type(ev) is zmtp.Refused:
-                r.received((self.routing_id, [ev.first], ev.reason), len(ev.first))
-                self.waiting += 1
-                got = True
-            elif type(ev) is zmtp.Ready:
-                self.ready(ev)
-            else:  # Closed
-                self.broken(ev.reason)
-        return got
-
-    def resume(self) -> None:
-        """The inbox has room again: read this connection again (unless it is full and its
-        endpoint does not read full connections)."""
-        if self.paused and self.transport is not None and not self.transport.is_closing():
-            self.paused = False
-            if not self._held_back():
-                self.transport.resume_reading()
-
-    def _held_back(self) -> bool:
-        """Not read because its answers are not taken."""
-        return self.full and not self.server.read_while_full
-
-    def write_pending(self) -> None:
-        if self.pending and self.transport is not None and not self.transport.is_closing():
-            self.write_parts(self.pending)
-        self.pending.clear()
-        self.queued = 0
-
-    def pause_writing(self) -> None:
-        self.full = True
-        if self._held_back() and not self.paused:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        held_back = self._held_back()
-        self.full = False
-        if held_back and not self.paused and not self.transport.is_closing():
-            self.transport.resume_reading()
-        self.server.writable(self)
-
     def connection_lost(self, exc: Exception | None) -> None:
-        r = self.server
-        if self.held:
-            r.unfinished -= self.held
-            shares.count(r.unfinished_by_source, self.source, -self.held)
-            self.held = 0
-        r._paused.discard(self)
-        r._dirty.discard(self)
+        self.server._paused.discard(self)
         super().connection_lost(exc)

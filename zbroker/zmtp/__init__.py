@@ -4,12 +4,14 @@
     addresses.py   ZeroMQ endpoint strings (tcp://HOST:PORT, ipc://PATH) as listening sockets
     admission.py   who may connect, how many in all (the process's connection budget)
     refusals.py    refusals counted by reason, and logged at a bounded rate
+    flow.py        how a connection is read: read sizes and turns (no I/O)
     server.py      the asyncio server every ZMTP endpoint of the broker runs on: admission,
-                   handshake timeout, keepalive, routing ids, and the connection's life
+                   handshake timeout, keepalive, routing ids, the connection's life, and the
+                   read and write paths (budgets counted, turns taken, answers joined)
 
 The broker's ZPIPES endpoint and every pzq endpoint (receive, send, credit, stream, monitor)
-are a :class:`server.Server` with its own message handling; what guards the door is the same
-for all of them.
+are a :class:`server.Server` with its own message handling and read policy; what guards the
+door, reads and writes is the same for all of them.
 """
 
 from zpipes.zmtp_framing import COMMAND, LONG, MORE, SIGNATURE, command

@@ -1,24 +1,36 @@
-"""The asyncio server every ZMTP endpoint of the broker runs on.
+"""The asyncio server every ZMTP endpoint of the broker runs on: the door, the read path and
+the write path, once for every endpoint.
 
 A :class:`Server` listens on its endpoints (tcp or ipc) and keeps its connections, each a
 :class:`Link` (an ``asyncio.BufferedProtocol`` around a :class:`~zbroker.zmtp.codec.Connection`).
-What guards the door is here, once, for every endpoint:
+
+The door:
 
 - admission (:mod:`zbroker.zmtp.admission`): the process's connection budget, and on ipc who
   the peer is (SO_PEERCRED), before a byte of the connection is read;
 - a handshake timeout: a connection that has not finished its ZMTP handshake in time is
   dropped, so silent connections cannot keep the places of clients;
 - TCP_NODELAY and keepalive on tcp, so a peer host that vanished is noticed;
-- what a connection may hold of input: the codec's limits (a message past ``max_bytes`` or
-  ``max_frames`` is refused as it arrives, never held), and nothing is read from a connection
-  whose replies are not taken (the endpoints pause reading it);
 - refusals counted by reason and logged at a bounded rate (:mod:`zbroker.zmtp.refusals`).
 
-What a connection's messages mean is the endpoint's: a subclass of :class:`Link` reads
-(``get_buffer``/``buffer_updated``, the hot path) and hands its codec's events to
-:meth:`Link.ready` (the handshake's end: a routing id) and :meth:`Link.broken` (the peer
-broke the protocol); a subclass of :class:`Server` hears :meth:`Server.linked` and
-:meth:`Server.unlinked`.
+The read path (:meth:`Link.buffer_updated`, the hot path): every connection of a loop reads
+into one buffer, a large frame into its own (the endpoint's :class:`~zbroker.zmtp.flow.ReadPolicy`);
+reads are sized to the messages and connections take turns (:mod:`zbroker.zmtp.flow`); what
+connections hold of messages still arriving is counted, in all and by source
+(:attr:`Server.incoming`, the codec's limits refuse a message past ``max_bytes`` or
+``max_frames`` as it arrives, never held); a connection is not read while anything holds it
+(:meth:`Link.hold`: its answers not taken, its turn used, its endpoint's inbox full).
+
+The write path: answers are queued on their connection (:meth:`Server.queue`) and leave at
+:meth:`Server.flush`, one gathered write per connection, large frames not copied; while a
+transport holds what its peer has not taken, small answers wait a moment and go joined
+(:meth:`Link.write_parts`), so what an unread connection costs is its bytes, whatever answers
+it is sent; :meth:`Server.unsent_bytes` is what all of them hold.
+
+What a connection's messages mean is the endpoint's: a subclass of :class:`Server` hears
+:meth:`Server.message` and :meth:`Server.refused` for each message in order,
+:meth:`Server.police` after each read (it may refuse the message under way: a budget),
+:meth:`Server.after_read`, and :meth:`Server.linked` / :meth:`Server.unlinked`.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import socket
 import threading
 from typing import Any
 
+from zbroker.runtime import shares
 from zbroker.runtime.acceptor import ACCEPT_PAUSE_S, Acceptor
 from zbroker.runtime.iovec import gather
 from zbroker.runtime.local_access import peer_of
@@ -36,11 +49,9 @@ from zpipes.zmtp_framing import error_command, greeting
 
 from .addresses import listen_socket, peer_name
 from .admission import NOT_ALLOWED, Admission, Source
-from .codec import LARGE_FRAME, Connection, Ready, RoutingIds
+from .codec import LARGE_FRAME, Closed, Connection, Message, Ready, Refused, RoutingIds
+from .flow import READ_SIZE, ReadPolicy, Rounds, read_size
 
-#: what one read from a connection may take: one buffer for all connections of a server,
-#: large enough that a window of big messages comes in a few reads (each a wake-up)
-READ_SIZE = 1 << 20
 #: while a connection's transport holds bytes its peer has not taken, small answers wait
 #: here for this long (or this many bytes), joined, and go to the transport as one piece: a
 #: transport keeps an object for each piece it holds, so answers sent one at a time to a
@@ -50,40 +61,65 @@ HELD_MAX = 64 << 10
 # TCP keepalive, so that a peer host that vanished without closing is noticed (~16 s)
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
+#: why a connection is not read (:meth:`Link.hold`): its answers are not taken (and its
+#: endpoint does not read such), it used its turn, or its endpoint holds it (an inbox full,
+#: requests waiting)
+WRITING, TURN, INBOX, CROWDED = 1, 2, 4, 8
 
-_buffers = threading.local()
+#: how an endpoint's connections are read unless it says otherwise
+DEFAULT_POLICY = ReadPolicy()
+
+_loop_state = threading.local()
 
 
 def read_buffer() -> memoryview:
     """The buffer every connection served on this thread's loop reads into (its messages are
     taken out of it before the next read): one per thread, not one per endpoint (2 000
     queues held 2 000 of them, 1 MiB each)."""
-    buffer = getattr(_buffers, "scratch", None)
+    buffer = getattr(_loop_state, "scratch", None)
     if buffer is None:
-        buffer = _buffers.scratch = memoryview(bytearray(READ_SIZE))
+        buffer = _loop_state.scratch = memoryview(bytearray(READ_SIZE))
     return buffer
+
+
+def rounds_of(loop: asyncio.AbstractEventLoop) -> Rounds:
+    """The turns of every connection served on ``loop`` (:class:`~zbroker.zmtp.flow.Rounds`):
+    floods on many endpoints share one round."""
+    if getattr(_loop_state, "loop", None) is not loop:
+        _loop_state.loop, _loop_state.rounds = loop, Rounds()
+    rounds: Rounds = _loop_state.rounds
+    return rounds
 
 
 class Server:
     """One ZMTP endpoint's listening sockets and connections, on ``loop``.
 
-    ``protocol``: the :class:`Link` class of its connections. ``write_high``: bytes queued in
-    a connection's transport before it calls ``pause_writing``. ``unix_sndbuf``: the send
-    buffer of an ipc connection, when the default (208 KiB) is too small for its replies."""
+    ``protocol``: the :class:`Link` class of its connections. ``policy``: how they are read.
+    ``write_high``: bytes queued in a connection's transport before it calls
+    ``pause_writing``. ``unix_sndbuf``: the send buffer of an ipc connection, when the default
+    (208 KiB) is too small for its replies."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, admission: Admission, log: Any,
                  protocol: type[Link], write_high: int = 4 << 20,
-                 unix_sndbuf: int | None = None) -> None:
+                 unix_sndbuf: int | None = None, policy: ReadPolicy = DEFAULT_POLICY) -> None:
         self.loop = loop
         self.admission = admission
         self.log = log
         self.protocol = protocol
         self.write_high = write_high
         self.unix_sndbuf = unix_sndbuf
+        self.policy = policy
         self.links: dict[bytes, Any] = {}  # by routing id, once the handshake is done
         self.all: set[Any] = set()  # connections taken (handshake done or not)
         self.hung_up = 0  # connections dropped for breaking the protocol
         self.scratch = read_buffer()  # read into, taken out at once
+        self.reads = self.scratch[:policy.max_read]  # ... a read at most this
+        self.rounds = rounds_of(loop)
+        self.incoming = 0  # bytes held of messages still arriving, all connections
+        self.incoming_by_source: dict[Any, int] = {}  # the same, by source
+        self._dirty: list[Link] = []  # connections with answers queued
+        self._first: list[Link] = []  # of those, the ones to write first (``queue``'s first)
+        self._backed_up: set[Link] = set()  # connections with answers not yet written out
         self._ids = RoutingIds(int.from_bytes(os.urandom(4), "big"))
         #: listening sockets accepted on, with their acceptors
         self._listeners: list[tuple[socket.socket, Acceptor]] = []
@@ -157,8 +193,9 @@ class Server:
             link.hang_up()
 
     async def close_after(self, linger: float) -> None:
-        """Stop listening, and close every connection once what it was sent is written (for
-        at most ``linger`` seconds)."""
+        """Write what was queued, stop listening, and close every connection once what it
+        was sent is written (for at most ``linger`` seconds)."""
+        self.flush()
         self.close_now()
         if self.all:
             self._idle.clear()
@@ -168,6 +205,57 @@ class Server:
                 for link in list(self.all):
                     if link.transport is not None:
                         link.transport.abort()
+
+    # --- the write path -------------------------------------------------------------------
+
+    def queue(self, link: Link, parts: list[Any], size: int, first: bool = False) -> None:
+        """Queue ``parts`` (a message's frames with their heads, :func:`encode_parts`), of
+        ``size`` bytes, for ``link``; they leave at :meth:`flush`. ``first``: its peer is idle
+        until they arrive (they answer a request that waited): its connection is written
+        before those only sent answers to what they just asked."""
+        if not link.out:
+            self._dirty.append(link)
+        if first:
+            self._first.append(link)
+        link.out += parts
+        link.queued += size
+
+    def flush(self) -> None:
+        """Write what was queued, one gathered write per connection: first the connections
+        queued something ``first``, then the others, each in the order of its first queueing.
+        A connection's messages go out in the order they were queued, in one write."""
+        dirty, self._dirty = self._dirty, []
+        if self._first:
+            dirty[:0], self._first = self._first, []
+        for link in dirty:
+            out = link.out
+            if not out:  # (written already: it was also among the first)
+                continue
+            link.out = []
+            link.queued = 0
+            transport = link.transport
+            if transport is not None and not transport.is_closing():
+                link.write_parts(out)
+                if link.unsent_bytes():  # its peer does not keep up
+                    self._backed_up.add(link)
+
+    def unsent_bytes(self) -> int:
+        """Bytes written to connections whose peers have not taken them yet (held here, in
+        the transports' buffers): what the endpoint holds for peers that do not read. Small
+        answers to such a peer are joined (:meth:`Link.write_parts`), so this is also about
+        what they cost in memory."""
+        total = 0
+        for link in list(self._backed_up):
+            n = link.unsent_bytes()
+            if n:
+                total += n
+            else:
+                self._backed_up.discard(link)
+        return total
+
+    def incoming_of(self, source: Any) -> int:
+        """Bytes held of messages still arriving from ``source``'s connections."""
+        return self.incoming_by_source.get(source, 0)
 
     # --- what the endpoints hear ------------------------------------------------------------
 
@@ -182,10 +270,29 @@ class Server:
     def unlinked(self, link: Any) -> None:
         """``link``, linked before, is gone."""
 
+    def message(self, link: Any, message: Message) -> None:
+        """A whole message came on ``link`` (its handshake is done)."""
+
+    def refused(self, link: Any, refused: Refused) -> None:
+        """A message over the limits came on ``link``, in its turn among the messages; the
+        rest of it is let go as it arrives."""
+
+    def police(self, link: Any) -> None:
+        """After each read of ``link`` (its messages handed on, what it holds of the next
+        counted): refuse the message under way (:meth:`Link.refuse`) if it does not fit, or
+        hold the connection (:meth:`Link.hold`)."""
+
+    def after_read(self, link: Any, events: int) -> None:
+        """A read of ``link`` is handled: ``events`` messages and refusals were handed on."""
+
+    def writable(self, link: Any) -> None:
+        """``link``'s transport takes more again (it drained below its low mark)."""
+
 
 class Link(asyncio.BufferedProtocol):
-    """One connection of a :class:`Server`: admitted, given its socket options, greeted, and
-    dropped if its handshake lags. ``codec`` makes its :class:`Connection` from the server."""
+    """One connection of a :class:`Server`: admitted, given its socket options, greeted,
+    dropped if its handshake lags; read and written as the module says. ``codec`` makes its
+    :class:`Connection` from the server."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -194,6 +301,16 @@ class Link(asyncio.BufferedProtocol):
         self.routing_id: bytes | None = None
         self.taken = False  # admitted: counted in the budget and in server.all
         self.source: Source = ("host", "")  # who it is from, for the budget's shares
+        self.out: list[Any] = []  # answers queued (Server.queue), frames and their heads
+        self.queued = 0  # their bytes
+        self.full = False  # its transport is over its high mark: its peer does not read
+        self.holds = 0  # why it is not read (WRITING, TURN, INBOX, CROWDED), 0 if read
+        self.incoming = 0  # what it holds of messages still arriving (in server.incoming)
+        #: read it this much at a time (0: as much as a read takes), sized for its messages
+        self.small = server.policy.first_read
+        self.direct = False  # the last read went to a large frame's own buffer
+        self.turn = 0  # messages it sent since it last let the others go first
+        self.events = 0  # messages and refusals handed on in the read under way
         self._handshake: asyncio.TimerHandle | None = None
         self._held = bytearray()  # small pieces waiting for the transport (HELD_WAIT_S)
         self._held_timer: asyncio.TimerHandle | None = None
@@ -264,6 +381,99 @@ class Link(asyncio.BufferedProtocol):
         self.server.hung_up += 1
         self.server.admission.broken(peer_name(self.transport), reason)
 
+    # --- the read path --------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        direct = self.conn.frame_buffer()
+        self.direct = direct is not None
+        if direct is not None:
+            return direct
+        return self.server.scratch[:self.small] if self.small else self.server.reads
+
+    def buffer_updated(self, nbytes: int) -> None:
+        s, conn = self.server, self.conn
+        if self.direct:
+            conn.frame_filled(nbytes)
+        else:
+            conn.receive_data(s.scratch[:nbytes])  # (a small read's buffer is its head)
+        self.events = 0
+        self.count_incoming()  # (before the messages are handed on: a whole one is the
+        # endpoint's to count)
+        self._hand_on()
+        if not conn.closed:
+            s.police(self)
+        out = conn.data_to_send()
+        if out:
+            self.transport.write(out)
+        if conn.closed:
+            self.hang_up()
+        else:
+            events = self.events
+            if s.policy.small_reads:
+                self.small = read_size(nbytes, events) if not self.direct else 0
+            self.turn += events
+            if self.turn > s.rounds.turn_messages and not self.holds & TURN:
+                if s.rounds.took_turn():
+                    s.loop.call_soon(s.rounds.ended)
+                self.hold(TURN)
+                s.loop.call_soon(self._next_turn)
+        s.after_read(self, self.events)
+
+    def _hand_on(self) -> None:
+        """Hand the codec's events to the endpoint, in order."""
+        s = self.server
+        events = self.conn.next_events()
+        for ev in events:
+            if isinstance(ev, Message):
+                s.message(self, ev)
+            elif isinstance(ev, Refused):
+                s.refused(self, ev)
+            elif isinstance(ev, Ready):
+                self.ready(ev)
+            elif isinstance(ev, Closed):  # the peer broke the protocol
+                self.broken(ev.reason)
+        self.events += len(events)
+
+    def refuse(self, reason: str) -> bool:
+        """Refuse the message under way (``reason``): what came of it is let go, the rest as
+        it arrives, and its refusal is handed on now. False if none was under way."""
+        if self.conn.closed or not self.conn.refuse_current(reason):
+            return False
+        self.count_incoming()
+        self._hand_on()
+        return True
+
+    def count_incoming(self) -> None:
+        """What this connection holds of messages still arriving, in the server's counts."""
+        held = self.conn.buffered
+        if (change := held - self.incoming):
+            s = self.server
+            s.incoming += change
+            shares.count(s.incoming_by_source, self.source, change)
+            self.incoming = held
+
+    def hold(self, why: int) -> None:
+        """Do not read this connection until :meth:`release` of ``why`` (and of every other
+        reason it is held for)."""
+        if not self.holds and self.transport is not None:
+            self.transport.pause_reading()
+        self.holds |= why
+
+    def release(self, why: int) -> None:
+        """Read this connection again, unless something else holds it."""
+        if self.holds & why:
+            self.holds &= ~why
+            transport = self.transport
+            if not self.holds and transport is not None and not transport.is_closing():
+                transport.resume_reading()
+
+    def _next_turn(self) -> None:
+        """The loop went round: the others had their turn."""
+        self.turn = 0
+        self.release(TURN)
+
+    # --- the write path -------------------------------------------------------------------
+
     def write_parts(self, parts: list[Any]) -> None:
         """Write ``parts`` (frames and their heads, in order) in one gathered write: frames
         of LARGE_FRAME bytes or more as they are (not copied), each run of smaller pieces
@@ -302,6 +512,25 @@ class Link(asyncio.BufferedProtocol):
         return len(self._held) + (transport.get_write_buffer_size() if transport is not None
                                   else 0)
 
+    def over(self, high: int) -> bool:
+        """More than ``high`` bytes wait for this connection's peer (queued and written),
+        or its transport is over its own high mark."""
+        if self.full:
+            return True
+        if self.queued <= high:
+            return False
+        return self.transport is None or self.queued + self.unsent_bytes() > high
+
+    def pause_writing(self) -> None:
+        self.full = True
+        if not self.server.policy.read_while_full:
+            self.hold(WRITING)
+
+    def resume_writing(self) -> None:
+        self.full = False
+        self.release(WRITING)
+        self.server.writable(self)
+
     def hang_up(self) -> None:
         """Close the connection once what it was sent is written."""
         self.write_held()
@@ -318,7 +547,13 @@ class Link(asyncio.BufferedProtocol):
             self._held_timer.cancel()
             self._held_timer = None
         self._held = bytearray()
+        self.out, self.queued = [], 0
         self.conn.release()
+        if self.incoming:
+            s.incoming -= self.incoming
+            shares.count(s.incoming_by_source, self.source, -self.incoming)
+            self.incoming = 0
+        s._backed_up.discard(self)
         if self._handshake is not None:
             self._handshake.cancel()
             self._handshake = None

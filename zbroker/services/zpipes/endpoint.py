@@ -24,12 +24,13 @@ does not start with a zero byte, else one made here (a zero byte and four more).
 mechanism is NULL: a peer that asks for CURVE (no ZPIPES client does) is refused.
 
 Sends (:meth:`Endpoint.send`) are queued per connection and written at :meth:`Endpoint.flush`,
-one gathered write per connection, without copying the frames. A connection whose replies are
-not taken (its transport's buffer over ``WRITE_HIGH``) is not read until they are: what it can
-still be sent is the answers to requests taken before, which the ZPIPES core bounds (one
-request and ``max_pipelined`` queued behind it; a READ's answer at most its size, and at most
-what the pipe holds); what waits in the connections for their peers (:meth:`unsent_bytes`)
-counts in the broker-wide budget, ``clients.max_buffered``.
+one gathered write per connection, without copying the frames (the transport's write path,
+:mod:`zbroker.zmtp.server`, as is the read path with its turns and read sizes). A connection
+whose replies are not taken (its transport's buffer over ``WRITE_HIGH``) is not read until
+they are: what it can still be sent is the answers to requests taken before, which the ZPIPES
+core bounds (one request and ``max_pipelined`` queued behind it; a READ's answer at most its
+size, and at most what the pipe holds); what waits in the connections for their peers
+(:meth:`unsent_bytes`) counts in the broker-wide budget, ``clients.max_buffered``.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 from zbroker import zmtp
-from zbroker.runtime import shares
 from zbroker.zmtp.admission import Admission
+from zbroker.zmtp.flow import ReadPolicy
 from zbroker.zmtp.server import Link, Server
 from zpipes.zmtp_framing import frame_head
 
@@ -52,30 +53,9 @@ WRITE_HIGH = 1 << 20
 UNIX_SNDBUF = 1 << 20
 #: a frame this large that comes in several reads is read into its own buffer (no copies)
 DIRECT_MIN = 128 << 10
-#: messages a connection may send before the others get their turn: past it, it is not read
-#: again until the loop has gone round once (a client that sends a flood of small requests
-#: cannot keep the others waiting more than this many requests' time)
-TURN_MESSAGES = 512
-#: ... and when many connections send floods, they share this many messages a round of the
-#: loop (each at least TURN_MIN): the loop goes round often enough to greet new clients (it
-#: accepts one connection a round) and to read the others. 100 PINGers each taking 512 a
-#: round made a round 0.25 s: a new client waited 10 s for its greeting
-ROUND_MESSAGES, TURN_MIN = 4096, 16
-#: a connection that sends small messages is read in small reads, sized for about SMALL_AFTER
-#: messages of the size it last sent (at least MIN_READ bytes; past SMALL_READ, as much as
-#: there is), so that one read's messages are few: a read is handled whole before the others
-#: get their turn (bulk data stays in large reads). One 1 MiB read of 5-byte PINGs was
-#: 200 000 requests: 100 such clients kept a new one from its greeting for 10 s
-SMALL_READ, SMALL_AFTER, MIN_READ = 8 << 10, 64, 256
-
-
-def read_size(nbytes: int, messages: int) -> int:
-    """How much to read next from a connection whose last read of ``nbytes`` held
-    ``messages``: about SMALL_AFTER messages of that size (0: as much as there is)."""
-    if messages <= 1:
-        return 0
-    size = nbytes * SMALL_AFTER // messages
-    return max(size, MIN_READ) if size < SMALL_READ else 0
+#: how a client's connection is read: not while its replies are not taken, a large WRITE's
+#: chunk into its own buffer, reads sized to the requests (zbroker/zmtp/flow.py)
+POLICY = ReadPolicy(read_while_full=False, direct_min=DIRECT_MIN)
 
 
 class Endpoint(Server):
@@ -85,7 +65,10 @@ class Endpoint(Server):
     ``on_refused(routing_id, refused)`` for one over the limits (:class:`zmtp.Refused`, in
     its turn among the messages: the rest of it is skipped as it arrives); ``on_gone(routing_id)``
     when a connection that had a routing id ends; ``after_input()`` after each read's messages.
-    ``admission``: who may connect, and how many (:class:`zbroker.zmtp.admission.Admission`)."""
+    ``admission``: who may connect, and how many (:class:`zbroker.zmtp.admission.Admission`).
+    ``admit_frame(size, source)``: why a frame of ``size`` bytes from ``source`` cannot be
+    held (the service's budget), or None; asked with 0 after each read while a message is
+    under way in small frames."""
 
     def __init__(self, loop: Any, *,
                  on_message: Callable[[bytes, list[Any]], None],
@@ -96,30 +79,32 @@ class Endpoint(Server):
                  max_bytes: int, max_frames: int, log: Any,
                  admit_frame: Callable[[int, Any], str | None] | None = None):
         super().__init__(loop, admission, log, _Link, write_high=WRITE_HIGH,
-                         unix_sndbuf=UNIX_SNDBUF)
+                         unix_sndbuf=UNIX_SNDBUF, policy=POLICY)
         self.on_message, self.on_refused, self.on_gone = on_message, on_refused, on_gone
         self.after_input, self.admit_frame = after_input, admit_frame
-        self.incoming = 0  # bytes held of messages still arriving, all connections
-        self.incoming_by_source: dict[Any, int] = {}  # the same, by source
         self.max_bytes, self.max_frames = max_bytes, max_frames
-        self._dirty: list[_Link] = []  # connections with sends queued
-        self._first: list[_Link] = []  # of those, the ones to write first (``send``'s first)
-        self._backed_up: set[_Link] = set()  # connections with sends not yet written out
-        #: messages a connection may send in a round of the loop before it yields, and the
-        #: connections that yielded in this round (see ROUND_MESSAGES)
-        self.turn_messages = TURN_MESSAGES
-        self._yielded = 0
 
-    def took_turn(self) -> None:
-        """A connection used its turn: it yields until the loop has gone round once. At
-        the round's end, each turn is sized for the crowd of that round."""
-        if not self._yielded:
-            self.loop.call_soon(self._round_ended)
-        self._yielded += 1
+    # --- what the transport hands on --------------------------------------------------------
 
-    def _round_ended(self) -> None:
-        crowd, self._yielded = self._yielded, 0
-        self.turn_messages = min(TURN_MESSAGES, max(TURN_MIN, ROUND_MESSAGES // crowd))
+    def message(self, link: Link, message: zmtp.Message) -> None:
+        self.on_message(link.routing_id, message.frames)  # type: ignore[arg-type]
+
+    def refused(self, link: Link, refused: zmtp.Refused) -> None:
+        self.on_refused(link.routing_id, refused)  # type: ignore[arg-type]
+
+    def police(self, link: Link) -> None:
+        # past the budget, a message under way in frames too small to have been asked about
+        # (each under DIRECT_MIN) is let go too, as a large one is at its head
+        admit = self.admit_frame
+        if (link.incoming and not link.conn.receiving_large and admit is not None
+                and (why := admit(0, link.source)) is not None):
+            link.refuse(why)
+
+    def after_read(self, link: Link, events: int) -> None:
+        self.after_input()
+
+    def unlinked(self, link: Any) -> None:
+        self.on_gone(link.routing_id)
 
     # --- sending --------------------------------------------------------------------------
 
@@ -131,56 +116,12 @@ class Endpoint(Server):
         link = self.links.get(routing_id)
         if link is None:
             return False
-        out = link.out
-        if not out:
-            self._dirty.append(link)
-        if first:
-            self._first.append(link)
-        out.append(frame_head(len(frame)))
-        out.append(frame)
+        self.queue(link, [frame_head(len(frame)), frame], len(frame), first)
         return True
-
-    def flush(self) -> None:
-        """Write what was sent, one gathered write per connection: first the connections
-        sent something with ``first``, then the others, each in the order of its first
-        send. A connection's messages go out in the order they were sent, in one write."""
-        dirty, self._dirty = self._dirty, []
-        if self._first:
-            dirty[:0], self._first = self._first, []
-        for link in dirty:
-            out = link.out
-            if not out:  # (written already: it was also among the first)
-                continue
-            link.out = []
-            transport = link.transport
-            if transport is not None and not transport.is_closing():
-                link.write_parts(out)
-                if link.unsent_bytes():  # its peer does not keep up
-                    self._backed_up.add(link)
-
-    async def close_after(self, linger: float) -> None:
-        self.flush()
-        await super().close_after(linger)
 
     def incoming_bytes(self) -> int:
         """Bytes held of messages still arriving, on all connections."""
         return self.incoming
-
-    def unsent_bytes(self) -> int:
-        """Bytes sent to connections whose peers have not taken them yet (held here, in
-        the transports' buffers): what the broker holds for readers that do not read."""
-        total = 0
-        for link in list(self._backed_up):
-            n = link.unsent_bytes()
-            if n:
-                total += n
-            else:
-                self._backed_up.discard(link)
-        return total
-
-    def incoming_of(self, source: Any) -> int:
-        """Bytes held of messages still arriving from ``source``'s connections."""
-        return self.incoming_by_source.get(source, 0)
 
     def source_of(self, routing_id: bytes) -> Any:
         """Who ``routing_id``'s connection is from: ("uid", n) on ipc, ("host", address) on
@@ -199,10 +140,7 @@ class Endpoint(Server):
         link = self.links.get(routing_id)
         if link is not None and link.transport is not None:
             self.flush()
-            link.transport.close()
-
-    def unlinked(self, link: Any) -> None:
-        self.on_gone(link.routing_id)
+            link.hang_up()
 
 
 class _Link(Link):
@@ -210,109 +148,10 @@ class _Link(Link):
 
     server: Endpoint
 
-    def __init__(self, endpoint: Endpoint):
-        super().__init__(endpoint)
-        self.incoming = 0  # what this connection counts in the endpoint's ``incoming``
-        self.direct = False  # the last read went to the frame's own buffer
-        self.out: list[Any] = []
-        self.paused = False  # not read: its replies wait to be written
-        self.turn = 0  # messages it sent since it last let the others go first
-        #: read it this much at a time (0: as much as there is), for the size of the messages
-        #: it sent last; small at first: a new client's first read is not a flood's whole
-        #: backlog (1 MiB of 5-byte PINGs is 200 000 requests, handled before anyone else's)
-        self.small = SMALL_READ
-        self.yielding = False  # not read until the loop has gone round once
-
     def codec(self, server: Endpoint) -> zmtp.Connection:  # type: ignore[override]
         conn = zmtp.Connection(server.max_frames, server.max_bytes, keep_first=16,
-                               writable=True, direct_min=DIRECT_MIN)
+                               writable=True, direct_min=server.policy.direct_min)
         admit = server.admit_frame
         if admit is not None:  # asked with this connection's source (known once connected)
             conn.admit = lambda size: admit(size, self.source)
         return conn
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        direct = self.conn.frame_buffer()
-        self.direct = direct is not None
-        if direct is not None:
-            return direct
-        return self.server.scratch[:self.small] if self.small else self.server.scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
-        e, conn = self.server, self.conn
-        if self.direct:
-            conn.frame_filled(nbytes)
-        else:
-            conn.receive_data(e.scratch[:nbytes])  # (a small read's buffer is its head)
-        self._count_incoming()  # (before the messages are handed on: a whole one is the
-        # core's to count)
-        if (self.incoming and not conn.receiving_large and e.admit_frame is not None
-                and (why := e.admit_frame(0, self.source)) is not None
-                and conn.refuse_current(why)):
-            # past the budget, a message under way in frames too small to have been asked
-            # about (each under DIRECT_MIN) is let go too, as a large one is at its head
-            self._count_incoming()
-        events = conn.next_events()
-        for ev in events:
-            kind = type(ev)
-            if kind is zmtp.Message:
-                e.on_message(self.routing_id, ev.frames)
-            elif kind is zmtp.Refused:
-                e.on_refused(self.routing_id, ev)
-            elif kind is zmtp.Ready:
-                self.ready(ev)
-            else:  # Closed: the peer broke the protocol
-                self.broken(ev.reason)
-        out = conn.data_to_send()
-        if out:
-            self.transport.write(out)
-        if conn.closed:
-            self.transport.close()
-        else:
-            self.small = read_size(nbytes, len(events)) if not self.direct else 0
-            self.turn += len(events)
-            if self.turn > e.turn_messages and not self.yielding:
-                self.yielding = True
-                e.took_turn()
-                if not self.paused:
-                    self.transport.pause_reading()
-                e.loop.call_soon(self._next_turn)
-        e.after_input()
-
-    def _next_turn(self) -> None:
-        """The loop went round: read it again (unless its replies are not taken)."""
-        self.yielding = False
-        self.turn = 0
-        if not self.paused and self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-
-    def _count_incoming(self) -> None:
-        """What this connection holds of messages still arriving, in the endpoint's count."""
-        held = self.conn.buffered
-        if (change := held - self.incoming):
-            e = self.server
-            e.incoming += change
-            shares.count(e.incoming_by_source, self.source, change)
-            self.incoming = held
-
-    def pause_writing(self) -> None:
-        if not self.paused:
-            self.paused = True
-            if not self.yielding:
-                self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.paused:
-            self.paused = False
-            if not self.yielding and not self.transport.is_closing():
-                self.transport.resume_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        e = self.server
-        self.out = []
-        if self.incoming:
-            e.incoming -= self.incoming
-            shares.count(e.incoming_by_source, self.source, -self.incoming)
-            self.incoming = 0
-        e._backed_up.discard(self)
-        super().connection_lost(exc)
