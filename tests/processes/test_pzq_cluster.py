@@ -136,6 +136,12 @@ def test_a_lost_holder_is_replaced_and_the_backlog_copied_again(cluster):
     assert produce(a, 50, b"n").replication_failed == 0  # new messages: copied there too
     spare.wait("new copies", lambda s: s["replicas_held"] == 350)
     assert spare.counters()["messages"] == 0  # held, not delivered: the origin lives
+    # the log names the hosts, not only their lives' ids
+    log = a.proc.stderr().splitlines()
+    lost = [line for line in log if "pzq replica holder lost" in line]
+    assert lost and f"{holder.name}@" in lost[-1], lost
+    chosen = [line for line in log if "pzq replica holder chosen" in line]
+    assert any(f"{spare.name}@" in line for line in chosen), chosen
 
 
 def test_too_few_peers_answer_replication_failed_without_waiting(cluster):

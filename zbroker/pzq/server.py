@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -67,7 +68,8 @@ STOP_TIMEOUT = 5.0
 class QueueServer:
     def __init__(self, settings: QueueSettings, zmq_context: zmq.Context,
                  loop: asyncio.AbstractEventLoop, log: Any, cluster: Any = None,
-                 rejoin_grace: float = 0.0, lease: float = 0.0):
+                 rejoin_grace: float = 0.0, lease: float = 0.0,
+                 name_hosts: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         """``cluster``: the broker's ClusterPort of the pzq service, if it is in a cluster;
         a queue with ``replicas`` and no static ``peers`` then replicates through it, and
         holds the messages it recovers at start for ``rejoin_grace`` seconds: long enough
@@ -85,6 +87,7 @@ class QueueServer:
         self.port = cluster  # to the pzq service of peer brokers: copies we make and hold
         self.rejoin_grace = rejoin_grace
         self.lease = lease  # (ReplicationSettings.lease)
+        self.name_hosts = name_hosts
         self.node_id = ""  # this queue's, 32 hex digits (replica_files.py)
         self.dropped = Dropped()
         self._replicas_dir = settings.data_dir / "replicas"
@@ -305,7 +308,8 @@ class QueueServer:
             elif t is OpenLog:
                 logs.open_origin(a.log)
             elif t is Log:
-                getattr(self.log, a.level)(a.event, **a.fields)
+                fields = a.fields if self.name_hosts is None else self.name_hosts(a.fields)
+                getattr(self.log, a.level)(a.event, **fields)
             elif t is RememberTaken:
                 remember_taken(self._replicas_dir, a.node_id, a.keys, self.log)
             elif t is ForgetTaken:

@@ -17,6 +17,7 @@ from zbroker.pzq.core import peering
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
 
 from .config import PzqConfig
+from .host_names import HostNames
 from .server import QueueServer
 from .settings import QueueError, QueueSettings, default_data_dir
 from .sockets import ZERO_COPY_MIN
@@ -172,6 +173,7 @@ class PzqService(Service):
         self.queues: dict[str, QueueServer] = {}
         self._log: Any = None
         self._cluster: Any = None
+        self._hosts = HostNames()  # which broker a peer's life or a node id is on (logs)
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         self._log = ctx.log
@@ -181,7 +183,8 @@ class PzqService(Service):
                 server = QueueServer(settings, ctx.zmq_context, ctx.loop, ctx.log,
                                      cluster=self._cluster,
                                      rejoin_grace=2 * config.cluster.peer_timeout,
-                                     lease=config.cluster.peer_timeout / LEASE_PARTS)
+                                     lease=config.cluster.peer_timeout / LEASE_PARTS,
+                                     name_hosts=self._hosts.name)
                 await server.start()
                 self.queues[settings.name] = server
         except QueueError as exc:
@@ -202,6 +205,7 @@ class PzqService(Service):
     # --- the cluster -------------------------------------------------------------------------
 
     def peer_joined(self, peer: PeerBroker) -> None:
+        self._hosts.learn(peer.id, peer.label)
         if self._cluster is not None and self.queues:
             hosted = {name: q.node_id for name, q in self.queues.items()}
             self._cluster.send(peer.id, peering.encode(peering.Queues(hosted)))
@@ -221,6 +225,7 @@ class PzqService(Service):
             msg = peering.decode(frames)
             if isinstance(msg, peering.Queues):
                 for name, node_id in msg.hosted.items():
+                    self._hosts.learn(node_id, peer.label)
                     q = self.queues.get(name)
                     if q is not None:
                         q.peer_hosts(peer.id, node_id)
