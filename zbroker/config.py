@@ -46,6 +46,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("console", "json")
 #: how lines go to a syslog server (zbroker/logs/syslog.py writes them)
 SYSLOG_FORMATS = ("auto", "rfc5424", "rfc3164")
+SYSLOG_TRANSPORTS = ("udp", "tcp", "unix")
+SYSLOG_PORT = 514
 
 
 #: Where the broker looks for its config when not given one, in order.
@@ -265,12 +267,51 @@ class BrokerConfig:
     run_dir: Path | None = setting(None, optional_path)
 
 
+# --- syslog targets: where log.syslog.target sends (zbroker/logs/syslog.py writes) ----------
+
+
+@dataclass(frozen=True)
+class Target:
+    transport: str  # udp, tcp, unix
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.transport == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.transport}://{host}:{self.port}"
+
+
+_TARGET_WHAT = ('a syslog target "udp://HOST[:PORT]", "tcp://HOST[:PORT]" or '
+                '"unix:///PATH" (e.g. "udp://127.0.0.1:514", "unix:///dev/log")')
+
+
+def parse_target(text: Any) -> Target:
+    """``"udp://127.0.0.1:514"`` -> Target. Raises ValueError saying what is allowed."""
+    if not isinstance(text, str):
+        raise ValueError(_TARGET_WHAT)
+    transport, sep, rest = text.partition("://")
+    if not sep or transport not in SYSLOG_TRANSPORTS or not rest:
+        raise ValueError(_TARGET_WHAT)
+    if transport == "unix":
+        if not rest.startswith("/"):
+            raise ValueError(_TARGET_WHAT + "; a unix path is absolute")
+        return Target("unix", path=rest)
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?", rest)
+    if m is None:
+        raise ValueError(_TARGET_WHAT)
+    port = int(m.group(2)) if m.group(2) else SYSLOG_PORT
+    if not 1 <= port <= 65535:
+        raise ValueError(_TARGET_WHAT + "; the port is from 1 to 65535")
+    return Target(transport, host=m.group(1).strip("[]"), port=port)
+
+
 def syslog_target(value: Any) -> str | None:
     """null (no syslog), or ``udp://HOST[:PORT]``, ``tcp://HOST[:PORT]``, ``unix:///PATH``."""
     if value is None:
         return None
-    from zbroker.logs.syslog import parse_target
-
     try:
         return str(parse_target(value))
     except ValueError as exc:

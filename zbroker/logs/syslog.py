@@ -36,11 +36,10 @@ import select
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from zbroker.config import SYSLOG_FORMATS
+from zbroker.config import SYSLOG_FORMATS, Target, parse_target
 
 FACILITIES = {
     "kern": 0, "user": 1, "mail": 2, "daemon": 3, "auth": 4, "syslog": 5, "lpr": 6, "news": 7,
@@ -49,8 +48,6 @@ FACILITIES = {
 }
 SEVERITIES = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 FORMATS = SYSLOG_FORMATS
-TRANSPORTS = ("udp", "tcp", "unix")
-DEFAULT_PORT = 514
 APP_NAME = "zbroker"
 SD_ID = "zbroker@32473"
 DROPPED_SD_ID = "dropped@32473"
@@ -70,44 +67,6 @@ DRAIN_TIMEOUT = 1.0  # seconds a closed sink keeps sending what it holds
 
 
 # --- targets -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    transport: str  # udp, tcp, unix
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.transport == "unix":
-            return f"unix://{self.path}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.transport}://{host}:{self.port}"
-
-
-_TARGET_WHAT = ('a syslog target "udp://HOST[:PORT]", "tcp://HOST[:PORT]" or '
-                '"unix:///PATH" (e.g. "udp://127.0.0.1:514", "unix:///dev/log")')
-
-
-def parse_target(text: Any) -> Target:
-    """``"udp://127.0.0.1:514"`` -> Target. Raises ValueError saying what is allowed."""
-    if not isinstance(text, str):
-        raise ValueError(_TARGET_WHAT)
-    transport, sep, rest = text.partition("://")
-    if not sep or transport not in TRANSPORTS or not rest:
-        raise ValueError(_TARGET_WHAT)
-    if transport == "unix":
-        if not rest.startswith("/"):
-            raise ValueError(_TARGET_WHAT + "; a unix path is absolute")
-        return Target("unix", path=rest)
-    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(\d{1,5}))?", rest)
-    if m is None:
-        raise ValueError(_TARGET_WHAT)
-    port = int(m.group(2)) if m.group(2) else DEFAULT_PORT
-    if not 1 <= port <= 65535:
-        raise ValueError(_TARGET_WHAT + "; the port is from 1 to 65535")
-    return Target(transport, host=m.group(1).strip("[]"), port=port)
 
 
 def resolve_format(format: str, target: Target) -> str:
