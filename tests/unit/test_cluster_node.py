@@ -1,56 +1,253 @@
-"""The cluster node on real sockets, in this process: what services see of a peer's life."""
+"""The cluster node: its core (zbroker.cluster.core) driven in memory through cluster_sim.py,
+with a clock of its own (what services see of a peer's life, heartbeats, held messages, losses,
+what the log says), and the libzmq layer around it on real sockets, in this process, for what
+only sockets do (a message over the limit, a link made again)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import structlog
 import zmq
+from cluster_sim import Network
 
-from zbroker.cluster.membership import Hello
+from zbroker.cluster.core.held import HOLD_BYTES, HOLD_MESSAGES, Held
 from zbroker.cluster.node import ClusterNode
 from zbroker.config import ClusterConfig
 
+# --- the core, in memory ---------------------------------------------------------------------
 
-async def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise():
-    """A send refused (nothing connected at the peer's endpoint) ends the peer's life at
-    once; the services hear of it on the next turn. Their further sends in the same turn
-    were a KeyError, raised into whatever was sending: a client's connection was dropped."""
-    ctx = zmq.Context()
-    loop = asyncio.get_running_loop()
-    left = []
-    config = ClusterConfig(enabled=True, bind="tcp://127.0.0.1:0", discovery=False,
-                           insecure=True)
-    node = ClusterNode(config, "local", ctx, loop, structlog.get_logger(),
-                       on_join=lambda peer: None,
-                       on_leave=lambda peer, why: left.append((peer.id, why)),
-                       on_message=lambda peer, service, frames: None)
-    await node.start()
-    # a port nobody listens on, kept ours (bound, not listening) for the whole test
-    nobody = socket.socket()
-    try:
-        nobody.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{nobody.getsockname()[1]}"
-        # (a broker of before: its messages are not numbered, so none are held)
-        peer_hello = Hello("p" * 32, "other", "default", endpoint, nonce="n",
-                           echo=node.membership.nonce(endpoint), session="s", numbered=False)
-        node.membership.add_contact(endpoint, loop.time())
-        change = node.membership.hello(peer_hello, loop.time(), sender=peer_hello.id)
-        node._apply(change)
-        life = change.joined[0].life
-        assert node.send(life, "zpipes", [b"DATA"]) is False  # refused: the life ends
-        assert node.send(life, "zpipes", [b"DATA"]) is False  # in the same turn
-        assert left == []
-        await asyncio.sleep(0.05)
-        assert [why for _, why in left] == \
-            ["unreachable (its send queue is full or its link is down)"]
-        assert node.send(life, "zpipes", [b"DATA"]) is False
-    finally:
-        nobody.close()
-        await node.stop()
-        ctx.destroy(linger=0)
+UNREACHABLE = "unreachable (its send queue is full or its link is down)"
+
+
+def test_sends_after_a_refused_one_in_the_same_turn_return_false_not_raise():
+    """A send refused (to a broker of before: nothing is held for it) ends the peer's life at
+    once; the services hear of it on the next turn. Their further sends in the same turn were
+    a KeyError, raised into whatever was sending: a client's connection was dropped."""
+    net = Network()
+    net.start("b", legacy=True)
+    a = net.start("a", seeds=["b"])
+    net.run(1, until=net.complete)
+    life = a.lives()["b"]
+    assert not a.core.membership.peers[net.node("b").id].numbering  # not numbered
+    net.full.add((a.endpoint, net.node("b").endpoint))
+    assert a.send(life, "zpipes", [b"DATA"]) is False  # refused: the life ends
+    assert a.send(life, "zpipes", [b"DATA"]) is False  # in the same turn
+    assert a.left == []
+    net.deliver()  # the next turn
+    assert [why for _, why in a.left] == [UNREACHABLE]
+    assert a.send(life, "zpipes", [b"DATA"]) is False
+    assert a.said("peer left")[0]["why"] == UNREACHABLE
+
+
+def drop(payload):
+    """A tamper that loses the service message carrying ``payload`` on the way."""
+    return lambda src, dst, frames: None if frames[-1] == payload else frames
+
+
+def test_a_message_lost_on_the_way_ends_the_life_on_both_sides():
+    """A message lost (as a reset connection loses it) is noticed by the next one; the
+    receiver ends its life of the sender and says why, and the sender ends its own."""
+    net = Network()
+    b, a = net.meet("b", "a")
+    life = a.lives()["b"]
+    assert a.send(life, "svc", [b"one"])
+    net.tamper = drop(b"two")
+    assert a.send(life, "svc", [b"two"]) and a.send(life, "svc", [b"three"])
+    net.deliver()
+    assert [m[2] for m in b.messages] == [[b"one"]]  # not taken: it came after a hole
+    why = "1 of its messages were lost on the way (#2 came, #1 expected)"
+    assert [w for _, w in b.left] == [why]
+    assert [w for _, w in a.left] == [f"it ended its life of us: {why}"]
+    net.tamper = None
+    net.run(2, until=lambda: len(a.joined) == 2 and len(b.joined) == 2)  # both afresh
+    assert a.lives()["b"] != life and a.send(a.lives()["b"], "svc", [b"again"])
+    net.deliver()
+    assert b.messages[-1][2] == [b"again"] and b.messages[-1][0] == b.lives()["a"]
+
+
+def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
+    net = Network()
+    b, a = net.meet("b", "a")
+    assert a.send(a.lives()["b"], "svc", [b"one"])
+    net.tamper = drop(b"two")
+    assert a.send(a.lives()["b"], "svc", [b"two"])  # lost; nothing comes after it
+    took = net.run(3, until=lambda: b.left)
+    assert took <= 1.0 + 0.05  # a PING within peer_timeout / 3
+    assert [w for _, w in b.left] == [
+        "the last 1 of its messages were lost on the way (2 sent, 1 came)"]
+    net.deliver()
+    assert a.left and [m[2] for m in b.messages] == [[b"one"]]
+
+
+def test_messages_sent_while_the_link_is_down_are_held_and_go_in_order():
+    """A link that refuses sends for a moment (made again): what is sent meanwhile is held
+    and goes, in order, once it takes them; the life goes on."""
+    net = Network()
+    b, a = net.meet("b", "a")
+    life = a.lives()["b"]
+    net.full.add((a.endpoint, b.endpoint))
+    assert all(a.send(life, "svc", [b"%d" % i]) for i in range(3))
+    net.run(0.2)
+    assert len(a.core.held[b.id].messages) == 3 and b.messages == []
+    net.full.clear()
+    net.run(0.05)
+    assert [m[2] for m in b.messages] == [[b"0"], [b"1"], [b"2"]] and not a.core.held
+    net.run(3)  # and the PINGs' counts agree
+    assert a.left == [] and b.left == []
+
+
+def test_a_link_that_stays_down_while_messages_are_held_loses_the_peer():
+    net = Network()
+    b, a = net.meet("b", "a")
+    life = a.lives()["b"]
+    net.full.add((a.endpoint, b.endpoint))
+    assert a.send(life, "svc", [b"held"])
+    took = net.run(3, until=lambda: a.left)
+    assert [w for _, w in a.left] == ["unreachable (its link stayed down for 1.0 s)"]
+    assert 1.0 <= took <= 1.1
+    assert not a.core.held and a.send(life, "svc", [b"late"]) is False
+
+
+def test_a_peer_gone_is_lost_at_once_if_its_connection_closes_else_after_its_silence():
+    net = Network(timeout=3.0)
+    b, a, c = net.meet("b", "a", "c")
+    net.kill("b")  # its process died: the kernel closes its connections
+    took = net.run(5, until=lambda: a.left and c.left)
+    assert 0.5 <= took <= 0.6
+    assert a.left[0][1].startswith("its connection closed and nothing was heard for 0.5")
+    net.tamper = lambda src, dst, frames: None  # silent, its connections still up
+    took = net.run(5, until=lambda: len(a.left) == 2)
+    assert took <= 3.0 and a.left[1][1] == "silent for 3.0 s"  # since it was last heard
+
+
+def test_a_peer_that_stops_says_bye_and_is_dropped_at_once_with_its_reason():
+    net = Network()
+    b, a = net.meet("b", "a")
+    net.stop("a", why="a new cluster key")
+    assert [w for _, w in b.left] == ["it ended its life of us: a new cluster key"]
+    assert [w for _, w in a.left] == ["a new cluster key"]  # its own services too
+    c = net.start("c", seeds=["b"])
+    net.run(1, until=net.complete)
+    net.stop("c")
+    assert b.left[-1][1] == "said goodbye" and c.left == []
+
+
+def test_heartbeats_go_only_to_quiet_peers_and_measure_round_trips():
+    net = Network(timeout=3.0)
+    b, a = net.meet("b", "a")
+    net.sent.clear()
+    net.run(3.0)
+    assert 4 <= net.sent[b"PING"] <= 2 * 2 * 3  # one a second each way, and their echoes
+    assert b.id in a.core.counters.last_rtt and a.core.counters.rtt.count >= 2
+    net.sent.clear()
+    life = a.lives()["b"]
+    for _ in range(30):  # traffic every 0.1 s: a sends no PING
+        assert a.send(life, "svc", [b"x"])
+        net.run(0.1)
+    pings_from_a = net.sent[b"PING"]
+    assert pings_from_a <= 3 * 2 + 1  # b's PINGs and a's echoes only
+    assert a.left == [] and b.left == []
+
+
+def test_a_broker_that_did_not_run_does_not_count_the_pause_as_its_peers_silence():
+    net = Network(timeout=3.0)
+    b, a = net.meet("b", "a")
+    net.run(1)
+    net.now += 10  # every broker paused (SIGSTOP): no tick ran meanwhile
+    net.run(1)
+    assert a.left == [] and b.left == []
+    stalled = a.said("broker did not run (paused, or its loop blocked): its peers' silence "
+                     "meanwhile is not counted")
+    assert stalled and stalled[0]["seconds"] >= 9
+
+
+def test_a_stranger_routing_id_is_logged_escaped():
+    """A message on the cluster port from a connection that is not a peer is logged with
+    its sender's routing id, which any stranger chooses: a NUL byte in it went into the log
+    line as it was."""
+    net = Network()
+    a = net.start("a")
+    net.inject("a", b"\x00evil\x1b[2J", [b"MEMBERS", b"[]"], address="10.9.9.9")
+    net.inject("a", b"\x00evil\x1b[2J", [b"NONSENSE", b"x"], address="10.9.9.9")
+    lines = a.said("gossip refused") + a.said("invalid cluster message")
+    assert len(lines) == 2, a.logs
+    for fields in lines:
+        assert fields["sender"] == "\\x00evil\\x1b[2J" and fields["sender"].isprintable()
+        assert fields["address"] == "10.9.9.9"
+
+
+def test_a_hello_that_is_not_proven_is_answered_with_a_challenge_not_a_life():
+    net = Network()
+    a = net.start("a")
+    net.inject("a", b"x", [b"HELLO", b'{"id": "x", "name": "n", "cluster": "prod", '
+                                      b'"endpoint": "tcp://nowhere:1", "version": 2, '
+                                      b'"reply": false}'], address="10.9.9.9")
+    assert a.joined == [] and "tcp://nowhere:1" in a.core.membership.contacts
+    net.inject("a", b"y", [b"HELLO", b'{"id": "y"}'])
+    assert a.said("invalid HELLO") and a.joined == []
+    net.run(a.core.membership.contact_timeout + 0.1)
+    assert "tcp://nowhere:1" not in a.core.membership.contacts  # given up
+    assert a.said("cluster contacts given up")[0]["first"] == "tcp://nowhere:1"
+
+
+def test_a_seed_that_does_not_answer_is_said_so_then_that_it_answers():
+    net = Network()
+    a = net.start("a", seeds=["late"])
+
+    def diagnose():
+        a.run(a.core.diagnosis.diagnose(net.now, 1e9 + net.now))
+
+    for _ in range(4):
+        net.run(1)
+        diagnose()
+    said = a.said("cluster seed not answering")
+    assert [f["seed"] for f in said] == ["tcp://late:5670"] and said[0]["seconds"] >= 3
+    assert "no broker of this cluster answers there" in said[0]["why"]
+    assert a.core.diagnosis.unanswered()[0].endpoint == "tcp://late:5670"
+    assert a.core.diagnosis.hint(net.now) == "this broker has no peers: see zbroker status"
+    net.start("late")
+    net.run(1, until=net.complete)
+    diagnose()
+    assert [f["seed"] for f in a.said("cluster seed answers")] == ["tcp://late:5670"]
+    assert a.core.diagnosis.unanswered() == [] and a.core.diagnosis.hint(net.now) == ""
+
+
+def test_a_refused_link_is_said_once_counted_and_closed():
+    net = Network()
+    a = net.start("a", seeds=["b"])
+    b = net.start("b")
+    net.run(0.5, until=net.complete)
+    assert "tcp://b:5670" in a.links
+    for _ in range(3):
+        a.run(a.core.link_refused("tcp://b:5670", "another cluster key", True, net.now))
+    said = a.said("cluster link refused")
+    assert len(said) == 1 and said[0]["why"] == "another cluster key"
+    assert "tcp://b:5670" not in a.links  # made anew when next used
+    assert a.core.diagnosis.refusals.total["theirs"] == 3
+    assert "refuse each other (another cluster key)" in a.core.diagnosis.hint(net.now)
+    assert b.left == []
+
+
+def test_a_contact_that_turns_out_to_be_ourselves_is_given_up():
+    net = Network()
+    a = net.start("a", seeds=["a2"])
+    net.nodes["tcp://a2:5670"] = a  # the same broker, by another name
+    net.run(0.5)
+    assert "tcp://a2:5670" not in a.core.membership.contacts and a.joined == []
+
+
+def test_what_is_held_for_a_peer_is_bounded_in_messages_and_bytes():
+    held = Held(0.0)
+    big = [b"SVCN", b"t" * 16, b"svc", b"x" * (HOLD_BYTES // 2)]
+    assert held.add(big) and held.add(big) and not held.add([b"SVCN"])
+    assert len(held.messages) == 2 and held.size == 2 * sum(map(len, big))
+    small = Held(0.0)
+    assert all(small.add([b"m"]) for _ in range(HOLD_MESSAGES)) and not small.add([b"m"])
+
+
+# --- the libzmq layer, on real sockets -------------------------------------------------------
 
 
 class Node:
@@ -91,38 +288,6 @@ async def until(condition, timeout=5.0):
     while not condition():
         assert loop.time() < deadline, "not within the time"
         await asyncio.sleep(0.01)
-
-
-async def test_a_message_lost_on_the_way_ends_the_life_on_both_sides():
-    """Two nodes on real sockets: a message that never left (its number skipped, as a reset
-    connection would lose it) is noticed by the next one; the receiver ends its life of the
-    sender and says why, and the sender ends its own."""
-    async with two_nodes() as (a, b):
-        await until(lambda: a.joined and b.joined)
-        life = a.joined[0].id
-        assert a.node.send(life, "svc", [b"one"])
-        await until(lambda: b.messages == [[b"one"]])
-        a.node.membership.peers[b.node.id].numbering.next_tag()  # lost with a reset
-        assert a.node.send(life, "svc", [b"three"])
-        await until(lambda: a.left and b.left)
-        assert b.messages == [[b"one"]]  # not taken: it came after a hole
-        assert b.left == ["1 of its messages were lost on the way (#2 came, #1 expected)"]
-        assert a.left == ["it ended its life of us: 1 of its messages were lost on the way "
-                          "(#2 came, #1 expected)"]
-        await until(lambda: len(a.joined) == 2 and len(b.joined) == 2)  # both start afresh
-        assert a.node.send(a.joined[1].id, "svc", [b"again"])
-        await until(lambda: b.messages[-1:] == [[b"again"]])
-
-
-async def test_the_last_message_lost_is_noticed_by_the_next_heartbeat():
-    async with two_nodes() as (a, b):
-        await until(lambda: a.joined and b.joined)
-        assert a.node.send(a.joined[0].id, "svc", [b"one"])
-        a.node.membership.peers[b.node.id].numbering.next_tag()  # lost; nothing comes after
-        await until(lambda: b.left, timeout=3.0)  # a PING within peer_timeout / 3
-        assert b.left == ["the last 1 of its messages were lost on the way (2 sent, 1 came)"]
-        await until(lambda: a.left)
-        assert b.messages == [[b"one"]]
 
 
 async def test_a_message_over_the_limit_is_refused_as_its_head_arrives():
@@ -169,67 +334,8 @@ async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_ord
         a.node._close_link(b.node.endpoint)  # made again at the next send
         assert all(a.node.send(life, "svc", [b"%d" % i]) for i in range(3))
         await asyncio.sleep(0.2)
-        assert len(a.node._held[b.node.id].messages) == 3  # refused by the new link: held
+        assert len(a.node.core.held[b.node.id].messages) == 3  # refused by the new link: held
         b.node._router.bind(b.node.endpoint)
         await until(lambda: len(b.messages) == 3)
-        assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node._held
+        assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node.core.held
         assert a.left == [] and b.left == []
-
-
-async def test_a_link_that_stays_down_while_messages_are_held_loses_the_peer():
-    async with two_nodes() as (a, b):
-        await until(lambda: a.joined and b.joined)
-        life = a.joined[0].id
-        b.node._reader.stop()  # b's process is gone without a word
-        b.node._router.close(linger=0)
-        b.node._router = None
-        a.node._close_link(b.node.endpoint)
-        assert a.node.send(life, "svc", [b"held"])
-        await until(lambda: a.left, timeout=3.0)
-        assert not a.node._held and a.node.send(life, "svc", [b"late"]) is False
-
-
-def test_what_is_held_for_a_peer_is_bounded_in_messages_and_bytes():
-    from zbroker.cluster.node import HOLD_BYTES, HOLD_MESSAGES, _Held
-
-    held = _Held(0.0)
-    big = [b"SVCN", b"t" * 16, b"svc", b"x" * (HOLD_BYTES // 2)]
-    assert held.add(big) and held.add(big) and not held.add([b"SVCN"])
-    assert len(held.messages) == 2 and held.size == 2 * sum(map(len, big))
-    small = _Held(0.0)
-    assert all(small.add([b"m"]) for _ in range(HOLD_MESSAGES)) and not small.add([b"m"])
-
-
-async def test_a_stranger_routing_id_is_logged_escaped():
-    """A message on the cluster port from a connection that is not a peer is logged with
-    its sender's routing id, which any stranger chooses: a NUL byte in it went into the log
-    line as it was."""
-    ctx = zmq.Context()
-    loop = asyncio.get_running_loop()
-    config = ClusterConfig(enabled=True, bind="tcp://127.0.0.1:0", discovery=False,
-                           insecure=True)
-    node = ClusterNode(config, "local", ctx, loop, structlog.get_logger(),
-                       on_join=lambda peer: None, on_leave=lambda peer, why: None,
-                       on_message=lambda peer, service, frames: None)
-    await node.start()
-    stranger = ctx.socket(zmq.DEALER)
-    stranger.setsockopt(zmq.ROUTING_ID, b"\x00evil\x1b[2J")
-    stranger.setsockopt(zmq.LINGER, 0)
-    try:
-        with structlog.testing.capture_logs() as seen:
-            stranger.connect(node.endpoint)
-            stranger.send_multipart([b"MEMBERS", b"[]"])
-            stranger.send_multipart([b"NONSENSE", b"x"])
-            for _ in range(100):
-                if sum(e["event"] in ("gossip refused", "invalid cluster message")
-                       for e in seen) == 2:
-                    break
-                await asyncio.sleep(0.02)
-        lines = [e for e in seen if e["event"] in ("gossip refused", "invalid cluster message")]
-        assert len(lines) == 2, seen
-        for e in lines:
-            assert e["sender"] == "\\x00evil\\x1b[2J" and e["sender"].isprintable(), e
-    finally:
-        stranger.close()
-        await node.stop()
-        ctx.term()

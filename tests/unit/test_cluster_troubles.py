@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zmq
 
-from zbroker.cluster import tcp_table, troubles
+from zbroker.cluster import handshake, tcp_table, troubles
 from zbroker.cluster.troubles import OURS, THEIRS, Refusals, Seeds
 
 PROTOCOL, NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -13,16 +13,16 @@ PROTOCOL, NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_F
 def test_causes_from_what_libzmq_says():
     crypto, mismatch = zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC, \
         zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-    assert troubles.cause(PROTOCOL, crypto, True, OURS) == troubles.ANOTHER_KEY
-    assert troubles.cause(PROTOCOL, mismatch, True, OURS) == troubles.PEER_NO_KEY
-    assert troubles.cause(PROTOCOL, mismatch, False, THEIRS) == troubles.NO_KEY_HERE
+    assert handshake.cause(PROTOCOL, crypto, True, OURS) == troubles.ANOTHER_KEY
+    assert handshake.cause(PROTOCOL, mismatch, True, OURS) == troubles.PEER_NO_KEY
+    assert handshake.cause(PROTOCOL, mismatch, False, THEIRS) == troubles.NO_KEY_HERE
     # our link closed by a keyed peer that could not read our HELLO: another key, a guess
-    assert troubles.cause(NO_DETAIL, 104, True, THEIRS) == troubles.ANOTHER_KEY
-    assert not troubles.sure(NO_DETAIL) and troubles.sure(PROTOCOL)
+    assert handshake.cause(NO_DETAIL, 104, True, THEIRS) == troubles.ANOTHER_KEY
+    assert not handshake.sure(NO_DETAIL) and handshake.sure(PROTOCOL)
     # ours closed by a keyed peer, when we have no key: a guess as well
-    assert troubles.cause(NO_DETAIL, 104, False, THEIRS) == troubles.NO_KEY_HERE
-    assert troubles.cause(NO_DETAIL, 104, True, OURS) == troubles.CLOSED
-    assert "0x10000001" in troubles.cause(PROTOCOL, 0x10000001, True, OURS)
+    assert handshake.cause(NO_DETAIL, 104, False, THEIRS) == troubles.NO_KEY_HERE
+    assert handshake.cause(NO_DETAIL, 104, True, OURS) == troubles.CLOSED
+    assert "0x10000001" in handshake.cause(PROTOCOL, 0x10000001, True, OURS)
 
 
 def test_advice_names_the_key_file_and_the_reload():

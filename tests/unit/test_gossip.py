@@ -1,12 +1,13 @@
 """Members learning of each other from each other, without sockets: the MEMBERS wire form,
-what a broker takes from it, and whole clusters of memberships wired together in memory
-(join through one seed, leave, loss, stale gossip, partitions). The same over real namespaces
-and routers: test_cluster_netns.py."""
+what a broker takes from it, and whole clusters of the real cluster cores wired together in
+memory with a clock of their own (cluster_sim.py: join through one seed, leave, loss, stale
+gossip, partitions). The same over real namespaces and routers: test_cluster_netns.py."""
 
 import json
 import random
 
 import pytest
+from cluster_sim import Network
 
 from zbroker.cluster import gossip
 from zbroker.cluster.gossip import MAX_FRAME, MAX_MEMBERS, Member
@@ -197,142 +198,22 @@ def test_stale_gossip_does_not_bring_back_a_lost_member():
     assert m2.learn(stale, "c", 8.0).learned == ["tcp://b:5670"]
 
 
-# --- clusters of memberships wired together --------------------------------------------------
-
-
-class Net:
-    """Memberships wired together in memory as node.py wires them over sockets: HELLOs
-    (challenges, replies), PINGs, BYEs and MEMBERS (to a peer that joins, and in turn), HELLOs
-    to unanswered contacts every 0.25 s; links between endpoints can be cut."""
-
-    def __init__(self, timeout=3.0):
-        self.nodes: dict[str, Membership] = {}  # by endpoint
-        self.now = 0.0
-        self.timeout = timeout
-        self.cut: set[frozenset] = set()
-        self.queue: list = []
-        self.starts = 0
-        self.told = 0  # MEMBERS messages sent
-
-    def start(self, name, seeds=()):
-        at = f"tcp://{name}:5670"
-        self.starts += 1
-        m = Membership(Hello(f"{name}.{self.starts}", name, "prod", at), timeout=self.timeout)
-        for seed in seeds:
-            m.add_contact(f"tcp://{seed}:5670", self.now)
-        self.nodes[at] = m
-        return m
-
-    def stop(self, name, bye=True):
-        at = f"tcp://{name}:5670"
-        m = self.nodes.pop(at)
-        if bye:
-            for peer in m.peers.values():
-                self.send(at, peer.endpoint, "BYE", m.me.id)
-        self.deliver()
-
-    def send(self, src, dst, kind, body):
-        if frozenset((src, dst)) not in self.cut:
-            self.queue.append((src, dst, kind, body))
-
-    def say_hello(self, at, to, reply):
-        m = self.nodes[at]
-        self.send(at, to, "HELLO", m.greeting(to, reply))
-        if to in m.contacts:
-            m.contacts[to].last_said = self.now
-
-    def tell(self, at, peer):
-        m = self.nodes[at]
-        members = m.members_for(peer.id)
-        if peer.gossip and members:
-            self.told += 1
-            self.send(at, peer.endpoint, "MEMBERS", (m.me.id, gossip.encode(members)))
-
-    def apply(self, at, change):
-        for peer in change.joined:
-            self.tell(at, peer)
-
-    def deliver(self):
-        while self.queue:
-            src, dst, kind, body = self.queue.pop(0)
-            m = self.nodes.get(dst)
-            if m is None:
-                continue
-            if kind == "HELLO":
-                change = m.hello(body, self.now, sender=body.id)
-                if change.challenge:
-                    self.say_hello(dst, change.challenge, reply=False)
-                if change.reply_hello_to:
-                    self.say_hello(dst, change.reply_hello_to, reply=True)
-                self.apply(dst, change)
-            elif kind == "PING":
-                m.heard(body, self.now)
-            elif kind == "BYE":
-                self.apply(dst, m.bye(body, self.now))
-            elif kind == "MEMBERS" and m.heard(body[0], self.now):
-                members, problem = gossip.decode(body[1])
-                assert problem is None
-                m.learn(members, body[0], self.now)
-
-    def step(self, dt=0.05):
-        self.now += dt
-        for at, m in list(self.nodes.items()):
-            to_ping, change = m.due(self.now)
-            self.apply(at, change)
-            told = m.gossip_due(self.now)
-            if told is not None:
-                self.tell(at, told)
-                m.sent(told.id, self.now)
-            for peer in to_ping:
-                if peer is not told:
-                    self.send(at, peer.endpoint, "PING", m.me.id)
-                    m.sent(peer.id, self.now)
-            for contact in m.unanswered():
-                if self.now - contact.last_said >= 0.25:
-                    self.say_hello(at, contact.endpoint, reply=False)
-        self.deliver()
-
-    def run(self, seconds, until=None):
-        """Step for ``seconds``, or until ``until()``: the time it took."""
-        start = self.now
-        while self.now - start < seconds - 1e-9:
-            self.step()
-            if until is not None and until():
-                break
-        return self.now - start
-
-    def peers(self, name):
-        return {p.name for p in self.nodes[f"tcp://{name}:5670"].peers.values()}
-
-    def complete(self):
-        names = {m.me.name for m in self.nodes.values()}
-        return all(self.peers(n) == names - {n} for n in names)
-
-    def contacts_of(self, name):
-        """Everyone's contacts at ``name``'s endpoint."""
-        at = f"tcp://{name}:5670"
-        return [m.me.name for m in self.nodes.values() if at in m.contacts]
-
-    def partition(self, left, right, cut=True):
-        for a in left:
-            for b in right:
-                pair = frozenset((f"tcp://{a}:5670", f"tcp://{b}:5670"))
-                (self.cut.add if cut else self.cut.discard)(pair)
+# --- whole clusters of cores, in memory (cluster_sim.py) --------------------------------------
 
 
 def test_a_broker_given_one_seed_learns_every_member_and_each_learns_it():
-    net = Net()
+    net = Network()
     net.start("a")
     for name in "bcdef":
         net.start(name, seeds=["a"])  # all through a: a star of seeds
     took = net.run(5, until=net.complete)
     assert net.complete(), {n: net.peers(n) for n in "abcdef"}
-    print(f"6 brokers through one seed: complete in {took:.2f} s, {net.told} MEMBERS")
+    print(f"6 brokers through one seed: complete in {took:.2f} s, {net.sent[b'MEMBERS']} MEMBERS")
     assert took < 1.0
     late = net.start("g", seeds=["c"])  # a late one, through any member
     took = net.run(5, until=net.complete)
     assert net.complete() and took < 1.0
-    assert {c.endpoint for c in late.contacts.values() if c.learned} == {
+    assert {c.endpoint for c in late.core.membership.contacts.values() if c.learned} == {
         f"tcp://{n}:5670" for n in "abdef"}  # learned, not configured
 
 
@@ -341,23 +222,23 @@ def test_a_broker_given_one_seed_learns_every_member_and_each_learns_it():
     {"a": "b", "b": "c", "c": "d", "d": "e", "e": "f", "f": "g", "g": "h"},  # a chain
 ])
 def test_one_seed_each_is_enough_whatever_the_shape(seeds):
-    net = Net()
+    net = Network()
     for name in sorted({*seeds, *seeds.values()}):
         net.start(name, seeds=[seeds[name]] if name in seeds else [])
     took = net.run(5, until=net.complete)
-    assert net.complete(), {m.me.name: net.peers(m.me.name) for m in net.nodes.values()}
-    print(f"{len(net.nodes)} brokers: complete in {took:.2f} s, {net.told} MEMBERS")
+    assert net.complete(), {n.name: n.peers() for n in net.nodes.values()}
+    print(f"{len(net.nodes)} brokers: complete in {took:.2f} s, {net.sent[b'MEMBERS']} MEMBERS")
 
 
 def test_a_member_that_leaves_or_is_lost_is_forgotten_by_all_and_stays_forgotten():
-    net = Net(timeout=3.0)
+    net = Network(timeout=3.0)
     net.start("a")
     for name in "bcde":
         net.start(name, seeds=["a"])
     net.run(5, until=net.complete)
-    net.stop("e", bye=True)  # leaves: forgotten at once
+    net.stop("e")  # leaves: forgotten at once
     assert all("e" not in net.peers(n) for n in "abcd")
-    net.stop("d", bye=False)  # lost: forgotten within the timeout
+    net.kill("d")  # lost: forgotten within the timeout
     took = net.run(10, until=lambda: all("d" not in net.peers(n) for n in "abc"))
     assert all("d" not in net.peers(n) for n in "abc") and took <= 3.0 + 0.1, took
     # and gossip goes on, in turn, without ever naming them again: their contacts are given
@@ -368,21 +249,21 @@ def test_a_member_that_leaves_or_is_lost_is_forgotten_by_all_and_stays_forgotten
 
 
 def test_a_broker_restarted_rejoins_as_a_new_member():
-    net = Net()
+    net = Network()
     net.start("a")
     for name in "bcd":
         net.start(name, seeds=["a"])
     net.run(5, until=net.complete)
-    old = net.nodes["tcp://d:5670"].me.id
-    net.stop("d", bye=False)
+    old = net.node("d").id
+    net.kill("d")
     net.start("d", seeds=["b"])  # at once, at the same endpoint, before anyone noticed
     net.run(5, until=net.complete)
     assert net.complete()
-    assert all(old not in net.nodes[f"tcp://{n}:5670"].peers for n in "abc")
+    assert all(old not in net.node(n).core.membership.peers for n in "abc")
 
 
 def test_a_partition_heals_on_its_own_when_the_link_returns():
-    net = Net(timeout=3.0)
+    net = Network(timeout=3.0)
     seeds = {"a": "c", "b": "d", "c": "b", "d": "a"}  # one seed in the other side each
     for name in "abcd":
         net.start(name, seeds=[seeds[name]])
@@ -401,7 +282,7 @@ def test_a_partition_heals_on_its_own_when_the_link_returns():
 def test_a_partition_of_one_link_only_is_bridged_by_nothing_and_heals():
     """a and b cannot reach each other, c reaches both: gossip from c keeps naming b to a
     (it cannot make a peer of it), and once the link is back they pair again."""
-    net = Net(timeout=3.0)
+    net = Network(timeout=3.0)
     net.start("c")
     net.start("a", seeds=["c"])
     net.start("b", seeds=["c"])
@@ -418,11 +299,12 @@ def test_a_chain_of_forty_seeds_ends_in_a_full_mesh_at_two_members_messages_per_
     """Each broker names only the one started before it: every broker still ends up linked to
     every other, within a few HELLO retries, and MEMBERS are sent only when a link is made
     (one each way) — the telling in turn comes only every peer_timeout."""
-    net, n = Net(), 40
+    net, n = Network(), 40
     net.start("b0")
     for i in range(1, n):
         net.start(f"b{i}", seeds=[f"b{i - 1}"])
     took = net.run(5, until=net.complete)
-    print(f"{n} brokers in a chain of seeds: complete in {took:.2f} s, {net.told} MEMBERS")
+    print(f"{n} brokers in a chain of seeds: complete in {took:.2f} s, "
+          f"{net.sent[b'MEMBERS']} MEMBERS")
     assert net.complete() and took < 1.0
-    assert net.told <= n * (n - 1)
+    assert net.sent[b"MEMBERS"] <= n * (n - 1)

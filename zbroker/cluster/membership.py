@@ -218,9 +218,14 @@ def broker_label(name: str, host: str, endpoint: str) -> str:
 class Named(Protocol):
     """A member as gossip names it (gossip.Member)."""
 
-    id: str
-    name: str
-    endpoint: str
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def endpoint(self) -> str: ...
 
 
 @dataclass

@@ -7,16 +7,15 @@ A refused handshake is seen on either side of a link:
     ours     a peer connected to our peer socket and we refused it
     theirs   we connected to a peer (a seed, a discovered one) and it refused us
 
-and libzmq says how it failed (an event and a protocol error code), from which :func:`cause`
-tells the likely reason: another cluster key, a key on one side only, or something else.
+and libzmq says how it failed (an event and a protocol error code), from which
+handshake.cause (the libzmq layer's) tells the likely reason: another cluster key, a key on one
+side only, or something else.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import zmq
 
 ANOTHER_KEY = "another cluster key"
 PEER_NO_KEY = "the peer runs without a key (cluster.insecure)"
@@ -32,32 +31,6 @@ MAX_REFUSALS = 256  # refusals kept (a flood from many addresses keeps the lates
 
 
 CLOSED = "handshake failed (the connection closed)"
-
-
-def sure(event: int) -> bool:
-    """Whether libzmq said why a handshake failed: else the other side only closed the
-    connection (a peer that cannot read our key's HELLO does that, and so may a side that saw
-    the mismatch first), and the cause is a guess."""
-    return event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-
-
-def cause(event: int, value: int, keyed: bool, side: str) -> str:
-    """The likely reason of a failed handshake: libzmq's monitor ``event`` and its ``value``
-    (the protocol error code, or errno), whether this broker has a key (``keyed``), and on
-    which ``side`` of the link (OURS: at our peer socket; THEIRS: on our link to a peer)."""
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return PEER_NO_KEY if keyed else NO_KEY_HERE
-        if value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
-            return ANOTHER_KEY
-        return f"handshake failed (protocol error {value:#x})"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return KEY_REFUSED if side == THEIRS else NOT_OUR_KEY
-    # no detail: on our link, a peer that cannot read our key's HELLO closes the connection;
-    # a keyed peer closes that of a broker without a key (when it sees the mismatch first)
-    if side == THEIRS:
-        return ANOTHER_KEY if keyed else NO_KEY_HERE
-    return CLOSED
 
 
 def advice(why: str, key_file: str | None) -> str:

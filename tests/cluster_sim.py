@@ -1,0 +1,366 @@
+"""Brokers' cluster cores (zbroker.cluster.core.node.NodeCore) wired together in memory, with a
+clock of its own: no sockets, no sleeps. Each core's actions are carried out as the libzmq layer
+(zbroker/cluster/node.py) carries them out, over links that model libzmq's:
+
+* a broker is at ``tcp://NAME:5670``; its links to other endpoints are made by its core's
+  Connect (or on first send), and are *connected* while a broker is at the other end and the
+  pair is not cut (``partition``); a link's connecting and closing are told to the core when it
+  is watched, as a monitor tells them;
+* a send on a link that is not connected is refused (IMMEDIATE), and so is every send on a
+  link whose queue is said to be full (``full``); a HELLO that is not a reply goes only on a
+  connected link (POLLOUT);
+* messages travel in order and arrive when the network delivers (``deliver``, at every step);
+  those in flight between brokers cut apart, or to a broker gone, are lost;
+* what a service's send ends (core.deferred) is carried out on the next turn, as the layer does;
+* time moves only by ``run``/``advance``: each core's ``tick`` runs when it asked (Wake, or
+  ``next_wake``), at that very time.
+
+Used by tests/unit/test_gossip.py and tests/unit/test_cluster_node.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, deque
+from typing import Any
+
+from zbroker.cluster.core.actions import (
+    NOT_REPORTED,
+    SERVICE_SENT,
+    Connect,
+    Deliver,
+    Disconnect,
+    Joined,
+    Left,
+    Log,
+    LookUpClosed,
+    Send,
+    SendHeld,
+    Trust,
+    Wake,
+    Watch,
+)
+from zbroker.cluster.core.node import NodeCore
+from zbroker.cluster.membership import Hello
+
+INF = float("inf")
+
+
+class Frame(bytes):
+    """A frame as a zmq.Frame gives it to the core: ``bytes``, ``buffer``, and where it came
+    from (``address``)."""
+
+    address = ""
+
+    @property
+    def bytes(self) -> bytes:  # type: ignore[override]
+        return builtins_bytes(self)
+
+    @property
+    def buffer(self) -> memoryview:
+        return memoryview(self)
+
+
+builtins_bytes = bytes
+
+
+def frames_of(sender: bytes, frames: list[Any], address: str = "") -> list[Frame]:
+    out = [Frame(sender), *(Frame(builtins_bytes(f)) for f in frames)]
+    for f in out:
+        f.address = address
+    return out
+
+
+def endpoint_of(name: str) -> str:
+    return f"tcp://{name}:5670"
+
+
+class Node:
+    """One broker: its core, and what its services and its log saw."""
+
+    def __init__(self, net: Network, name: str, core: NodeCore, legacy: bool) -> None:
+        self.net, self.name, self.core, self.legacy = net, name, core, legacy
+        self.endpoint = endpoint_of(name)
+        self.id = core.membership.me.id
+        self.links: dict[str, bool] = {}  # endpoint -> watched
+        self.wake_at = INF
+        self.ticked = -INF  # when its core last ticked
+        self.joined: list[Any] = []  # PeerBroker, as services were told
+        self.left: list[tuple[Any, str]] = []  # (PeerBroker, why)
+        self.messages: list[tuple[str, str, list[bytes]]] = []  # (life, service, frames)
+        self.logs: list[Log] = []
+        self.trusted: set[str] = set()
+        self.lookups = 0
+
+    # --- what the services see -------------------------------------------------------------------
+
+    def send(self, life: str, service: str, frames: list[Any]) -> bool:
+        """A service's send, as ClusterNode.send does it."""
+        now = self.net.now
+        got = self.core.send(life, service, frames, now)
+        if got is True or got is False:
+            self.net.defer(self)
+            return got
+        for action in got:
+            if not isinstance(action, Send):
+                self.do(action)
+                continue
+            if self.net.transmit(self, action.endpoint, action.frames):
+                self.core.sent(action, True, now)
+                return True
+            taken = self.core.service_refused(action, now)
+            self.net.defer(self)
+            return taken
+        return False
+
+    def lives(self) -> dict[str, str]:
+        """Peer name -> the life services have of it now."""
+        gone = {life.id for life, _ in self.left}
+        return {life.name: life.id for life in self.joined if life.id not in gone}
+
+    def peers(self) -> set[str]:
+        return {p.name for p in self.core.membership.peers.values()}
+
+    def said(self, event: str) -> list[dict[str, Any]]:
+        """The fields of the log lines of ``event``."""
+        return [line.fields for line in self.logs if line.event == event]
+
+    # --- carrying out the core's actions ---------------------------------------------------------
+
+    def run(self, actions: list[Any]) -> None:
+        for action in actions:
+            self.do(action)
+
+    def do(self, action: Any) -> None:
+        net, core, now = self.net, self.core, self.net.now
+        if isinstance(action, Send):
+            ok = (not action.if_writable or net.connected(self, action.endpoint)) \
+                and net.transmit(self, action.endpoint, action.frames)
+            if action.report == SERVICE_SENT and not ok:
+                core.service_refused(action, now)
+                net.defer(self)
+            elif action.report != NOT_REPORTED:
+                self.run(core.sent(action, ok, now))
+        elif isinstance(action, SendHeld):
+            done = action.held.send(lambda frames: net.transmit(self, action.endpoint, frames))
+            self.run(core.held_sent(action.peer, done, now))
+        elif isinstance(action, Connect):
+            net.connect(self, action.endpoint, action.watch)
+        elif isinstance(action, Watch):
+            if action.endpoint in self.links and not self.links[action.endpoint]:
+                self.links[action.endpoint] = True
+        elif isinstance(action, Disconnect):
+            self.links.pop(action.endpoint, None)
+        elif isinstance(action, Joined):
+            self.joined.append(action.life)
+        elif isinstance(action, Left):
+            self.left.append((action.life, action.why))
+        elif isinstance(action, Deliver):
+            self.messages.append((action.life.id, action.service,
+                                  [bytes(f) for f in action.frames]))
+        elif isinstance(action, Log):
+            self.logs.append(action)
+        elif isinstance(action, Wake):
+            self.wake_at = min(self.wake_at, action.at)
+        elif isinstance(action, Trust):
+            self.trusted.add(action.address)
+        elif isinstance(action, LookUpClosed):
+            self.lookups += 1
+        else:
+            raise AssertionError(f"an action the harness does not know: {action!r}")
+
+    def rearm(self) -> None:
+        self.wake_at = min(self.wake_at, self.core.next_wake(self.net.now))
+
+    def due(self) -> float:
+        """When it ticks next: a timer due at once runs a turn of the loop later (1 ms) than
+        the last tick, as a loop's timers do (a PING refused is due again at once)."""
+        return max(self.wake_at, self.ticked + 0.001)
+
+
+class Network:
+    """Brokers at ``tcp://NAME:5670`` and the links between them."""
+
+    def __init__(self, timeout: float = 3.0) -> None:
+        self.now = 0.0
+        self.timeout = timeout
+        self.nodes: dict[str, Node] = {}  # by endpoint
+        self.queue: deque[tuple[Node, str, list[Frame]]] = deque()
+        self.cut: set[frozenset[str]] = set()
+        self.full: set[tuple[str, str]] = set()  # (from, to) endpoints: sends refused
+        self.sent: Counter[bytes] = Counter()  # messages sent, by kind
+        self.starts = 0
+        self._deferred: list[Node] = []
+        #: frames -> frames, for a message on its way from one broker to another (None: lost)
+        self.tamper: Any = None
+
+    # --- brokers ---------------------------------------------------------------------------------
+
+    def start(self, name: str, seeds: tuple[str, ...] | list[str] = (), *, keyed: bool = True,
+              legacy: bool = False, features: dict[str, dict[str, Any]] | None = None) -> Node:
+        """A broker ``name`` (a new id at every start) with ``seeds`` (names); ``legacy``: a
+        broker of before, whose HELLOs say neither gossip nor numbering."""
+        self.starts += 1
+        me = Hello(f"{name}.{self.starts}", name, "prod", endpoint_of(name),
+                   features=features or {}, host=f"host-{name}")
+        core = NodeCore(me, self.timeout, self.now, seeds=[endpoint_of(s) for s in seeds],
+                        bound=endpoint_of(name), keyed=keyed,
+                        address_of=lambda frame: getattr(frame, "address", ""))
+        node = Node(self, name, core, legacy)
+        self.nodes[node.endpoint] = node
+        node.run(core.start(self.now))
+        node.rearm()
+        for other in self.nodes.values():  # links to this endpoint connect (again)
+            if other is not node and node.endpoint in other.links:
+                self._link_event(other, node.endpoint, True)
+        return node
+
+    def stop(self, name: str, why: str | None = None) -> None:
+        """``name`` stops, saying BYE."""
+        node = self.nodes[endpoint_of(name)]
+        node.run(node.core.stop(why, self.now))
+        self.deliver()
+        self.kill(name)
+
+    def kill(self, name: str) -> None:
+        """``name`` is gone without a word: its connections close (the kernel closes them)."""
+        node = self.nodes.pop(endpoint_of(name))
+        for other in self.nodes.values():
+            if node.endpoint in other.links:
+                self._link_event(other, node.endpoint, False)
+
+    def node(self, name: str) -> Node:
+        return self.nodes[endpoint_of(name)]
+
+    def inject(self, name: str, sender: bytes, frames: list[bytes], address: str = "") -> None:
+        """A message at ``name``'s socket from anyone (a stranger's DEALER)."""
+        node = self.node(name)
+        node.run(node.core.received(frames_of(sender, frames, address), self.now, self.now))
+        node.rearm()
+
+    # --- links -----------------------------------------------------------------------------------
+
+    def connected(self, node: Node, endpoint: str) -> bool:
+        return (endpoint in node.links and endpoint in self.nodes
+                and frozenset((node.endpoint, endpoint)) not in self.cut)
+
+    def connect(self, node: Node, endpoint: str, watch: bool) -> None:
+        if endpoint not in node.links:
+            node.links[endpoint] = False
+            if self.connected(node, endpoint) and watch:
+                self._link_event(node, endpoint, True, watched=True)
+        node.links[endpoint] = node.links[endpoint] or watch
+
+    def transmit(self, node: Node, endpoint: str, frames: list[Any]) -> bool:
+        """A send on ``node``'s link to ``endpoint`` (made if it is not): False if refused."""
+        if endpoint not in node.links:
+            node.links[endpoint] = False
+        if not self.connected(node, endpoint) or (node.endpoint, endpoint) in self.full:
+            return False
+        frames = [builtins_bytes(f) for f in frames]
+        if node.legacy and frames[0] == b"HELLO":  # says nothing of gossip and numbering
+            said = json.loads(frames[1])
+            said.pop("gossip"), said.pop("numbered")
+            frames[1] = json.dumps(said).encode()
+        self.sent[frames[0]] += 1
+        self.queue.append((node, endpoint, frames_of(node.id.encode(), frames,
+                                                     node.endpoint.split("//")[1][:-5])))
+        return True
+
+    def _link_event(self, node: Node, endpoint: str, connected: bool,
+                    watched: bool = False) -> None:
+        if watched or node.links.get(endpoint):
+            node.run(node.core.link_event(endpoint, connected, self.now))
+            node.rearm()
+
+    def partition(self, left: str, right: str, cut: bool = True) -> None:
+        """Cut (or mend) the links between each broker named in ``left`` and each in
+        ``right``: what is in flight between them is lost."""
+        for a in left:
+            for b in right:
+                pair = frozenset((endpoint_of(a), endpoint_of(b)))
+                if (pair in self.cut) == cut:
+                    continue
+                (self.cut.add if cut else self.cut.discard)(pair)
+                for x, y in ((a, b), (b, a)):
+                    node = self.nodes.get(endpoint_of(x))
+                    if node is not None and endpoint_of(y) in node.links \
+                            and endpoint_of(y) in self.nodes:
+                        self._link_event(node, endpoint_of(y), not cut)
+
+    # --- time ------------------------------------------------------------------------------------
+
+    def defer(self, node: Node) -> None:
+        if node.core.deferred and node not in self._deferred:
+            self._deferred.append(node)
+
+    def deliver(self) -> None:
+        """Everything in flight arrives (and what it makes the brokers send)."""
+        for _ in range(100_000):
+            if self._deferred:
+                node = self._deferred.pop(0)
+                actions, node.core.deferred = node.core.deferred, []
+                node.run(actions)
+                node.rearm()
+                continue
+            if not self.queue:
+                return
+            src, endpoint, frames = self.queue.popleft()
+            node = self.nodes.get(endpoint)
+            if node is None or frozenset((src.endpoint, endpoint)) in self.cut:
+                continue
+            if self.tamper is not None:
+                frames = self.tamper(src, node, frames)
+                if frames is None:
+                    continue
+            node.run(node.core.received(frames, self.now, self.now))
+            node.rearm()
+        raise AssertionError("the brokers never stop talking")
+
+    def advance(self, to: float) -> None:
+        """Move the clock to ``to``, running every tick due on the way, each at its time."""
+        while True:
+            self.deliver()
+            due = min((n.due() for n in self.nodes.values()), default=INF)
+            if due > to:
+                break
+            self.now = max(self.now, due)
+            for node in list(self.nodes.values()):
+                if node.due() <= self.now and node.endpoint in self.nodes:
+                    node.wake_at, node.ticked = INF, self.now
+                    node.run(node.core.flush_held(self.now))
+                    node.run(node.core.tick(self.now, self.now))
+                    node.rearm()
+        self.now = max(self.now, to)
+
+    def run(self, seconds: float, until: Any = None, step: float = 0.05) -> float:
+        """Let ``seconds`` pass (or until ``until()``, looked at every ``step``): the time it
+        took."""
+        start = self.now
+        while self.now - start < seconds - 1e-9:
+            self.advance(min(self.now + step, start + seconds))
+            if until is not None and until():
+                break
+        return self.now - start
+
+    # --- what the tests look at ------------------------------------------------------------------
+
+    def peers(self, name: str) -> set[str]:
+        return self.node(name).peers()
+
+    def complete(self) -> bool:
+        names = {n.name for n in self.nodes.values()}
+        return all(self.peers(n) == names - {n} for n in names)
+
+    def contacts_of(self, name: str) -> list[str]:
+        """Everyone's contacts at ``name``'s endpoint."""
+        at = endpoint_of(name)
+        return [n.name for n in self.nodes.values() if at in n.core.membership.contacts]
+
+    def meet(self, *names: str, seeds: str | None = None, within: float = 5.0) -> list[Node]:
+        """Brokers ``names`` started (the first the others' seed) and met."""
+        first, *rest = names
+        nodes = [self.start(first)] + [self.start(n, seeds=[seeds or first]) for n in rest]
+        self.run(within, until=self.complete)
+        assert self.complete(), {n.name: n.peers() for n in nodes}
+        return nodes
