@@ -350,7 +350,7 @@ async def test_an_exception_nothing_caught_is_in_the_brokers_log_with_its_traceb
         await asyncio.sleep(0.01)
     finally:
         loop.set_exception_handler(previous)
-    logs.flush_repeats(everything=True)
+    logs.flush_budget(everything=True)
     events = [e for e in setup.events() if e["event"] == "unexpected error"]
     assert len(events) == 1 and "failing" in events[0]["what"]
     assert "KeyError" in events[0]["exception"] and "a peer gone" in events[0]["exception"]

@@ -11,6 +11,7 @@ import pytest
 import structlog
 
 from zbroker import logs
+from zbroker.logs.budget import LogBudget, Rate
 
 
 @pytest.fixture(autouse=True)
@@ -161,12 +162,13 @@ class FakeClock:
 
 @pytest.fixture
 def repeats():
-    """(filter, clock, lines): a RepeatFilter on a fake clock; ``lines`` gets what it writes
-    itself (flushed counts) and, through ``log``, what it passes."""
+    """(budget, clock, lines): the log budget on a fake clock, its repeat rule once per 10 s;
+    ``lines`` gets what it writes itself (flushed counts) and, through ``log``, what it
+    passes."""
     clock = FakeClock()
     lines: list[tuple[str, dict]] = []
-    f = logs.RepeatFilter(interval=10, max_keys=3, clock=clock,
-                          emit=lambda level, event: lines.append((level, event)))
+    f = LogBudget(max_keys=3, clock=clock, repeat=Rate(1, 10.0, "repeated"),
+                  emit=lambda level, event: lines.append((level, event)))
 
     def log(event, level="warning", **fields):
         try:
@@ -205,7 +207,7 @@ def test_the_first_warning_passes_repeats_are_counted_into_one_line(repeats):
     assert summary["event"] == "invalid frame (repeated 1999 times in the last 10 s)"
     assert summary["repeated"] == 1999 and summary["client"] == 7
     assert summary["error"] == "bad 1999"  # the last one's fields
-    assert f.flush() == 0 and f.suppressed == 1999
+    assert f.flush() == 0 and f.collapsed == 1999
 
 
 def test_a_flood_that_goes_on_is_one_line_per_interval(repeats):
@@ -217,7 +219,7 @@ def test_a_flood_that_goes_on_is_one_line_per_interval(repeats):
             f.flush()
     assert 6 <= len(lines) <= 7, [e["event"] for _, e in lines]
     assert sum(e.get("repeated", 1) for _, e in lines) + sum(
-        w.count for w in f._windows.values()) == 6000
+        w.held for w in f._windows.values()) == 6000
 
 
 def test_sources_and_kinds_are_counted_apart(repeats):
@@ -281,7 +283,7 @@ def test_the_pipeline_collapses_repeats_and_flush_writes_the_count():
     for i in range(500):
         log.warning("invalid frame", client=3, error=f"bad {i}")
     log.info("pipe opened", client=3)
-    assert logs.flush_repeats(everything=True) == 1
+    assert logs.flush_budget(everything=True) == 1
     events = [json.loads(line) for line in lines(buf)]
     assert [e["event"] for e in events] == [
         "invalid frame", "pipe opened", "invalid frame (repeated 499 times in the last 0 s)"]

@@ -3,6 +3,9 @@ who may connect over ipc, and refusals counted exactly but logged at a bounded r
 
 from __future__ import annotations
 
+import structlog
+
+from zbroker.logs.budget import LogBudget
 from zbroker.runtime.local_access import PeerCredentials, Policy
 from zbroker.zmtp.admission import (
     BROKEN,
@@ -16,17 +19,6 @@ from zbroker.zmtp.admission import (
 from zbroker.zmtp.refusals import Refusals
 
 
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, str, dict]] = []
-
-    def warning(self, event: str, **fields) -> None:
-        self.lines.append(("warning", event, fields))
-
-    def info(self, event: str, **fields) -> None:
-        self.lines.append(("info", event, fields))
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -35,22 +27,49 @@ class Clock:
         return self.now
 
 
+class Log:
+    """A logger whose lines go through the log budget's processor (on ``clock``), as the
+    broker's do, without its repeat rule (no source keys)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.lines: list[tuple[str, str, dict]] = []
+        self.budget = LogBudget(clock=clock or Clock(), source_keys=())
+
+    def _line(self, level: str, event: str, fields: dict) -> None:
+        try:
+            out = self.budget(None, level, {"event": event, "level": level, **fields})
+        except structlog.DropEvent:
+            return
+        out.pop("event"), out.pop("level")
+        self.lines.append((level, event, out))
+
+    def warning(self, event: str, **fields) -> None:
+        self._line("warning", event, fields)
+
+    def info(self, event: str, **fields) -> None:
+        self._line("info", event, fields)
+
+
 def test_refusals_are_counted_each_and_logged_once_a_second_with_what_was_held_back():
-    log, clock = Log(), Clock()
-    refusals = Refusals(log, clock=clock, queue="jobs")
-    assert refusals.note(BROKEN, "refused", reason="junk")
+    clock = Clock()
+    log = Log(clock)
+    refusals = Refusals(log, queue="jobs")
+    other = Refusals(log, queue="orders")  # another endpoint: a budget of its own
+    refusals.note(BROKEN, "refused", reason="junk")
     for _ in range(500):
-        assert not refusals.note(BROKEN, "refused", reason="junk")
-    assert refusals.note(NO_HANDSHAKE, "dropped", level="info")  # another kind: its own line
+        refusals.note(BROKEN, "refused", reason="junk")
+    other.note(BROKEN, "refused", reason="junk")
+    refusals.note(NO_HANDSHAKE, "dropped", level="info")  # another kind: its own line
     clock.now += 0.99
-    assert not refusals.note(BROKEN, "refused", reason="junk")
+    refusals.note(BROKEN, "refused", reason="junk")
     clock.now += 0.02
-    assert refusals.note(BROKEN, "refused", reason="junk")
+    refusals.note(BROKEN, "refused", reason="junk")
     assert refusals.count(BROKEN) == 503 and refusals.count(NO_HANDSHAKE) == 1
-    assert [(level, event) for level, event, _ in log.lines] == [
-        ("warning", "refused"), ("info", "dropped"), ("warning", "refused")]
+    assert [(level, event, fields["queue"]) for level, event, fields in log.lines] == [
+        ("warning", "refused", "jobs"), ("warning", "refused", "orders"),
+        ("info", "dropped", "jobs"), ("warning", "refused", "jobs")]
     assert log.lines[0][2] == {"queue": "jobs", "reason": "junk"}
-    assert log.lines[2][2]["suppressed"] == 501
+    assert log.lines[3][2]["suppressed"] == 501
 
 
 HOST = ("host", "127.0.0.1")

@@ -11,14 +11,12 @@ and ``close()``: the stream sink here, the syslog sink (zbroker.logs.syslog: a b
 sender thread, never blocking), and *taps* that the broker adds for the life of the process
 (the live log stream of ``zbroker logs``), which re-configuring leaves in place.
 
-Repeated warnings are collapsed (``RepeatFilter``): a warning or error of one kind (its event
-name) from one source (its values of SOURCE_KEYS) is logged the first time, then at most once
-per REPEAT_INTERVAL as one line that counts the others: "invalid frame (repeated 1999 times in
-the last 10 s)". A flood of bad input (malformed frames, a refused peer reconnecting) costs a
-few lines, not one per message; the first of each kind and source is never held back, and an
-event that names no source (the broker's own doings, an operator's reload) is never collapsed,
-nor one logged with ``collapse=False`` (a change of state each of which counts, such as a
-queue taking a lost peer's messages over: bounded by what the cluster does, not by input).
+How many lines of a kind go out is bounded by one processor, the log budget (budget.py):
+lines marked with a ``budget`` field (``log.info("pipe opened", budget="lines", ...)``) go out
+a few times a second each, and repeated warnings of one source once every 10 s; the lines held
+back are counted in the next that goes out, or in a line of their own (``flush_budget``, every
+second). A flood of bad input (malformed frames, a refused peer reconnecting, a client opening
+and closing pipes) costs a few lines, not one per message.
 
 Re-configuring (SIGHUP) takes effect in loggers bound before it too, services' included:
 
@@ -34,9 +32,6 @@ import json
 import os
 import sys
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -44,20 +39,10 @@ import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
 from zbroker.config import LOG_FORMATS, LOG_LEVELS
+from zbroker.logs.budget import LogBudget
 from zbroker.logs.syslog import SyslogSink
 
 LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
-#: the fields that say where an event came from, for collapsing repeats: a network address
-#: (what a flood cannot choose freely), the broker's own handles of a client, a peer (its id,
-#: its life), a pipe, a queue. Fields a sender chooses itself (a claimed name or endpoint) are
-#: logged under other keys, so that varying them does not make a flood "new" every time.
-SOURCE_KEYS = ("address", "client", "peer", "id", "life", "sender", "endpoint", "pipe", "queue",
-               "node")
-#: bound context that tells apart the same event of different parts of the broker
-CONTEXT_KEYS = ("component", "service")
-REPEAT_INTERVAL = 10.0  # seconds: at most one line per kind and source in that time
-REPEAT_KEYS = 4096  # kinds and sources remembered (least recently seen forgotten first)
-REPEAT_LEVELS = frozenset(("warning", "error", "critical"))
 
 
 class Sink(Protocol):
@@ -144,134 +129,6 @@ class _Output:
     msg = info
 
 
-class _Window:
-    __slots__ = ("start", "count", "last", "level")
-
-    def __init__(self, start: float) -> None:
-        self.start = start  # when the last line of this key was logged
-        self.count = 0  # repeats since then, not logged
-        self.last: EventDict | None = None  # the last of them
-        self.level = "warning"
-
-
-class RepeatFilter:
-    """A structlog processor (after ``add_log_level``): collapses repeated warnings and errors.
-
-    The key of an event is its name and its values of ``source_keys`` (and CONTEXT_KEYS); an
-    event with none of ``source_keys`` is always passed. The first event of a key is passed;
-    the same key again within ``interval`` of the last line logged for it is dropped and
-    counted; the counted ones are told in one line, the last of them with
-    " (repeated N times in the last S s)" added to its name and ``repeated=N``: by ``flush``
-    (call it every second or so) once ``interval`` has passed, or by the next event of that
-    key if it comes first. ``emit(level, event)`` writes the lines that ``flush`` (and the
-    forgetting of a key with repeats untold) make. At most ``max_keys`` keys are kept.
-    """
-
-    def __init__(self, interval: float = REPEAT_INTERVAL, max_keys: int = REPEAT_KEYS,
-                 clock: Callable[[], float] = time.monotonic,
-                 emit: Callable[[str, EventDict], None] | None = None,
-                 source_keys: tuple[str, ...] = SOURCE_KEYS) -> None:
-        self.interval = interval
-        self.max_keys = max_keys
-        self.clock = clock
-        self.emit = emit
-        self.source_keys = source_keys
-        self.suppressed = 0  # events dropped as repeats, in total
-        self._windows: OrderedDict[tuple[Any, ...], _Window] = OrderedDict()
-        self._owed: dict[tuple[Any, ...], None] = {}  # keys with repeats untold
-        self._lock = threading.Lock()
-
-    def key(self, event: EventDict) -> tuple[Any, ...] | None:
-        """(event name, source and context fields), or None if it names no source."""
-        source = tuple((k, _hashable(event[k])) for k in self.source_keys if k in event)
-        if not source:
-            return None
-        return (str(event.get("event")), *source,
-                *((k, _hashable(event[k])) for k in CONTEXT_KEYS if k in event))
-
-    def __call__(self, logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
-        level = event.get("level", method)
-        if event.pop("collapse", True) is False or level not in REPEAT_LEVELS:
-            return event
-        key = self.key(event)
-        if key is None:
-            return event
-        forgotten: list[tuple[str, EventDict]] = []
-        with self._lock:
-            now = self.clock()
-            window = self._windows.get(key)
-            if window is None:
-                self._windows[key] = _Window(now)
-                while len(self._windows) > self.max_keys:
-                    old_key, old = self._windows.popitem(last=False)
-                    if old_key in self._owed:  # tell its repeats before forgetting it
-                        del self._owed[old_key]
-                        forgotten.append(self._summary(old, now, stale=True))
-            else:
-                self._windows.move_to_end(key)
-                if now - window.start < self.interval:
-                    window.count += 1
-                    window.last, window.level = event, level
-                    self._owed[key] = None
-                    self.suppressed += 1
-                    raise structlog.DropEvent
-                if window.count:  # its repeats are told by this one
-                    window.count += 1
-                    window.last = event
-                    self._owed.pop(key, None)
-                    event = self._summary(window, now)[1]
-                window.start, window.count, window.last = now, 0, None
-        for line in forgotten:
-            self._emit(*line)
-        return event
-
-    def flush(self, everything: bool = False) -> int:
-        """Write the lines owed for keys whose ``interval`` has passed (all owed ones with
-        ``everything``, when stopping); returns how many."""
-        lines = []
-        with self._lock:
-            now = self.clock()
-            for key in list(self._owed):
-                window = self._windows[key]
-                if everything or now - window.start >= self.interval:
-                    del self._owed[key]
-                    lines.append(self._summary(window, now, stale=True))
-                    window.start, window.count, window.last = now, 0, None
-        for line in lines:
-            self._emit(*line)
-        return len(lines)
-
-    def clear(self) -> None:
-        """Forget every key (their untold repeats too)."""
-        with self._lock:
-            self._windows.clear()
-            self._owed.clear()
-
-    def _summary(self, window: _Window, now: float,
-                 stale: bool = False) -> tuple[str, EventDict]:
-        """The line that tells ``window``'s repeats; ``stale``: written after its last event's
-        call returned (its ``exc_info`` means nothing any more)."""
-        event = dict(window.last or {})
-        if stale:
-            event.pop("exc_info", None)
-        event["event"] = (f"{event.get('event')} (repeated {window.count} times in the last "
-                          f"{now - window.start:.0f} s)")
-        event["repeated"] = window.count
-        return window.level, event
-
-    def _emit(self, level: str, event: EventDict) -> None:
-        if self.emit is not None:
-            self.emit(level, event)
-
-
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
-
-
 def _event_kwargs(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
     """Last processor: the event dict reaches the output as keyword arguments."""
     return event
@@ -288,12 +145,12 @@ _STAMP = structlog.processors.TimeStamper(fmt="iso", utc=True)
 
 
 def _emit_summary(level: str, event: EventDict) -> None:
-    """A line of the repeat filter that no logging call carries: stamped now, then output."""
+    """A line of the log budget that no logging call carries: stamped now, then output."""
     event.pop("timestamp", None)
     getattr(_OUTPUT, level, _OUTPUT.warning)(**_STAMP(None, level, event))
 
 
-_REPEATS = RepeatFilter(emit=_emit_summary)
+_BUDGET = LogBudget(emit=_emit_summary)
 
 
 def _set_level(level: str) -> None:
@@ -341,8 +198,10 @@ def configure(level: str = "info", format: str = "console", file: str | Path | N
         if syslog_sink is not None and syslog_sink is not _OUTPUT.syslog:
             syslog_sink.close()
         raise
-    _REPEATS.flush(everything=True)  # to the old outputs; a new configuration starts afresh
-    _REPEATS.clear()
+    # to the old outputs: what is due, and every repeat count (the repeat rule starts afresh;
+    # the budgets go on: a flood of reloads configures anew at each)
+    _BUDGET.flush()
+    _BUDGET.forget_repeats()
     old = _OUTPUT.sinks
     _OUTPUT.sinks = [sink] if syslog_sink is None else [sink, syslog_sink]
     _OUTPUT.syslog = syslog_sink
@@ -353,7 +212,7 @@ def configure(level: str = "info", format: str = "console", file: str | Path | N
     _PROCESSORS[:] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        _REPEATS,
+        _BUDGET,
         _STAMP,
         _event_kwargs,
     ]
@@ -370,10 +229,10 @@ def get_logger(**bind: Any) -> Any:
     return structlog.get_logger().bind(**bind)
 
 
-def flush_repeats(everything: bool = False) -> int:
-    """Write the repeat counts that are due (see RepeatFilter): the broker calls it every
-    second, and with ``everything`` when it stops. Returns how many lines it wrote."""
-    return _REPEATS.flush(everything)
+def flush_budget(everything: bool = False) -> int:
+    """Write the counts of lines held back that are due (see budget.py): the broker calls it
+    every second, and with ``everything`` when it stops. Returns how many lines it wrote."""
+    return _BUDGET.flush(everything)
 
 
 def current_level() -> str:
@@ -398,7 +257,7 @@ def status() -> dict[str, Any]:
     return {
         "level": _configured_level,
         "write_errors": dropped,
-        "repeats_collapsed": _REPEATS.suppressed,
+        "repeats_collapsed": _BUDGET.collapsed,
         "syslog": _OUTPUT.syslog.stats() if _OUTPUT.syslog is not None else None,
     }
 

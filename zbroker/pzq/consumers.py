@@ -26,7 +26,6 @@ from zbroker.pzq.core import wire
 from zbroker.pzq.core.actions import Confirm
 from zbroker.pzq.core.counters import Dropped
 from zbroker.pzq.core.queue import CONSUMERS, QueueCore
-from zbroker.runtime.log_rate import LogRate
 from zbroker.runtime.zmq_reader import DRAIN_BUDGET
 
 from .endpoints import RouterEndpoint, SendEndpoint, bind
@@ -43,7 +42,6 @@ class Consumers:
         s = settings
         self.settings = s
         self.core, self.loop, self.log, self.name = core, loop, log, s.name
-        self.lines = LogRate(log, queue=s.name)  # what consumers cause: a budget of lines
         self.flush, self.soon, self.dropped = flush, soon, dropped
         self._blocked = False  # every send endpoint's connection was full
         self._credit_blocked: set[bytes] = set()  # credit consumers whose connection was full
@@ -140,7 +138,9 @@ class Consumers:
             core.counters["malformed"] += 1
         elif not (core.credit_consumer(cid, ready) if type(ready) is int
                   else core.credit_consumer(cid, *ready)):
-            self.lines.line("pzq too many credit consumers: READY ignored", level="warning")
+            # what consumers cause: a budget of lines (zbroker/logs/budget.py)
+            self.log.warning("pzq too many credit consumers: READY ignored",
+                             budget=f"lines:ready ignored queue={self.name}", queue=self.name)
 
     def confirm(self, confirmations: list[Confirm]) -> None:
         """[key][ACKED|UNKNOWN] to credit consumers (one that is gone or full: dropped, it

@@ -32,8 +32,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zbroker.runtime.log_rate import PEER_BURST, LogRate
-
 from . import peering
 from .actions import SendPeer
 from .pipes import PipeTable, Reader, Writer, pipe_name_problem, shown
@@ -140,12 +138,10 @@ class DirectoryMember:
     links: PeerLinks
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int]) -> None:
+        # per-pipe lines have a budget a second for each kind (zbroker/logs/budget.py),
+        # larger for the ends peers (brokers of the cluster) tell ("peer") than for this
+        # broker's own clients' ("lines"): a peer tells many at once when it links
         self.log = log
-        # per-pipe lines: a budget a second for each kind, larger for the ends peers (brokers
-        # of the cluster) tell than for this broker's own clients' (a peer tells many at once
-        # when it links)
-        self.lines = LogRate(log)
-        self.peer_lines = LogRate(log, burst=PEER_BURST)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
@@ -366,8 +362,9 @@ class DirectoryMember:
                 yours.append(m.end)
         if len(entries) == 1 and not refused:
             role, end, name, _ = entries[0]
-            (self.peer_lines if owner else self.lines).line(
-                "pipe end registered", pipe=shown(name), role=role, end=end,
+            self.log.info(
+                "pipe end registered", budget="peer" if owner else "lines", pipe=shown(name),
+                role=role, end=end,
                 peer=owner or "self", met=len(intros) - (owner in intros))
         elif entries:
             self.log.info("pipe ends registered", ends=len(entries) - refused,

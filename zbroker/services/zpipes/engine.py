@@ -30,7 +30,6 @@ from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
 from zbroker.runtime import shares
-from zbroker.runtime.log_rate import LogRate
 from zpipes import protocol as p
 
 from .actions import Reply
@@ -178,9 +177,9 @@ class ClientEngine:
     def __init__(self, config: ServerConfig, log: Any, pipes: PipeTable, out: list[Any],
                  woken: deque[int], end_ids: Iterator[int]) -> None:
         self.config = config
+        #: per-client and per-pipe lines have a budget of lines a second for each kind
+        #: (``budget="lines"``: zbroker/logs/budget.py)
         self.log = log
-        #: per-client and per-pipe lines: a budget of lines a second for each kind
-        self.lines = LogRate(log)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self.clients: dict[bytes, Client] = {}
@@ -274,8 +273,8 @@ class ClientEngine:
             self.clients[routing_id] = client
         client.last_seen = now
         if isinstance(msg, p.DecodeError):
-            self.lines.line("invalid frame", level="warning", client=client.id,
-                            pipe=shown(client.pipe), error=msg.reason)
+            self.log.warning("invalid frame", budget="lines", client=client.id,
+                             pipe=shown(client.pipe), error=msg.reason)
         self._execute(client, EVENT_OF[type(msg)], msg)
         self.wake()
 
@@ -291,15 +290,12 @@ class ClientEngine:
                 self._execute(client, Event.TIMEOUT)
         if now >= self._next_sweep:
             self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
-            for lines in (self.lines, self.links.lines, self.directory.lines,
-                          self.directory.peer_lines):
-                lines.flush()  # the count of a flood of lines that stopped
             limit = now - self.config.client_timeout
             # a client with a request held by us is waiting for us, not silent
             for client in [c for c in self.clients.values()
                            if c.last_seen <= limit and c.request is None]:
-                self.lines.line("client expired", client=client.id, pipe=shown(client.pipe),
-                                silent_s=round(now - client.last_seen, 3))
+                self.log.info("client expired", budget="lines", client=client.id,
+                              pipe=shown(client.pipe), silent_s=round(now - client.last_seen, 3))
                 self.clients_expired += 1
                 self._execute(client, Event.EXPIRED)
         self.wake()
@@ -317,9 +313,9 @@ class ClientEngine:
         client = self.clients.get(routing_id)
         if client is not None:
             # a client that had closed its end and then went is the normal case
-            self.lines.line("client disconnected",
-                            level="info" if client.end is not None else "debug",
-                            client=client.id, pipe=shown(client.pipe), state=str(client.state))
+            log = self.log.info if client.end is not None else self.log.debug
+            log("client disconnected", budget="lines", client=client.id,
+                pipe=shown(client.pipe), state=str(client.state))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -330,7 +326,8 @@ class ClientEngine:
         self.now = now
         client = self.clients.get(routing_id)
         if client is not None:
-            self.lines.line("client unreachable", client=client.id, pipe=shown(client.pipe))
+            self.log.info("client unreachable", budget="lines", client=client.id,
+                          pipe=shown(client.pipe))
             self.clients_disconnected += 1
             self._execute(client, Event.DISCONNECTED)
             self.wake()
@@ -418,9 +415,9 @@ class ClientEngine:
                 plan = plans[state].get(event) or self._plan(state, event)
                 if self.config.animate:
                     rule = rule_for(state, event)
-                    self.lines.line("animate", client=client.id, pipe=shown(client.pipe),
-                                    state=str(state), on=str(event),
-                                    actions=list(rule.actions), next=str(rule.next))
+                    self.log.info("animate", budget="lines", client=client.id,
+                                  pipe=shown(client.pipe), state=str(state), on=str(event),
+                                  actions=list(rule.actions), next=str(rule.next))
                 client.event, client.msg, client.next_event = event, msg, None
                 reason = _REASONS.get(event)
                 if reason is not None:
@@ -591,8 +588,8 @@ class ClientEngine:
         if problem:
             client.reason = problem
             client.next_event = Event.ERROR
-            self.lines.line("pipe open refused", client=client.id, pipe=shown(name), role=role,
-                            reason=problem)
+            self.log.info("pipe open refused", budget="lines", client=client.id,
+                          pipe=shown(name), role=role, reason=problem)
             return
         end = next(self._end_ids)
         self._woken.extend(attach(name, end))
@@ -601,8 +598,8 @@ class ClientEngine:
         client.next_event = Event.OK
         self.directory.announce(role, end, name)
         pipe = self.pipes.pipes[name]
-        self.lines.line("pipe opened", client=client.id, pipe=shown(name), role=role,
-                        readers=len(pipe.readers), writers=len(pipe.writers))
+        self.log.info("pipe opened", budget="lines", client=client.id, pipe=shown(name),
+                      role=role, readers=len(pipe.readers), writers=len(pipe.writers))
 
     def _cut_pipe_end(self, client: Client) -> None:
         self._close_pipe_end(client, "closed with a WRITE pending")
@@ -637,9 +634,9 @@ class ClientEngine:
             self.links.await_confirmation(client, end, confirming)
         self.directory.unregister(end, failure)
         fields: dict[str, Any] = {**sizes, **({"lost": lost} if lost else {})}
-        self.lines.line("pipe closed", client=client.id, pipe=shown(client.pipe), role=role,
-                        why=str(client.event), pipe_gone=client.pipe not in self.pipes.pipes,
-                        **fields)
+        self.log.info("pipe closed", budget="lines", client=client.id, pipe=shown(client.pipe),
+                      role=role, why=str(client.event),
+                      pipe_gone=client.pipe not in self.pipes.pipes, **fields)
         client.end = client.pipe = None
 
     def _start_request(self, client: Client) -> None:
@@ -732,8 +729,8 @@ class ClientEngine:
 
     def _break_stream(self, client: Client, reason: str) -> None:
         """A chunk of the client's stream was refused: its stream is cut for its readers."""
-        self.lines.line("write refused", level="warning", client=client.id, pipe=shown(client.pipe),
-                        reason=reason)
+        self.log.warning("write refused", budget="lines", client=client.id,
+                         pipe=shown(client.pipe), reason=reason)
         if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
             self._woken.extend(self.pipes.break_writer(client.end, reason))
 
@@ -830,9 +827,9 @@ class ClientEngine:
         problem = None
         if (len(client.queue) >= self.config.max_pipelined
                 or client.queued_bytes + size > self.config.max_pipelined_bytes):
-            self.lines.line("pipelining limit", level="warning", client=client.id,
-                            pipe=shown(client.pipe), queued=len(client.queue),
-                            queued_bytes=client.queued_bytes)
+            self.log.warning("pipelining limit", budget="lines", client=client.id,
+                             pipe=shown(client.pipe), queued=len(client.queue),
+                             queued_bytes=client.queued_bytes)
             problem = "too many pipelined requests"
         elif size:
             problem = self._budget_problem(client, size)

@@ -18,7 +18,6 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from zbroker.runtime.log_rate import PEER_BURST, LogRate
 from zpipes import protocol as p
 
 from . import peering
@@ -59,10 +58,10 @@ class PeerLinks:
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int],
                  end_ids: Iterator[int]) -> None:
+        # per-pipe lines that peers (brokers of the cluster) cause have a budget a second for
+        # each kind (zbroker/logs/budget.py's "peer"), larger than for clients (a peer tells
+        # many ends at once when it links)
         self.log = log
-        # per-pipe lines that peers (brokers of the cluster) cause: a budget a second for each
-        # kind, larger than for clients (a peer tells many ends at once when it links)
-        self.lines = LogRate(log, burst=PEER_BURST)
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
@@ -186,8 +185,9 @@ class PeerLinks:
             assert pipe is not None  # a proxy is attached until here
             del self._proxy_of[proxy]
             self._woken.extend(self.pipes.detach(proxy, msg.lost))
-            self.lines.line("remote end detached", peer=peer, pipe=shown(pipe.name),
-                            remote_end=msg.end, **({"lost": msg.lost} if msg.lost else {}))
+            self.log.info("remote end detached", budget="peer", peer=peer,
+                          pipe=shown(pipe.name), remote_end=msg.end,
+                          **({"lost": msg.lost} if msg.lost else {}))
 
     def on_confirm(self, peer: str, msg: peering.Confirm) -> None:
         """What came before it is here: say so."""
@@ -220,8 +220,8 @@ class PeerLinks:
         self._woken.extend(attach(pipe, proxy, remote=True))
         if role == "reader" and peer in self.windows:
             self.pipes.set_window(proxy, self.windows[peer])
-        self.lines.line("remote end attached", peer=peer, pipe=shown(pipe), role=role,
-                        remote_end=end)
+        self.log.info("remote end attached", budget="peer", peer=peer, pipe=shown(pipe),
+                      role=role, remote_end=end)
         return proxy
 
     def tomb(self, peer: str, end: int) -> tuple[bool, str | None] | None:

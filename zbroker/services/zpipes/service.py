@@ -97,6 +97,13 @@ class ZpipesService(Service):
 
         return families(metrics, broker.get("pipe_series", 0))
 
+    @classmethod
+    def top_tables(cls, status: Mapping[str, Any], before: Mapping[str, Any] | None,
+                   interval: float | None) -> list[Any]:
+        from .top import tables
+
+        return tables(status, before, interval)
+
     def __init__(self) -> None:
         self.server: ZpipesServer | None = None
         self.endpoint = ""
@@ -303,10 +310,10 @@ class ZpipesService(Service):
                                                refused.reason if over_budget else None)
             return
         client = self.server.clients.get(routing_id)
-        self.server.engine.lines.line("zpipes message refused; its connection is dropped",
-                                      level="warning",
-                                      client=client.id if client is not None else None,
-                                      reason=refused.reason)
+        self.server.engine.log.warning("zpipes message refused; its connection is dropped",
+                                       budget="lines",
+                                       client=client.id if client is not None else None,
+                                       reason=refused.reason)
         self._ep.hang_up(routing_id)
 
     def _on_gone(self, routing_id: bytes) -> None:
