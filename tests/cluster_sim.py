@@ -101,17 +101,16 @@ class Node:
         if got is True or got is False:
             self.net.defer(self)
             return got
-        for action in got:
-            if not isinstance(action, Send):
-                self.do(action)
-                continue
-            if self.net.transmit(self, action.endpoint, action.frames):
-                self.core.sent(action, True, now)
-                return True
-            taken = self.core.service_refused(action, now)
-            self.net.defer(self)
-            return taken
-        return False
+        if isinstance(got, Send):
+            got = [got]
+        *first, send = got
+        self.run(first)  # (the link, made first)
+        if self.net.transmit(self, send.endpoint, send.frames):
+            self.core.sent(send, True, now)
+            return True
+        taken = self.core.service_refused(send, now)
+        self.net.defer(self)
+        return taken
 
     def lives(self) -> dict[str, str]:
         """Peer name -> the life services have of it now."""

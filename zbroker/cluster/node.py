@@ -56,6 +56,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from zbroker.runtime.limits import CLUSTER_CONNECTIONS, CLUSTER_PER_SOURCE
+from zbroker.runtime.port_holder import held
 from zbroker.runtime.zmq_reader import SocketReader
 from zbroker.service import PeerBroker
 from zbroker.zmtp.admission import Admission, ConnectionBudget
@@ -85,6 +86,7 @@ from .core.diagnosis import DIAGNOSE_EVERY
 from .core.node import Counters, NodeCore
 from .core.protocol import wildcard_host
 from .membership import Hello, Membership
+from .security import Guard, KeyFileError, cluster_keys
 
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
 MIN_MESSAGE_LIMIT = 64 << 20  # the least a peer's message may be (MAXMSGSIZE)
@@ -174,8 +176,6 @@ class ClusterNode:
         bind the peer socket (waiting up to ``bind_wait`` seconds for its port to be free),
         say HELLO to the seeds, start discovery. ClusterError if it cannot."""
         cfg = self.config
-        from .security import Guard, KeyFileError, cluster_keys
-
         if keys is None:
             try:
                 keys = cluster_keys(cfg)
@@ -224,8 +224,6 @@ class ClusterNode:
                 router.close(linger=0)
                 if self._guard is not None:
                     self._guard.close()
-                from zbroker.runtime.port_holder import held
-
                 raise ClusterError(f"cannot bind the cluster socket (cluster.bind) to "
                                    f"{cfg.bind}: {os.strerror(exc.errno)}{held(cfg.bind)}"
                                    ) from None
@@ -294,22 +292,23 @@ class ClusterNode:
             return False
         now = self._loop.time()
         got = core.send(life, service, frames, now)
+        if got.__class__ is Send:
+            return self._send_service(core, got, now)  # type: ignore[arg-type]
         if got is True or got is False:
             if core.deferred:
                 self._defer()
             return got
-        for action in got:
-            if action.__class__ is not Send:
-                self._do(action)
-                continue
-            assert isinstance(action, Send)
-            if self._send_raw(action.endpoint, action.frames):
-                core.sent(action, True, now)
-                return True
-            taken = core.service_refused(action, now)
-            self._defer()
-            return taken
-        return False
+        *first, send = got  # type: ignore[misc]
+        self._run(first)  # (the link, made first)
+        return self._send_service(core, send, now)
+
+    def _send_service(self, core: NodeCore, send: Send, now: float) -> bool:
+        if self._send_raw(send.endpoint, send.frames):
+            core.sent(send, True, now)
+            return True
+        taken = core.service_refused(send, now)
+        self._defer()
+        return taken
 
     def set_max_message(self, max_message: int) -> None:
         """The largest message a peer may send (see message_limit), from now on: for links
@@ -376,65 +375,68 @@ class ClusterNode:
     # --- carrying out the core's actions -------------------------------------------------------
 
     def _run(self, actions: list[Action]) -> None:
+        do = self._actions
         for action in actions:
-            self._do(action)
+            do[action.__class__](self, action)
 
-    def _do(self, action: Action) -> None:
-        kind = action.__class__
+    def _do_send(self, action: Send) -> None:
         core = self._core
         assert core is not None
-        if kind is Send:
-            assert isinstance(action, Send)
-            dealer = self._dealer(action.endpoint)
-            ok = dealer is not None and (not action.if_writable or bool(
-                dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT)) \
-                and self._send_raw(action.endpoint, action.frames)
-            if action.report == SERVICE_SENT and not ok:
-                core.service_refused(action, self._loop.time())
-                self._defer()
-            elif action.report != NOT_REPORTED:
-                self._run(core.sent(action, ok, self._loop.time()))
-        elif kind is Deliver:
-            assert isinstance(action, Deliver)
-            self._on_message(action.life, action.service, action.frames)
-        elif kind is Log:
-            assert isinstance(action, Log)
-            fields = {k: _clock(v) if v.__class__ is Clock else v
-                      for k, v in action.fields.items()}
-            getattr(self._log, action.level)(action.event, **fields)
-        elif kind is Connect:
-            assert isinstance(action, Connect)
-            self._connect(action.endpoint, action.watch)
-        elif kind is SendHeld:
-            assert isinstance(action, SendHeld)
-            done = action.held.send(functools.partial(self._send_raw, action.endpoint))
-            self._run(core.held_sent(action.peer, done, self._loop.time()))
-        elif kind is Joined:
-            assert isinstance(action, Joined)
-            self._on_join(action.life)
-        elif kind is Left:
-            assert isinstance(action, Left)
-            self._on_leave(action.life, action.why)
-        elif kind is Disconnect:
-            assert isinstance(action, Disconnect)
-            if action.soon:
-                self._loop.call_soon(self._close_link, action.endpoint, action.linger)
-            else:
-                self._close_link(action.endpoint, action.linger)
-        elif kind is Watch:
-            assert isinstance(action, Watch)
+        dealer = self._dealer(action.endpoint)
+        ok = dealer is not None and (not action.if_writable or bool(
+            dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT)) \
+            and self._send_raw(action.endpoint, action.frames)
+        if action.report == SERVICE_SENT and not ok:
+            core.service_refused(action, self._loop.time())
+            self._defer()
+        elif action.report != NOT_REPORTED:
+            self._run(core.sent(action, ok, self._loop.time()))
+
+    def _do_send_held(self, action: SendHeld) -> None:
+        assert self._core is not None
+        done = action.held.send(functools.partial(self._send_raw, action.endpoint))
+        self._run(self._core.held_sent(action.peer, done, self._loop.time()))
+
+    def _do_deliver(self, action: Deliver) -> None:
+        self._on_message(action.life, action.service, action.frames)
+
+    def _do_log(self, action: Log) -> None:
+        fields = {k: _clock(v) if v.__class__ is Clock else v for k, v in action.fields.items()}
+        getattr(self._log, action.level)(action.event, **fields)
+
+    def _do_connect(self, action: Connect) -> None:
+        """Make our link to an endpoint (and follow it: ``watch``)."""
+        if self._dealer(action.endpoint) is not None and action.watch:
             self._watch(action.endpoint)
-        elif kind is Trust:
-            assert isinstance(action, Trust)
-            if self._door is not None:  # a peer's host: out of the strangers' pool
-                self._door.trust(("host", action.address))
-        elif kind is Wake:
-            assert isinstance(action, Wake)
-            self._schedule(action.at - self._loop.time())
-        elif kind is LookUpClosed:
-            assert isinstance(action, LookUpClosed)
-            if self._attribute_timer is None:
-                self._attribute_timer = self._loop.call_later(action.after, self._attribute)
+
+    def _do_disconnect(self, action: Disconnect) -> None:
+        if action.soon:  # (from inside the link's own monitor)
+            self._loop.call_soon(self._close_link, action.endpoint, action.linger)
+        else:
+            self._close_link(action.endpoint, action.linger)
+
+    def _do_trust(self, action: Trust) -> None:
+        if self._door is not None:  # a peer's host: out of the strangers' pool
+            self._door.trust(("host", action.address))
+
+    def _do_look_up_closed(self, action: LookUpClosed) -> None:
+        if self._attribute_timer is None:
+            self._attribute_timer = self._loop.call_later(action.after, self._attribute)
+
+    _actions: dict[type, Callable[[ClusterNode, Any], None]] = {
+        Send: _do_send,
+        SendHeld: _do_send_held,
+        Deliver: _do_deliver,
+        Log: _do_log,
+        Connect: _do_connect,
+        Disconnect: _do_disconnect,
+        Joined: lambda self, action: self._on_join(action.life),
+        Left: lambda self, action: self._on_leave(action.life, action.why),
+        Watch: lambda self, action: self._watch(action.endpoint),
+        Trust: _do_trust,
+        Wake: lambda self, action: self._schedule(action.at - self._loop.time()),
+        LookUpClosed: _do_look_up_closed,
+    }
 
     def _defer(self) -> None:
         """What a service's send took (core.deferred), on the next turn of the loop."""
@@ -448,14 +450,6 @@ class ClusterNode:
             self._run(actions)
 
     # --- links -----------------------------------------------------------------------------------
-
-    def _connect(self, endpoint: str, watch: bool) -> None:
-        """Make our link to ``endpoint`` (and follow it: ``watch``)."""
-        if endpoint not in self._dealers:
-            if self._dealer(endpoint) is None:
-                return
-        if watch:
-            self._watch(endpoint)
 
     def _dealer(self, endpoint: str) -> zmq.Socket | None:
         """Our link to ``endpoint``, made on first use; None if it cannot be made."""

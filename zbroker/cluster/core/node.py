@@ -134,10 +134,11 @@ class NodeCore:
     # --- what services send ----------------------------------------------------------------------
 
     def send(self, life: str, service: str, frames: list[Any], now: float
-             ) -> list[Action] | bool:
-        """A service message to one life of a peer: the actions that send it (the last a Send
-        of SERVICE_SENT), True if it is held (its peer's link is made again), False if that
-        life has ended (a life that ends here: what it takes is in ``deferred``)."""
+             ) -> Send | list[Action] | bool:
+        """A service message to one life of a peer: the Send of SERVICE_SENT that sends it
+        (or the actions that do, the last that Send, when its link is to be made first), True
+        if it is held (its peer's link is made again), False if that life has ended (a life
+        that ends here: what it takes is in ``deferred``)."""
         peer_id = life.partition("#")[0]
         known = self.lives.get(peer_id)
         peer = self.membership.peers.get(peer_id)
@@ -152,10 +153,12 @@ class NodeCore:
                 return True
             self._unreachable(peer_id, now)
             return False
+        send = Send(peer.endpoint, message, SERVICE_SENT, peer_id)
+        if peer.endpoint in self.links:
+            return send
         out: list[Action] = []
-        if peer.endpoint not in self.links:
-            self._link(peer.endpoint, now, out)
-        out.append(Send(peer.endpoint, message, SERVICE_SENT, peer_id))
+        self._link(peer.endpoint, now, out)
+        out.append(send)
         return out
 
     def service_refused(self, send: Send, now: float) -> bool:
