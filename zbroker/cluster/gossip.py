@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .membership import MAX_ENDPOINT
+from .membership import MAX_ENDPOINT, Named
 
 MAX_MEMBERS = 512  # members a MEMBERS message may name (and contacts learned from them)
 MAX_ID = 64  # characters of a broker id (ours are 32 hex digits)
@@ -36,9 +36,9 @@ class Member:
     endpoint: str  # where the sender links to it
 
 
-def encode(members: Iterable[Member]) -> bytes:
+def encode(members: Iterable[Named]) -> bytes:
     """The MEMBERS frame naming ``members`` (the first ``MAX_MEMBERS`` of them)."""
-    listed = []
+    listed: list[dict[str, str]] = []
     for member in members:
         if len(listed) == MAX_MEMBERS:
             break
@@ -77,10 +77,9 @@ def decode(data: bytes | memoryview) -> tuple[list[Member], str | None]:
 def _member(entry: Any) -> Member | None:
     if not isinstance(entry, dict):
         return None
-    fields = entry.get("id"), entry.get("name"), entry.get("endpoint")
-    if not all(isinstance(f, str) for f in fields):
+    member_id, name, endpoint = entry.get("id"), entry.get("name"), entry.get("endpoint")
+    if not (isinstance(member_id, str) and isinstance(name, str) and isinstance(endpoint, str)):
         return None
-    member_id, name, endpoint = fields
     if not member_id or len(member_id) > MAX_ID or len(name) > MAX_NAME \
             or not endpoint or len(endpoint) > MAX_ENDPOINT:
         return None

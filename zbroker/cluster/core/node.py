@@ -468,9 +468,8 @@ class NodeCore:
         """Tell ``peer`` whom we have as peers (if it takes it)."""
         members = self.membership.members_for(peer.id)
         if peer.gossip and members:
-            self._send(out, peer.endpoint, [wire.KIND_MEMBERS, gossip.encode(
-                gossip.Member(m.id, m.name, m.endpoint) for m in members)], now, PEER_SENT,
-                peer.id)
+            self._send(out, peer.endpoint, [wire.KIND_MEMBERS, gossip.encode(members)], now,
+                       PEER_SENT, peer.id)
 
     # --- joins and losses ------------------------------------------------------------------------
 
