@@ -410,10 +410,7 @@ class ClusterNode:
             self._watch(action.endpoint)
 
     def _do_disconnect(self, action: Disconnect) -> None:
-        if action.soon:  # (from inside the link's own monitor)
-            self._loop.call_soon(self._close_link, action.endpoint, action.linger)
-        else:
-            self._close_link(action.endpoint, action.linger)
+        self._close_link(action.endpoint, action.linger, action.soon)
 
     def _do_trust(self, action: Trust) -> None:
         if self._door is not None:  # a peer's host: out of the strangers' pool
@@ -493,21 +490,16 @@ class ClusterNode:
         self._monitors[endpoint] = reader
         reader.start()
 
-    def _close_link(self, endpoint: str, linger: int = 0) -> None:
+    def _close_link(self, endpoint: str, linger: int = 0, soon: bool = False) -> None:
         """Close everything our link to ``endpoint`` opened: its DEALER, its monitor and the
-        monitor's reader."""
+        monitor's reader; ``soon``: on the next turn of the loop (from inside the monitor's
+        own reader), though the link is gone at once (the next one is made anew)."""
         reader = self._monitors.pop(endpoint, None)
         dealer = self._dealers.pop(endpoint, None)
-        if reader is not None:
-            reader.stop()
-            if dealer is not None:
-                try:
-                    dealer.disable_monitor()
-                except zmq.ZMQError:
-                    pass
-            reader.sock.close(linger=0)
-        if dealer is not None:
-            dealer.close(linger=linger)
+        if soon:
+            self._loop.call_soon(_close_sockets, reader, dealer, linger)
+        else:
+            _close_sockets(reader, dealer, linger)
 
     def _on_link_event(self, endpoint: str, frames: list[bytes]) -> None:
         """Our link to ``endpoint`` connected, closed, or failed its handshake."""
@@ -629,6 +621,21 @@ class ClusterNode:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
         else:
             sock.setsockopt(zmq.CURVE_SERVERKEY, public)
+
+
+def _close_sockets(reader: SocketReader | None, dealer: zmq.Socket | None, linger: int) -> None:
+    """Close a link's DEALER (``linger``: ms to let what was sent go), its monitor and the
+    monitor's reader."""
+    if reader is not None:
+        reader.stop()
+        if dealer is not None:
+            try:
+                dealer.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        reader.sock.close(linger=0)
+    if dealer is not None:
+        dealer.close(linger=linger)
 
 
 def _clock(wall: float) -> str:
