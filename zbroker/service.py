@@ -7,7 +7,8 @@ and is told about config reloads and about peer brokers joining and leaving.
 A service is a plug-in (zbroker.services finds it by its entry point) and owns what is its
 own: its config section (``config_section``: schema, defaults, validation; ``restart_keys``:
 what of it a reload cannot change), its metric families (``metric_families``), its lines of
-``zbroker status`` (``status_lines``) and what it tells the same service on peer brokers
+``zbroker status`` (``status_lines``), its tables in ``zbroker top`` (``top_tables``), its
+``zbroker`` sub-commands (``commands``) and what it tells the same service on peer brokers
 (``features``, carried in the cluster's HELLO without the cluster knowing their meaning).
 """
 
@@ -19,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-if TYPE_CHECKING:  # (the interface needs neither at run time: a service's cores import it)
+if TYPE_CHECKING:  # (the interface needs none at run time: a service's cores import it)
     import asyncio
 
     import zmq
+
+    from zbroker.command import Command
+    from zbroker.top_table import TopTable
 
 
 class ServiceError(Exception):
@@ -155,6 +159,21 @@ class Service(ABC):
         """The largest payload the service takes with its section ``section`` (a pipe's
         chunk, a queue's message): a message to peer brokers may be that large."""
         return 0
+
+    @classmethod
+    def commands(cls) -> list[Command]:
+        """The ``zbroker`` sub-commands this service gives (zbroker/command.py): ``zbroker
+        NAME ...`` runs one, and ``--help``, the man page and the completion list them. A
+        command should import what it needs when it runs, not when it is listed."""
+        return []
+
+    @classmethod
+    def top_tables(cls, status: Mapping[str, Any], before: Mapping[str, Any] | None,
+                   interval: float | None) -> list[TopTable]:
+        """The tables ``zbroker top`` shows for this service, from its ``status()`` now and
+        ``interval`` seconds before (None, None: the first sample): rates from the two, the
+        busiest rows first (zbroker/top_table.py has the rates and the cells). No I/O."""
+        return []
 
     def features(self) -> dict[str, Any]:
         """What this service tells the same service on peer brokers when they meet (JSON

@@ -1,17 +1,20 @@
 """A service is a plug-in: a tiny one that lives here (tests/plugins/echo_service.py, found by
 the entry point of tiny_service-0.dist-info beside it) gets its config section, its metric,
-its status lines, its reloads and its features in a real broker, with nothing of zbroker
-naming it; a broker without it refuses its section, and one whose plug-in does not load says
+its status lines, its reloads, its features, an endpoint on the broker's transport, a
+``zbroker`` sub-command and a ``top`` table in a real broker, with nothing of zbroker naming
+it; a broker without it refuses its section, and one whose plug-in does not load says
 which."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
+import zmq
 from helpers import free_port, run_zbroker, wait_for, write_config
 from metrics_helpers import scrape, value
 
@@ -54,10 +57,36 @@ def test_a_plugin_gets_its_section_a_metric_and_status_lines(with_plugin, start_
     rc, out, err = zb(b, "status")
     assert rc == 0, err
     lines = out.splitlines()
+    assert "echo:" in lines, out
     assert lines[lines.index("echo:") + 1] == "  says 'hi there' 3 times"
     rc, out, _ = zb(b, "status", "--json")
     assert json.loads(out)["services"]["echo"] == {"greeting": "hi there", "repeat": 3,
-                                                   "peers": {}}
+                                                   "peers": {}, "echoed": 0}
+
+
+def test_a_plugin_gets_an_endpoint_a_sub_command_and_a_top_table(with_plugin, start_broker,
+                                                                  ctx):
+    """All through the plug-in interface: the endpoint is served by the broker's transport,
+    ``zbroker echo`` is the service's command, the ``top`` table its own."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    b = start_broker(config=echo_config(greeting="hi", endpoint=endpoint))
+    wait_for(lambda: "broker started" in b.stderr(), 10, "the broker's start")
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(endpoint)
+    for i in range(3):
+        sock.send_multipart([b"frame", b"%d" % i])
+        assert sock.recv_multipart() == [b"frame", b"%d" % i]
+    rc, out, err = zb(b, "echo", "hello there")
+    assert (rc, out, err) == (0, "hello there\n", "")
+    rc, out, err = zb(b, "top", "--once", "--interval", "0.1")
+    assert rc == 0, err
+    assert "echo: says 'hi'" in out, out
+    assert re.search(rf"^{re.escape(endpoint)}\s+4\s", out, re.M), out  # three, and the command's
+    r = run_zbroker(["--help"], cwd=b.dir)
+    assert "zbroker echo TEXT [NAME]" in r.stdout, r.stdout
+    r = run_zbroker(["echo", "--help"], cwd=b.dir)
+    assert r.returncode == 0 and "Send TEXT to a running broker's echo service" in r.stdout
 
 
 def test_a_plugins_section_reloads_except_its_restart_keys(with_plugin, start_broker):

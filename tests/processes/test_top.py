@@ -18,6 +18,8 @@ from helpers import REPO_ROOT, broker_env, run_zbroker, wait_for
 
 import zpipes
 from zbroker.cli.top import Sample, compute_view, render_text
+from zbroker.pzq.top import queue_rows
+from zbroker.services.zpipes.top import pipe_rows
 
 
 def _status(pipes=None, queues=None, peers=None):
@@ -48,22 +50,28 @@ def test_rates_come_from_two_samples_and_the_busiest_come_first():
                {"name": "near", "endpoint": "tcp://a:1", "rtt_s": 0.0002}]))
     view = compute_view(before, after)
     assert view.interval == 2.0
-    assert [p["name"] for p in view.pipes] == ["fast", "new", "replaced", "slow"]
-    fast = view.pipes[0]
+    zpipes_now, zpipes_then = (s.status["services"]["zpipes"] for s in (after, before))
+    pipes = pipe_rows(zpipes_now, zpipes_then, 2.0)
+    assert [p["name"] for p in pipes] == ["fast", "new", "replaced", "slow"]
+    fast = pipes[0]
     assert (fast["write_rate"], fast["read_rate"]) == (4000.0, 2000.0)
-    assert view.pipes[1]["write_rate"] == 1000.0  # a new pipe counts from 0
-    assert view.pipes[2]["write_rate"] == 200.0
-    jobs, idle = view.queues
+    assert pipes[1]["write_rate"] == 1000.0  # a new pipe counts from 0
+    assert pipes[2]["write_rate"] == 200.0
+    jobs, idle = queue_rows(after.status["services"]["pzq"], before.status["services"]["pzq"],
+                            2.0)
     assert jobs["name"] == "jobs" and idle["name"] == "idle"
     assert (jobs["produced_rate"], jobs["delivered_rate"], jobs["acked_rate"]) == (10, 5, 3)
     assert jobs["backlog"] == 15 and jobs["backlog_bytes"] == 150
     assert [p["name"] for p in view.peers] == ["far", "near"]  # the slowest round trip first
-    assert view.clients == 3
+    # each service's tables, as its plug-in makes them, in the order of the status
+    assert [t.title for t in view.tables] == ["ZPIPES: 3 clients, 3 connections, 4 pipes",
+                                              "pzq: 2 queues"]
+    assert [row[0] for row in view.tables[0].rows] == ["fast", "new", "replaced", "slow"]
 
 
 def test_the_first_sample_has_no_rates_and_text_says_so():
     view = compute_view(None, Sample(1.0, _status(pipes={"p": _pipe(10, 10)})))
-    assert view.interval is None and view.pipes[0]["write_rate"] is None
+    assert view.interval is None and view.tables[0].rows[0][3] == "-"
     text = render_text(view)
     assert re.search(r"^p\s+1\s+1\s+-\s+-\s+0 B$", text, re.M), text
     assert "rates over" not in text

@@ -82,7 +82,7 @@ def test_check_config_without_a_file_checks_what_the_broker_would_read(capsys, t
 
 def test_sub_commands_are_dispatched_by_first_word(monkeypatch):
     seen = []
-    monkeypatch.setitem(cli.COMMANDS, "status", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setitem(cli.BUILTIN, "status", lambda argv: seen.append(list(argv)) or 0)
     assert cli.main(["status", "--json"]) == 0
     assert seen == [["--json"]]
 

@@ -3,11 +3,14 @@
     zbroker [NAME] [--config FILE] [--log-level LEVEL] [--animate]
     zbroker check-config [FILE]
 
-A first argument that names a sub-command (see COMMANDS) runs that sub-command; one that is
-close to a sub-command's name is refused as its typo (``zbroker -- NAME`` runs a broker of
-that name); anything else is the broker's own command line. A sub-command is a function
-``(argv) -> exit code``; to add one, write it and register it in COMMANDS. (So a broker
-cannot be named like a sub-command.)
+A first argument that names a sub-command (:func:`commands`: the broker's own, BUILTIN, and
+those the installed services contribute) runs that sub-command; one that is close to a
+sub-command's name is refused as its typo (``zbroker -- NAME`` runs a broker of that name);
+anything else is the broker's own command line. A sub-command is a
+:class:`zbroker.command.Command` (its parser, and what it does with the arguments); a service
+gives its own through its plug-in class (``Service.commands``), and they are listed in
+``--help``, the man page and the completion with the broker's. (So a broker cannot be named
+like a sub-command.)
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from zbroker import logs
 from zbroker.cli.commands import MANAGEMENT_COMMANDS
 from zbroker.cli.common import error
+from zbroker.command import Command
 from zbroker.config import (
     CONFIG_SEARCH_PATH,
     LOG_LEVELS,
@@ -59,9 +63,7 @@ commands (NAME: the broker's name, default broker.name of the config):
   zbroker set KEY VALUE [NAME]  change one setting of the running broker (until reload)
   zbroker reload [NAME]         re-read the config file (as SIGHUP does)
   zbroker stop [NAME]           stop the broker (as SIGTERM does)
-  zbroker queue put|get QUEUE   put messages into / get them from a pzq queue
-  zbroker queue group create|list|delete QUEUE [G]   a stream queue's reader groups
-  zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
+{{services}}  zbroker logs [-f] [--level L] [--pipe P] [NAME]   show and follow the broker's events
   zbroker init DIR              write the example config, queue config, systemd unit,
                                 logrotate/rsyslog files, dashboard, man pages, completion
   zbroker completion SHELL      print the shell completion (bash, zsh, tcsh)
@@ -88,7 +90,8 @@ def broker_parser() -> argparse.ArgumentParser:
               "       [--join-file FILE | --join TOKEN|-] [--advertise ADDRESS] [--metrics ADDR]\n"
               "       %(prog)s COMMAND [ARGS]",
         description=DESCRIPTION,
-        epilog=EPILOG,
+        epilog=EPILOG.replace("{services}", "".join(
+            f"  zbroker {line}\n" for c in services_commands().values() for line in c.usage)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", metavar="NAME", nargs="?",
@@ -327,9 +330,7 @@ def _say_joined(log: Any, token: Any, installed: tuple[Any, str], args: Any) -> 
                     "of this host: next time use --join-file FILE or --join -")
 
 
-def check_config(argv: Sequence[str]) -> int:
-    from zbroker.config_checks import config_problems
-
+def _check_config_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker check-config",
         description="Validate a zbroker config file as the broker's start does (all but what "
@@ -341,7 +342,12 @@ def check_config(argv: Sequence[str]) -> int:
                     + ", then ".join(CONFIG_SEARCH_PATH) + ".",
     )
     parser.add_argument("file", metavar="FILE", nargs="?", help="the config file to check")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from zbroker.config_checks import config_problems
+
     which = ""
     path = args.file
     if path is None:
@@ -386,7 +392,7 @@ def _running_config() -> tuple[str, str | None] | None:
     return name, status.get("config")
 
 
-def keygen(argv: Sequence[str]) -> int:
+def _keygen_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker keygen",
         description="Write a new CURVE key pair for a cluster to FILE (mode 0600). Copy the "
@@ -396,7 +402,10 @@ def keygen(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", metavar="FILE", help="where to write the key pair (must not "
                                                      "exist)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _keygen(args: argparse.Namespace) -> int:
     from zbroker.cluster.security import generate_key_file
 
     try:
@@ -411,36 +420,69 @@ def keygen(argv: Sequence[str]) -> int:
     return 0
 
 
-def queue_command(argv: Sequence[str]) -> int:
-    """``zbroker queue ...``: pzq's shell (loaded when used: it imports this package's
-    helpers)."""
-    from zbroker.pzq.shell import main
-
-    return main(argv)
-
-
-#: sub-commands by name: each takes the arguments after its name and returns an exit status
-COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
-    "check-config": check_config,
-    "queue": queue_command,
-    "keygen": keygen,
-    "init": lambda argv: _install().init_command(argv),
-    "completion": lambda argv: _install().completion_command(argv),
-    **MANAGEMENT_COMMANDS,
-}
-
-
 def _install() -> Any:
     from zbroker.cli import install  # (argparse-manpage and shtab only when asked for)
 
     return install
 
 
+#: the broker's own sub-commands, by name
+BUILTIN: dict[str, Command] = {
+    "check-config": Command("check-config", _check_config_parser, _check_config),
+    "keygen": Command("keygen", _keygen_parser, _keygen),
+    "init": Command("init", lambda: _install().init_parser(),
+                    lambda args: _install().init(args, zbroker_parser)),
+    "completion": Command("completion", lambda: _install().completion_parser(),
+                          lambda args: _install().print_completion(args, zbroker_parser)),
+    **MANAGEMENT_COMMANDS,
+}
+
+
+def services_commands() -> dict[str, Command]:
+    """The sub-commands the installed services contribute (``Service.commands``), by name;
+    none when the plug-ins cannot be loaded (a broker's start says why). A service's command
+    named like one of the broker's, or another service's before it, is not taken."""
+    from zbroker.services import PluginError, installed
+
+    try:
+        services = installed()
+    except PluginError:
+        return {}
+    found: dict[str, Command] = {}
+    for cls in services.values():
+        for command in cls.commands():
+            if command.name not in BUILTIN and command.name not in found:
+                found[command.name] = command
+    return found
+
+
+def commands() -> dict[str, Command]:
+    """Every sub-command, by name: the broker's, then the services'."""
+    return {**BUILTIN, **services_commands()}
+
+
+def zbroker_parser() -> argparse.ArgumentParser:
+    """The broker's parser with every sub-command's under it (for man pages and completion:
+    the command itself dispatches on its first word)."""
+    parser = broker_parser()
+    parser.prog = "zbroker"
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, command in commands().items():
+        sub = command.parser()
+        subs.add_parser(name, parents=[sub], add_help=False, conflict_handler="resolve",
+                        help=(sub.description or "").split(". ")[0].split("\n")[0],
+                        description=sub.description)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in COMMANDS:
-        return COMMANDS[argv[0]](argv[1:])
-    if argv and (close := difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.75)):
+    if argv and argv[0] in BUILTIN:
+        return BUILTIN[argv[0]](argv[1:])
+    every = commands() if argv and not argv[0].startswith("-") else BUILTIN
+    if argv and argv[0] in every:
+        return every[argv[0]](argv[1:])
+    if argv and (close := difflib.get_close_matches(argv[0], every, n=1, cutoff=0.75)):
         # a typo of a sub-command would start a broker of that name
         error(f"{argv[0]!r} is not a command: did you mean {close[0]!r}? (to run a broker "
               f"named {argv[0]!r}: zbroker -- {argv[0]})")

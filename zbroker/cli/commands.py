@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -31,6 +31,8 @@ from zbroker.cli.common import (
     seconds_argument,
     trouble_lines,
 )
+from zbroker.cli.top import top_command
+from zbroker.command import Command
 from zbroker.config import (
     LOG_LEVELS,
     ConfigError,
@@ -130,36 +132,42 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _ask_and_show(parser: argparse.ArgumentParser, argv: Sequence[str], command: str,
+def _ask_and_show(args: argparse.Namespace, command: str,
                   show: Callable[[dict[str, Any]], str]) -> int:
     """Ask the broker ``command`` and print its answer: as JSON with --json, else as
     ``show`` puts it; the exit status of the call."""
-    common_options(parser)
-    args = parser.parse_args(argv)
     rc, result = _call(args, {"command": command})
     if rc == 0:
         _print_json(result) if args.json else print(show(result))
     return rc
 
 
-def status_command(argv: Sequence[str]) -> int:
+def _status_parser() -> argparse.ArgumentParser:
     parser = command_parser("status", "[NAME] [--json]",
                      "Show what a running broker is doing: uptime, its services (for ZPIPES: "
                      "clients, pipes with their readers, writers and buffered bytes), its log "
                      "outputs (syslog: sent, dropped, queued records).")
-    return _ask_and_show(parser, argv, "status", format_status)
+    common_options(parser)
+    return parser
+
+
+status_command = Command("status", _status_parser,
+                         lambda args: _ask_and_show(args, "status", format_status))
 
 
 # --- get, set ------------------------------------------------------------------------------
 
 
-def get_command(argv: Sequence[str]) -> int:
+def _get_parser() -> argparse.ArgumentParser:
     parser = command_parser("get", "[KEY] [NAME] [--json]",
                      "Show settings of a running broker: KEY is a dotted key of the config "
                      "(log.level) or a section (log); all settings without KEY.")
     parser.add_argument("key", metavar="KEY", nargs="?", help="e.g. log.level, clients, log")
     common_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _get(args: argparse.Namespace) -> int:
     rc, result = _call(args, {"command": "get", "key": args.key})
     if rc == 0:
         if args.json:
@@ -172,6 +180,9 @@ def get_command(argv: Sequence[str]) -> int:
     return rc
 
 
+get_command = Command("get", _get_parser, _get)
+
+
 def parse_value(text: str) -> Any:
     """A value typed on the command line, read as YAML reads a scalar: ``30`` is a number,
     ``true`` a boolean, ``null`` nothing, anything else text."""
@@ -182,7 +193,7 @@ def parse_value(text: str) -> Any:
     return value if value is None or isinstance(value, str | int | float | bool) else text
 
 
-def set_command(argv: Sequence[str]) -> int:
+def _set_parser() -> argparse.ArgumentParser:
     parser = command_parser("set", "KEY VALUE [NAME] [--json]",
                      "Change one setting of a running broker, applied as a reload applies it; "
                      "an invalid value is refused with the reason. The change lasts until the "
@@ -192,7 +203,10 @@ def set_command(argv: Sequence[str]) -> int:
     parser.add_argument("value", metavar="VALUE",
                         help="the value as in the config file, e.g. debug, 30, 1MiB, null")
     common_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _set(args: argparse.Namespace) -> int:
     rc, result = _call(args, {"command": "set", "key": args.key,
                               "value": parse_value(args.value)})
     if rc == 0:
@@ -205,15 +219,19 @@ def set_command(argv: Sequence[str]) -> int:
     return rc
 
 
+set_command = Command("set", _set_parser, _set)
+
+
 # --- reload, stop --------------------------------------------------------------------------
 
 
-def reload_command(argv: Sequence[str]) -> int:
+def _reload_parser() -> argparse.ArgumentParser:
     parser = command_parser("reload", "[NAME] [--json]",
                      "Make a running broker re-read its config file, as SIGHUP does; a broken "
                      "config is refused (exit status 1, with the reason) and the broker keeps "
                      "the one it has.")
-    return _ask_and_show(parser, argv, "reload", format_reload)
+    common_options(parser)
+    return parser
 
 
 def format_reload(result: dict[str, Any]) -> str:
@@ -240,7 +258,11 @@ def format_reload(result: dict[str, Any]) -> str:
     return line
 
 
-def join_token_command(argv: Sequence[str]) -> int:
+reload_command = Command("reload", _reload_parser,
+                         lambda args: _ask_and_show(args, "reload", format_reload))
+
+
+def _join_token_parser() -> argparse.ArgumentParser:
     parser = command_parser("join-token", "[NAME] [--token] [--json]",
                      "Say what to run on another host to join the cluster of a running "
                      "broker: the broker writes its cluster's join file again (its key and "
@@ -250,7 +272,10 @@ def join_token_command(argv: Sequence[str]) -> int:
                         help="print only the token, e.g. for "
                              "`zbroker join-token --token | ssh HOST zbroker local --join -`")
     common_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _join_token(args: argparse.Namespace) -> int:
     rc, result = _call(args, {"command": "join-token"})
     if rc == 0:
         if args.json:
@@ -260,14 +285,20 @@ def join_token_command(argv: Sequence[str]) -> int:
     return rc
 
 
-def stop_command(argv: Sequence[str]) -> int:
+join_token_command = Command("join-token", _join_token_parser, _join_token)
+
+
+def _stop_parser() -> argparse.ArgumentParser:
     parser = command_parser("stop", "[NAME] [--json] [--wait SECONDS]",
                      "Stop a running broker, as SIGTERM does, and return once its process has "
                      "exited. Exit status 1 if it is still running after --wait seconds.")
     common_options(parser)
     parser.add_argument("--wait", type=seconds_argument, default=10.0, metavar="SECONDS",
                         help="how long to wait for the broker to exit (default 10)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _stop(args: argparse.Namespace) -> int:
     rc, result = _call(args, {"command": "stop"})
     if rc != 0:
         return rc
@@ -286,6 +317,9 @@ def stop_command(argv: Sequence[str]) -> int:
                f"{args.wait:g} s; see `zbroker logs {name}`, or kill it: kill -KILL {pid}")
         return 1
     return 0
+
+
+stop_command = Command("stop", _stop_parser, _stop)
 
 
 def process_gone(pid: int) -> bool:
@@ -311,7 +345,7 @@ def process_gone(pid: int) -> bool:
 # --- logs ----------------------------------------------------------------------------------
 
 
-def logs_command(argv: Sequence[str]) -> int:
+def _logs_parser() -> argparse.ArgumentParser:
     parser = command_parser("logs", "[-f] [--level LEVEL] [--pipe NAME] [-n LINES] [NAME] [--json]",
                      "Show a running broker's recent events and, with -f, follow new ones "
                      "until the broker stops (or Ctrl-C). Filtering is done by the broker. "
@@ -324,7 +358,10 @@ def logs_command(argv: Sequence[str]) -> int:
     parser.add_argument("-n", "--lines", type=int, default=20, metavar="LINES",
                         help="recent events shown first (default 20)")
     common_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _logs(args: argparse.Namespace) -> int:
     try:
         name, run_dir = locate(args)
         return follow_logs(run_dir, name, sys.stdout, format="json" if args.json else "console",
@@ -337,13 +374,10 @@ def logs_command(argv: Sequence[str]) -> int:
         return 0
 
 
-def top_command(argv: Sequence[str]) -> int:
-    from zbroker.cli.top import top_command as top
-
-    return top(argv)
+logs_command = Command("logs", _logs_parser, _logs)
 
 
-MANAGEMENT_COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+MANAGEMENT_COMMANDS: dict[str, Command] = {
     "status": status_command,
     "top": top_command,
     "get": get_command,

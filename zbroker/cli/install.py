@@ -14,7 +14,7 @@ import argparse
 import os
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -38,46 +38,12 @@ def shared_text(name: str) -> str:
 # --- the parsers -------------------------------------------------------------------------------
 
 
-class _Parser(Exception):
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self.parser = parser
+#: how the ``zbroker`` command's whole parser is made (the CLI's, with every sub-command's
+#: under it, services' included): given by the caller, which knows them
+ParserMaker = Callable[[], argparse.ArgumentParser]
 
 
-def _parser_of(command: Callable[[Sequence[str]], int]) -> argparse.ArgumentParser:
-    """The parser a sub-command builds for itself: it is called, and stopped as it parses.
-    (Each sub-command makes its parser where it runs; this takes it without running it.)"""
-    def stop(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
-        raise _Parser(self)
-
-    original = argparse.ArgumentParser.parse_known_args
-    argparse.ArgumentParser.parse_known_args = stop  # type: ignore[assignment]
-    try:
-        command([])
-    except _Parser as found:
-        return found.parser
-    finally:
-        argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]
-    raise RuntimeError(f"{command.__name__} parsed nothing")
-
-
-def zbroker_parser() -> argparse.ArgumentParser:
-    """The broker's parser with every sub-command's under it (for man pages and completion:
-    the command itself dispatches on its first word)."""
-    from zbroker.cli import COMMANDS as SUB
-    from zbroker.cli import broker_parser
-
-    parser = broker_parser()
-    parser.prog = "zbroker"
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, command in SUB.items():
-        sub = _parser_of(command)
-        commands.add_parser(name, parents=[sub], add_help=False, conflict_handler="resolve",
-                            help=(sub.description or "").split(". ")[0].split("\n")[0],
-                            description=sub.description)
-    return parser
-
-
-def parser_for(command: str) -> argparse.ArgumentParser:
+def parser_for(command: str, zbroker_parser: ParserMaker) -> argparse.ArgumentParser:
     if command == "zbroker":
         return zbroker_parser()
     if command == "zpipes":
@@ -100,20 +66,20 @@ SUMMARY = {"zbroker": "a ZeroMQ broker hosting named pipes (ZPIPES) and queues (
            "pzq": "a standalone pzq queue: persistent store and forward for ZeroMQ"}
 
 
-def man_page(command: str) -> str:
+def man_page(command: str, zbroker_parser: ParserMaker) -> str:
     from argparse_manpage.manpage import Manpage
 
     from zpipes.version import version
 
-    return str(Manpage(parser_for(command), {
+    return str(Manpage(parser_for(command, zbroker_parser), {
         "project_name": "zbroker", "version": version(), "manual_title": "zbroker manual",
         "manual_section": "1", "description": SUMMARY[command], "url": "", "authors": []}))
 
 
-def completion(command: str, shell: str) -> str:
+def completion(command: str, shell: str, zbroker_parser: ParserMaker) -> str:
     import shtab
 
-    return shtab.complete(parser_for(command), shell=shell)
+    return shtab.complete(parser_for(command, zbroker_parser), shell=shell)
 
 
 # --- zbroker init ------------------------------------------------------------------------------
@@ -126,7 +92,7 @@ def unit_for_this_install(text: str, config: Path) -> str:
                         f"ExecStart={exe} --config {config}")
 
 
-def planned(target: Path) -> dict[Path, Callable[[], str]]:
+def planned(target: Path, zbroker_parser: ParserMaker) -> dict[Path, Callable[[], str]]:
     """What ``zbroker init`` writes into ``target``, by path: a function giving its text."""
     out: dict[Path, Callable[[], str]] = {}
     for name, source in SHARED.items():
@@ -136,14 +102,15 @@ def planned(target: Path) -> dict[Path, Callable[[], str]]:
         else:
             out[target / name] = lambda s=source: shared_text(s)
     for command in COMMANDS:
-        out[target / "man" / "man1" / f"{command}.1"] = lambda c=command: man_page(c)
+        out[target / "man" / "man1" / f"{command}.1"] = (
+            lambda c=command: man_page(c, zbroker_parser))
         for shell in ("bash", "zsh"):
             out[target / "completion" / shell / command] = (
-                lambda c=command, sh=shell: completion(c, sh))
+                lambda c=command, sh=shell: completion(c, sh, zbroker_parser))
     return out
 
 
-def init_command(argv: Sequence[str]) -> int:
+def init_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker init",
         description="Write what an install needs beside the commands into DIR: zbroker.cfg "
@@ -158,9 +125,12 @@ def init_command(argv: Sequence[str]) -> int:
                "/etc/zbroker/completion/bash/* /usr/share/bash-completion/completions/`.")
     parser.add_argument("dir", metavar="DIR", help="where to write (made if missing)")
     parser.add_argument("--force", action="store_true", help="overwrite files already there")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def init(args: argparse.Namespace, zbroker_parser: ParserMaker) -> int:
     target = Path(args.dir)
-    plan = planned(target)
+    plan = planned(target, zbroker_parser)
     there = [str(p) for p in plan if p.exists()]
     if there and not args.force:
         error(f"init: {len(there)} of the files are there already (--force overwrites "
@@ -181,7 +151,7 @@ def init_command(argv: Sequence[str]) -> int:
     return 0
 
 
-def completion_command(argv: Sequence[str]) -> int:
+def completion_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zbroker completion",
         description="Print the shell completion of a command, made from its parser: e.g. "
@@ -190,6 +160,9 @@ def completion_command(argv: Sequence[str]) -> int:
     parser.add_argument("shell", choices=SHELLS)
     parser.add_argument("--command", choices=COMMANDS, default="zbroker",
                         help="the command to complete (default zbroker)")
-    args = parser.parse_args(argv)
-    sys.stdout.write(completion(args.command, args.shell))
+    return parser
+
+
+def print_completion(args: argparse.Namespace, zbroker_parser: ParserMaker) -> int:
+    sys.stdout.write(completion(args.command, args.shell, zbroker_parser))
     return 0

@@ -17,7 +17,7 @@ import os
 import select
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +30,12 @@ from zbroker.cli.common import (
     plural,
     trouble_lines,
 )
+from zbroker.command import Command
 from zbroker.config import ConfigError
 from zbroker.management import CommandError, NoAccess, NotRunning, request
-from zpipes.progress import human_bytes
+from zbroker.top_table import TopTable
 
-MAX_ROWS = 50  # rows of each table at most (the busiest)
+MAX_ROWS = 50  # rows of the peers' table at most (the slowest)
 
 
 @dataclass(frozen=True)
@@ -51,66 +52,27 @@ class View:
     pid: int
     uptime: float
     interval: float | None  # seconds between the two samples (None: only one so far)
-    clients: int = 0
-    connections: int = 0
-    pipes: list[dict[str, Any]] = field(default_factory=list)
-    queues: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[TopTable] = field(default_factory=list)  # the services', in their order
     peers: list[dict[str, Any]] = field(default_factory=list)
     cluster: bool = False
     troubles: list[str] = field(default_factory=list)  # contacts not answering, peers refused
 
 
-def _rate(now: float, before: float | None, dt: float | None) -> float | None:
-    """Per second; None without a previous sample. A counter that went down (its ends were
-    replaced) counts from 0."""
-    if dt is None or dt <= 0 or before is None:
-        return None
-    return (now - before if now >= before else now) / dt
-
-
-def _sort_key(rate: float | None, name: str) -> tuple[float, str]:
-    return (-(rate or 0.0), name)
-
-
 def compute_view(prev: Sample | None, cur: Sample) -> View:
     """What ``zbroker top`` shows for the status ``cur``, with rates since ``prev`` (the
-    previous sample, or None), every table sorted by rate, the busiest first."""
+    previous sample, or None): each service's tables as its plug-in makes them
+    (``Service.top_tables``: a service without a plug-in here shows none), the peers."""
     s = cur.status
     dt = cur.at - prev.at if prev is not None else None
-    old = prev.status if prev is not None else {}
+    old = prev.status.get("services", {}) if prev is not None else {}
     view = View(broker=s.get("name", "?"), pid=s.get("pid", 0), uptime=s.get("uptime", 0.0),
                 interval=dt)
-    zpipes = s.get("services", {}).get("zpipes") or {}
-    old_pipes = (old.get("services", {}).get("zpipes") or {}).get("pipes", {})
-    view.clients = zpipes.get("clients", 0)
-    view.connections = zpipes.get("connections", 0)
-    for name, p in (zpipes.get("pipes") or {}).items():
-        before = old_pipes.get(name, {}) if prev is not None else None
-        w = _rate(p.get("bytes_written", 0),
-                  before.get("bytes_written", 0) if before is not None else None, dt)
-        r = _rate(p.get("bytes_read", 0),
-                  before.get("bytes_read", 0) if before is not None else None, dt)
-        view.pipes.append({"name": name, "readers": p.get("readers", 0),
-                           "writers": p.get("writers", 0), "write_rate": w, "read_rate": r,
-                           "buffered": p.get("buffered", 0),
-                           "rate": None if w is None else w + (r or 0.0)})
-    view.pipes.sort(key=lambda p: _sort_key(p["rate"], p["name"]))
-    queues = s.get("services", {}).get("pzq") or {}
-    old_queues = old.get("services", {}).get("pzq") or {}
-    for name, q in queues.items():
-        before = old_queues.get(name, {}) if prev is not None else None
-        rates = {key: _rate(q.get(key, 0), before.get(key, 0) if before is not None else None,
-                            dt)
-                 for key in ("produced", "delivered", "consumer_acks")}
-        view.queues.append({
-            "name": name, "produced_rate": rates["produced"],
-            "delivered_rate": rates["delivered"], "acked_rate": rates["consumer_acks"],
-            "backlog": q.get("messages", 0), "backlog_bytes": q.get("backlog_bytes", 0),
-            "inflight": q.get("messages_inflight", 0), "consumers": q.get("consumers", 0),
-            "producers": q.get("producers", 0),
-            "rate": None if rates["produced"] is None
-            else rates["produced"] + (rates["delivered"] or 0.0)})
-    view.queues.sort(key=lambda q: _sort_key(q["rate"], q["name"]))
+    plugins = _plugins()
+    for name, status in (s.get("services") or {}).items():
+        service = plugins.get(name)
+        if service is not None and isinstance(status, dict):
+            before = (old.get(name) or {}) if prev is not None else None
+            view.tables += service.top_tables(status, before, dt)
     cluster = s.get("cluster")
     if cluster:
         view.cluster = True
@@ -124,26 +86,16 @@ def compute_view(prev: Sample | None, cur: Sample) -> View:
     return view
 
 
+def _plugins() -> dict[str, Any]:
+    from zbroker.services import PluginError, installed
+
+    try:
+        return installed()
+    except PluginError:
+        return {}
+
+
 # --- drawing ---------------------------------------------------------------------------------
-
-
-def _bytes_rate(rate: float | None) -> str:
-    return "-" if rate is None else f"{human_bytes(rate)}/s"
-
-
-def _count_rate(rate: float | None) -> str:
-    return "-" if rate is None else f"{_count(rate)}/s"
-
-
-def _count(n: float) -> str:
-    """A count in at most six characters: 950, 12.5k, 1.23M (the columns fit 80)."""
-    if n < 1000:
-        return f"{n:.1f}" if n and n < 100 and n != int(n) else f"{n:.0f}"
-    for unit in ("k", "M", "G"):
-        n /= 1000
-        if n < 1000:
-            return f"{n:.3g}{unit}"
-    return f"{n:.0f}G"
 
 
 def _uptime(seconds: float) -> str:
@@ -167,31 +119,15 @@ def render(view: View, plain: bool = False) -> Any:
         f"{every}" + ("" if plain else "   q: quit"), style=None if plain else "bold",
         no_wrap=True, overflow="ellipsis")]
 
-    parts.append(Text(f"ZPIPES: {view.clients} clients, {view.connections} connections, "
-                      f"{len(view.pipes)} pipes"))
-    if view.pipes:
-        t = Table(**style)
-        for col in ("PIPE", "READERS", "WRITERS", "WRITE", "READ", "BUFFERED"):
-            t.add_column(col, justify="left" if col == "PIPE" else "right", no_wrap=True)
-        for p in view.pipes[:MAX_ROWS]:
-            t.add_row(p["name"], str(p["readers"]), str(p["writers"]),
-                      _bytes_rate(p["write_rate"]), _bytes_rate(p["read_rate"]),
-                      human_bytes(p["buffered"]))
-        parts.append(t)
-    if view.queues:
-        parts.append(Text(f"pzq: {len(view.queues)} queues"))
-        t = Table(**style)
-        # (headers that fit 80 columns with a queue name of 16: "BYTES" is the backlog's,
-        # "P/C" producers and consumers connected)
-        for col in ("QUEUE", "PRODUCED", "DELIVERED", "ACKED", "BACKLOG", "BYTES",
-                    "IN FLIGHT", "P/C"):
-            t.add_column(col, justify="left" if col == "QUEUE" else "right", no_wrap=True)
-        for q in view.queues[:MAX_ROWS]:
-            t.add_row(q["name"], _count_rate(q["produced_rate"]),
-                      _count_rate(q["delivered_rate"]), _count_rate(q["acked_rate"]),
-                      _count(q["backlog"]), human_bytes(q["backlog_bytes"]),
-                      _count(q["inflight"]), f"{q['producers']}/{q['consumers']}")
-        parts.append(t)
+    for table in view.tables:
+        parts.append(Text(table.title))
+        if table.rows:
+            t = Table(**style)
+            for i, col in enumerate(table.columns):
+                t.add_column(col, justify="right" if i else "left", no_wrap=True)
+            for row in table.rows:
+                t.add_row(*row)
+            parts.append(t)
     if view.cluster:
         parts.append(Text(f"cluster: {plural(len(view.peers), 'peer')}"))
         parts += [Text(line) for line in view.troubles[:MAX_ROWS]]
@@ -233,7 +169,7 @@ def _interval(text: str) -> float:
     return value
 
 
-def top_command(argv: Sequence[str]) -> int:
+def _top_parser() -> argparse.ArgumentParser:
     parser = command_parser("top", "[NAME] [--once] [--interval SECONDS]",
                      "A live view of a running broker: ZPIPES clients and pipes with their "
                      "byte rates, pzq queues with their rates and backlog, cluster peers with "
@@ -244,7 +180,10 @@ def top_command(argv: Sequence[str]) -> int:
                         help="print one view as plain text (rates over one interval) and exit")
     parser.add_argument("--interval", "-i", type=_interval, default=1.0, metavar="SECONDS",
                         help="seconds between refreshes (default 1)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _top(args: argparse.Namespace) -> int:
     try:
         name, run_dir = locate(args)
     except ConfigError as exc:
@@ -263,6 +202,9 @@ def top_command(argv: Sequence[str]) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+
+
+top_command = Command("top", _top_parser, _top)
 
 
 def _plain(sample: Callable[[], Sample], interval: float, once: bool) -> int:

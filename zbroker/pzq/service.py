@@ -6,6 +6,7 @@ routes the peers' replication messages to the queue they name (replication.py).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -13,8 +14,10 @@ from typing import Any
 
 import zmq
 
+from zbroker.command import Command
 from zbroker.pzq.core import peering
 from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
+from zbroker.top_table import TopTable
 
 from .config import PzqConfig
 from .host_names import HostNames
@@ -169,6 +172,19 @@ class PzqService(Service):
 
         return families(metrics.get("queues", {}))
 
+    @classmethod
+    def commands(cls) -> list[Command]:
+        return [Command("queue", _shell_parser, _shell_run, usage=(
+            "queue put|get QUEUE   put messages into / get them from a pzq queue",
+            "queue group create|list|delete QUEUE [G]   a stream queue's reader groups"))]
+
+    @classmethod
+    def top_tables(cls, status: Mapping[str, Any], before: Mapping[str, Any] | None,
+                   interval: float | None) -> list[TopTable]:
+        from .top import tables
+
+        return tables(status, before, interval)
+
     def __init__(self) -> None:
         self.queues: dict[str, QueueServer] = {}
         self._log: Any = None
@@ -251,3 +267,15 @@ class PzqService(Service):
                           if q.settings.credit_endpoint and q.stream is None else {}),
                        **q.counters()}
                 for name, q in self.queues.items()}
+
+
+def _shell_parser() -> argparse.ArgumentParser:
+    from .shell import parser  # (the shell's imports only when it is used)
+
+    return parser()
+
+
+def _shell_run(args: argparse.Namespace) -> int:
+    from .shell import run
+
+    return run(args)

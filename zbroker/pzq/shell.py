@@ -40,8 +40,9 @@ from typing import Any
 
 import zmq
 
-from zbroker.cli.common import load_for_locating, seconds_argument
+from zbroker.command import seconds_argument
 from zbroker.config import ConfigError
+from zbroker.locating import load_for_locating
 from zbroker.management import CommandError, NotRunning, request
 from zbroker.pzq.core import wire
 from zpipes import progress
@@ -333,7 +334,11 @@ def _from_config(config: Any, queue: str, note: str) -> QueueInfo:
 
 
 def main(argv: Sequence[str]) -> int:
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``zbroker queue ...`` with its arguments parsed (its exit status)."""
     try:
         info = _lookup(args)
     except ConfigError as exc:
