@@ -16,7 +16,7 @@ from helpers import wait_for
 
 from zbroker.pzq.core import records
 from zbroker.pzq.store import BatchResult, Store, list_segments, segment_name
-from zbroker.pzq.writers import Writers
+from zbroker.pzq.writers import Writers, shared
 
 WAIT = 10.0
 
@@ -47,14 +47,15 @@ class Harness:
                                                                         **kw)
         self.recovered = self.store.open()
         self.results: queue.Queue[BatchResult] = queue.Queue()
-        self.store.start(self.results.put, None if clock is None else clock.writers)
+        self.writers = shared() if clock is None else clock.writers
+        self.store.start(self.results.put, self.writers)
         self.completed: set[int] = set()
         self.failed: list[BatchResult] = []
 
     def timer(self, after: float | None = None) -> float:
         """When the writer's next look at the store is due (on ``clock``), once it has set
         that timer (one other than ``after``, the one it had)."""
-        writers = self.clock.writers
+        writers = self.writers
         return wait_for(lambda: (due := writers.due(self.store)) not in (None, after) and due,
                         WAIT, "the writer to set its timer")
 
@@ -74,12 +75,18 @@ class Harness:
         return r
 
     def settle(self) -> None:
-        """Take reports until the writer has been idle for a moment."""
+        """Take reports until the writer has nothing left to do for the store (no turn now
+        or by a timer; what the reports taken made it do, done)."""
+        deadline = time.monotonic() + WAIT
         while True:
             try:
-                self.take(0.2)
+                self.take(0.01)
+                continue
             except queue.Empty:
-                return
+                pass
+            if not self.writers.busy(self.store) and self.results.empty():
+                return  # (a turn reports before it ends: nothing can come now)
+            assert time.monotonic() < deadline, "the writer did not settle"
 
     def close(self) -> None:
         assert self.store.close()

@@ -79,6 +79,12 @@ class Writers:
         with self._cond:
             return self._due.get(store)
 
+    def busy(self, store: Writable) -> bool:
+        """Whether ``store`` has a turn now, or one to come by its timer (not only once
+        woken)."""
+        with self._cond:
+            return self._state.get(store) in ("ready", "busy") or store in self._due
+
     @property
     def stores(self) -> int:
         with self._cond:
