@@ -230,6 +230,28 @@ def test_a_refused_link_is_said_once_counted_and_closed():
     assert b.left == []
 
 
+def test_a_refusal_at_our_socket_is_given_to_the_host_whose_connection_we_closed():
+    """libzmq does not say whom our socket refused: the connections closed at our port since
+    the last look are (one each); a refusal whose connection is never found is given to no
+    one, and one the other side closed first (no trace here) is only counted."""
+    net = Network()
+    a = net.start("a", seeds=["b"])
+    d = a.core.diagnosis
+    a.run(d.socket_refused("not the cluster key", True, net.now))
+    a.run(d.socket_refused("handshake failed (the connection closed)", False, net.now))
+    assert a.lookups == 1  # one look for both
+    a.run(d.attribute({("b", 40000)}, net.now + 0.5))
+    said = a.said("cluster connection refused")
+    assert [(f["peer"], f["why"]) for f in said] == [("tcp://b:5670", "not the cluster key")]
+    assert d.refusals.total["ours"] == 2
+    a.run(d.socket_refused("not the cluster key", True, 1.0))
+    a.run(d.attribute({("b", 40000)}, 1.5))  # nothing closed since: it waits
+    assert a.lookups == 3 and len(a.said("cluster connection refused")) == 1
+    a.run(d.attribute({("b", 40000)}, 3.1))
+    assert a.said("cluster connection refused")[-1]["peer"] == "(address unknown)"
+    assert a.lookups == 3
+
+
 def test_a_contact_that_turns_out_to_be_ourselves_is_given_up():
     net = Network()
     a = net.start("a", seeds=["a2"])
@@ -339,3 +361,35 @@ async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_ord
         await until(lambda: len(b.messages) == 3)
         assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node.core.held
         assert a.left == [] and b.left == []
+
+
+async def test_a_seed_that_refuses_our_handshake_is_said_once_and_its_link_made_anew():
+    """A keyed broker whose seed has no key: its link's handshake fails; the layer tells the
+    core, which says it once and closes the link; the link is made anew, and followed again."""
+    ctx = zmq.Context()
+    b = Node(ctx, "b")
+    await b.node.start()
+    a = Node(ctx, "a", peers=[b.node.endpoint])
+    try:
+        with structlog.testing.capture_logs() as seen:
+            await a.node.start(keys=(zmq.curve_keypair(), None, False))
+            await until(lambda: b.node.endpoint in a.node._dealers)  # at the first tick
+            first = a.node._dealers[b.node.endpoint]
+            assert b.node.endpoint in a.node._monitors  # a seed's link is followed
+            await until(lambda: a.node.refusals.total["theirs"] >= 1, timeout=20)
+            await until(lambda: a.node._dealers.get(b.node.endpoint) not in (None, first),
+                        timeout=20)  # made anew (a link is given LINK_RETRY to connect)
+            assert b.node.endpoint in a.node._monitors  # and followed again
+            await until(lambda: first.closed)
+            # (a cause libzmq did not give is said once GUESS_WAIT has passed)
+            await until(lambda: any(e["event"] == "cluster link refused" for e in seen),
+                        timeout=20)
+        said = [e for e in seen if e["event"] == "cluster link refused"]
+        assert len(said) == 1 and said[0]["peer"] == b.node.endpoint, seen
+        assert said[0]["why"] in ("the peer runs without a key (cluster.insecure)",
+                                  "another cluster key")  # (the guess, when not told)
+        assert a.joined == [] and b.joined == []
+    finally:
+        await a.node.stop()
+        await b.node.stop()
+        ctx.destroy(linger=0)
