@@ -14,12 +14,7 @@ ROOT = Path(__file__).parents[2]
 PACKAGES = ("zbroker", "zpipes")
 #: cycles still to take apart, each as the set of its modules; a cycle not here fails the
 #: test, and so does one here that is gone (take it out of the list)
-KNOWN: list[set[str]] = [
-    # the ZPIPES core's parts call each other through attributes the facade sets, and
-    # import each other's types (issue "Redesign, step two": ZPIPES, one way)
-    {"zbroker.services.zpipes.directory", "zbroker.services.zpipes.engine",
-     "zbroker.services.zpipes.links"},
-]
+KNOWN: list[set[str]] = []
 
 
 def modules() -> dict[str, Path]:

@@ -37,7 +37,6 @@ from .actions import SendPeer
 from .pipes import PipeTable, Reader, Writer, pipe_name_problem, shown
 
 if TYPE_CHECKING:
-    from .engine import ClientEngine
     from .links import PeerLinks
 
 SELF = ""  # the owner of this broker's own entries
@@ -131,13 +130,13 @@ class Directory:
 
 
 class DirectoryMember:
-    """This broker's part in the pipe directory. ``engine`` and ``links`` are the server core's
-    other parts, set by it before the first event."""
+    """This broker's part in the pipe directory. It attaches the ends introduced to it through
+    the peer links (``links``), and calls nothing else of the server core: what it does to
+    ends is in the pipe table (the ends it wakes in ``woken``), what it sends in the output.
+    ``now`` is the time of the event being handled (the core sets it)."""
 
-    engine: ClientEngine
-    links: PeerLinks
-
-    def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int]) -> None:
+    def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int],
+                 links: PeerLinks) -> None:
         # per-pipe lines have a budget a second for each kind (zbroker/logs/budget.py),
         # larger for the ends peers (brokers of the cluster) tell ("peer") than for this
         # broker's own clients' ("lines"): a peer tells many at once when it links
@@ -145,6 +144,8 @@ class DirectoryMember:
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self._woken = woken  # ends the pipe table says may now be answered
+        self.links = links
+        self.now = 0.0
         self.member_id = ""  # this broker's id among the members (set by set_member)
         self.held = Directory()  # the ends registered with us as their pipes' home
         self._members: dict[str, str] = {}  # member id -> life, of peers speaking the directory
@@ -177,10 +178,11 @@ class DirectoryMember:
             if home == old:
                 self._registered[end] = (member_id, role, pipe)
 
-    def peer_up(self, peer: str, member: str, directory: bool, now: float) -> None:
+    def peer_up(self, peer: str, member: str, directory: bool, now: float) -> bool:
         """A peer broker joined: if it speaks the directory, our ends whose home it now is
         register with it, and the introductions that waited for it are met; otherwise it is
-        told of every end we have, so pipes opened before it came find their other ends."""
+        told of every end we have, so pipes opened before it came find their other ends.
+        Whether it speaks the directory."""
         if directory and member and member != self.member_id:
             self._members[member] = peer
             self._member_of[peer] = member
@@ -188,10 +190,11 @@ class DirectoryMember:
             waiting = self._waiting.pop(member, [])
             self._waiting_count -= len(waiting)
             self._introduced([g for until, g in waiting if until >= now])
-        else:
-            self._legacy.add(peer)
-            for role, name, end in self.pipes.local_ends():
-                self.out.append(SendPeer(peer, peering.encode(peering.Attach(role, end, name))))
+            return True
+        self._legacy.add(peer)
+        for role, name, end in self.pipes.local_ends():
+            self.out.append(SendPeer(peer, peering.encode(peering.Attach(role, end, name))))
+        return False
 
     def peer_down(self, peer: str) -> None:
         """A peer broker was lost: what it had registered with us is forgotten, and our ends
@@ -405,7 +408,7 @@ class DirectoryMember:
         alive = []
         mine = OPPOSITE[group.theirs[0][0]]
         for end in group.yours:
-            if self.engine.has_end(end, group.pipe):
+            if self.pipes.has_local_end(end, group.pipe):
                 alive.append(end)
                 continue
             failure = self._gone.get(end, _UNKNOWN) if mine == "writer" else None
@@ -425,7 +428,7 @@ class DirectoryMember:
 
     def _wait_for(self, group: peering.Group) -> None:
         waiting = self._waiting.setdefault(group.member, [])
-        waiting.append((self.engine.now + INTRO_WAIT, group))
+        waiting.append((self.now + INTRO_WAIT, group))
         self._waiting_count += 1
         while self._waiting_count > MAX_WAITING:
             _, dropped = self._waiting.popitem(last=False)

@@ -25,7 +25,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ from zbroker.runtime import shares
 from zpipes import protocol as p
 
 from .actions import Reply
+from .clients import Client
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import (
     DEFAULT_CAPACITY,
@@ -132,51 +133,15 @@ def failure_kind(reason: str) -> str:
     return "other"
 
 
-@dataclass(eq=False)
-class Client:
-    routing_id: bytes
-    id: int  # a short number for logs
-    last_seen: float
-    state: State = State.START
-    end: int | None = None  # id of the pipe end this client has open
-    pipe: bytes | None = None
-    queue: deque[tuple[Event, Any]] = field(default_factory=deque)
-    queued_bytes: int = 0
-    source: Hashable = None  # who it is (a uid, a host): its writes count in its share
-    request: Any = None  # the active READ or WRITE
-    request_event: Event | None = None
-    request_serial: int = 0
-    budget_serial: int = -1  # the request last checked against the broker-wide budget
-    dequeued: bool = False  # the command being handled came from the client's queue
-    deadline: float | None = None  # when the active request times out
-    timer_armed: bool = False
-    # the event being handled and what the actions pass along; ``event`` is None only until
-    # the first event, and only actions read it, after ``_run`` has set it: typed for them
-    event: Event = None  # type: ignore[assignment]  # see above
-    msg: Any = None
-    reason: str = ""
-    next_event: Event | None = None
-    read_data: list[memoryview] | None = None
-    terminated: bool = False
-    failed_end: int | None = None  # the end whose failure was counted (once per end)
-    #: why the stream of the writer end it just closed broke (its CLOSE answers CLOSE_FAILED)
-    close_failure: str | None = None
-    #: the writer end it closed, while its CLOSE waits for ``awaiting``: the peers (lives)
-    #: with readers of its stream that are to confirm they have its end
-    closing_end: int | None = None
-    awaiting: set[str] = field(default_factory=set)
-
-
 class ClientEngine:
     """The clients of this broker and their requests. ``links`` and ``directory`` are the
-    server core's other parts, set by it before the first event."""
-
-    links: PeerLinks
-    directory: DirectoryMember
+    server core's other parts: the engine tells them of its ends (they never call it)."""
 
     def __init__(self, config: ServerConfig, log: Any, pipes: PipeTable, out: list[Any],
-                 woken: deque[int], end_ids: Iterator[int]) -> None:
+                 woken: deque[int], end_ids: Iterator[int], links: PeerLinks,
+                 directory: DirectoryMember) -> None:
         self.config = config
+        self.links, self.directory = links, directory
         #: per-client and per-pipe lines have a budget of lines a second for each kind
         #: (``budget="lines"``: zbroker/logs/budget.py)
         self.log = log

@@ -25,8 +25,7 @@ from .actions import SendPeer
 from .pipes import PEER_LOST, PipeTable, pipe_name_problem, shown
 
 if TYPE_CHECKING:
-    from .directory import DirectoryMember
-    from .engine import Client, ClientEngine
+    from .clients import Client
 
 # Only needs to span the time an introduction takes to arrive (a round trip or so), and is kept
 # only while a peer speaks the directory (only those introduce).
@@ -50,11 +49,9 @@ RTT_SAMPLES = 16
 
 class PeerLinks:
     """The peer brokers of this one and the remote ends that stand for their clients' ends.
-    ``engine`` and ``directory`` are the server core's other parts, set by it before the first
-    event."""
-
-    engine: ClientEngine
-    directory: DirectoryMember
+    It calls none of the server core's other parts: what it does to ends is in the pipe table
+    (the ends it wakes in ``woken``), what it sends in the output, and the CLOSEs whose
+    waiting is over in :meth:`take_answered`, for the core to answer."""
 
     def __init__(self, log: Any, pipes: PipeTable, out: list[Any], woken: deque[int],
                  end_ids: Iterator[int]) -> None:
@@ -82,6 +79,8 @@ class PeerLinks:
         self.data_sent = self.data_bytes_sent = self.credit_sent = 0
         self.data_received = self.data_bytes_received = 0
         self.labels: dict[str, str] = {}  # peer -> how people are told of it
+        self._directory: set[str] = set()  # peers that speak the pipe directory
+        self._answered: list[Client] = []  # CLOSEs awaiting nothing more (take_answered)
 
     # --- peers come and go -------------------------------------------------------------------
 
@@ -98,6 +97,12 @@ class PeerLinks:
             self._write_frames.add(peer)
         if confirm:
             self._confirming.add(peer)
+
+    def speaks_directory(self, peer: str) -> None:
+        """``peer`` speaks the pipe directory (directory.py): its ends' DETACHes are
+        remembered against late introductions, and its DATA for a writer not introduced yet
+        adopts that writer."""
+        self._directory.add(peer)
 
     def rtt(self, peer: str, rtt: float) -> bool:
         """A round trip to ``peer`` (its heartbeat's, measured while the link was idle): the
@@ -133,6 +138,7 @@ class PeerLinks:
         self._fanout.discard(peer)
         self._write_frames.discard(peer)
         self._confirming.discard(peer)
+        self._directory.discard(peer)
         self.windows.pop(peer, None)
         self._rtts.pop(peer, None)
 
@@ -147,7 +153,13 @@ class PeerLinks:
         why = self.lost_reason(self.labels.pop(peer, ""))
         for client in [c for c in self.closing.values() if peer in c.awaiting]:
             client.close_failure = client.close_failure or why
-            self.engine.answer_awaited(client)
+            self._answered.append(client)
+
+    def take_answered(self) -> list[Client]:
+        """The clients whose CLOSE awaits nothing more (every broker confirmed, or one was
+        lost), in order, since the last call: the core answers them."""
+        answered, self._answered = self._answered, []
+        return answered
 
     # --- peer messages -----------------------------------------------------------------------
 
@@ -156,7 +168,7 @@ class PeerLinks:
         self.data_bytes_received += len(msg.chunk)
         key = (peer, msg.writer_end)
         proxy = self._proxies.get(key)
-        if proxy is None and self.directory.speaks(peer) and key not in self._tombs:
+        if proxy is None and peer in self._directory and key not in self._tombs:
             proxy = self._adopt_writer(peer, msg.writer_end, msg.reader_ends)
         if proxy is not None:
             for reader_end in msg.reader_ends:  # (fan-out: one chunk shared by them all)
@@ -175,7 +187,7 @@ class PeerLinks:
     def on_detach(self, peer: str, msg: peering.Detach) -> None:
         key = (peer, msg.end)
         proxy = self._proxies.pop(key, None)
-        if self.directory.speaks(peer):
+        if peer in self._directory:
             self._tombs[key] = (proxy is not None, msg.lost)
             self._tombs.move_to_end(key)
             if len(self._tombs) > MAX_TOMBS:
@@ -198,7 +210,7 @@ class PeerLinks:
         if client is not None and peer in client.awaiting:
             client.awaiting.discard(peer)
             if not client.awaiting:
-                self.engine.answer_awaited(client)
+                self._answered.append(client)
 
     # --- remote ends -------------------------------------------------------------------------
 

@@ -149,6 +149,11 @@ class PipeTable:
 
     # --- attach and detach -------------------------------------------------------------------
 
+    def has_local_end(self, end: int, name: bytes) -> bool:
+        """Whether ``end`` is an end of this broker's (not a remote one) on pipe ``name``."""
+        owner = self._readers.get(end) or self._writers.get(end)
+        return owner is not None and not owner.remote and owner.pipe.name == name
+
     def attach_reader(self, name: bytes, end: int, remote: bool = False) -> set[int]:
         self._check_new(end)
         pipe = self.pipes.setdefault(name, Pipe(name))

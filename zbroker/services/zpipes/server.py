@@ -30,8 +30,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import peering
+from .clients import Client
 from .directory import DirectoryMember
-from .engine import FAILURE_KINDS, Client, ClientEngine, ServerConfig, failure_kind
+from .engine import FAILURE_KINDS, ClientEngine, ServerConfig, failure_kind
 from .links import PeerLinks
 from .pipes import PipeTable, shown
 
@@ -49,12 +50,13 @@ class ZpipesServer:
         self._out: list[Any] = []  # the actions of all three parts, in order
         woken: deque[int] = deque()  # ends the pipe table says may now be answered
         end_ids = itertools.count(1)  # our ends' ids and our proxies' (one table)
-        self.engine = ClientEngine(config, self.log, self.pipes, self._out, woken, end_ids)
+        # one way: the engine tells the links and the directory of its ends, the directory
+        # attaches through the links, and neither calls back: what they do to ends is in
+        # the pipe table and ``woken``, the CLOSEs they let go are answered here
         self.links = PeerLinks(self.log, self.pipes, self._out, woken, end_ids)
-        self.directory = DirectoryMember(self.log, self.pipes, self._out, woken)
-        self.engine.links, self.engine.directory = self.links, self.directory
-        self.links.engine, self.links.directory = self.engine, self.directory
-        self.directory.engine, self.directory.links = self.engine, self.links
+        self.directory = DirectoryMember(self.log, self.pipes, self._out, woken, self.links)
+        self.engine = ClientEngine(config, self.log, self.pipes, self._out, woken, end_ids,
+                                   self.links, self.directory)
         links, directory = self.links, self.directory
         self._handlers: dict[type, Callable[[str, Any], None]] = {
             peering.Data: links.on_data,
@@ -144,9 +146,11 @@ class ZpipesServer:
         ``label``: how people are told of it (in the reasons of the ends it breaks).
         Then our ends whose home it now is register with it; otherwise it is told of every end
         we have, so pipes opened before it came find their other ends."""
-        self.engine.now = now
+        self.engine.now = self.directory.now = now
         self.links.up(peer, fanout, write_frames, confirm, label)
-        self.directory.peer_up(peer, member, directory, now)
+        if self.directory.peer_up(peer, member, directory, now):
+            self.links.speaks_directory(peer)
+        self._answer_awaited()
         self.engine.wake()
 
     def peer_rtt(self, peer: str, rtt: float) -> None:
@@ -165,16 +169,23 @@ class ZpipesServer:
         # (last: a CLOSE answered takes the client's queued commands, which must find the
         # peer gone everywhere)
         self.links.fail_confirmations(peer)
+        self._answer_awaited()
         self.engine.wake()
 
     def peer_receive(self, peer: str, frames: Sequence[bytes | memoryview], now: float) -> None:
         """A ZPIPES peer message from ``peer``: to the part that handles its kind."""
-        self.engine.now = now
+        self.engine.now = self.directory.now = now
         if peer not in self.links.peers:
             return  # late traffic of a peer already declared lost
         msg = peering.decode(frames)
         self._handlers[type(msg)](peer, msg)
+        self._answer_awaited()
         self.engine.wake()
+
+    def _answer_awaited(self) -> None:
+        """The CLOSEs the links let go (every broker confirmed, or one was lost)."""
+        for client in self.links.take_answered():
+            self.engine.answer_awaited(client)
 
     def _invalid(self, peer: str, msg: peering.PeerDecodeError) -> None:
         self.log.warning("invalid peer message", peer=peer, error=msg.reason)
