@@ -44,6 +44,7 @@ from zbroker.cluster.core.node import NodeCore
 from zbroker.cluster.membership import Hello
 
 INF = float("inf")
+builtins_bytes = bytes  # (Frame's property shadows the name in its class)
 
 
 class Frame(bytes):
@@ -59,9 +60,6 @@ class Frame(bytes):
     @property
     def buffer(self) -> memoryview:
         return memoryview(self)
-
-
-builtins_bytes = bytes
 
 
 def frames_of(sender: bytes, frames: list[Any], address: str = "") -> list[Frame]:
@@ -89,6 +87,9 @@ class Node:
         self.left: list[tuple[Any, str]] = []  # (PeerBroker, why)
         self.messages: list[tuple[str, str, list[bytes]]] = []  # (life, service, frames)
         self.logs: list[Log] = []
+        #: what the services were told, in order: ("joined" | "left" | "message", life id,
+        #: the peer's start id)
+        self.told: list[tuple[str, str, str]] = []
         self.trusted: set[str] = set()
         self.lookups = 0
 
@@ -152,9 +153,12 @@ class Node:
             self.links.pop(action.endpoint, None)
         elif isinstance(action, Joined):
             self.joined.append(action.life)
+            self.told.append(("joined", action.life.id, action.life.member))
         elif isinstance(action, Left):
             self.left.append((action.life, action.why))
+            self.told.append(("left", action.life.id, action.life.member))
         elif isinstance(action, Deliver):
+            self.told.append(("message", action.life.id, action.life.member))
             self.messages.append((action.life.id, action.service,
                                   [bytes(f) for f in action.frames]))
         elif isinstance(action, Log):

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 
+import pytest
 import structlog
 import zmq
 from cluster_sim import Network
@@ -258,6 +260,79 @@ def test_a_contact_that_turns_out_to_be_ourselves_is_given_up():
     net.nodes["tcp://a2:5670"] = a  # the same broker, by another name
     net.run(0.5)
     assert "tcp://a2:5670" not in a.core.membership.contacts and a.joined == []
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_under_random_faults_services_see_whole_lives_and_streams_without_holes(seed):
+    """Partitions, refused sends, messages lost on the way (a reset connection), brokers
+    killed and started again, at random, while every broker sends to every peer life it has:
+    a peer's lives never overlap, what arrives of a life is what was sent in it, in order,
+    without a hole (a prefix); and once the faults stop the cluster is whole again."""
+    rng = random.Random(seed)
+    names = "abcde"
+    net = Network(timeout=3.0)
+    everyone = [net.start(name, seeds=[names[i - 1]] if i else [])
+                for i, name in enumerate(names)]
+    losing: dict[tuple[str, str], int] = {}  # (from, to) -> messages still to lose
+
+    def lose(src, dst, frames):
+        left = losing.get((src.name, dst.name), 0)
+        if left:
+            losing[(src.name, dst.name)] = left - 1
+            return None
+        return frames
+
+    net.tamper = lose
+    sent: dict[str, list[bytes]] = {}  # sender/its life of the receiver -> payloads taken
+    for _ in range(600):  # 30 s
+        fault = rng.random()
+        a, b = rng.sample(names, 2)
+        if fault < 0.02:
+            net.partition(a, b, cut=frozenset((f"tcp://{a}:5670", f"tcp://{b}:5670"))
+                          not in net.cut)
+        elif fault < 0.03:
+            net.full ^= {(f"tcp://{a}:5670", f"tcp://{b}:5670")}
+        elif fault < 0.04:
+            losing[(a, b)] = rng.randint(1, 3)
+        elif fault < 0.045:
+            if f"tcp://{a}:5670" in net.nodes:
+                net.kill(a)
+            else:
+                everyone.append(net.start(a, seeds=[b]))
+        for node in list(net.nodes.values()):
+            for life in node.lives().values():
+                stream = f"{node.id}/{life}"  # (a life's name is the receiver's counting)
+                payload = b"%s %d" % (stream.encode(), len(sent.get(stream, ())))
+                if node.send(life, "svc", [payload]):
+                    sent.setdefault(stream, []).append(payload)
+        net.run(0.05)
+    net.cut.clear()
+    net.full.clear()
+    net.tamper = None
+    for name in names:
+        if f"tcp://{name}:5670" not in net.nodes:
+            everyone.append(net.start(name, seeds=["a" if name != "a" else "b"]))
+    net.run(15, until=net.complete)
+    assert net.complete(), {n.name: n.peers() for n in net.nodes.values()}
+    assert sum(len(n.left) for n in everyone) >= 5  # the faults did something
+    assert sum(len(n.messages) for n in everyone) >= 300
+    for node in everyone:
+        live: dict[str, str] = {}  # peer's start id -> its life services have now
+        for what, life, member in node.told:
+            if what == "joined":
+                assert member not in live, (node.name, life)  # the one before it ended
+                live[member] = life
+            elif what == "left":
+                assert live.pop(member) == life
+            else:
+                assert live.get(member) == life  # only in a life that goes on
+        if node.endpoint in net.nodes and net.nodes[node.endpoint] is node:
+            assert {m: x.id for m, x in node.core.lives.items()} == live
+        got: dict[str, list[bytes]] = {}
+        for _life, _, frames in node.messages:
+            got.setdefault(frames[0].split()[0].decode(), []).append(frames[0])
+        for stream, payloads in got.items():
+            assert payloads == sent[stream][:len(payloads)], stream
 
 
 def test_what_is_held_for_a_peer_is_bounded_in_messages_and_bytes():
