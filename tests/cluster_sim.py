@@ -81,6 +81,7 @@ class Node:
         self.endpoint = endpoint_of(name)
         self.id = core.membership.me.id
         self.links: dict[str, bool] = {}  # endpoint -> watched
+        self.made: Counter[str] = Counter()  # endpoint -> links made there (Connect)
         self.wake_at = INF
         self.ticked = -INF  # when its core last ticked
         self.joined: list[Any] = []  # PeerBroker, as services were told
@@ -134,17 +135,18 @@ class Node:
     def do(self, action: Any) -> None:
         net, core, now = self.net, self.core, self.net.now
         if isinstance(action, Send):
-            ok = (not action.if_writable or net.connected(self, action.endpoint)) \
-                and net.transmit(self, action.endpoint, action.frames)
+            linked = not action.if_writable or net.connected(self, action.endpoint)
+            ok = linked and net.transmit(self, action.endpoint, action.frames)
             if action.report == SERVICE_SENT and not ok:
                 core.service_refused(action, now)
                 net.defer(self)
             elif action.report != NOT_REPORTED:
-                self.run(core.sent(action, ok, now))
+                self.run(core.sent(action, ok, now, linked))
         elif isinstance(action, SendHeld):
             done = action.held.send(lambda frames: net.transmit(self, action.endpoint, frames))
             self.run(core.held_sent(action.peer, done, now))
         elif isinstance(action, Connect):
+            self.made[action.endpoint] += 1
             net.connect(self, action.endpoint, action.watch)
         elif isinstance(action, Watch):
             if action.endpoint in self.links and not self.links[action.endpoint]:

@@ -254,6 +254,23 @@ def test_a_refusal_at_our_socket_is_given_to_the_host_whose_connection_we_closed
     assert a.lookups == 3
 
 
+def test_a_seeds_link_that_does_not_connect_is_made_anew_one_a_hello_named_is_not():
+    """libzmq gives up on a link after some handshake failures: a seed's link that stays
+    unconnected is made anew every LINK_RETRY (2 s); the link to an endpoint a stranger's
+    HELLO named is not (a flood of them must not churn sockets), only given up."""
+    net = Network()
+    a = net.start("a", seeds=["b"])
+    net.inject("a", b"x", [b"HELLO", b'{"id": "x", "name": "n", "cluster": "prod", '
+                                      b'"endpoint": "tcp://nowhere:1", "version": 2, '
+                                      b'"reply": false}'])
+    net.run(5.5)
+    assert a.made["tcp://b:5670"] == 3  # at 0, after 2 s and after 4 s
+    assert a.made["tcp://nowhere:1"] == 1
+    b = net.start("b")
+    net.run(1, until=net.complete)
+    assert net.complete() and a.made["tcp://b:5670"] == 3 and b.made["tcp://a:5670"] == 1
+
+
 def test_a_contact_that_turns_out_to_be_ourselves_is_given_up():
     net = Network()
     a = net.start("a", seeds=["a2"])

@@ -383,14 +383,15 @@ class ClusterNode:
         core = self._core
         assert core is not None
         dealer = self._dealer(action.endpoint)
-        ok = dealer is not None and (not action.if_writable or bool(
-            dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT)) \
-            and self._send_raw(action.endpoint, action.frames)
+        # (IMMEDIATE: writable once connected)
+        linked = dealer is not None and (not action.if_writable or bool(
+            dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT))
+        ok = linked and self._send_raw(action.endpoint, action.frames)
         if action.report == SERVICE_SENT and not ok:
             core.service_refused(action, self._loop.time())
             self._defer()
         elif action.report != NOT_REPORTED:
-            self._run(core.sent(action, ok, self._loop.time()))
+            self._run(core.sent(action, ok, self._loop.time(), linked))
 
     def _do_send_held(self, action: SendHeld) -> None:
         assert self._core is not None

@@ -78,13 +78,12 @@ class NodeCore:
                  bound: str = "", keyed: bool = False, key_file: str | None = None,
                  counters: Counters | None = None, closed: set[tuple[str, int]] | None = None,
                  address_of: Callable[[Frame], str] = _no_address,
-                 membership: Membership | None = None,
                  refusals: troubles.Refusals | None = None) -> None:
         """``me``: our HELLO's fixed part; ``bound``: the endpoint our socket is bound to (a
         contact there is ourselves); ``keyed``: the cluster has a key; ``closed``: the
         connections closed at our socket before (tcp_table.py); ``address_of``: where a
         frame came from ("" if unknown); ``refusals``: those of the node before this one."""
-        self.membership = membership or Membership(me, timeout)
+        self.membership = Membership(me, timeout)
         self.bound = bound
         self.keyed = keyed
         self.counters = counters or Counters()
@@ -183,8 +182,9 @@ class NodeCore:
 
     # --- what is reported back -----------------------------------------------------------------
 
-    def sent(self, send: Send, ok: bool, now: float) -> list[Action]:
-        """The outcome of a Send that asked for it (``ok``: it went)."""
+    def sent(self, send: Send, ok: bool, now: float, linked: bool = True) -> list[Action]:
+        """The outcome of a Send that asked for it (``ok``: it went; ``linked``: its link was
+        connected, for one ``if_writable``)."""
         if send.report == PEER_SENT or send.report == SERVICE_SENT:
             if ok:
                 self.membership.sent(send.peer, now)
@@ -193,8 +193,8 @@ class NodeCore:
         if ok:
             if contact is not None:
                 contact.last_said = now
-        elif send.report == HELLO_RETRY and contact is not None and contact.pinned \
-                and now - self.links.get(send.endpoint, now) > LINK_RETRY:
+        elif send.report == HELLO_RETRY and not linked and contact is not None \
+                and contact.pinned and now - self.links.get(send.endpoint, now) > LINK_RETRY:
             # a configured or discovered peer's link (not one a HELLO named: those are given
             # up soon, and a flood of them must not churn sockets): made anew at the next turn
             out: list[Action] = []
