@@ -82,7 +82,8 @@ class NodeCore:
         """``me``: our HELLO's fixed part; ``bound``: the endpoint our socket is bound to (a
         contact there is ourselves); ``keyed``: the cluster has a key; ``closed``: the
         connections closed at our socket before (tcp_table.py); ``address_of``: where a
-        frame came from ("" if unknown); ``refusals``: those of the node before this one."""
+        frame came from ("" if unknown); ``counters`` and ``refusals``: where they are kept
+        (the caller's, which it reads for the metrics and the status)."""
         self.membership = Membership(me, timeout)
         self.bound = bound
         self.keyed = keyed
