@@ -11,9 +11,11 @@ the same order, and hold the same state: every client's, the pipes', the budget'
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 
 import pytest
 
+from zbroker.services.zpipes.buffers import NoOutside
 from zbroker.services.zpipes.engine import ClientEngine
 from zbroker.services.zpipes.machine import State
 from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
@@ -67,8 +69,15 @@ def random_step(rng: random.Random, server: ZpipesServer) -> tuple:
 def make_server(shortcuts: bool) -> ZpipesServer:
     server = ZpipesServer(ServerConfig(**CONFIG))
     server.engine.shortcuts = shortcuts
-    server.engine.source_of = lambda routing_id: routing_id[:2]
+    server.outside = _Sources()
     return server
+
+
+class _Sources(NoOutside):
+    """Clients named alike are of one source (their shares of the budget are one)."""
+
+    def source_of(self, routing_id: bytes) -> Hashable:
+        return routing_id[:2]
 
 
 def count_shortcuts(engine: ClientEngine, taken: dict[str, int]) -> None:
@@ -130,7 +139,7 @@ def client_state(c) -> tuple:
 def state(server: ZpipesServer) -> tuple:
     engine = server.engine
     return ([client_state(c) for c in engine.clients.values()], engine.held,
-            dict(engine.held_by_source), engine.now, server.next_deadline(),
+            dict(engine.buffers.held_by_source), engine.now, server.next_deadline(),
             sorted(engine._timers), server.status(), server.metrics(), server.pipes.buffered,
             {name: sorted(pipe.waiting) for name, pipe in server.pipes.pipes.items()})
 

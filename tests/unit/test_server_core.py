@@ -5,6 +5,7 @@ scenarios run against a real broker process in test_broker_e2e.py."""
 import pytest
 from zpipes_core import Core
 
+from zbroker.services.zpipes.buffers import NoOutside
 from zbroker.services.zpipes.machine import COMMANDS, TABLE, UNEXPECTED, Event, State, rule_for
 from zbroker.services.zpipes.server import ServerConfig, ZpipesServer
 from zpipes import protocol as p
@@ -557,7 +558,12 @@ def test_answers_not_yet_taken_by_their_readers_count_in_the_budget():
     much, when asked) counts as pipe data does: a WRITE past the budget is refused."""
     h = Harness(max_buffered=12)
     unsent = [8]
-    h.server.unsent_bytes = lambda: unsent[0]
+
+    class Unsent(NoOutside):
+        def unsent_bytes(self) -> int:
+            return unsent[0]
+
+    h.server.outside = Unsent()
     open_pair(h)
     h.send(W, p.Write(b"1234", 0))
     assert h.replies(W) == [p.WriteOk()]  # 8 + 4: at the budget

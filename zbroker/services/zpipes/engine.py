@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
 
-from zbroker.runtime import shares
 from zpipes import protocol as p
 
 from .actions import Reply
+from .buffers import Buffers
 from .clients import Client
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import (
@@ -155,17 +155,9 @@ class ClientEngine:
         self._woken = woken  # ends the pipe table says may now be answered
         self.now = 0.0
         self._next_sweep = 0.0
-        self.held = 0  # bytes of WRITE data in requests waiting or queued, all clients
-        self.held_by_source: dict[Hashable, int] = {}  # the same, by client source
-        #: who a connection is from (the I/O layer's: a uid, a host), for the shares
-        self.source_of: Callable[[bytes], Hashable] = lambda routing_id: None
-        #: bytes of messages still arriving from a source (the I/O layer's count)
-        self.incoming_of: Callable[[Hashable], int] = lambda source: 0
-        #: bytes answered to clients that have not taken them yet (their connections are
-        #: backed up): the I/O layer's count, asked for when a WRITE meets the budget
-        self.unsent_bytes: Callable[[], int] = lambda: 0
-        #: bytes of messages still arriving from clients (the I/O layer's count): budgeted too
-        self.incoming_bytes: Callable[[], int] = lambda: 0
+        #: what the clients' requests hold, against the budget (with what the I/O layer
+        #: holds, ``buffers.outside``)
+        self.buffers = Buffers(pipes, config.max_buffered, config.max_buffered_per_source)
         #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
         self.clients_expired = 0  # clients expired (silent for client_timeout)
         self.clients_disconnected = 0  # clients whose connection went (or unreachable)
@@ -234,7 +226,7 @@ class ClientEngine:
                 self._refuse(routing_id, msg, "too many clients")
                 return
             client = Client(routing_id, next(self._client_ids), now,
-                            source=self.source_of(routing_id))
+                            source=self.buffers.outside.source_of(routing_id))
             self.clients[routing_id] = client
         client.last_seen = now
         if isinstance(msg, p.DecodeError):
@@ -307,6 +299,8 @@ class ClientEngine:
     def reconfigure(self, config: ServerConfig) -> None:
         """New limits and timeouts; they apply from the next event on."""
         self.config = config
+        self.buffers.max_buffered = config.max_buffered
+        self.buffers.per_source = config.max_buffered_per_source
         self._woken.extend(self.pipes.set_capacity(config.capacity))
         self._next_sweep = 0.0
         self.wake()
@@ -332,11 +326,6 @@ class ClientEngine:
 
     # --- what the other parts ask ------------------------------------------------------------
 
-    def has_end(self, end: int, pipe: bytes) -> bool:
-        """Whether ``end`` is a client's open end of ``pipe``."""
-        client = self._by_end.get(end)
-        return client is not None and client.pipe == pipe
-
     def answer_awaited(self, client: Client) -> None:
         """Its CLOSE awaits nothing more: answer it (CONFIRMED)."""
         self._confirmed(client)
@@ -345,9 +334,12 @@ class ClientEngine:
     def budget_problem(self, size: int, source: Hashable = None) -> str | None:
         """Why ``size`` more bytes of a client's (of ``source``) cannot be held: the
         broker-wide budget (``max_buffered``), or its source's share; or None."""
-        if self._over_budget(size):
-            return self._budget_reason()
-        return self._share_problem(source, size)
+        return self.buffers.problem(size, source)
+
+    @property
+    def held(self) -> int:
+        """Bytes of WRITE data in requests waiting or queued, all clients."""
+        return self.buffers.held
 
     # --- the state machine -------------------------------------------------------------------
 
@@ -359,8 +351,7 @@ class ClientEngine:
             self._run(client, event, msg)
         finally:
             if (change := _held_by(client) - before):
-                self.held += change
-                shares.count(self.held_by_source, client.source, change)
+                self.buffers.count(client.source, change)
 
     def _plan(self, state: State, event: Event) -> tuple[tuple[Callable[[Client], None], ...],
                                                          State]:
@@ -668,29 +659,8 @@ class ClientEngine:
         return (f"chunk of {size} bytes is over the broker's limit of "
                 f"{self.config.max_chunk} bytes (max_chunk)")
 
-    def _over_budget(self, size: int) -> bool:
-        return (self.held + self.pipes.buffered + self.unsent_bytes() + self.incoming_bytes()
-                + size > self.config.max_buffered)
-
     def _budget_problem(self, client: Client, size: int) -> str | None:
-        """Why ``client`` cannot hold ``size`` more bytes: the broker-wide budget, or its
-        source's share of it; or None."""
-        if self._over_budget(size):
-            return self._budget_reason()
-        return self._share_problem(client.source, size)
-
-    def _share_problem(self, source: Hashable, size: int) -> str | None:
-        """Why ``source`` cannot hold ``size`` more bytes (what its clients' WRITEs hold,
-        waiting, queued or still arriving, past its share), or None."""
-        share = self.config.max_buffered_per_source
-        if self.held_by_source.get(source, 0) + self.incoming_of(source) + size > share:
-            return (f"this user's or host's share of the broker's buffers is full "
-                    f"(clients.max_buffered_per_source, {share} bytes)")
-        return None
-
-    def _budget_reason(self) -> str:
-        return (f"the broker's buffers for all clients are full (clients.max_buffered, "
-                f"{self.config.max_buffered} bytes)")
+        return self.buffers.problem(size, client.source)
 
     def _break_stream(self, client: Client, reason: str) -> None:
         """A chunk of the client's stream was refused: its stream is cut for its readers."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import peering
+from .buffers import Outside
 from .clients import Client
 from .directory import DirectoryMember
 from .engine import FAILURE_KINDS, ClientEngine, ServerConfig, failure_kind
@@ -111,22 +112,14 @@ class ZpipesServer:
         return self.links.peers
 
     @property
-    def unsent_bytes(self) -> Callable[[], int]:
-        return self.engine.unsent_bytes
+    def outside(self) -> Outside:
+        return self.engine.buffers.outside
 
-    @unsent_bytes.setter
-    def unsent_bytes(self, count: Callable[[], int]) -> None:
-        """The I/O layer's count of bytes answered to clients that have not taken them."""
-        self.engine.unsent_bytes = count
-
-    @property
-    def incoming_bytes(self) -> Callable[[], int]:
-        return self.engine.incoming_bytes
-
-    @incoming_bytes.setter
-    def incoming_bytes(self, count: Callable[[], int]) -> None:
-        """The I/O layer's count of bytes of messages still arriving from clients."""
-        self.engine.incoming_bytes = count
+    @outside.setter
+    def outside(self, outside: Outside) -> None:
+        """What the I/O layer holds of the clients' bytes (it counts in the budget), and who
+        each client is (buffers.py): the client endpoint."""
+        self.engine.buffers.outside = outside
 
     # --- peer brokers ------------------------------------------------------------------------
 

@@ -140,10 +140,9 @@ class ZpipesService(Service):
                       max_bytes=section.max_chunk + FRAME_OVERHEAD, max_frames=MAX_FRAMES,
                       log=ctx.log, admit_frame=server.budget_problem)
         self._receive = server.receive
-        server.unsent_bytes = ep.unsent_bytes  # held for readers that do not read: budgeted
-        server.incoming_bytes = ep.incoming_bytes  # WRITEs arriving: their buffers, budgeted
-        server.engine.source_of = ep.source_of  # each source's writes: a share of the budget
-        server.engine.incoming_of = ep.incoming_of
+        # what the endpoint holds for readers that do not read and of WRITEs arriving counts
+        # in the budget, and each source's writes in its share
+        server.outside = ep
         try:
             sock = self._listen(ep, self.endpoint, f"a broker named {ctx.broker_name!r} is "
                                 f"already running on this host ({self.endpoint} is in use)")
