@@ -140,7 +140,7 @@ def state(server: ZpipesServer) -> tuple:
     engine = server.engine
     return ([client_state(c) for c in engine.clients.values()], engine.held,
             dict(engine.buffers.held_by_source), engine.now, server.next_deadline(),
-            sorted(engine._timers), server.status(), server.metrics(), server.pipes.buffered,
+            sorted(engine.timers.entries), server.status(), server.metrics(), server.pipes.buffered,
             {name: sorted(pipe.waiting) for name, pipe in server.pipes.pipes.items()})
 
 

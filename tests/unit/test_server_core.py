@@ -647,7 +647,7 @@ def test_timers_of_answered_requests_do_not_accumulate(h):
         h.send(R, p.Read(10, 3_600_000))
         h.send(W, p.Write(b"x", 0))
     h.replies(R)
-    assert len(h.server.engine._timers) <= 1024 + 4 * len(h.server.clients) + 1
+    assert len(h.server.engine.timers.entries) <= 1024 + 4 * len(h.server.clients) + 1
     h.send(R, p.Read(10, 100))  # timeouts still work after compaction
     h.advance(0.1)
     assert h.replies(R) == [p.ReadTimeout()]

@@ -21,7 +21,6 @@ readers' brokers) is handed to the pipe directory (directory.py) and the peer li
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -34,6 +33,7 @@ from zpipes import protocol as p
 from .actions import Reply
 from .buffers import Buffers
 from .clients import Client
+from .ends import ClientEnds
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import (
     DEFAULT_CAPACITY,
@@ -42,9 +42,9 @@ from .pipes import (
     PipeTable,
     ReadEnd,
     WriteResult,
-    pipe_name_problem,
     shown,
 )
+from .timers import RequestTimers
 
 if TYPE_CHECKING:
     from .directory import DirectoryMember
@@ -148,10 +148,10 @@ class ClientEngine:
         self.pipes = pipes
         self.out = out  # the server core's output (actions.py)
         self.clients: dict[bytes, Client] = {}
-        self._by_end: dict[int, Client] = {}
+        #: their pipe ends: opened, closed, and what peers are told of them
+        self.ends = ClientEnds(log, pipes, woken, end_ids, links, directory)
         self._client_ids = itertools.count(1)
-        self._end_ids = end_ids
-        self._timers: list[tuple[float, int, bytes]] = []  # (deadline, request serial, client)
+        self.timers = RequestTimers(self.clients)  # requests waiting for their pipes
         self._woken = woken  # ends the pipe table says may now be answered
         self.now = 0.0
         self._next_sweep = 0.0
@@ -161,8 +161,6 @@ class ClientEngine:
         #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
         self.clients_expired = 0  # clients expired (silent for client_timeout)
         self.clients_disconnected = 0  # clients whose connection went (or unreachable)
-        self.closed_bytes_written = 0  # bytes written by local writers whose end is gone
-        self.closed_bytes_read = 0  # bytes read by local readers whose end is gone
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
         self.actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
@@ -174,7 +172,7 @@ class ClientEngine:
             "start request": self._start_request,
             "try read": self._try_read,
             "try write": self._try_write,
-            "wait for pipe": self._wait_for_pipe,
+            "wait for pipe": self.timers.arm,
             "finish request": self._finish_request,
             "send READ_OK": self._send_read_ok,
             "send READ_END": self._reply(p.ReadEnd),
@@ -238,13 +236,8 @@ class ClientEngine:
     def tick(self, now: float) -> None:
         """Fire what is due at ``now``: request timeouts and client expiry."""
         self.now = now
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            _, serial, routing_id = heapq.heappop(timers)
-            client = self.clients.get(routing_id)
-            if client is not None and client.request_serial == serial and client.request:
-                client.timer_armed = False
-                self._execute(client, Event.TIMEOUT)
+        while (client := self.timers.pop_due(now)) is not None:
+            self._execute(client, Event.TIMEOUT)
         if now >= self._next_sweep:
             self._next_sweep = now + min(1.0, self.config.client_timeout / 4)
             limit = now - self.config.client_timeout
@@ -259,9 +252,7 @@ class ClientEngine:
 
     def next_deadline(self) -> float:
         """When ``tick`` should next be called (monotonic seconds)."""
-        if self._timers:
-            return min(self._timers[0][0], self._next_sweep)
-        return self._next_sweep
+        return min(self.timers.next_at(), self._next_sweep)
 
     def disconnected(self, routing_id: bytes, now: float) -> None:
         """The client's connection is gone (the transport says so): detach its end as lost,
@@ -311,7 +302,7 @@ class ClientEngine:
         remote ends goes to the peer links."""
         woken, out = self._woken, self.out
         while woken:
-            client = self._by_end.get(woken.popleft())
+            client = self.ends.client_of(woken.popleft())
             if client is not None and client.state not in IDLE_STATES:
                 answered = len(out)
                 if not (client.state is State.PROCESSING_READ and self.shortcuts
@@ -489,7 +480,7 @@ class ClientEngine:
         if result is ReadEnd.WAIT:  # (recorded as waiting: the table's try does the same)
             client.state = State.PROCESSING_READ
             client.event, client.msg, client.next_event = Event.WAIT, None, None
-            self._wait_for_pipe(client)
+            self.timers.arm(client)
             return True
         if type(result) is not list:  # END or FAILED: nothing taken
             return False
@@ -533,67 +524,28 @@ class ClientEngine:
     # --- actions -----------------------------------------------------------------------------
 
     def _open_pipe_reader(self, client: Client) -> None:
-        self._open(client, "reader", self.pipes.attach_reader)
+        self._open(client, "reader")
 
     def _open_pipe_writer(self, client: Client) -> None:
-        self._open(client, "writer", self.pipes.attach_writer)
+        self._open(client, "writer")
 
-    def _open(self, client: Client, role: str, attach: Callable[[bytes, int], set[int]]) -> None:
-        name = bytes(client.msg.pipename)
-        problem = pipe_name_problem(name)
+    def _open(self, client: Client, role: str) -> None:
+        problem = self.ends.open(client, role, bytes(client.msg.pipename))
         if problem:
             client.reason = problem
             client.next_event = Event.ERROR
-            self.log.info("pipe open refused", budget="lines", client=client.id,
-                          pipe=shown(name), role=role, reason=problem)
-            return
-        end = next(self._end_ids)
-        self._woken.extend(attach(name, end))
-        client.end, client.pipe = end, name
-        self._by_end[end] = client
-        client.next_event = Event.OK
-        self.directory.announce(role, end, name)
-        pipe = self.pipes.pipes[name]
-        self.log.info("pipe opened", budget="lines", client=client.id, pipe=shown(name),
-                      role=role, readers=len(pipe.readers), writers=len(pipe.writers))
+        else:
+            client.next_event = Event.OK
 
     def _cut_pipe_end(self, client: Client) -> None:
         self._close_pipe_end(client, "closed with a WRITE pending")
 
     def _close_pipe_end(self, client: Client, cut: str | None = None) -> None:
-        end = client.end
-        if end is None:
+        if client.end is None:
             return
-        pipe = self.pipes.pipe_of(end)
-        if pipe is not None and end in pipe.readers:
-            r = pipe.readers[end]
-            role, sizes = "reader", {"bytes_read": r.bytes_out, "bytes_discarded": r.queued}
-            self.closed_bytes_read += r.bytes_out
-        else:
-            role, sizes = "writer", {"bytes_written": self.pipes.writer(end).bytes_in}
-            self.closed_bytes_written += sizes["bytes_written"]
         lost = cut or (None if client.event is Event.CLOSE
                        else _END_LOST.get(client.event, "invalid command"))
-        # the other brokers' readers of a writer's stream learn that it broke; a reader's loss
-        # only shrinks its writers' audience, wherever they are
-        failure = (lost or self.pipes.writer(end).failure) if role == "writer" else None
-        if failure is not None and client.event is Event.CLOSE and not cut \
-                and client.failed_end != end:  # (a WRITE_FAILED told it already)
-            client.close_failure = failure  # its stream never reached its end: say so
-        told = self.directory.told_of(end)
-        confirming = (self.links.confirming_brokers(end)
-                      if role == "writer" and failure is None else None)
-        self._woken.extend(self.pipes.detach(end, lost))
-        del self._by_end[end]
-        self.links.send_detach(told, end, failure)
-        if confirming:  # its CLOSE waits until the brokers of its readers have its end
-            self.links.await_confirmation(client, end, confirming)
-        self.directory.unregister(end, failure)
-        fields: dict[str, Any] = {**sizes, **({"lost": lost} if lost else {})}
-        self.log.info("pipe closed", budget="lines", client=client.id, pipe=shown(client.pipe),
-                      role=role, why=str(client.event),
-                      pipe_gone=client.pipe not in self.pipes.pipes, **fields)
-        client.end = client.pipe = None
+        self.ends.close(client, client.event, lost, cut=cut is not None)
 
     def _start_request(self, client: Client) -> None:
         msg = client.msg
@@ -668,25 +620,6 @@ class ClientEngine:
                          pipe=shown(client.pipe), reason=reason)
         if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
             self._woken.extend(self.pipes.break_writer(client.end, reason))
-
-    def _wait_for_pipe(self, client: Client) -> None:
-        if client.deadline is not None and not client.timer_armed:
-            client.timer_armed = True
-            heapq.heappush(self._timers,
-                           (client.deadline, client.request_serial, client.routing_id))
-            if len(self._timers) > 1024 + 4 * len(self.clients):
-                self._compact_timers()
-
-    def _compact_timers(self) -> None:
-        """Drop the timers of requests answered before their timeout, so that the heap stays
-        in proportion to the clients, whatever the request rate."""
-        live = []
-        for entry in self._timers:
-            client = self.clients.get(entry[2])
-            if client is not None and client.timer_armed and client.request_serial == entry[1]:
-                live.append(entry)
-        heapq.heapify(live)
-        self._timers = live
 
     def _finish_request(self, client: Client) -> None:
         client.request = client.request_event = client.deadline = client.read_data = None

@@ -216,7 +216,7 @@ class ZpipesServer:
         (remote ends stand in for other brokers' clients, which those count)."""
         engine = self.engine
         readers = writers = 0
-        written, read = engine.closed_bytes_written, engine.closed_bytes_read
+        written, read = engine.ends.closed_bytes_written, engine.ends.closed_bytes_read
         buffered = 0
         for pipe in self.pipes.pipes.values():
             for r in pipe.readers.values():
