@@ -1,13 +1,13 @@
 """Members learning of each other from each other, without sockets: the MEMBERS wire form,
 what a broker takes from it, and whole clusters of the real cluster cores wired together in
-memory with a clock of their own (cluster_sim.py: join through one seed, leave, loss, stale
+memory with a clock of their own (cluster_cores.py: join through one seed, leave, loss, stale
 gossip, partitions). The same over real namespaces and routers: test_cluster_netns.py."""
 
 import json
 import random
 
 import pytest
-from cluster_sim import Network
+from cluster_cores import Network
 
 from zbroker.cluster import gossip
 from zbroker.cluster.gossip import MAX_FRAME, MAX_MEMBERS, Member
@@ -198,7 +198,7 @@ def test_stale_gossip_does_not_bring_back_a_lost_member():
     assert m2.learn(stale, "c", 8.0).learned == ["tcp://b:5670"]
 
 
-# --- whole clusters of cores, in memory (cluster_sim.py) --------------------------------------
+# --- whole clusters of cores, in memory (cluster_cores.py) --------------------------------------
 
 
 def test_a_broker_given_one_seed_learns_every_member_and_each_learns_it():
