@@ -22,9 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
 import socket
-import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +34,7 @@ from zbroker import logs
 from zbroker.runtime import event_loop, heap
 from zbroker.runtime.limits import raise_open_file_limit
 
-from .config import (
+from ..config import (
     Config,
     ConfigError,
     config_diff,
@@ -45,9 +43,12 @@ from .config import (
     with_setting,
     with_value,
 )
-from .management import CommandError, ControlServer
-from .service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
-from .zmtp.admission import PROCESS_BUDGET
+from ..management import CommandError, ControlServer
+from ..service import Service, ServiceError
+from ..zmtp.admission import PROCESS_BUDGET
+from .hosted import HostedServices
+from .signals import Signals
+from .startup import StartupError, make_private_dir
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
@@ -59,41 +60,6 @@ RESTART_KEYS = ("broker.name", "broker.run_dir")
 #: the cluster keys a reload applies (a new key: the cluster node starts anew with it and links
 #: its peers again); every other cluster key of a running cluster needs a restart
 CLUSTER_RELOAD_KEYS = ("cluster.key_file", "cluster.insecure")
-
-
-class StartupError(Exception):
-    """The broker cannot start; the message is for the operator."""
-
-
-def make_private_dir(path: Path) -> list[Path]:
-    """Create ``path`` and missing parents with mode 0700; returns the directories created.
-
-    Raises StartupError if it cannot, or if ``path`` belongs to another user, or its parent
-    to another user than root (someone else could then swap it).
-    """
-    created: list[Path] = []
-    try:
-        for p in reversed([p for p in (path, *path.parents) if not p.exists()]):
-            try:
-                p.mkdir(mode=0o700)
-                created.append(p)
-            except FileExistsError:  # made meanwhile by someone else: checked below
-                pass
-        st = path.stat()
-        parent_uid = path.parent.stat().st_uid
-    except OSError as exc:
-        raise StartupError(f"cannot create run directory {str(path)!r}: "
-                           f"{exc.strerror or exc}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise StartupError(f"run directory {str(path)!r} exists and is not a directory")
-    uid = os.geteuid()
-    if st.st_uid != uid or parent_uid not in (uid, 0):
-        owner = st.st_uid if st.st_uid != uid else parent_uid
-        raise StartupError(f"run directory {str(path)!r} or its parent belongs to another user "
-                           f"(uid {owner}); set broker.run_dir to a directory of your own")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-    return created
 
 
 class Broker:
@@ -108,26 +74,24 @@ class Broker:
                  registry: Mapping[str, type[Service]] | None = None,
                  seeds: tuple[str, ...] = ()):
         if registry is None:
-            from .services import installed
+            from ..services import installed
 
             registry = installed()
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
-        self.registry = dict(registry)
         self.name = config.broker.name
         # what reloads log has a budget of its own, budget="reloads" (4 000 SIGHUPs in 20 s
         # wrote 7 936 lines)
         self.log = logs.get_logger()
-        self.services: list[Service] = []  # the started ones, in start order
+        self.hosted = HostedServices(registry, self.log)
         self.zmq_context: zmq.Context | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
         self._created_dirs: list[Path] = []
-        self._signals: list[int] = []
+        self._signals = Signals()
         self.control: ControlServer | None = None
         self.cluster: Any = None  # the cluster node, when config.cluster.enabled
-        self._ports: list[ClusterPort] = []
         self._flusher: asyncio.TimerHandle | None = None
         self.started_at = time.time()
         self._started_mono = time.monotonic()
@@ -141,6 +105,16 @@ class Broker:
         self._relinking: asyncio.Task[None] | None = None  # the node started anew
         #: what the last reload or set applied: keys changed, keys that need a restart
         self.last_applied: dict[str, Any] = {}
+
+    @property
+    def registry(self) -> dict[str, type[Service]]:
+        """The services this broker may host (name -> Service class)."""
+        return self.hosted.registry
+
+    @property
+    def services(self) -> list[Service]:
+        """The started services, in start order."""
+        return self.hosted.started
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -165,7 +139,7 @@ class Broker:
         self.loop = asyncio.get_running_loop()
         self._log_loop_errors()
         self._stop_requested = asyncio.Event()
-        self._install_signal_handlers()
+        self._signals.install(self.loop, stop=self.request_stop, reload=self._on_sighup)
         try:
             await self.start()
             self._start_control()
@@ -185,7 +159,7 @@ class Broker:
                 self._flusher = None
             logs.flush_budget(everything=True)
             await self.stop()
-            self._remove_signal_handlers()
+            self._signals.remove()
         self.log.info("broker stopped", name=self.name)
         return 0
 
@@ -199,8 +173,8 @@ class Broker:
         """Start every enabled service. On failure, stops those already started, releases
         everything and raises (StartupError, ServiceError, or a bug's own exception)."""
         self.loop = asyncio.get_running_loop()
-        wanted = self._enabled_services(self.config)
-        from .config_checks import config_problems
+        wanted = self.hosted.enabled(self.config)
+        from ..config_checks import config_problems
 
         problems = config_problems(self.config, self.registry)  # as check-config does
         if problems:
@@ -215,56 +189,31 @@ class Broker:
                                  self.config.clients.max_per_source)
         self.zmq_context = zmq.Context()
         try:
-            for name in wanted:
-                service = self.registry[name]()
-                run_dir = self.config.broker.run_dir / name
-                self._created_dirs += make_private_dir(run_dir)
-                port = ClusterPort(name)
-                self._ports.append(port)
-                ctx = ServiceContext(broker_name=self.name, zmq_context=self.zmq_context,
-                                     loop=self.loop, log=logs.get_logger(service=name),
-                                     run_dir=run_dir, cluster=port)
-                self.log.debug("starting service", service=name)
-                try:
-                    await asyncio.wait_for(service.start(ctx, self.config), START_TIMEOUT)
-                except TimeoutError:
-                    raise ServiceError(f"service {name!r} did not start within "
-                                       f"{START_TIMEOUT:g} seconds") from None
-                self.services.append(service)
+            await self.hosted.start(wanted, self.config, broker_name=self.name,
+                                    zmq_context=self.zmq_context, loop=self.loop,
+                                    timeout=START_TIMEOUT)
             if self.config.cluster.enabled:
                 await self._start_cluster()
         except BaseException:
             await self.stop()
             raise
 
-    def _largest_payload(self) -> int:
-        """The largest payload a service here takes: a pipe's chunk, a queue's message."""
-        return max((self.registry[name].largest_message(getattr(self.config.services, name))
-                    for name in self._enabled_services(self.config)), default=0)
-
     def _cluster_node(self) -> Any:
         """A cluster node for the running config and services (not started)."""
-        from .cluster.node import ClusterNode, message_limit
-
-        by_name = {service.name: service for service in self.services}
-
-        def on_message(peer: PeerBroker, service: str, frames: list[Any]) -> None:
-            target = by_name.get(service)
-            if target is not None:
-                target.peer_message(peer, frames)
+        from ..cluster.node import ClusterNode, message_limit
 
         return ClusterNode(
             self.config.cluster, self.name, self.zmq_context, self.loop,
             logs.get_logger(component="cluster"),
             on_join=self._peer_joined,
-            on_leave=lambda peer, why: [s.peer_left(peer) for s in self.services],
-            on_message=on_message, max_message=message_limit(self._largest_payload()),
-            features={service.name: service.features() for service in self.services},
+            on_leave=lambda peer, why: self.hosted.peer_left(peer),
+            on_message=self.hosted.message_relay(),
+            max_message=message_limit(self.hosted.largest_payload(self.config)),
+            features=self.hosted.features(),
             seeds=(*self.seeds, *self._remembered()))
 
     def _peer_joined(self, peer: Any) -> None:
-        for service in self.services:
-            service.peer_joined(peer)
+        self.hosted.peer_joined(peer)
         if self._memory is not None:
             self._memory.joined(peer.endpoint)
 
@@ -276,7 +225,7 @@ class Broker:
     def _remember_cluster(self) -> None:
         """Keep what this broker knows of its keyed cluster across restarts (its name, key
         file, seeds and members): the snapshot of before, if it is of this cluster."""
-        from .cluster import snapshot
+        from ..cluster import snapshot
 
         cfg = self.config.cluster
         path = snapshot.snapshot_path(self.name)
@@ -301,8 +250,8 @@ class Broker:
             self._write_join_file()
 
     async def _start_cluster(self) -> None:
-        from .cluster.node import ClusterError
-        from .cluster.security import KeyFileError, cluster_keys
+        from ..cluster.node import ClusterError
+        from ..cluster.security import KeyFileError, cluster_keys
 
         try:
             keys = cluster_keys(self.config.cluster)
@@ -316,7 +265,7 @@ class Broker:
         except ClusterError as exc:
             raise StartupError(str(exc)) from None
         self.cluster, self._cluster_keys = node, keys
-        for port in self._ports:
+        for port in self.hosted.ports:
             port.node = node
         if keys[0] is not None:
             self._write_join_file(announce=True)
@@ -334,7 +283,7 @@ class Broker:
         every peer's life ends; a new node binds the same peer socket with the new key and
         says HELLO to the seeds, to zeroconf's brokers and to the peers of before: those that
         have the same key link again."""
-        from .cluster.node import ClusterError
+        from ..cluster.node import ClusterError
 
         if before is not None:
             await asyncio.gather(before, return_exceptions=True)
@@ -345,7 +294,7 @@ class Broker:
         node = self._cluster_node()
         if old is not None:
             self.cluster = None
-            for port in self._ports:
+            for port in self.hosted.ports:
                 port.node = None
             await old.stop(why="the cluster key changed")
             node.carry_counters(old)
@@ -361,7 +310,7 @@ class Broker:
         for endpoint in contacts:
             node.add_contact(endpoint, pinned=False)
         self.cluster = node
-        for port in self._ports:
+        for port in self.hosted.ports:
             port.node = node
         if keys[0] is not None:
             self._write_join_file()
@@ -372,8 +321,8 @@ class Broker:
         what to run on another host (on standard output and in the log). Returns what
         ``zbroker join-token`` shows (the token even when the file cannot be written: that is
         logged and said); CommandError when there is nothing to join (no cluster, no key)."""
-        from .cluster import joining
-        from .cluster.join_token import JoinToken, encode
+        from ..cluster import joining
+        from ..cluster.join_token import JoinToken, encode
 
         node = self.cluster
         if node is None or node.keys() is None:
@@ -432,33 +381,24 @@ class Broker:
             memory.stop()
         cluster, self.cluster = self.cluster, None
         if cluster is not None:
-            for port in self._ports:
+            for port in self.hosted.ports:
                 port.node = None
             try:
                 await asyncio.wait_for(cluster.stop(), STOP_TIMEOUT)
             except Exception:
                 self.log.exception("cluster failed to stop")
-        self._ports = []
-        while self.services:
-            service = self.services.pop()
-            try:
-                await asyncio.wait_for(service.stop(), STOP_TIMEOUT)
-            except TimeoutError:
-                self.log.error("service did not stop in time", service=service.name,
-                               timeout=STOP_TIMEOUT)
-            except Exception:
-                self.log.exception("service failed to stop", service=service.name)
+        await self.hosted.stop(STOP_TIMEOUT)
         if self.zmq_context is not None:
             self.zmq_context.destroy(linger=0)
             self.zmq_context = None
         if control is not None:
             control.release()
-        for path in reversed(self._created_dirs):
+        created, self._created_dirs = [*self._created_dirs, *self.hosted.take_created_dirs()], []
+        for path in reversed(created):
             try:
                 path.rmdir()  # only if empty: leave what a service chose to keep
             except OSError:
                 pass
-        self._created_dirs = []
 
     def request_stop(self, reason: str = "requested") -> None:
         """Ask a running broker to stop (as SIGTERM does)."""
@@ -472,13 +412,7 @@ class Broker:
 
     def endpoints(self) -> list[str]:
         """Where the started services listen, as they report it (``status()["endpoint"]``)."""
-        found: list[str] = []
-        for service in self.services:
-            status = service.status()
-            if "endpoint" in status:
-                found.append(str(status["endpoint"]))
-            found += [str(e) for e in status.get("endpoints", ())]
-        return found
+        return self.hosted.endpoints()
 
     # --- reload ----------------------------------------------------------------------------
 
@@ -504,7 +438,7 @@ class Broker:
             self.log.error("config reload refused", budget="reloads", reason=str(exc))
             self.reloads["refused"] += 1
             return str(exc)
-        from .config_checks import config_problems
+        from ..config_checks import config_problems
 
         problems = config_problems(new, self.registry)  # a config that could not start
         if problems:
@@ -550,7 +484,7 @@ class Broker:
         new_keys = None  # the cluster's new key, when it changes
         keys_moved = None  # the same key, in another file
         if self._cluster_keys is not None:
-            from .cluster.security import KeyFileError, cluster_keys
+            from ..cluster.security import KeyFileError, cluster_keys
 
             try:
                 keys = cluster_keys(new.cluster)
@@ -566,7 +500,7 @@ class Broker:
         if new.metrics.bind != old.metrics.bind and self.loop is not None \
                 and new.metrics.bind is not None:
             # the new address is bound first: a reload that cannot bind it is refused whole
-            from .metrics import MetricsError
+            from ..metrics import MetricsError
 
             try:
                 new_metrics = self._metrics_server(new.metrics.bind)
@@ -574,7 +508,7 @@ class Broker:
                 self.log.error(f"{what} refused", reason=str(exc))
                 return str(exc)
         applied: list[Service] = []
-        for service in self.services:
+        for service in self.hosted.started:
             try:
                 service.reload(new, old)
             except Exception as exc:
@@ -610,9 +544,9 @@ class Broker:
             if new.metrics.bind is not None:
                 self._warn_if_exposed(new.metrics.bind)
         if self.cluster is not None:  # a pipe's chunk or a queue's message may be larger now
-            from .cluster.node import message_limit
+            from ..cluster.node import message_limit
 
-            self.cluster.set_max_message(message_limit(self._largest_payload()))
+            self.cluster.set_max_message(message_limit(self.hosted.largest_payload(new)))
         applied = [k for k in changed if k not in fixed]
         if new_keys is not None:
             self._relink_cluster(new_keys)
@@ -660,7 +594,7 @@ class Broker:
             "config": str(Path(self.config.source).absolute()) if self.config.source else None,
             "reloads": dict(self.reloads),
             "run_dir": str(self.config.broker.run_dir),
-            "services": {s.name: s.status() for s in self.services},
+            "services": self.hosted.status(),
             "logs": {**logs.status(), "format": log.format,
                      "file": str(log.file) if log.file else None, "animate": log.animate},
             "management": self.control.status() if self.control else None,
@@ -711,7 +645,7 @@ class Broker:
         bind = self.config.metrics.bind
         if bind is None:
             return
-        from .metrics import MetricsError
+        from ..metrics import MetricsError
 
         try:
             self.metrics = self._metrics_server(bind)
@@ -721,7 +655,7 @@ class Broker:
         self._warn_if_exposed(bind)
 
     def _warn_if_exposed(self, bind: str) -> None:
-        from .metrics import beyond_loopback
+        from ..metrics import beyond_loopback
 
         if beyond_loopback(bind):
             self.log.warning("metrics endpoint beyond loopback: whoever reaches it reads the "
@@ -731,7 +665,7 @@ class Broker:
     def _metrics_server(self, bind: str) -> Any:
         """A metrics endpoint listening on ``bind``, served on the loop (call it there);
         raises MetricsError."""
-        from .metrics import MetricsServer
+        from ..metrics import MetricsServer
 
         assert self.loop is not None
         server = MetricsServer(self.loop, self.metrics_snapshot, log=self.log)
@@ -752,7 +686,7 @@ class Broker:
             "python": self._build[1],
             "started": self.started_at, "uptime": time.monotonic() - self._started_mono,
             "reloads": dict(self.reloads),
-            "services": {s.name: s.metrics() for s in self.services},
+            "services": self.hosted.metrics(),
             "cluster": self.cluster.metrics() if hasattr(self.cluster, "metrics") else None,
             "syslog": status["syslog"], "log_write_errors": status["write_errors"],
             "pipe_series": self.config.metrics.pipe_series,
@@ -799,44 +733,7 @@ class Broker:
         if key.startswith("cluster."):
             return key == "cluster.enabled" or (self._cluster_keys is not None
                                                 and key not in CLUSTER_RELOAD_KEYS)
-        return key in RESTART_KEYS or self._needs_restart(key)
-
-    def _needs_restart(self, key: str) -> bool:
-        """Whether a service's ``key`` only changes with a restart: ``enabled``, and each
-        service's ``restart_keys`` (a section's: every key in it)."""
-        return any(key == fixed or key.startswith(fixed + ".")
-                   for name, service in self.registry.items()
-                   for fixed in (f"services.{name}.{k}" for k in ("enabled",
-                                                                   *service.restart_keys)))
-
-    def _enabled_services(self, config: Config) -> list[str]:
-        names = []
-        for name in self.registry:
-            section = getattr(config.services, name, None)
-            if section is None:
-                raise StartupError(f"service {name!r} has no config section 'services.{name}'")
-            if section.enabled:
-                names.append(name)
-        return names
-
-    def _install_signal_handlers(self) -> None:
-        assert self.loop is not None
-        for signum, handler, arg in (
-            (signal.SIGTERM, self.request_stop, "SIGTERM"),
-            (signal.SIGINT, self.request_stop, "SIGINT"),
-            (signal.SIGHUP, self._on_sighup, None),
-        ):
-            if arg is None:
-                self.loop.add_signal_handler(signum, handler)
-            else:
-                self.loop.add_signal_handler(signum, handler, arg)
-            self._signals.append(signum)
-
-    def _remove_signal_handlers(self) -> None:
-        if self.loop is not None:
-            for signum in self._signals:
-                self.loop.remove_signal_handler(signum)
-        self._signals = []
+        return key in RESTART_KEYS or self.hosted.needs_restart(key)
 
     def _on_sighup(self) -> None:
         self.log.info("SIGHUP: reloading config", budget="reloads")
