@@ -240,17 +240,25 @@ class RawProducer:
     works with) does. It can send part of a message and stop there."""
 
     def __init__(self, endpoint: str, version: int = 3, identity: bytes = b"",
-                 source: str | None = None):
+                 source: str | None = None, rcvbuf: int | None = None):
         """``source``: the local address to connect from (another loopback address is
-        another host to the queue)."""
+        another host to the queue); ``rcvbuf``: its socket's receive buffer."""
         import socket
         import struct
 
         from zbroker import zmtp
         self._zmtp, self._struct = zmtp, struct
         host, port = endpoint[len("tcp://"):].rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10,
-                                             source_address=(source, 0) if source else None)
+        if rcvbuf is None:
+            self.sock = socket.create_connection((host, int(port)), timeout=10,
+                                                 source_address=(source, 0) if source else None)
+        else:  # (a small receive buffer: a producer that reads slowly fills up soon)
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            self.sock.settimeout(10)
+            if source:
+                self.sock.bind((source, 0))
+            self.sock.connect((host, int(port)))
         self._in = b""
         if version == 3:
             props = b""

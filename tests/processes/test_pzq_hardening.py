@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -431,3 +432,40 @@ def test_the_python_producer_refuses_an_id_the_queue_would_refuse(ctx):
         producer.send(b"body", msg_id=b"i" * 255)  # at the limit: sent (nobody listens)
     finally:
         producer.close()
+
+
+def test_a_producer_that_does_not_read_its_acks_holds_back_no_one_else(start_pzq):
+    """Its ACKs wait apart from the others' (they were all held behind its full connection,
+    and past 100 000 the oldest dropped), its connection is no longer read once they cost
+    more than a bound, and when it reads again it gets every ACK, in order."""
+    q = start_pzq()
+    base = vm_kb(q.pid)
+    hog = RawProducer(q.receive, rcvbuf=4096)
+    n, tag = 200_000, uuid.uuid4().hex.encode()
+    keys = [b"%s-%d-" % (tag, i) + b"k" * 60 for i in range(n)]
+    blob = b"".join(zmtp.encode_message([k, b"", b"0123456789"]) for k in keys)
+    sender = threading.Thread(target=hog.send_raw, args=(blob,), daemon=True)
+    sender.start()
+    # its ACKs fill its connection: the rest of its messages are no longer read
+    wait_for(lambda: q.counters()["produced"] > 50_000 and _settled(q), 60,
+             "the hog's messages to stop coming in")
+    held_at = q.counters()["produced"]
+    assert held_at < n, "every message was read: its connection was never held"
+    with Producer(q.receive, window=16) as p:  # another producer's ACKs come at once
+        for i in range(20):
+            p.send(b"legit %d" % i, msg_id=b"legit-%d-%s" % (i, tag))
+        p.flush(10)  # (raises if any is not ACKed in time)
+    assert (vm_kb(q.pid) - base) << 10 < 96 << 20
+    hog.sock.settimeout(30)
+    for i, key in enumerate(keys):  # it reads: every ACK, in order
+        assert hog.recv() == [key, b"1", b""], f"ACK {i}"
+    sender.join(30)
+    assert q.counters()["produced"] == n + 20
+    hog.close()
+
+
+def _settled(q) -> bool:
+    """The queue takes no more of the hog's messages (its count holds for 0.5 s)."""
+    before = q.counters()["produced"]
+    time.sleep(0.5)
+    return q.counters()["produced"] == before

@@ -27,14 +27,17 @@ from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.flow import READ_SIZE, ReadPolicy
 from zbroker.zmtp.refusals import Refusals
-from zbroker.zmtp.server import CROWDED, INBOX, Link, Server
+from zbroker.zmtp.server import ANSWERS, CROWDED, INBOX, Link, Server
 
 __all__ = ["FULL", "GONE", "SENT", "EndpointError", "Receiver"]
 
 SENT, FULL, GONE = "sent", "full", "gone"
 WRITE_HIGH = 4 << 20  # bytes of answers queued on a connection before send() says FULL
-MAX_HELD_ANSWERS = 100_000  # answers held back for producers whose connection is full
-RETRY_HELD = 0.01  # seconds before held answers are tried again
+#: what a producer's answers that wait for its connection (it does not read them) may cost,
+#: bytes and the objects holding them, before its connection is no longer read: its ACKs are
+#: never dropped, and it cannot make the broker hold more of them than this
+MAX_WAITING_ANSWERS = 256 << 10
+ANSWER_OVERHEAD = 150  # an answer's tuple, list and frame objects, in bytes
 #: what a received message costs in memory besides its bytes: its tuple and list in the
 #: inbox, and a bytes object for each frame (counted in ``max_held``, so that many small
 #: messages cannot hold many times their size)
@@ -71,9 +74,8 @@ class Receiver(Server):
         self._inbox_sizes: deque[int] = deque()  # each one's bytes, as they came
         self.inbox_bytes = 0
         self.refused_busy = 0
-        self.held: deque[tuple[bytes, list[bytes]]] = deque()  # answers (answer())
-        self.dropped_answers = 0
-        self._retry: asyncio.TimerHandle | None = None
+        self.dropped_answers = 0  # (none: a producer whose answers wait is not read)
+        self._answers_waiting: set[_Link] = set()  # connections with answers that wait
         self._paused: set[_Link] = set()  # held while the inbox is full
 
     def counters(self) -> dict[str, int]:
@@ -82,9 +84,6 @@ class Receiver(Server):
                 "refused_busy": self.refused_busy, "producers_hung_up": self.hung_up}
 
     def close(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
         self.close_now()
 
     # --- what the transport hands on --------------------------------------------------------
@@ -185,28 +184,40 @@ class Receiver(Server):
         return SENT
 
     def answer(self, routing_id: bytes, frames: list[bytes]) -> None:
-        """Send ``frames`` at :meth:`flush`, after the answers before it. A producer that does
-        not read its answers makes its connection fill up: the answers wait (at most
-        MAX_HELD_ANSWERS, the oldest are dropped) and are tried again soon."""
-        self.held.append((routing_id, frames))
+        """Send ``frames`` at :meth:`flush`, after the answers before it on its connection.
+        A producer that does not read its answers makes its connection fill up: its answers
+        then wait here, each producer's apart (the others' go on), and past
+        MAX_WAITING_ANSWERS of them its connection is not read until they have gone."""
+        link = self.links.get(routing_id)
+        if link is None:
+            return  # gone: the producer sends again when back
+        if not link.full and not link.answers:
+            self.put(link, frames)
+            return
+        cost = ANSWER_OVERHEAD + sum(map(len, frames))
+        link.answers.append((frames, cost))
+        link.answers_cost += cost
+        self._answers_waiting.add(link)
+        if link.answers_cost > MAX_WAITING_ANSWERS and not link.holds & ANSWERS:
+            link.hold(ANSWERS)
 
     def flush(self) -> None:
-        held = self.held
-        while held:
-            if self.send(*held[0]) == FULL:
-                break
-            held.popleft()  # sent, or GONE: the producer will send again when back
+        if self._answers_waiting:
+            for link in list(self._answers_waiting):
+                answers = link.answers
+                while answers and not link.full:
+                    frames, cost = answers.popleft()
+                    link.answers_cost -= cost
+                    self.put(link, frames)
+                if not answers:
+                    self._answers_waiting.discard(link)
+                if link.holds & ANSWERS and link.answers_cost <= MAX_WAITING_ANSWERS // 2:
+                    link.release(ANSWERS)
         super().flush()
-        if held:
-            while len(held) > MAX_HELD_ANSWERS:
-                held.popleft()
-                self.dropped_answers += 1
-            if self._retry is None and self.listening:
-                self._retry = self.loop.call_later(RETRY_HELD, self._retry_held)
 
-    def _retry_held(self) -> None:
-        self._retry = None
-        self.flush()
+    def writable(self, link: _Link) -> None:
+        if link.answers:  # its connection takes more: what waited goes
+            self.flush()
 
 
 class _Link(Link):
@@ -219,10 +230,16 @@ class _Link(Link):
         #: an endpoint of requests: its requests in the inbox; past MAX_WAITING_REQUESTS it
         #: is held (CROWDED), and not read until they are all taken (each asker gets its turn)
         self.waiting = 0
+        #: answers waiting for the connection to take more (Receiver.answer), their cost
+        self.answers: deque[tuple[list[bytes], int]] = deque()
+        self.answers_cost = 0
 
     def codec(self, server: Receiver) -> zmtp.Connection:  # type: ignore[override]
         return server.connection(*server.limits)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._paused.discard(self)
+        self.server._answers_waiting.discard(self)
+        self.answers.clear()
+        self.answers_cost = 0
         super().connection_lost(exc)

@@ -63,8 +63,8 @@ KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
 #: why a connection is not read (:meth:`Link.hold`): its answers are not taken (and its
 #: endpoint does not read such), it used its turn, or its endpoint holds it (an inbox full,
-#: requests waiting)
-WRITING, TURN, INBOX, CROWDED = 1, 2, 4, 8
+#: requests waiting, too many answers waiting for it)
+WRITING, TURN, INBOX, CROWDED, ANSWERS = 1, 2, 4, 8, 16
 
 #: how an endpoint's connections are read unless it says otherwise
 DEFAULT_POLICY = ReadPolicy()
