@@ -255,15 +255,17 @@ def start_broker_queue(data: Path, sync: str, window_us: int, max_sync: int | No
 
 
 def histogram_cost(samples: int = 200_000) -> float:
-    """Microseconds that one producer ACK's latency observation costs (QueueCore)."""
+    """Microseconds that one producer ACK's latency observation costs (QueueCore's
+    producer side)."""
     import timeit
 
     from zbroker.pzq.core.queue import QueueCore
 
-    core = QueueCore()
+    producers = QueueCore().producers
     key = b"%d|%s%012x" % (time.time_ns() // 1000, b"x" * 24, 1)
     now_us = time.time_ns() // 1000 + 1500
-    return timeit.timeit(lambda: core._ack_latency(key, now_us), number=samples) / samples * 1e6
+    return timeit.timeit(lambda: producers.ack_latency_of(key, now_us),
+                         number=samples) / samples * 1e6
 
 
 def metrics_cost(base: Path, cases: list[str], sync: str, window_us: int,

@@ -17,7 +17,6 @@ MAX_LINES = 600
 KNOWN = {
     "zbroker/broker/__init__.py:Broker",
     "zbroker/services/zpipes/engine.py:ClientEngine",
-    "zbroker/pzq/core/queue.py:QueueCore",
     "zbroker/pzq/core/replication.py:ReplicationCore",
 }
 

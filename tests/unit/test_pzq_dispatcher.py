@@ -310,7 +310,7 @@ def test_a_paused_consumer_is_skipped_and_keeps_its_credit():
 
 
 def test_credit_consumers_are_counted_and_bounded():
-    from zbroker.pzq.core import queue as queue_module
+    from zbroker.pzq.core import consumer_side as queue_module
 
     core = QueueCore()
     assert core.credit_consumer(b"c1", 4) and core.credit_consumer(b"c1", 8)

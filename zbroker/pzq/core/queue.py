@@ -4,15 +4,25 @@ The core decides; the server (server.py) moves frames, runs the clock and the lo
 never calls the log: what to write, ACK or move there, and what to answer, it records as
 typed actions (actions.py) that the caller takes with :meth:`QueueCore.take_output` and
 carries out in order; what the log did comes back as a :class:`BatchResult` (``batch_done``:
-the seqs it placed or failed). The core has a dispatcher (dispatcher.py) and keeps:
+the seqs it placed or failed). The core keeps:
 
 - the unACKed messages (``messages``, by seq) and their keys (what consumers ACK with),
 - the idempotence window (id_window.py): the last ``idempotence_window`` producer message
   ids (and at most ``idempotence_bytes`` of them), so that a retried id is answered, not
   stored twice,
-- the producers waiting for their message to be written (the producer ACK goes out when
-  the log reports its seq written and synced, or when a consumer ACKed the message first,
-  whatever the log is doing with it; refused input is answered at once).
+- what they cost (``Budget``), the seqs and the ``head``, and what the log is asked to do.
+
+It holds three parts, which keep their own bookkeeping and return what is to be done, for
+the core to record in order; none of them calls the core:
+
+- the producer side (producer_side.py): what each producer ACK waits for (the message's
+  write, its copies) and the answers (the producer ACK goes out when the log reports its
+  seq written and synced, or when a consumer ACKed the message first, whatever the log is
+  doing with it; refused input is answered at once),
+- the consumer side (consumer_side.py): the consumers, their deliveries (the dispatcher,
+  dispatcher.py, decides who gets what and when it is due again), and the confirmations of
+  credit consumers' ACKs,
+- the adoption of copies taken over from lost peers (adoption.py).
 
 With ``replicas``, each new message is also handed to the replication core (replication.py)
 through :meth:`QueueCore.take_replication`, and its ACK waits for the copies' confirmations.
@@ -36,44 +46,39 @@ A stream queue (``stream=True``) pushes nothing to consumers: its messages are r
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from typing import Any, TypeAlias, cast, final
+from typing import Any
 
 from zbroker.pzq.core import wire
 from zbroker.pzq.core.actions import (
     AckMany,
-    Adopted,
     Append,
     AppendBatch,
     BatchResult,
     Confirm,
     Move,
     Replicate,
-    Reply,
     Unreplicate,
 )
+from zbroker.pzq.core.adoption import Adoption
+from zbroker.pzq.core.consumer_side import CONSUMERS, ConsumerSide
 from zbroker.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
 from zbroker.pzq.core.id_window import IdWindow
+from zbroker.pzq.core.messages import Message, read_range
+from zbroker.pzq.core.producer_side import REFUSAL_KINDS, BatchWaiter, ProducerSide
 from zbroker.pzq.core.records import MessageRecord
 from zbroker.runtime.stats import Buckets
 
+__all__ = ["CONSUMERS", "MODES", "QUEUE_FULL", "REFUSAL_KINDS", "Budget", "Limits", "Message",
+           "QueueCore"]
+
 QUEUE_FULL = "Queue full"
-#: why producers get "0" ACKs, for metrics (QueueCore.refusals): the queue is full, the
-#: message over max_message_size, invalid (malformed, id too long, too many frames), the
-#: receiver holding too much (busy), or its write failed
-REFUSAL_KINDS = ("full", "too_large", "invalid", "busy", "store_failed")
 ID_TOO_LONG = wire.ID_TOO_LONG
 MAX_ID = wire.MAX_ID
 #: how a queue's consumers get its messages: push (sent to them, ACKed one by one) or stream
 #: (read by offset, committed; stream.py)
 MODES = ("push", "stream")
-CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
-MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once
-MAX_DELIVERY_BATCH = 1024  # messages in one batch to a batch consumer
-MAX_DONE_ROOTS = 16_384  # delivered replicated messages known again if taken over later
 
 
 @dataclass(frozen=True)
@@ -106,82 +111,6 @@ class Budget:
         self.messages = 0
 
 
-class Message:
-    """An unACKed message; durable once its seq is below the queue's ``head``."""
-
-    __slots__ = ("seq", "key", "msg_id", "frames", "size")
-
-    def __init__(self, seq: int, key: bytes, msg_id: bytes, frames: tuple[bytes, ...],
-                 size: int):
-        self.seq = seq
-        self.key = key
-        self.msg_id = msg_id
-        self.frames = frames
-        self.size = size
-
-
-class Replicating:
-    """A message being copied to peers: its producer ACK waits for ``need`` confirmations
-    (and its own batch), or for the replication timeout (then "1" REPLICATION_FAILED)."""
-
-    __slots__ = ("need", "got", "local", "failed", "waiters")
-
-    def __init__(self, need: int):
-        self.need = need
-        self.got = 0
-        self.local = False  # its batch is written
-        self.failed = False  # the timeout passed first
-        self.waiters: list[tuple[Producer, bytes]] = []  # (peer, msg id)
-
-
-@final  # (so that mypy narrows ``type(x) is BatchWaiter`` in both branches)
-class BatchWaiter:
-    """A producer's batch (wire.ProduceBatch) waiting for its parts: its record in the log,
-    and the messages of other batches it repeats (ids stored before, not yet durable) or,
-    with replicas, the copies of each of its messages. Answered once, when every part is
-    done: "0" with the first failure's reason, else "1" (REPLICATION_FAILED if a part
-    said so)."""
-
-    __slots__ = ("peer", "batch_id", "pending", "error", "replication_failed")
-
-    def __init__(self, peer: bytes, batch_id: bytes):
-        self.peer = peer
-        self.batch_id = batch_id
-        self.pending = 0
-        self.error: str | None = None
-        self.replication_failed = False
-
-    def part_done(self, ok: bool, text: str | None) -> bool:
-        """One part is done; True when it was the last."""
-        self.pending -= 1
-        if not ok and self.error is None:
-            self.error = text or "store failed"
-        elif text == wire.REPLICATION_FAILED:
-            self.replication_failed = True
-        return self.pending == 0
-
-
-@final  # (so that mypy narrows ``type(x) is AckGroup`` in both branches)
-class AckGroup:
-    """A batch consumer's ACK of many keys: confirmed (ACKED) once all are durable."""
-
-    __slots__ = ("consumer", "ack_id", "pending")
-
-    def __init__(self, consumer: Hashable, ack_id: bytes):
-        self.consumer = consumer
-        self.ack_id = ack_id
-        self.pending = 0
-
-
-#: whom a producer ACK goes to: a producer (its routing id), or a batch waiting for its parts
-Producer: TypeAlias = bytes | BatchWaiter
-#: a producer waiting for a message to be written: (peer, msg id, key), or a batch's record,
-#: (its BatchWaiter, b"", None)
-Waiting: TypeAlias = tuple[Producer, bytes, bytes | None]
-#: a credit consumer waiting for its ACK to be durable: (consumer, key), or a batch's ACK
-AckWaiter: TypeAlias = tuple[Hashable, bytes] | AckGroup
-
-
 class QueueCore:
     def __init__(self, limits: Limits = Limits(), stream: bool = False,
                  budget: Budget | None = None, full_reason: str = QUEUE_FULL,
@@ -196,18 +125,18 @@ class QueueCore:
         self.messages: dict[int, Message] = {}
         self.keys: dict[bytes, int] = {}
         self.ids = IdWindow(limits.idempotence_window, limits.idempotence_bytes)
-        #: seq -> the producers waiting for it to be written: (peer, msg id, key); a
-        #: batch's record is (its BatchWaiter, b"", None)
-        self.waiting: dict[int, list[Waiting]] = {}
-        #: seq -> the tokens of the copies it takes over (adopt), each with its Adopted's
-        #: claim: Adopted once that seq is written
-        self.adopting: dict[int, list[tuple[Any, bool]]] = {}
-        #: the first key of each message taken over (wire.root_key) -> its seq here, to know
-        #: it when it comes back under another key (entries of messages gone are let go)
-        self.roots: dict[bytes, int] = {}
-        #: the first keys of the last MAX_DONE_ROOTS replicated messages that left the queue
-        #: delivered, oldest first (not kept across a restart)
-        self.done_roots: dict[bytes, None] = {}
+        self.counters = dict.fromkeys((
+            "produced", "stored", "producer_acks", "producer_failures", "duplicates",
+            "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
+            "recovered", "replicated", "replication_failed", "committed_messages",
+            "taken_back", "batches"), 0)
+        # the parts (they share the messages, the dispatcher and the counters)
+        self.producers = ProducerSide(self.messages, self.counters, full_reason, limits.max_frames,
+                                      limits.max_message_size, limits.replicas,
+                                      limits.replication_timeout)
+        self.consumers = ConsumerSide(self.dispatcher, self.messages, self.counters,
+                                      limits.ack_timeout, limits.inflight_window)
+        self.adoption = Adoption(self.messages, self.keys, self.ids)
         #: the monotonic time from which nothing is delivered (replication.py's lease: peers
         #: may have taken our messages over since); inf: no lease to keep
         self.deliver_until = float("inf")
@@ -217,36 +146,41 @@ class QueueCore:
         self._open_ack: tuple[AckMany, int] | None = None
         #: for the replication core: Replicate, Unreplicate, Adopted (take_replication)
         self.replication_out: list[Any] = []
-        self.replicating: dict[bytes, Replicating] = {}
         #: how many peers copies go to now; below ``replicas`` a new message's ACK says
         #: REPLICATION_FAILED as soon as it is written here, without waiting for the timeout
         self.replica_targets = limits.replicas
-        self._replica_deadlines: deque[tuple[float, bytes]] = deque()
         self.held: list[int] = []  # recovered seqs not given to the dispatcher yet
-        #: seqs of the messages of several body frames (or none): each goes alone to a batch
-        #: consumer. Seqs are never reused, so those of messages gone since may stay a while
-        self.alone: set[int] = set()
-        self.credit_consumers = 0  # consumers of the credit endpoint (known by their id)
-        #: seq -> (consumer, key), or the AckGroup of a batch consumer's ACK
-        self.ack_waiters: dict[int, AckWaiter] = {}
-        #: consumers of the credit endpoint that take batches: id -> most bytes in a batch
-        self.batch_consumers: dict[Hashable, int] = {}
         self.next_seq = 0
         self.head = 0  # every message below this seq is durable (or was dropped)
         self.backlog_bytes = 0
-        #: for metrics: producer ACK latency (seconds from arrival to the ACK of a stored
-        #: message), and "0" ACKs by kind (REFUSAL_KINDS)
-        self.ack_latency = Buckets()
-        self.refusals = dict.fromkeys(REFUSAL_KINDS, 0)
-        #: the wall clock in microseconds (the time keys start with), for the ACK latency;
-        #: None: not measured (the I/O side gives it)
-        self.clock_us: Callable[[], int] | None = None
         self._prefix = str(uuid.uuid4())[:24].encode()  # "xxxxxxxx-xxxx-4xxx-yxxx-"
-        self.counters = dict.fromkeys((
-            "produced", "stored", "producer_acks", "producer_failures", "duplicates",
-            "malformed", "consumer_acks", "consumer_nacks", "unknown_acks", "delivered",
-            "recovered", "replicated", "replication_failed", "committed_messages",
-            "taken_back", "batches"), 0)
+
+    # what the I/O side and the monitor read of the parts
+    @property
+    def clock_us(self) -> Callable[[], int] | None:
+        """The wall clock in microseconds (the time keys start with), for the producer ACK
+        latency; None: not measured (the I/O side gives it)."""
+        return self.producers.clock_us
+
+    @clock_us.setter
+    def clock_us(self, clock: Callable[[], int] | None) -> None:
+        self.producers.clock_us = clock
+
+    @property
+    def ack_latency(self) -> Buckets:
+        return self.producers.ack_latency
+
+    @property
+    def refusals(self) -> dict[str, int]:
+        return self.producers.refusals
+
+    @property
+    def credit_consumers(self) -> int:
+        return self.consumers.credit_consumers
+
+    @property
+    def alone(self) -> set[int]:
+        return self.consumers.alone
 
     def take_output(self) -> list[Any]:
         """The actions recorded since the last call, in order (actions.py)."""
@@ -269,10 +203,9 @@ class QueueCore:
             size = wire.cost(r.msg_id, r.frames)
             self.messages[r.seq] = Message(r.seq, r.key, r.msg_id, r.frames, size)
             if len(r.frames) != 1:
-                self._goes_alone(r.seq)
+                self.consumers.goes_alone(r.seq)
             self.keys[r.key] = r.seq
-            if wire.ADOPTED in r.key:
-                self.roots[wire.root_key(r.key)] = r.seq
+            self.adoption.recovered(r.key, r.seq)
             self.ids.add(r.msg_id, r.seq)
             self._count(size, 1)
             if self.stream:
@@ -290,35 +223,17 @@ class QueueCore:
     def produce(self, peer: bytes, frames: list[bytes], now_us: int, now: float = 0.0) -> None:
         """A message from a producer (frames after its routing id). ``now``: the monotonic
         clock, for the replication timeout."""
-        if len(frames) > self.limits.max_frames:
-            self.counters["malformed"] += 1
-            return self._refuse(peer, bytes(frames[0][:MAX_ID]),
-                                wire.too_many_frames(self.limits.max_frames))
-        p = wire.decode_produce(frames)
-        if isinstance(p, wire.WireError):
-            self.counters["malformed"] += 1
-            if p.msg_id is not None:
-                self._refuse(peer, p.msg_id[:MAX_ID], p.reason)
+        p = self.producers.admit(peer, frames)
+        if not isinstance(p, wire.Produce):
+            if p is not None:
+                self.out.append(p)
             return
-        self.counters["produced"] += 1
         msg_id = p.msg_id
-        if len(msg_id) > MAX_ID:
-            return self._refuse(peer, msg_id[:MAX_ID], ID_TOO_LONG)
-        if p.size > self.limits.max_message_size:
-            return self._refuse(peer, msg_id, wire.too_large(p.size,
-                                                             self.limits.max_message_size))
         size = wire.cost(msg_id, p.body)
         prior = self.ids.get(msg_id)
         if prior is not None:
-            self.counters["duplicates"] += 1
-            m = self.messages.get(prior)
-            st = self.replicating.get(m.key) if m is not None else None
-            if m is not None and prior >= self.head:  # not durable yet: wait for it
-                self.waiting.setdefault(prior, []).append((peer, msg_id, m.key))
-            elif st is not None:
-                st.waiters.append((peer, msg_id))
-            else:
-                self._reply(peer, wire.producer_ack(msg_id))
+            if not self.producers.repeated(peer, msg_id, prior, self.head):
+                self.out.append(self.producers.ack(peer, msg_id))
             return
         budget = self.budget
         if (budget.bytes + size > self.limits.max_backlog
@@ -328,11 +243,9 @@ class QueueCore:
         self.next_seq += 1
         key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
         self._add(seq, key, msg_id, p.body, size)
-        self.waiting[seq] = [(peer, msg_id, key)]
+        self.producers.wait(seq, peer, msg_id, key)
         if self.limits.replicas:
-            st = self.replicating[key] = Replicating(self.limits.replicas)
-            st.failed = self.replica_targets < self.limits.replicas
-            self._replica_deadlines.append((now + self.limits.replication_timeout, key))
+            self.producers.copying(key, now, self.replica_targets)
             self.replication_out.append(Replicate(key, p.body))
 
     def produce_batch(self, peer: bytes, frames: list[bytes], now_us: int,
@@ -341,22 +254,13 @@ class QueueCore:
         messages go to the log as one record (all of them or none after a crash); one
         answer when every message of it is durable (or was before: ids are idempotent as
         one by one), or "0" and why for all of it."""
-        b = wire.decode_produce_batch(frames)
-        if isinstance(b, wire.WireError):
-            self.counters["malformed"] += 1
-            if b.msg_id is not None:
-                self._refuse(peer, b.msg_id[:MAX_ID], b.reason)
+        b = self.producers.admit_batch(peer, frames)
+        if not isinstance(b, wire.ProduceBatch):
+            if b is not None:
+                self.out.append(b)
             return
-        limits, counters = self.limits, self.counters
-        ids, bodies, n = b.ids, b.bodies, len(b.ids)
-        counters["produced"] += n
-        counters["batches"] += 1
+        limits, ids, bodies, n = self.limits, b.ids, b.bodies, len(b.ids)
         batch_id = b.batch_id[:MAX_ID]
-        if len(b.packed) > limits.max_message_size:
-            return self._refuse(peer, batch_id, f"Batch too large: {len(b.packed)} bytes, "
-                                                f"limit {limits.max_message_size}")
-        if not all(bodies):
-            return self._refuse(peer, batch_id, wire.EMPTY)
         frame_cost = 2 * wire.FRAME_COST
         cost = len(b.packed) + (frame_cost - 5) * n - 4  # ids and bodies, FRAME_COST each
         budget = self.budget
@@ -385,14 +289,7 @@ class QueueCore:
                 new_ids.append(msg_id)
                 new_bodies.append(body)
                 continue
-            self.counters["duplicates"] += 1
-            m = self.messages.get(prior) if prior is not None else None
-            st = self.replicating.get(m.key) if m is not None else None
-            if m is not None and m.seq >= self.head:  # not durable yet: wait for it
-                self.waiting.setdefault(m.seq, []).append((w, msg_id, m.key))
-                w.pending += 1
-            elif st is not None:
-                st.waiters.append((w, msg_id))
+            if self.producers.repeated(w, msg_id, prior, self.head):
                 w.pending += 1
         if new_ids:
             n = len(new_ids)
@@ -402,12 +299,12 @@ class QueueCore:
                                         self.log_name))
             self._add_batch(w, first, base, new_ids, new_bodies, now)
         elif w.pending == 0:
-            self._answer_batch(w)  # every message of it was stored before
+            self.out.append(self.producers.batch_answer(w))  # all of it stored before
 
     def _add_batch(self, w: BatchWaiter, first: int, base: bytes, ids: list[bytes],
                    bodies: list[bytes], now: float) -> None:
         """Take the messages of a batch record with seqs from ``first`` on."""
-        messages, keys = self.messages, self.keys
+        messages, keys, producers = self.messages, self.keys, self.producers
         replicas = self.limits.replicas
         frame_cost = 2 * wire.FRAME_COST
         seqs = range(first, first + len(ids))
@@ -418,11 +315,9 @@ class QueueCore:
                                                     strict=True):
             messages[seq] = Message(seq, key, msg_id, (body,), size)
             if replicas:  # each message's copies are a part of the batch's answer
-                self.waiting[seq] = [(w, msg_id, key)]
+                producers.wait(seq, w, msg_id, key)
                 w.pending += 1
-                st = self.replicating[key] = Replicating(replicas)
-                st.failed = self.replica_targets < replicas
-                self._replica_deadlines.append((now + self.limits.replication_timeout, key))
+                producers.copying(key, now, self.replica_targets)
                 self.replication_out.append(Replicate(key, (body,)))
         keys.update(zip(batch_keys, seqs, strict=True))
         self.ids.add_many(ids, first)  # (new and distinct: both callers made sure)
@@ -430,8 +325,19 @@ class QueueCore:
             self.dispatcher.add_many(seqs, sizes)
         self._count(sum(sizes), len(ids))
         if not replicas:
-            self.waiting[first] = [(w, b"", None)]  # the record: one part
+            producers.wait(first, w, b"", None)  # the record: one part
             w.pending += 1
+
+    def refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
+        """Answer "0" with ``reason`` to input refused before it reached :meth:`produce` (the
+        server's receive limits)."""
+        self.counters["malformed"] += 1
+        self._refuse(peer, msg_id, reason)
+
+    def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
+        self.out.append(self.producers.refusal(peer, msg_id, reason))
+
+    # --- copies taken over ------------------------------------------------------------------
 
     def adopt(self, msg_id: bytes, frames: tuple[bytes, ...], now_us: int, token: Any,
               copy_key: bytes | None = None) -> None:
@@ -440,38 +346,19 @@ class QueueCore:
         it. ``copy_key``: its key at its origin; its new key here starts with the first key
         the message had (wire.adopted_key), so that it is known when it comes back under
         another key: our own message, or one taken over here before (no claim then)."""
-        prior, claim = self.ids.get(msg_id), True
-        if prior is None and copy_key is not None:
-            root = wire.root_key(copy_key)
-            if root in self.done_roots:  # delivered here before: its origin may drop it
-                self.replication_out.append(Adopted(token, True))
-                return
-            prior, claim = self.keys.get(root), False
-            if prior is None and (seq := self.roots.get(root)) is not None:
-                m = self.messages.get(seq)
-                if m is not None and wire.root_key(m.key) == root:
-                    prior = seq
-        if prior is not None:  # held before: Adopted once that one is written
-            if prior in self.adopting or (prior in self.messages and prior >= self.head):
-                self.adopting.setdefault(prior, []).append((token, claim))
-            else:
-                self.replication_out.append(Adopted(token, True, claim))
+        held, answer = self.adoption.held(msg_id, copy_key, token, self.head)
+        if answer is not None:
+            self.replication_out.append(answer)
+        if held:
             return
         seq = self.next_seq
         self.next_seq += 1
         key = wire.message_key(wire.key_base(now_us, self._prefix), seq)
         if copy_key is not None:
             key = wire.adopted_key(copy_key, key)
-            self._keep_root(wire.root_key(key), seq)
+        self.adoption.taking(seq, key, token, copy_key is not None)
         # not checked against max_backlog: a copy held here was counted there already
         self._add(seq, key, msg_id, frames, wire.cost(msg_id, frames))
-        self.adopting[seq] = [(token, True)]
-
-    def _keep_root(self, root: bytes, seq: int) -> None:
-        roots = self.roots
-        roots[root] = seq
-        if len(roots) > 64 and len(roots) > 2 * len(self.messages):
-            self.roots = {r: s for r, s in roots.items() if s in self.messages}
 
     def remove_by_id(self, msg_id: bytes) -> bool:
         """Drop the message a producer sent with ``msg_id``, as if a consumer ACKed it
@@ -505,12 +392,14 @@ class QueueCore:
         self._drop(seq)
         return True
 
+    # --- the log ----------------------------------------------------------------------------
+
     def _add(self, seq: int, key: bytes, msg_id: bytes, body: tuple[bytes, ...],
              size: int) -> None:
         self.out.append(Append(seq, key, msg_id, body, self.log_name))
         self.messages[seq] = Message(seq, key, msg_id, body, size)
         if len(body) != 1:
-            self._goes_alone(seq)
+            self.consumers.goes_alone(seq)
         self.keys[key] = seq
         self.ids.add(msg_id, seq)
         self._count(size, 1)
@@ -522,8 +411,8 @@ class QueueCore:
         the messages, and the credit consumers whose ACKs it made durable. Every message seq
         appended is in one result, in ``placed``, ``failed`` or (ACKed before it was written,
         so never written) ``acked``."""
-        if self.ack_waiters:
-            self._acks_durable(result.acked)
+        if self.consumers.ack_waiters:
+            self.out += self.consumers.durable(result.acked)
         if result.error is not None:
             for seq in result.failed:
                 m = self.messages.pop(seq, None)
@@ -538,15 +427,13 @@ class QueueCore:
             # gone): a message is durable once its seq is below the head
             self.head = max(self.head, max(result.placed) + 1)
         ok = result.error is None
-        waiting, adopting = self.waiting, self.adopting
-        now_us = self.clock_us() if self.clock_us is not None and result.placed else 0
+        producers, adopting = self.producers, self.adoption.adopting
+        now_us = producers.now_us() if result.placed else 0
         for seqs in (result.placed, result.failed, result.acked):
             if adopting:
-                for seq in seqs:
-                    for token, claim in adopting.pop(seq, ()):
-                        self.replication_out.append(Adopted(token, ok, claim))
-            for w in filter(None, map(waiting.pop, seqs, repeat(None))):
-                self._written(w, ok, result.error, now_us)
+                self.replication_out += self.adoption.written(seqs, ok)
+            if producers.waiting:
+                self.out += producers.written(seqs, ok, result.error, now_us)
         if ok:
             self.counters["stored"] += len(result.placed)
 
@@ -556,51 +443,9 @@ class QueueCore:
         Their producers, and the credit consumers that wait for those ACKs, are answered
         now, not when the batch they were in completes (which reports them again, in
         ``acked``: answered once)."""
-        now_us = self.clock_us() if self.clock_us is not None else 0
-        for w in filter(None, map(self.waiting.pop, seqs, repeat(None))):
-            self._written(w, True, None, now_us)
-        if self.ack_waiters:
-            self._acks_durable(seqs)
-
-    def _written(self, w: list[Waiting], ok: bool,
-                 error: str | None, now_us: int) -> None:
-        """Answer the producers ``w`` that waited for one message's write (or failure)."""
-        for peer, msg_id, key in w:
-            st = self.replicating.get(key) if key is not None else None
-            if not ok:
-                self._answer(peer, msg_id, False, error or "store failed")
-                if st is not None:  # (then key is not None)
-                    del self.replicating[cast(bytes, key)]
-            elif st is None:
-                self._answer(peer, msg_id, True, None)
-                if now_us and key is not None:
-                    self._ack_latency(key, now_us)
-            else:
-                st.local = True
-                st.waiters.append((peer, msg_id))
-                self._replicated(cast(bytes, key), st)  # (st is not None: neither is key)
-
-    def _acks_durable(self, seqs: Iterable[int]) -> None:
-        """The consumer ACKs of ``seqs`` cannot be undone by a crash any more: confirm them
-        to the credit consumers waiting for that."""
-        out = self.out
-        found: list[AckWaiter] = list(filter(None, map(self.ack_waiters.pop, seqs,
-                                                      repeat(None))))
-        if not found:
-            return
-        first = found[0]
-        if type(first) is AckGroup and found.count(first) == len(found):  # one batch ACK
-            first.pending -= len(found)
-            if first.pending == 0:
-                out.append(Confirm(first.consumer, first.ack_id, wire.ACKED))
-            return
-        for w in found:
-            if type(w) is AckGroup:
-                w.pending -= 1
-                if w.pending == 0:
-                    out.append(Confirm(w.consumer, w.ack_id, wire.ACKED))
-            else:
-                out.append(Confirm(w[0], w[1], wire.ACKED))
+        self.out += self.producers.written(seqs, True, None, self.producers.now_us())
+        if self.consumers.ack_waiters:
+            self.out += self.consumers.durable(seqs)
 
     def compact(self, seqs: Iterable[int]) -> None:
         """The log wants these messages written again at its head (compaction): Move those
@@ -613,70 +458,29 @@ class QueueCore:
     # --- consumers --------------------------------------------------------------------------
 
     def consumers_changed(self, connected: int, cid: Hashable = CONSUMERS) -> None:
-        """``connected`` consumers share ``cid``: its credit is a window for each. When the
-        last one leaves, what was in flight cannot be ACKed on its connection any more: it is
-        ready again at once (a late ACK from a new connection is still honoured)."""
-        if connected == 0:
-            self.dispatcher.remove_consumer(cid)
-        self.dispatcher.set_consumer(cid, self.limits.inflight_window * connected)
+        """``connected`` consumers share ``cid`` (ConsumerSide.consumers_changed)."""
+        self.consumers.consumers_changed(connected, cid)
 
     def credit_consumer(self, cid: Hashable, window: int, max_bytes: int | None = None
                         ) -> bool:
-        """A consumer of the credit endpoint says READY with its window: it gets at most
-        ``window`` messages unACKed; with ``max_bytes`` it takes batches, and holds at most
-        that many bytes of bodies unACKed (one message at least). False if there are too
-        many such consumers already."""
-        if cid not in self.dispatcher.consumers and self.credit_consumers >= MAX_CREDIT_CONSUMERS:
-            return False
-        if cid not in self.dispatcher.consumers:
-            self.credit_consumers += 1
-        if max_bytes is None:
-            self.batch_consumers.pop(cid, None)
-            self.dispatcher.set_consumer(cid, window)
-        else:
-            self.batch_consumers[cid] = max_bytes
-            self.dispatcher.set_consumer(cid, window, max_bytes)
-        return True
+        """A consumer of the credit endpoint says READY (ConsumerSide.credit_consumer)."""
+        return self.consumers.credit_consumer(cid, window, max_bytes)
 
     def consumer_gone(self, cid: Hashable) -> int:
-        """A consumer of the credit endpoint cannot be reached: what it held is ready again
-        at once. Returns how many messages that was."""
-        if cid in self.dispatcher.consumers:
-            self.credit_consumers -= 1
-        self.batch_consumers.pop(cid, None)
-        return len(self.dispatcher.remove_consumer(cid))
+        """A consumer of the credit endpoint cannot be reached (ConsumerSide.consumer_gone)."""
+        return self.consumers.consumer_gone(cid)
 
     def next_delivery(self, now: float, now_us: int
                       ) -> tuple[Delivery | Deliveries,
                                  list[bytes] | list[bytes | list[bytes]]] | None:
-        """The next delivery to send and its frames, or None. To a batch consumer, a batch:
-        as many messages as its window takes (at most MAX_DELIVERY_BATCH) until one of
-        several body frames, which goes alone."""
+        """The next delivery to send and its frames, or None (ConsumerSide.next_delivery)."""
         if now >= self.deliver_until:
             return None  # fenced: peers may deliver these now (replication.py)
-        dispatcher = self.dispatcher
-        d = dispatcher.next_delivery(now)
-        if d is None:
-            return None
-        messages, counters = self.messages, self.counters
-        m = messages[d.seq]
-        timeout_us = int(self.limits.ack_timeout * 1e6)
-        if d.consumer not in self.batch_consumers or d.seq in self.alone:
-            counters["delivered"] += 1
-            return d, wire.delivery(m.key, now_us, timeout_us, m.frames)
-        batch = dispatcher.more_to(d.consumer, now, MAX_DELIVERY_BATCH - 1, self.alone)
-        batch.seqs.insert(0, d.seq)
-        batch.attempts.insert(0, d.attempt)
-        sent = [messages[seq] for seq in batch.seqs]
-        counters["delivered"] += len(sent)
-        return batch, wire.batch_delivery(now_us, timeout_us, [m.key for m in sent],
-                                          [m.frames[0] for m in sent])
+        return self.consumers.next_delivery(now, now_us)
 
     def unsent(self, delivery: Delivery | Deliveries) -> None:
         """``delivery`` (or a batch) could not be sent: ready again, as it was."""
-        self.counters["delivered"] -= (len(delivery.seqs) if type(delivery) is Deliveries
-                                       else 1)
-        self.dispatcher.unsent(delivery)
+        self.consumers.unsent(delivery)
 
     def consumer_ack(self, frames: list[bytes], confirm_to: Hashable | None = None) -> None:
         """A consumer's ACK or NACK. With ``confirm_to`` (a credit consumer's id), an ACK is
@@ -699,16 +503,15 @@ class QueueCore:
         self.counters["consumer_acks"] += 1
         self.dispatcher.ack(seq)
         if self.limits.replicas:
-            self._done(a.key)
+            self.adoption.delivered(a.key)
         self._drop(seq)
         if confirm_to is not None:
-            self.ack_waiters[seq] = (confirm_to, a.key)
+            self.consumers.confirm_when_durable(seq, confirm_to, a.key)
 
     def consumer_acks(self, keys: list[bytes], cid: Hashable, ack_id: bytes) -> None:
         """A batch consumer's ACK of ``keys``: each as :meth:`consumer_ack` (the log ACKs
         them in one AckMany); one Confirm (``ack_id``, ACKED) once all those that were in
         the queue are durable."""
-        group = AckGroup(cid, ack_id)
         seq_of, messages = self.keys, self.messages
         copies = self.replication_out if self.limits.replicas else None
         acked: list[int] = []
@@ -722,19 +525,18 @@ class QueueCore:
                 acked.append(seq)
                 if copies is not None:
                     copies.append(Unreplicate(key))
-                    self._done(key)
+                    self.adoption.delivered(key)
         self.counters["unknown_acks"] += len(keys) - len(acked)
         if not acked:
             self.out.append(Confirm(cid, ack_id, wire.ACKED))
             return
         self.dispatcher.ack_many(acked)
-        if copies is None and self.waiting:
+        if copies is None and self.producers.waiting:
             for seq in acked:
-                if seq in self.waiting:
+                if seq in self.producers.waiting:
                     self._consumed(seq)
-        self.ack_waiters.update(dict.fromkeys(acked, group))
-        group.pending = len(acked)
-        self.counters["consumer_acks"] += group.pending
+        self.consumers.confirm_all_when_durable(acked, cid, ack_id)
+        self.counters["consumer_acks"] += len(acked)
         self._count(-size, -len(acked))
         self.out.append(AckMany(acked, self.log_name))
 
@@ -745,34 +547,18 @@ class QueueCore:
         self._log_ack(seq)
         if self.limits.replicas:
             self.replication_out.append(Unreplicate(m.key))
-        elif seq in self.waiting:
+        elif seq in self.producers.waiting:
             self._consumed(seq)
-
-    def _done(self, key: bytes) -> None:
-        """A replicated message was ACKed by a consumer here: a copy of it taken over later
-        is known as delivered (adopt). (Not one a peer said it took: that peer has it.)"""
-        done = self.done_roots
-        done[wire.root_key(key)] = None
-        if len(done) > MAX_DONE_ROOTS:
-            del done[next(iter(done))]
 
     def _consumed(self, seq: int) -> None:
         """A consumer ACKed message ``seq`` before the log said it was durable: its
-        producers are answered now. Delivered and ACKed, it owes them nothing more, whether
-        its record still waits (write avoidance), is being written, or fails to be. (A
-        producer batch's record waits for all of its batch: the log says when.)"""
-        w = self.waiting.pop(seq)
-        if len(w) > 1 or w[0][2] is None:  # (retries, or a batch's record)
-            record = [e for e in w if e[2] is None]
-            if record:
-                self.waiting[seq] = record
-                w = [e for e in w if e[2] is not None]
-        if not w:
-            return
-        open_ack, before = self._open_ack, len(self.out)
-        self._written(w, True, None, self.clock_us() if self.clock_us is not None else 0)
-        if open_ack is not None and open_ack[1] == before:  # answers only: the next ACK
-            self._open_ack = (open_ack[0], len(self.out))  # may still join it
+        producers are answered now (ProducerSide.consumed)."""
+        answers = self.producers.consumed(seq)
+        if answers:
+            open_ack, before = self._open_ack, len(self.out)
+            self.out += answers
+            if open_ack is not None and open_ack[1] == before:  # answers only: the next
+                self._open_ack = (open_ack[0], len(self.out))  # ACK may still join it
 
     def _log_ack(self, seq: int) -> None:
         """The log is to ACK ``seq``: with the ACKs just before it when nothing but their
@@ -790,28 +576,10 @@ class QueueCore:
 
     def range(self, start: int, end: int, floor: int, max_bytes: int, max_messages: int
               ) -> tuple[int, list[Message]]:
-        """(next, messages): the durable messages with seqs in [max(start, floor), end), in
-        order, up to ``max_messages`` and ``max_bytes`` of bodies (at least one message if
-        there is one). ``next``: every message of [start, next) is in the answer or below
-        ``floor`` (committed); ask again from ``next`` for the rest."""
-        if end <= floor:
-            return end, []
-        seq = max(start, floor)
-        hi = min(end, self.head)
-        out: list[Message] = []
-        size = 0
-        budget = max_messages + 65_536  # offsets looked at: gaps are failed writes, rare
-        messages = self.messages
-        while seq < hi and budget > 0:
-            m = messages.get(seq)
-            if m is not None:
-                if out and (len(out) >= max_messages or size + m.size > max_bytes):
-                    break
-                out.append(m)
-                size += m.size
-            seq += 1
-            budget -= 1
-        return seq, out
+        """(next, messages): the durable messages of [max(start, floor), end) in order, as
+        many as fit (messages.read_range)."""
+        return read_range(self.messages, self.head, start, end, floor, max_bytes,
+                          max_messages)
 
     def commit_below(self, end: int) -> int:
         """Drop every message below seq ``end`` (a stream reader is done with them); returns
@@ -827,108 +595,25 @@ class QueueCore:
         self.counters["committed_messages"] += len(doomed)
         return len(doomed)
 
-    # --- replication ------------------------------------------------------------------------
+    # --- copies and the clock ---------------------------------------------------------------
 
     def replica_confirmed(self, key: bytes, ok: bool) -> None:
         """A peer answered the copy of ``key`` ("1": it holds it)."""
-        st = self.replicating.get(key)
-        if st is not None and ok:
-            st.got += 1
-            self._replicated(key, st)
-
-    def _replicated(self, key: bytes, st: Replicating) -> None:
-        if not st.local or (st.got < st.need and not st.failed):
-            return
-        del self.replicating[key]
-        done = st.got >= st.need
-        self.counters["replicated" if done else "replication_failed"] += 1
-        for peer, msg_id in st.waiters:
-            self._answer(peer, msg_id, True, None if done else wire.REPLICATION_FAILED)
-        if st.waiters and self.clock_us is not None:
-            self._ack_latency(key, self.clock_us(), len(st.waiters))
-
-    def _ack_latency(self, key: bytes, now_us: int, n: int = 1) -> None:
-        """``n`` producer ACKs of the message ``key`` go out now: the key starts with the
-        time it arrived (produce)."""
-        self.ack_latency.observe(max(0, now_us - wire.sent_us_of(key)) * 1e-6, n)
+        self.out += self.producers.confirmed(key, ok)
 
     def next_replication_deadline(self) -> float | None:
-        d = self._replica_deadlines
-        while d and d[0][1] not in self.replicating:
-            d.popleft()
-        return d[0][0] if d else None
+        return self.producers.next_deadline()
 
     def tick(self, now: float) -> list[int]:
         """Requeue the messages whose ACK timeout has passed; give up waiting for replicas
         whose timeout has passed."""
-        d = self._replica_deadlines
-        while d and d[0][0] <= now:
-            _, key = d.popleft()
-            st = self.replicating.get(key)
-            if st is not None:
-                st.failed = True
-                self._replicated(key, st)
+        self.out += self.producers.expire(now)
         return self.dispatcher.expire(now)
 
     def next_deadline(self) -> float | None:
         return self.dispatcher.next_deadline()
 
-    # --- internals --------------------------------------------------------------------------
-
     def _count(self, size: int, n: int) -> None:
         self.backlog_bytes += size
         self.budget.bytes += size
         self.budget.messages += n
-
-    def _goes_alone(self, seq: int) -> None:
-        """Message ``seq`` has several body frames (or none); the seqs of messages gone
-        meanwhile are let go once they are most of the set."""
-        alone = self.alone
-        alone.add(seq)
-        if len(alone) > 64 and len(alone) > 2 * len(self.messages):
-            self.alone = {s for s in alone if s in self.messages}
-
-    def _answer(self, peer: Producer, msg_id: bytes, ok: bool,
-                text: str | None) -> None:
-        """A producer's message is stored (``ok``; ``text``: REPLICATION_FAILED or None) or
-        failed (``text``: why). ``peer`` is a BatchWaiter for a part of a batch."""
-        if type(peer) is BatchWaiter:
-            if peer.part_done(ok, text):
-                self._answer_batch(peer)
-        elif ok:
-            self._reply(peer, wire.producer_ack(msg_id, True, text))
-        else:
-            self._refuse(peer, msg_id, text or "store failed")
-
-    def _answer_batch(self, w: BatchWaiter) -> None:
-        if w.error is not None:
-            self._refuse(w.peer, w.batch_id, w.error)
-        else:
-            self._reply(w.peer, wire.producer_ack(
-                w.batch_id, True, wire.REPLICATION_FAILED if w.replication_failed else None))
-
-    def _refusal_kind(self, reason: str) -> str:
-        if reason == self.full_reason:
-            return "full"
-        if reason.startswith("store failed"):
-            return "store_failed"
-        if reason.startswith("Server busy"):
-            return "busy"
-        if "too large" in reason or "too big" in reason:
-            return "too_large"
-        return "invalid"
-
-    def _reply(self, peer: bytes, frames: list[bytes]) -> None:
-        self.counters["producer_acks"] += 1
-        self.out.append(Reply(peer, frames))
-
-    def refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
-        """Answer "0" with ``reason`` to input refused before it reached :meth:`produce` (the
-        server's receive limits)."""
-        self.counters["malformed"] += 1
-        self._refuse(peer, msg_id, reason)
-
-    def _refuse(self, peer: bytes, msg_id: bytes, reason: str) -> None:
-        self.counters["producer_failures"] += 1
-        self.refusals[self._refusal_kind(reason)] += 1
-        self.out.append(Reply(peer, wire.producer_ack(msg_id, False, reason)))

@@ -41,7 +41,8 @@ from typing import Any
 
 from zbroker.pzq.core import wire
 from zbroker.pzq.core.actions import Log, StreamReply, WriteCommitted
-from zbroker.pzq.core.queue import Message, QueueCore
+from zbroker.pzq.core.messages import Message
+from zbroker.pzq.core.queue import QueueCore
 from zbroker.pzq.core.records import MessageRecord
 
 DEFAULT_GROUP = wire.DEFAULT_GROUP
