@@ -46,13 +46,13 @@ from ..config import (
 from ..management import CommandError, ControlServer
 from ..service import Service, ServiceError
 from ..zmtp.admission import PROCESS_BUDGET
+from .clustering import Clustering
 from .hosted import HostedServices
 from .signals import Signals
 from .startup import StartupError, make_private_dir
 
 START_TIMEOUT = 60.0  # seconds each service has to start
 STOP_TIMEOUT = 5.0  # seconds each service has to stop
-RELINK_BIND_WAIT = 5.0  # seconds a new cluster node waits for the peer socket's port
 LOG_FLUSH_INTERVAL = 1.0  # seconds between writing the counts of lines held back (log budget)
 #: keys a running broker cannot change: a reload keeps their running values and names them
 #: ("restart needed for: ..."), a ``set`` of one is refused
@@ -85,24 +85,21 @@ class Broker:
         # wrote 7 936 lines)
         self.log = logs.get_logger()
         self.hosted = HostedServices(registry, self.log)
+        #: the cluster node, when config.cluster.enabled; ``seeds`` are a join token's: said
+        #: HELLO to as cluster.peers are
+        self.clustering = Clustering(config, self.name, tuple(seeds), self.hosted, self.log)
         self.zmq_context: zmq.Context | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
         self._created_dirs: list[Path] = []
         self._signals = Signals()
         self.control: ControlServer | None = None
-        self.cluster: Any = None  # the cluster node, when config.cluster.enabled
         self._flusher: asyncio.TimerHandle | None = None
         self.started_at = time.time()
         self._started_mono = time.monotonic()
         self.reloads = {"ok": 0, "refused": 0}  # config reloads by result (metrics)
         self.metrics: Any = None  # the metrics endpoint (zbroker.metrics), when metrics.bind
         self._build: tuple[str, str] | None = None  # (zbroker version, Python version)
-        self.seeds = tuple(seeds)  # a join token's: said HELLO to as cluster.peers are
-        self._memory: Any = None  # the cluster's snapshot, kept (cluster/snapshot.py)
-        #: what the cluster runs with: (key pair or None, key file, made), once it started
-        self._cluster_keys: Any = None
-        self._relinking: asyncio.Task[None] | None = None  # the node started anew
         #: what the last reload or set applied: keys changed, keys that need a restart
         self.last_applied: dict[str, Any] = {}
 
@@ -193,175 +190,10 @@ class Broker:
                                     zmq_context=self.zmq_context, loop=self.loop,
                                     timeout=START_TIMEOUT)
             if self.config.cluster.enabled:
-                await self._start_cluster()
+                await self.clustering.start(self.zmq_context, self.loop)
         except BaseException:
             await self.stop()
             raise
-
-    def _cluster_node(self) -> Any:
-        """A cluster node for the running config and services (not started)."""
-        from ..cluster.node import ClusterNode, message_limit
-
-        return ClusterNode(
-            self.config.cluster, self.name, self.zmq_context, self.loop,
-            logs.get_logger(component="cluster"),
-            on_join=self._peer_joined,
-            on_leave=lambda peer, why: self.hosted.peer_left(peer),
-            on_message=self.hosted.message_relay(),
-            max_message=message_limit(self.hosted.largest_payload(self.config)),
-            features=self.hosted.features(),
-            seeds=(*self.seeds, *self._remembered()))
-
-    def _peer_joined(self, peer: Any) -> None:
-        self.hosted.peer_joined(peer)
-        if self._memory is not None:
-            self._memory.joined(peer.endpoint)
-
-    def _remembered(self) -> list[str]:
-        """The members this broker knew before its restart (cluster/snapshot.py)."""
-        memory = self._memory
-        return memory.snapshot.endpoints() if memory is not None else []
-
-    def _remember_cluster(self) -> None:
-        """Keep what this broker knows of its keyed cluster across restarts (its name, key
-        file, seeds and members): the snapshot of before, if it is of this cluster."""
-        from ..cluster import snapshot
-
-        cfg = self.config.cluster
-        path = snapshot.snapshot_path(self.name)
-        try:
-            known = snapshot.load(path)
-        except ValueError as exc:
-            self.log.warning("cluster snapshot ignored", reason=str(exc))
-            known = None
-        key_file = str(cfg.key_file) if cfg.key_file is not None else None
-        if known is None or known.cluster != cfg.name:
-            known = snapshot.Snapshot(cfg.name, key_file, self.seeds)
-        known.key_file = key_file
-        if self.seeds:  # a join token's, now
-            known.seeds = self.seeds
-        self._memory = snapshot.Memory(
-            self.loop, path, known, self.log,
-            peers=lambda: [p["endpoint"] for p in self.cluster.peers()] if self.cluster
-            else [], saved=self._rewrite_join_file)
-
-    def _rewrite_join_file(self) -> None:
-        if self.cluster is not None and self.cluster.keys() is not None:
-            self._write_join_file()
-
-    async def _start_cluster(self) -> None:
-        from ..cluster.node import ClusterError
-        from ..cluster.security import KeyFileError, cluster_keys
-
-        try:
-            keys = cluster_keys(self.config.cluster)
-        except KeyFileError as exc:
-            raise StartupError(str(exc)) from None
-        if keys[0] is not None:
-            self._remember_cluster()
-        node = self._cluster_node()
-        try:
-            await node.start(keys)
-        except ClusterError as exc:
-            raise StartupError(str(exc)) from None
-        self.cluster, self._cluster_keys = node, keys
-        for port in self.hosted.ports:
-            port.node = node
-        if keys[0] is not None:
-            self._write_join_file(announce=True)
-            self._memory.start()
-
-    def _relink_cluster(self, keys: Any) -> None:
-        """Start the cluster node anew with ``keys`` (a new cluster key), after the one
-        that runs, or will once a relink under way is done."""
-        self._cluster_keys = keys
-        before = self._relinking
-        self._relinking = self.loop.create_task(self._relink(keys, before))
-
-    async def _relink(self, keys: Any, before: asyncio.Task[None] | None) -> None:
-        """The node of before says BYE to its peers ("the cluster key changed") and goes,
-        every peer's life ends; a new node binds the same peer socket with the new key and
-        says HELLO to the seeds, to zeroconf's brokers and to the peers of before: those that
-        have the same key link again."""
-        from ..cluster.node import ClusterError
-
-        if before is not None:
-            await asyncio.gather(before, return_exceptions=True)
-        old = self.cluster
-        contacts = [peer["endpoint"] for peer in old.peers()] if old is not None else []
-        self.log.info("cluster key changed: linking the peers anew",
-                      key_file=str(keys[1]) if keys[1] else None, peers=len(contacts))
-        node = self._cluster_node()
-        if old is not None:
-            self.cluster = None
-            for port in self.hosted.ports:
-                port.node = None
-            await old.stop(why="the cluster key changed")
-            node.carry_counters(old)
-        try:
-            await node.start(keys, bind_wait=RELINK_BIND_WAIT)
-        except ClusterError as exc:
-            self.log.error("cluster stopped: the new key could not be applied", reason=str(exc))
-            await node.stop()
-            return
-        except asyncio.CancelledError:
-            await node.stop()
-            raise
-        for endpoint in contacts:
-            node.add_contact(endpoint, pinned=False)
-        self.cluster = node
-        for port in self.hosted.ports:
-            port.node = node
-        if keys[0] is not None:
-            self._write_join_file()
-
-    def _write_join_file(self, announce: bool = False) -> dict[str, Any]:
-        """Write the cluster's join file (a join token: our key and our endpoint as the seed,
-        mode 0600, beside the key file; see cluster/joining.py) and, with ``announce``, say
-        what to run on another host (on standard output and in the log). Returns what
-        ``zbroker join-token`` shows (the token even when the file cannot be written: that is
-        logged and said); CommandError when there is nothing to join (no cluster, no key)."""
-        from ..cluster import joining
-        from ..cluster.join_token import JoinToken, encode
-
-        node = self.cluster
-        if node is None or node.keys() is None:
-            raise CommandError("this broker has no cluster with a key to join: start it with "
-                               "--cluster (and without cluster.insecure)")
-        public, secret = node.keys()
-        seed, loopback = joining.seed_endpoint(node.advertised, node.endpoint)
-        # and the peers that answered: a join file copied back over the one it came from
-        # still names a member other than ourselves; a seed that never answered is not passed
-        # on (a dead seed of this host's config was copied into its join file)
-        seeds = joining.usable_seeds((seed, *(p["endpoint"] for p in node.peers())))
-        token = JoinToken(self.config.cluster.name, seeds, public, secret)
-        path = joining.join_file_path(node.key_file)
-        try:
-            joining.write_private(path, joining.join_file_text(token))
-            text = joining.instructions(path, self.name)
-            written = True
-        except OSError as exc:
-            self.log.warning("cannot write the cluster's join file: `zbroker join-token "
-                             "--token` prints the token", file=str(path),
-                             reason=exc.strerror or str(exc))
-            text = (f"To add a host to this cluster, run there: zbroker {self.name} --join - "
-                    f"with the output of `zbroker join-token --token` here as its input "
-                    f"(the join file {path} cannot be written: {exc.strerror or exc})")
-            written = False
-        if loopback:
-            text += ("\n(the seed in it, " + seed + ", is a loopback address that no other "
-                     "host reaches: name this host's address with --advertise ADDRESS)")
-        if announce:
-            try:
-                print(text, flush=True)
-            except OSError:  # no standard output to speak of: the log says it
-                pass
-            if written:
-                self.log.info("cluster join file written", file=str(path), seeds=list(seeds),
-                              run_on_another_host=f"zbroker {self.name} --join-file "
-                                                  f"{path.name}")
-        return {"file": str(path) if written else None, "cluster": token.cluster,
-                "seeds": list(seeds), "token": encode(token), "instructions": text}
 
     async def stop(self) -> None:
         """Stop the started services (last started first), then end the ZeroMQ context.
@@ -372,21 +204,7 @@ class Broker:
         metrics, self.metrics = self.metrics, None
         if metrics is not None:
             metrics.stop()
-        relinking, self._relinking = self._relinking, None
-        if relinking is not None and not relinking.done():
-            relinking.cancel()
-            await asyncio.gather(relinking, return_exceptions=True)
-        memory, self._memory = self._memory, None
-        if memory is not None:  # (the peers of now noted: the cluster is still there)
-            memory.stop()
-        cluster, self.cluster = self.cluster, None
-        if cluster is not None:
-            for port in self.hosted.ports:
-                port.node = None
-            try:
-                await asyncio.wait_for(cluster.stop(), STOP_TIMEOUT)
-            except Exception:
-                self.log.exception("cluster failed to stop")
+        await self.clustering.stop(STOP_TIMEOUT)
         await self.hosted.stop(STOP_TIMEOUT)
         if self.zmq_context is not None:
             self.zmq_context.destroy(linger=0)
@@ -483,19 +301,15 @@ class Broker:
                 new = with_value(new, key, running[key])
         new_keys = None  # the cluster's new key, when it changes
         keys_moved = None  # the same key, in another file
-        if self._cluster_keys is not None:
-            from ..cluster.security import KeyFileError, cluster_keys
+        if self.clustering.keys is not None:
+            from ..cluster.security import KeyFileError
 
             try:
-                keys = cluster_keys(new.cluster)
+                new_keys, keys_moved = self.clustering.keys_for(new)
             except KeyFileError as exc:
                 reason = f"cluster key: {exc}"
                 self.log.error(f"{what} refused", reason=reason)
                 return reason
-            if keys[0] != self._cluster_keys[0]:
-                new_keys = keys
-            elif keys[1] != self._cluster_keys[1]:
-                keys_moved = keys
         new_metrics = None
         if new.metrics.bind != old.metrics.bind and self.loop is not None \
                 and new.metrics.bind is not None:
@@ -543,16 +357,12 @@ class Broker:
                           **({"url": new_metrics.url} if new_metrics else {}))
             if new.metrics.bind is not None:
                 self._warn_if_exposed(new.metrics.bind)
-        if self.cluster is not None:  # a pipe's chunk or a queue's message may be larger now
-            from ..cluster.node import message_limit
-
-            self.cluster.set_max_message(message_limit(self.hosted.largest_payload(new)))
+        self.clustering.configure(new)
         applied = [k for k in changed if k not in fixed]
         if new_keys is not None:
-            self._relink_cluster(new_keys)
-        elif keys_moved is not None and self.cluster is not None:  # the same key elsewhere
-            self._cluster_keys = keys_moved
-            self.cluster.key_file = str(keys_moved[1])
+            self.clustering.relink(new_keys)
+        elif keys_moved is not None:  # the same key elsewhere
+            self.clustering.key_moved(keys_moved)
         self.last_applied = {"changed": applied, "restart_needed": fixed,
                              "cluster_key_changed": new_keys is not None}
         if what == "config reload":
@@ -600,19 +410,8 @@ class Broker:
             "management": self.control.status() if self.control else None,
             "metrics": self.metrics.url if self.metrics is not None else None,
             "metrics_endpoint": self.metrics.status() if self.metrics is not None else None,
-            "cluster": self._cluster_status(),
+            "cluster": self.clustering.status(),
         }
-
-    def _cluster_status(self) -> dict[str, Any] | None:
-        node = self.cluster
-        if node is None:
-            return None
-        return {"endpoint": getattr(node, "endpoint", None),
-                "peers": node.peers() if hasattr(node, "peers") else [],
-                "pending_contacts": (node.pending_contacts()
-                                     if hasattr(node, "pending_contacts") else 0),
-                **(node.security() if hasattr(node, "security") else {}),
-                **(node.diagnosis() if hasattr(node, "diagnosis") else {})}
 
     def get_settings(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all
@@ -687,7 +486,7 @@ class Broker:
             "started": self.started_at, "uptime": time.monotonic() - self._started_mono,
             "reloads": dict(self.reloads),
             "services": self.hosted.metrics(),
-            "cluster": self.cluster.metrics() if hasattr(self.cluster, "metrics") else None,
+            "cluster": self.clustering.metrics(),
             "syslog": status["syslog"], "log_write_errors": status["write_errors"],
             "pipe_series": self.config.metrics.pipe_series,
         }
@@ -701,7 +500,7 @@ class Broker:
                 "get": lambda req: self.get_settings(req.get("key")),
                 "set": lambda req: self.set_setting(str(req.get("key")), req.get("value")),
                 "reload": self._reload_command,
-                "join-token": lambda req: self._write_join_file(),
+                "join-token": lambda req: self.clustering.write_join_file(),
                 "stop": self._stop_command,
             })
         try:
@@ -731,7 +530,7 @@ class Broker:
     def _restart_needed(self, key: str) -> bool:
         """Whether a change of ``key`` only takes effect with a restart."""
         if key.startswith("cluster."):
-            return key == "cluster.enabled" or (self._cluster_keys is not None
+            return key == "cluster.enabled" or (self.clustering.keys is not None
                                                 and key not in CLUSTER_RELOAD_KEYS)
         return key in RESTART_KEYS or self.hosted.needs_restart(key)
 
