@@ -21,8 +21,15 @@ from zbroker.config import ConfigError, parse_bind, parse_config
 from zbroker.metrics import beyond_loopback, families
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.runtime.stats import Buckets, cumulative
+from zbroker.services.zpipes.failures import (
+    FAILURE_KINDS,
+    Failure,
+    from_peer,
+    kind_of,
+    peer_lost,
+    writer_lost,
+)
 from zbroker.services.zpipes.metrics import busiest
-from zbroker.services.zpipes.server import FAILURE_KINDS, failure_kind
 
 # --- no I/O ----------------------------------------------------------------------------------
 
@@ -42,15 +49,21 @@ def test_buckets_count_by_upper_bound_and_cumulate():
         Buckets((1.0, 0.5))
 
 
-def test_failure_kinds_are_a_bounded_set():
-    assert failure_kind("writer lost: expired") == "writer_lost"
-    assert failure_kind("writer lost: peer lost") == "peer_lost"
-    assert failure_kind("peer lost") == "peer_lost"
-    assert failure_kind("broker stopping") == "broker_stopping"
-    assert failure_kind("chunk of 9 bytes is over the broker's limit of 8 bytes (max_chunk)") \
-        == "chunk_too_large"
-    assert failure_kind("something new") == "other"
-    assert {failure_kind(r) for r in ("a", "b", "writer lost: x")} <= set(FAILURE_KINDS)
+def test_failure_kinds_are_data_carried_with_the_text():
+    """The kind is given where a failure is made and carried to the readers it breaks; it
+    is read out of text only for what a peer broker says (its DETACH is text)."""
+    lost = peer_lost("local@hosta (10.0.0.1)")
+    assert (lost, kind_of(lost)) == ("peer lost: broker local@hosta (10.0.0.1)", "peer_lost")
+    assert kind_of(writer_lost(lost)) == "peer_lost"  # a reader of a writer lost that way
+    assert kind_of(writer_lost(Failure("expired", "other"))) == "writer_lost"
+    assert writer_lost("expired") == "writer lost: expired"
+    assert kind_of("a text without a kind") == "other"
+    assert kind_of(Failure("x", "not a kind")) == "other"  # the label set stays bounded
+    for text, kind in (("writer lost: expired", "writer_lost"), ("peer lost", "peer_lost"),
+                       ("writer lost: peer lost: broker b", "peer_lost"),
+                       ("broker stopping", "broker_stopping"), ("something new", "other")):
+        assert kind_of(from_peer(text)) == kind, text
+    assert from_peer(None) is None
 
 
 def _snapshot(pipe_series: int = 0) -> dict:

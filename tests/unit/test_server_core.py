@@ -573,6 +573,11 @@ def test_answers_not_yet_taken_by_their_readers_count_in_the_budget():
     h.send(W, p.Write(b"x", 0))
     reason = "the broker's buffers for all clients are full (clients.max_buffered, 12 bytes)"
     assert h.replies(W) == [p.WriteFailed(reason)]
+    # counted by its kind, given where the failure was made; the reader it broke, by its own
+    h.send(R, p.Read(100, 0))
+    assert h.replies(R) == [p.ReadFailed("writer lost: " + reason)]
+    assert h.server.engine.ends_failed == {("writer", "buffers_full"): 1,
+                                           ("reader", "writer_lost"): 1}
 
 
 def test_client_limit():

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from zbroker.runtime import shares
 
+from .failures import Failure
 from .pipes import PipeTable
 
 
@@ -83,10 +84,10 @@ class Buffers:
         waiting, queued or still arriving, past its share), or None."""
         share = self.per_source
         if self.held_by_source.get(source, 0) + self.outside.incoming_of(source) + size > share:
-            return (f"this user's or host's share of the broker's buffers is full "
-                    f"(clients.max_buffered_per_source, {share} bytes)")
+            return Failure(f"this user's or host's share of the broker's buffers is full "
+                           f"(clients.max_buffered_per_source, {share} bytes)", "buffers_full")
         return None
 
     def full_reason(self) -> str:
-        return (f"the broker's buffers for all clients are full (clients.max_buffered, "
-                f"{self.max_buffered} bytes)")
+        return Failure(f"the broker's buffers for all clients are full (clients.max_buffered, "
+                       f"{self.max_buffered} bytes)", "buffers_full")

@@ -34,11 +34,10 @@ from .actions import Reply
 from .buffers import Buffers
 from .clients import Client
 from .ends import ClientEnds
+from .failures import BROKER_STOPPING, Failure, kind_of
 from .machine import IDLE_STATES, Event, State, rule_for
 from .pipes import (
     DEFAULT_CAPACITY,
-    PEER_LOST,
-    WRITER_LOST,
     PipeTable,
     ReadEnd,
     WriteResult,
@@ -78,18 +77,18 @@ EVENT_OF: dict[type, Event] = {
 
 # Why a pending or queued request fails, by the event that made it fail.
 _REASONS: dict[Event, str] = {
-    Event.CLOSE: "pipe closed by client",
-    Event.SHUTDOWN: "broker stopping",
-    Event.NO_READERS: "no readers",
+    Event.CLOSE: Failure("pipe closed by client", "other"),
+    Event.SHUTDOWN: BROKER_STOPPING,
+    Event.NO_READERS: Failure("no readers", "other"),
 }
 
 # Why a writer's end went without a CLOSE, by the event that ended it: its readers fail with
 # "writer lost: <this>". Any other event that detaches an end is a command that did not fit
 # the client's state.
 _END_LOST: dict[Event, str] = {
-    Event.EXPIRED: "expired",
-    Event.DISCONNECTED: "disconnected",
-    Event.SHUTDOWN: "broker stopping",
+    Event.EXPIRED: Failure("expired", "other"),
+    Event.DISCONNECTED: Failure("disconnected", "other"),
+    Event.SHUTDOWN: BROKER_STOPPING,
 }
 
 _WRITE_EVENT = {
@@ -111,27 +110,6 @@ _ENCODED: dict[type, bytes] = {
                                      p.WriteTimeout, p.CloseOk, p.PingOk, p.Invalid)}
 
 _WRITE_OK = _ENCODED[p.WriteOk]
-
-#: what ``failure_kind`` can return: the bounded label set of failed ends
-FAILURE_KINDS = ("writer_lost", "peer_lost", "broker_stopping", "chunk_too_large",
-                 "buffers_full", "other")
-
-
-def failure_kind(reason: str) -> str:
-    """A failed end's reason, as one of FAILURE_KINDS."""
-    if reason.startswith(PEER_LOST) or reason.startswith(WRITER_LOST + PEER_LOST):
-        # (also a reader's "writer lost: peer lost: broker local@hosta (10.0.0.1)")
-        return "peer_lost"
-    if reason.startswith(WRITER_LOST):
-        return "writer_lost"
-    if reason == "broker stopping":
-        return "broker_stopping"
-    if "(max_chunk)" in reason:
-        return "chunk_too_large"
-    if "(clients.max_buffered" in reason:
-        return "buffers_full"
-    return "other"
-
 
 class ClientEngine:
     """The clients of this broker and their requests. ``links`` and ``directory`` are the
@@ -161,7 +139,7 @@ class ClientEngine:
         #: cumulative counts for metrics (zbroker.metrics reads them at scrape time)
         self.clients_expired = 0  # clients expired (silent for client_timeout)
         self.clients_disconnected = 0  # clients whose connection went (or unreachable)
-        self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure_kind) -> count
+        self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure kind) -> count
         self.actions: dict[str, Callable[[Client], None]] = {
             "open pipe reader": self._open_pipe_reader,
             "open pipe writer": self._open_pipe_writer,
@@ -608,8 +586,8 @@ class ClientEngine:
         return None
 
     def _over_max_chunk(self, size: int) -> str:
-        return (f"chunk of {size} bytes is over the broker's limit of "
-                f"{self.config.max_chunk} bytes (max_chunk)")
+        return Failure(f"chunk of {size} bytes is over the broker's limit of "
+                       f"{self.config.max_chunk} bytes (max_chunk)", "chunk_too_large")
 
     def _budget_problem(self, client: Client, size: int) -> str | None:
         return self.buffers.problem(size, client.source)
@@ -683,7 +661,7 @@ class ClientEngine:
         def send_counted(client: Client) -> None:
             if client.failed_end != client.end or client.end is None:
                 client.failed_end = client.end
-                key = (role, failure_kind(client.reason))
+                key = (role, kind_of(client.reason))
                 self.ends_failed[key] = self.ends_failed.get(key, 0) + 1
             send(client)
 

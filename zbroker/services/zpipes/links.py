@@ -22,7 +22,8 @@ from zpipes import protocol as p
 
 from . import peering
 from .actions import SendPeer
-from .pipes import PEER_LOST, PipeTable, pipe_name_problem, shown
+from .failures import from_peer, peer_lost
+from .pipes import PipeTable, pipe_name_problem, shown
 
 if TYPE_CHECKING:
     from .clients import Client
@@ -145,7 +146,7 @@ class PeerLinks:
     @staticmethod
     def lost_reason(label: str) -> str:
         """What the ends a lost peer broke are told: which broker, on which host."""
-        return f"{PEER_LOST}: broker {label}" if label else PEER_LOST
+        return peer_lost(label)
 
     def fail_confirmations(self, peer: str) -> None:
         """The CLOSEs awaiting the lost ``peer`` are answered: its stream's end may not have
@@ -185,10 +186,11 @@ class PeerLinks:
             self.attach_remote(peer, msg.role, msg.end, msg.pipe, legacy=True)
 
     def on_detach(self, peer: str, msg: peering.Detach) -> None:
+        lost = from_peer(msg.lost)  # (its kind read from the text the peer sends)
         key = (peer, msg.end)
         proxy = self._proxies.pop(key, None)
         if peer in self._directory:
-            self._tombs[key] = (proxy is not None, msg.lost)
+            self._tombs[key] = (proxy is not None, lost)
             self._tombs.move_to_end(key)
             if len(self._tombs) > MAX_TOMBS:
                 self._tombs.popitem(last=False)
@@ -196,10 +198,10 @@ class PeerLinks:
             pipe = self.pipes.pipe_of(proxy)
             assert pipe is not None  # a proxy is attached until here
             del self._proxy_of[proxy]
-            self._woken.extend(self.pipes.detach(proxy, msg.lost))
+            self._woken.extend(self.pipes.detach(proxy, lost))
             self.log.info("remote end detached", budget="peer", peer=peer,
                           pipe=shown(pipe.name), remote_end=msg.end,
-                          **({"lost": msg.lost} if msg.lost else {}))
+                          **({"lost": lost} if lost else {}))
 
     def on_confirm(self, peer: str, msg: peering.Confirm) -> None:
         """What came before it is here: say so."""

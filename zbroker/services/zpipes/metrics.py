@@ -11,7 +11,7 @@ from prometheus_client.core import Metric
 
 from zbroker.metrics import counter, gauge
 
-from .server import FAILURE_KINDS
+from .failures import FAILURE_KINDS
 
 
 def families(z: Mapping[str, Any], pipe_series: int) -> list[Metric]:

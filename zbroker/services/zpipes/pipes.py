@@ -48,6 +48,11 @@ from enum import Enum
 
 from zpipes.protocol import MAX_STRING
 
+from .failures import PEER_LOST, WRITER_LOST, writer_lost
+
+__all__ = ["DEFAULT_CAPACITY", "PEER_LOST", "WRITER_LOST", "PipeTable", "ReadEnd",
+           "WriteResult", "pipe_name_problem", "shown"]
+
 DEFAULT_CAPACITY = 1 << 20
 
 Chunk = bytes | memoryview
@@ -68,8 +73,6 @@ class ReadEnd(Enum):
     FAILED = "failed"  # the stream broke (see the reader's ``failure``)
 
 
-PEER_LOST = "peer lost"
-WRITER_LOST = "writer lost: "  # what a reader's failure starts with when a writer broke it
 
 
 def pipe_name_problem(name: bytes) -> str | None:
@@ -224,7 +227,7 @@ class PipeTable:
         for reader_end in audience:
             reader = pipe.readers.get(reader_end)
             if reader is not None and reader.failure is None:
-                reader.failure = WRITER_LOST + failure
+                reader.failure = writer_lost(failure)
                 for other in pipe.writers.values():  # it takes nothing more from anyone
                     other.audience.discard(reader_end)
 

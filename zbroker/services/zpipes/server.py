@@ -33,11 +33,12 @@ from . import peering
 from .buffers import Outside
 from .clients import Client
 from .directory import DirectoryMember
-from .engine import FAILURE_KINDS, ClientEngine, ServerConfig, failure_kind
+from .engine import ClientEngine, ServerConfig
+from .failures import FAILURE_KINDS
 from .links import PeerLinks
 from .pipes import PipeTable, shown
 
-__all__ = ["FAILURE_KINDS", "ServerConfig", "ZpipesServer", "failure_kind"]
+__all__ = ["FAILURE_KINDS", "ServerConfig", "ZpipesServer"]
 
 
 class ZpipesServer:
