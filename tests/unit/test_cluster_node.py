@@ -192,7 +192,9 @@ def test_a_hello_that_is_not_proven_is_answered_with_a_challenge_not_a_life():
     assert a.said("invalid HELLO") and a.joined == []
     net.run(a.core.membership.contact_timeout + 0.1)
     assert "tcp://nowhere:1" not in a.core.membership.contacts  # given up
-    assert a.said("cluster contacts given up")[0]["first"] == "tcp://nowhere:1"
+    given_up = a.said("cluster contacts given up")[0]
+    assert given_up["first"] == "tcp://nowhere:1"
+    assert given_up["why"].startswith("no broker answered there in time")
 
 
 def test_a_seed_that_does_not_answer_is_said_so_then_that_it_answers():
@@ -231,6 +233,10 @@ def test_a_refused_link_is_said_once_counted_and_closed():
     assert a.core.diagnosis.refusals.total["theirs"] == 3
     assert "refuse each other (another cluster key)" in a.core.diagnosis.hint(net.now)
     assert b.left == []
+    # a contact given up whose broker answered is not said to be silent
+    why = a.core.diagnosis.dropped_why
+    assert why(["tcp://b:5670"]).startswith("its broker answered, but the handshake is refused")
+    assert why(["tcp://nowhere:1"]).startswith("no broker answered there in time")
 
 
 def test_a_refusal_at_our_socket_is_given_to_the_host_whose_connection_we_closed():
