@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # (the interface needs none at run time: a service's cores import it)
     import asyncio
@@ -33,13 +33,28 @@ class ServiceError(Exception):
     """A service cannot start or apply a config; the message is for the operator."""
 
 
+class ClusterNodeView(Protocol):
+    """What a cluster port uses of the broker's cluster node (zbroker/cluster/node.py)."""
+
+    id: str  # this broker's id among the members (its start id)
+
+    def send(self, peer: str, service: str, frames: list[Any]) -> bool: ...
+
+    def peers(self) -> list[dict[str, Any]]: ...
+
+    def hint(self) -> str: ...
+
+    @property
+    def last_rtt(self) -> Mapping[str, float]: ...
+
+
 class ClusterPort:
-    """How a service reaches its counterparts on peer brokers (None-safe: without a cluster,
-    ``send`` returns False and ``peers`` is empty)."""
+    """How a service reaches its counterparts on peer brokers, and what it may know of the
+    cluster. Without a running cluster node, ``send`` returns False and the rest is empty."""
 
     def __init__(self, service: str) -> None:
         self.service = service
-        self.node: Any = None  # the broker's cluster node, once it runs
+        self.node: ClusterNodeView | None = None  # the broker's cluster node, once it runs
 
     def send(self, peer: str, frames: list[Any]) -> bool:
         """Send frames to this service on one peer (a ``PeerBroker.id``); False if it is gone."""
@@ -47,6 +62,20 @@ class ClusterPort:
 
     def peers(self) -> list[dict[str, Any]]:
         return self.node.peers() if self.node is not None else []
+
+    def member_id(self) -> str | None:
+        """This broker's id among the members (the same at every member while it runs), or
+        None without a cluster."""
+        return self.node.id if self.node is not None else None
+
+    def hint(self) -> str:
+        """What may keep this broker from its peers, for a client whose wait timed out ("" if
+        nothing is known, or without a cluster)."""
+        return self.node.hint() if self.node is not None else ""
+
+    def round_trips(self) -> Mapping[str, float]:
+        """The last round trip to each peer, by member id (seconds; measured by heartbeats)."""
+        return self.node.last_rtt if self.node is not None else {}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import zmq
 
 from zbroker.command import Command
 from zbroker.pzq.core import peering
-from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
+from zbroker.service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.top_table import TopTable
 
 from .config import PzqConfig
@@ -188,7 +188,7 @@ class PzqService(Service):
     def __init__(self) -> None:
         self.queues: dict[str, QueueServer] = {}
         self._log: Any = None
-        self._cluster: Any = None
+        self._cluster: ClusterPort | None = None
         self._hosts = HostNames()  # which broker a peer's life or a node id is on (logs)
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from zbroker import zmtp
 from zbroker.runtime.limits import clients_problem
 from zbroker.runtime.local_access import Policy, default_policy
-from zbroker.service import PeerBroker, Service, ServiceContext, ServiceError
+from zbroker.service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
 from zbroker.zmtp.addresses import EndpointError
 from zbroker.zmtp.admission import Admission
 from zbroker.zmtp.refusals import Refusals
@@ -112,7 +112,7 @@ class ZpipesService(Service):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._log: Any = None
-        self._cluster: Any = None
+        self._cluster: ClusterPort | None = None
         self._bound: list[str] = []
         self._policy: Policy = default_policy()
         self._admission: Admission | None = None
@@ -209,9 +209,9 @@ class ZpipesService(Service):
 
     def peer_joined(self, peer: PeerBroker) -> None:
         if self.server is not None:
-            node = self._cluster.node if self._cluster is not None else None
-            if node is not None:
-                self.server.set_member(node.id)
+            member = self._cluster.member_id() if self._cluster is not None else None
+            if member is not None:
+                self.server.set_member(member)
             self._lives[peer.member] = peer.id
             said = peer.features_of(self.name)
             self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
@@ -287,8 +287,7 @@ class ZpipesService(Service):
     def _hint(self, routing_id: bytes) -> None:
         """A client whose wait timed out asks what may be wrong here (zpipes/hint.py): the
         cluster's links, if this broker is in one."""
-        node = self._cluster.node if self._cluster is not None else None
-        text = node.hint() if hasattr(node, "hint") else ""
+        text = self._cluster.hint() if self._cluster is not None else ""
         if self._ep is not None:
             self._ep.send(routing_id, hint.encode_reply(text))  # (written after the read)
 
@@ -322,8 +321,7 @@ class ZpipesService(Service):
     def _size_windows(self) -> None:
         """Tell the core each new round trip to a peer (the cluster's heartbeats measure
         them): the windows of the remote readers are sized to their links."""
-        node = self._cluster.node if self._cluster is not None else None
-        rtts = getattr(node, "last_rtt", None)
+        rtts = self._cluster.round_trips() if self._cluster is not None else None
         if rtts:
             for member, life in self._lives.items():
                 rtt = rtts.get(member)
