@@ -246,12 +246,12 @@ def test_failed_ends_and_lost_clients_are_counted(start_broker, tmp_path):
         with pytest.raises(zpipes.PipeFailed) as failed:
             r.read(10)
     assert_writer_lost(failed.value)
-    wait_for(lambda: value(scrape(port)[1], "zbroker_clients_disconnected_total") >= 1, 10,
+    wait_for(lambda: value(scrape(port)[1], "zbroker_zpipes_clients_disconnected_total") >= 1, 10,
              "the writer's connection counted as gone")
     _, samples = scrape(port)
     assert value(samples, "zbroker_zpipes_ends_failed_total", role="reader",
                  reason="writer_lost") == 1
-    assert value(samples, "zbroker_clients_disconnected_total") >= 1
+    assert value(samples, "zbroker_zpipes_clients_disconnected_total") >= 1
 
 
 def test_reload_moves_the_endpoint_or_is_refused(start_broker, tmp_path):

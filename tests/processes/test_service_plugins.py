@@ -53,7 +53,7 @@ def test_a_plugin_gets_its_section_a_metric_and_status_lines(with_plugin, start_
     assert "greeting='hi there'" in b.stderr() and "repeat=3" in b.stderr()
     _, samples = scrape(int(config["metrics"]["bind"].rpartition(":")[2]))
     assert value(samples, "zbroker_echo_repeat") == 3
-    assert value(samples, "zbroker_clients_connected") == 0  # ZPIPES's, beside it
+    assert value(samples, "zbroker_zpipes_clients_connected") == 0  # ZPIPES's, beside it
     rc, out, err = zb(b, "status")
     assert rc == 0, err
     lines = out.splitlines()

@@ -32,11 +32,11 @@ def families(z: Mapping[str, Any], pipe_series: int) -> list[Metric]:
         for reason in FAILURE_KINDS:
             failed.add_metric([role, reason], counts.get((role, reason), 0))
     out: list[Metric] = [
-        gauge("zbroker_clients_connected", "ZPIPES clients the broker knows now.",
+        gauge("zbroker_zpipes_clients_connected", "ZPIPES clients the broker knows now.",
               z.get("clients", 0)),
-        counter("zbroker_clients_expired", "ZPIPES clients expired: silent for "
+        counter("zbroker_zpipes_clients_expired", "ZPIPES clients expired: silent for "
                 "clients.timeout.", z.get("clients_expired", 0)),
-        counter("zbroker_clients_disconnected", "ZPIPES clients whose connection went.",
+        counter("zbroker_zpipes_clients_disconnected", "ZPIPES clients whose connection went.",
                 z.get("clients_disconnected", 0)),
         gauge("zbroker_zpipes_connections", "Open connections to the ZPIPES endpoint.",
                z.get("connections", 0)),
