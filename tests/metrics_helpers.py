@@ -42,11 +42,11 @@ def full_config(tmp: Path, metrics_port: int) -> dict[str, Any]:
     """ZPIPES, one pzq queue "jobs", a cluster of one (static peers only, nothing announced),
     syslog over UDP to a loopback port nobody listens on; metrics on ``metrics_port``."""
     return {
-        "metrics": {"bind": f"127.0.0.1:{metrics_port}", "pipe_series": 2},
+        "metrics": {"bind": f"127.0.0.1:{metrics_port}"},
         "log": {"syslog": {"target": f"udp://127.0.0.1:{free_port()}"}},
         "cluster": {"enabled": True, "discovery": False, "insecure": True,
                     "bind": f"tcp://127.0.0.1:{free_port()}"},
-        "services": {"pzq": {"enabled": True, "queues": {"jobs": {
+        "services": {"zpipes": {"pipe_series": 2}, "pzq": {"enabled": True, "queues": {"jobs": {
             "receive_endpoint": f"tcp://127.0.0.1:{free_port()}",
             "send_endpoint": f"tcp://127.0.0.1:{free_port()}",
             "data_dir": str(tmp / "jobs")}}}},

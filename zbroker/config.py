@@ -5,7 +5,7 @@ names what differs. Loading is strict: an unknown key, a value of the wrong type
 range is a :class:`ConfigError` whose message names the file, the key path, the bad value
 and what is allowed, e.g.::
 
-    /etc/zbroker/zbroker.cfg: clients.timeout: got -5, expected a number of seconds > 0
+    /etc/zbroker/zbroker.cfg: log.level: got 'loud', expected one of: debug, info, warning, error
 
 The schema is the dataclasses below, read top to bottom. Each leaf is a ``setting`` with its
 default and a parser; each section is a ``section``. To add a shared section, write its
@@ -333,7 +333,6 @@ class LogConfig:
     level: str = setting("info", choice(*LOG_LEVELS))
     format: str = setting("console", choice(*LOG_FORMATS))
     file: Path | None = setting(None, optional_path)  # None: stderr
-    animate: bool = setting(False, boolean)  # trace every ZPIPES state machine transition
     syslog: SyslogConfig = section(SyslogConfig)
 
 
@@ -352,18 +351,12 @@ def optional(parse: Parser) -> Parser:
 
 @dataclass(frozen=True)
 class ClientsConfig:
-    timeout: float = setting(60.0, duration())  # silence before a client is expired
-    #: connections of the whole process, every ZMTP endpoint's together (ZPIPES and pzq)
+    """The connections of the whole process: every ZMTP endpoint's together (ZPIPES's and
+    pzq's). What a service allows its clients is in its own section (services.zpipes)."""
+
     max_clients: int = setting(10_000, integer(minimum=1))
     #: connections of one source (a uid on ipc, a host on tcp); null: half of max_clients
     max_per_source: int | None = setting(None, optional(integer(minimum=1)))
-    max_pipelined: int = setting(64, integer(minimum=1))  # queued commands per client
-    max_pipelined_bytes: int = setting(8 << 20, size(minimum=1))
-    #: ZPIPES data held for all clients together (waiting and queued WRITEs, pipe buffers,
-    #: answers not yet taken by their readers)
-    max_buffered: int = setting(256 << 20, size(minimum=1))
-    #: what one source's clients may hold of it (WRITEs waiting or queued); null: half
-    max_buffered_per_source: int | None = setting(None, optional(size(minimum=1)))
 
 
 def id_list(what: str, lookup: Callable[[Any], Any], star: bool) -> Parser:
@@ -465,8 +458,6 @@ class MetricsConfig:
     #: null: no metrics endpoint; else PORT (on 127.0.0.1), HOST:PORT or [IPv6]:PORT (port 0:
     #: any free one, which `zbroker status` shows)
     bind: str | None = setting(None, metrics_bind)
-    #: per-pipe byte counters for this many pipes, the busiest; 0: none (totals only)
-    pipe_series: int = setting(0, integer(minimum=0, maximum=1000))
 
 
 @dataclass(frozen=True)
@@ -480,6 +471,9 @@ class Config:
     services: Any = section(lambda: services_schema())
     #: the file this config was read from; None for the embedded defaults
     source: Path | None = field(default=None, compare=False)
+    #: what the operator is told of the file beside its values: keys that moved (the old
+    #: name still works), e.g. "clients.timeout is now services.zpipes.client_timeout"
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
 
 def services_schema(registry: Mapping[str, type] | None = None) -> type:
@@ -552,15 +546,77 @@ def parse_config(data: Any, overrides: Mapping[str, Any] | None = None, *,
     if not isinstance(data, Mapping):
         raise ConfigError(f"{label}: got {show(data)}, expected a mapping of sections "
                           f"({', '.join(_keys(schema))})", source=_opt(source))
-    merged = _merge(data, overrides or {})
     problems: list[ConfigError] = []
+    data, moved = _moved(data, moved_keys(), label, _opt(source), problems)
+    merged = _merge(data, overrides or {})
     cfg = _build(schema, merged, (), label, overrides or {}, _opt(source), problems)
+    for old, new in moved:  # (a bad value is named as the file names it)
+        problems = [ConfigError(str(p).replace(f": {new}: got", f": {old} (now {new}): got"),
+                                key=p.key, source=p.source) if p.key == new else p
+                    for p in problems]
     if problems:
         first = problems[0]
         raise ConfigError("\n".join(str(p) for p in problems), key=first.key,
                           source=first.source, problems=problems)
     cfg = _resolve(cfg)
-    return dataclasses.replace(cfg, source=Path(source) if source is not None else None)
+    return dataclasses.replace(cfg, source=Path(source) if source is not None else None,
+                               notes=tuple(f"{old} is now {new} (the old name works for now)"
+                                           for old, new in moved))
+
+
+def moved_keys() -> dict[str, str]:
+    """Keys that moved into a service's section, old dotted key -> new (each service's
+    ``moved_keys``): a file with the old name still works, and is told the new one."""
+    from .services import PluginError, installed
+
+    try:
+        registry = installed()
+    except PluginError:
+        return {}
+    return {old: f"services.{name}.{new}" for name, service in registry.items()
+            for old, new in getattr(service, "moved_keys", {}).items()}
+
+
+def _moved(data: Mapping[str, Any], moved: Mapping[str, str], label: str,
+           source: str | None, problems: list[ConfigError]
+           ) -> tuple[Mapping[str, Any], list[tuple[str, str]]]:
+    """``data`` with the value of each moved key at its new key, and the (old, new) keys so
+    moved; a key given under both names is a problem."""
+    moved_here: list[tuple[str, str]] = []
+    for old, new in moved.items():
+        *head, last = old.split(".")
+        node: Any = data
+        for part in head:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping) or last not in node:
+            continue
+        value = node[last]
+        data = _without(data, old.split("."))
+        *new_head, new_last = new.split(".")
+        there: Any = data
+        for part in new_head:
+            there = there.get(part) if isinstance(there, Mapping) else None
+        if isinstance(there, Mapping) and new_last in there:
+            problems.append(ConfigError(f"{label}: {old} and {new} are both given: {old} is "
+                                        f"the old name of {new}; keep {new}", key=old,
+                                        source=source))
+            continue
+        data = _merge(data, _nested(new.split("."), value))
+        moved_here.append((old, new))
+    return data, moved_here
+
+
+def _without(data: Mapping[str, Any], path: list[str]) -> dict[str, Any]:
+    out = dict(data)
+    if len(path) == 1:
+        out.pop(path[0], None)
+    else:
+        out[path[0]] = _without(out[path[0]], path[1:])
+    return out
+
+
+def _nested(path: list[str], value: Any) -> dict[str, Any]:
+    return {path[0]: value if len(path) == 1 else _nested(path[1:], value)}
 
 
 def default_config(name: str = "local") -> Config:
@@ -736,7 +792,9 @@ def config_diff(old: Config, new: Config) -> list[str]:
 def with_setting(cfg: Config, key: str, value: Any, *, origin: str = "set") -> Config:
     """``cfg`` with the one setting at dotted ``key`` set to ``value`` (as YAML would give it:
     ``"debug"``, ``30``, ``"1MiB"``, ``true``, ``None``), validated like a file's value; the
-    message of the ConfigError names ``origin``, the key, the bad value and what is allowed."""
+    message of the ConfigError names ``origin``, the key, the bad value and what is allowed.
+    A key that moved is set under its new name."""
+    key = moved_keys().get(key, key)
     parts = key.split(".")
 
     def replace(node: Any, i: int) -> Any:

@@ -28,7 +28,7 @@ syslog's here, each service's by its own ``Service.metric_families`` (a service 
 and its metrics are its own). It does no I/O and is what the tests and the dashboard's check
 use. Names follow Prometheus' conventions: ``zbroker_`` first, base units (seconds, bytes),
 ``_total`` for counters, labels from bounded sets only (a queue, a reason, a role; a pipe
-only for the ``metrics.pipe_series`` busiest pipes).
+only for the ``services.zpipes.pipe_series`` busiest pipes).
 """
 
 from __future__ import annotations

@@ -119,6 +119,10 @@ class Service(ABC):
     #: (the broker starts the enabled services). It may define ``resolved(broker_name)``,
     #: returning the section with what depends on the broker's name filled in.
     config_section: ClassVar[type]
+    #: keys that were elsewhere in the config and are the section's now: old dotted key ->
+    #: key below the section; a file or ``zbroker set`` with the old name still works, and
+    #: the broker and check-config say the new name
+    moved_keys: ClassVar[Mapping[str, str]] = {}
     #: keys of the section (dotted, below it) that only change with a restart: a reload that
     #: changes one keeps its running value and names it ("restart needed for: ..."), a
     #: ``zbroker set`` of one is refused. ``enabled`` is always one.

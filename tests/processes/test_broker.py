@@ -216,13 +216,13 @@ async def test_reload_applies_a_good_config_everywhere(setup):
     old = b.config
     setup.write({"log": {"level": "debug"}, "clients": {"timeout": 5}})
     assert b.reload() is True
-    assert b.config.log.level == "debug" and b.config.clients.timeout == 5.0
+    assert b.config.log.level == "debug" and b.config.services.zpipes.client_timeout == 5.0
     for s in b.services:
         assert s.reloads == [(b.config, old)]
     assert logs.current_level() == "debug"
     reloaded = setup.events()[-1]
     assert reloaded["event"] == "config reloaded"
-    assert reloaded["changed"] == ["log.level", "clients.timeout"]
+    assert reloaded["changed"] == ["log.level", "services.zpipes.client_timeout"]
     await b.stop()
 
 
@@ -252,13 +252,14 @@ async def test_reload_keeps_and_names_what_needs_a_restart(setup, change, key):
     old = b.config
     setup.write({**change, "clients": {"timeout": 5}})
     assert b.reload() is True
-    assert config_diff(old, b.config) == ["clients.timeout"]
-    assert b.last_applied == {"changed": ["clients.timeout"], "restart_needed": [key],
+    assert config_diff(old, b.config) == ["services.zpipes.client_timeout"]
+    assert b.last_applied == {"changed": ["services.zpipes.client_timeout"],
+                              "restart_needed": [key],
                               "cluster_key_changed": False}
     named = setup.events()[-1]
     assert named["event"] == f"restart needed for: {key}" and named["keys"] == [key]
     assert named["level"] == "warning"
-    assert setup.events()[-2]["changed"] == ["clients.timeout"]
+    assert setup.events()[-2]["changed"] == ["services.zpipes.client_timeout"]
     with pytest.raises(CommandError, match=f"these keys only change with a restart: {key}"):
         b.set_setting(key, {"broker.run_dir": "/elsewhere", "broker.name": "other",
                             "services.beta.enabled": False}[key])

@@ -131,7 +131,7 @@ def test_json_log_file_and_sighup_reload(start_broker, tmp_path):
                                  "clients": {"timeout": 7}})
     b.send_signal(signal.SIGHUP)
     reloaded = _wait_for_event(log_file, "config reloaded", after=n)
-    assert reloaded["changed"] == ["clients.timeout"]
+    assert reloaded["changed"] == ["services.zpipes.client_timeout"]
     restart = _wait_for_event(log_file, "restart needed for: services.zpipes.enabled", after=n)
     assert restart["keys"] == ["services.zpipes.enabled"] and restart["level"] == "warning"
     assert b.alive() and endpoint_accepts(b.endpoint)
@@ -142,7 +142,7 @@ def test_json_log_file_and_sighup_reload(start_broker, tmp_path):
                                  "clients": {"timeout": 5}})
     b.send_signal(signal.SIGHUP)
     reloaded = _wait_for_event(log_file, "config reloaded", after=n)
-    assert reloaded["changed"] == ["log.level", "clients.timeout"]
+    assert reloaded["changed"] == ["log.level", "services.zpipes.client_timeout"]
     assert b.stop() == 0
     assert _log_events(log_file)[-1]["event"] == "broker stopped"
 

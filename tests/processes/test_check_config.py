@@ -158,6 +158,21 @@ def test_a_config_check_config_passes_starts(start_broker, tmp_path):
     assert b.stop() == 0
 
 
+def test_a_key_that_moved_passes_and_is_told_its_new_name(start_broker, tmp_path):
+    """check-config and the broker's start both say the new name of a moved key, and the
+    broker runs with its value there."""
+    config = {"clients": {"timeout": 7, "max_clients": 500}}
+    path = write_config(tmp_path / "old.cfg", config)
+    checked = run_zbroker(["check-config", str(path)], cwd=tmp_path)
+    assert checked.returncode == 0 and checked.stdout == f"{path}: OK\n", checked
+    assert checked.stderr == (f"zbroker: {path}: note: clients.timeout is now "
+                              "services.zpipes.client_timeout (the old name works for now)\n")
+    b = start_broker(name=unique_name(), config=config)
+    assert "config key moved" in b.stderr() and "services.zpipes.client_timeout" in b.stderr()
+    got = run_zbroker(["get", "services.zpipes.client_timeout", b.name], cwd=b.dir)
+    assert got.stdout == "7.0\n", got
+
+
 def test_a_duplicated_queue_name_is_one_line_naming_it(tmp_path):
     path = tmp_path / "twice.cfg"
     path.write_text("services:\n  pzq:\n    enabled: true\n    queues:\n"

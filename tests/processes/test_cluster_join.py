@@ -87,9 +87,9 @@ def test_reload_applies_a_new_key_all_or_nothing_and_names_what_needs_a_restart(
     generate_key_file(second)
     r = reload_with(key_file=str(second))
     assert r.returncode == 0, r.stderr
-    assert r.stdout == (f"reloaded {b.config_path}: changed clients.timeout, "
-                        "cluster.key_file; the cluster key changed: the peers are linked "
-                        "anew with it\n")
+    assert r.stdout == (f"reloaded {b.config_path}: changed cluster.key_file, "
+                        "services.zpipes.client_timeout; the cluster key changed: the peers "
+                        "are linked anew with it\n")
     wait_for(lambda: b.stderr().count("cluster started") == 2, 10, "the node started anew")
     status = json.loads(zb(b, "status", "--json").stdout)
     assert status["cluster"]["key_file"] == str(second)

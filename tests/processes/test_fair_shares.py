@@ -78,7 +78,7 @@ def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
         refused = int(hogs.stdout.readline())
         # its share is 32 MiB: 8 WRITEs of 4 MiB at most are held, the others refused
         assert refused >= HOGS_N - 8, f"only {refused} of {HOGS_N} hostile WRITEs refused"
-        assert "clients.max_buffered_per_source" in log_path.read_text()
+        assert "services.zpipes.max_buffered_per_source" in log_path.read_text()
 
         # this user's stream goes through beside them
         endpoint = f"ipc://@/zpipes/{name}"

@@ -94,36 +94,39 @@ def test_a_killed_broker_is_reported_and_its_name_can_be_reused(start_broker):
 
 
 def test_get_set_and_reload_back_to_the_file(start_broker):
-    b = start_broker(config={"clients": {"timeout": 30}})
+    b = start_broker(config={"services": {"zpipes": {"client_timeout": 30}}})
     assert zb(b, "get", "log.level", b.name).stdout == "info\n"
-    r = zb(b, "get", "clients", b.name)
-    assert "clients.timeout: 30.0\n" in r.stdout and "clients.max_clients: 10000" in r.stdout
+    r = zb(b, "get", "services.zpipes", b.name)
+    assert "services.zpipes.client_timeout: 30.0\n" in r.stdout
+    assert "clients.max_clients: 10000" in zb(b, "get", "clients", b.name).stdout
+    # a key that moved, asked by its old name, is answered
+    assert zb(b, "get", "clients.timeout", b.name).stdout == "30.0\n"
     r = zb(b, "set", "log.level", "debug", b.name)
     assert r.returncode == 0, r.stderr
     # it says that a reload undoes it
     assert r.stdout == ("log.level: info -> debug (until the next reload, which reverts it to "
                         "the config file: put it in the file to keep it)\n")
-    r = zb(b, "set", "clients.timeout", "2.5", b.name, "--json")
-    assert json.loads(r.stdout) == {"key": "clients.timeout", "old": 30.0, "new": 2.5}
+    r = zb(b, "set", "clients.timeout", "2.5", b.name, "--json")  # (set by its new name)
+    assert json.loads(r.stdout) == {"key": "services.zpipes.client_timeout", "old": 30.0,
+                                    "new": 2.5}
     got = json.loads(zb(b, "get", "log", b.name, "--json").stdout)
     assert got["log.level"] == "debug" and got["log.syslog.target"] is None
     # a reload re-reads the file: what was set is gone
     r = zb(b, "reload", b.name)
     assert r.returncode == 0 and r.stdout.startswith("reloaded "), r.stderr
     assert zb(b, "get", "log.level", b.name).stdout == "info\n"
-    assert zb(b, "get", "clients.timeout", b.name).stdout == "30.0\n"
+    assert zb(b, "get", "services.zpipes.client_timeout", b.name).stdout == "30.0\n"
 
 
 @pytest.mark.parametrize("key, value, message", [
     ("log.level", "loud",
      "zbroker: set: log.level: got 'loud', expected one of: debug, info, warning, error\n"),
-    ("clients.timeout", "-1",
-     "zbroker: set: clients.timeout: got -1, expected a number of seconds > 0\n"),
+    ("services.zpipes.client_timeout", "-1",
+     "zbroker: set: services.zpipes.client_timeout: got -1, expected a number of seconds > 0\n"),
     ("services.zpipes.capacity", "lots", "zbroker: set: services.zpipes.capacity: got 'lots', "
      'expected a size in bytes, as an integer or a string like "512KiB" or "16 MiB" >= 1\n'),
-    ("clients.timout", "5", "zbroker: set: unknown key 'clients.timout' (did you mean "
-     "'timeout'?); known keys under 'clients': timeout, max_clients, max_per_source, "
-     "max_pipelined, max_pipelined_bytes, max_buffered, max_buffered_per_source\n"),
+    ("clients.max_client", "5", "zbroker: set: unknown key 'clients.max_client' (did you mean "
+     "'max_clients'?); known keys under 'clients': max_clients, max_per_source\n"),
     ("broker.name", "other",
      "zbroker: set: broker.name: these keys only change with a restart: broker.name\n"),
     ("log.syslog.target", "syslog://x", "zbroker: set: log.syslog.target: got 'syslog://x', "
@@ -170,22 +173,21 @@ def test_reload_command_refuses_a_broken_file(start_broker):
 
 
 def test_reload_says_what_it_changed_and_names_what_needs_a_restart(start_broker):
-    b = start_broker(config={"clients": {"timeout": 30}})
+    b = start_broker(config={"services": {"zpipes": {"client_timeout": 30}}})
     r = zb(b, "reload", b.name)
     assert (r.returncode, r.stdout) == (0, f"reloaded {b.config_path}: nothing changed\n")
     config = yaml.safe_load(b.config_path.read_text())
-    config["clients"]["timeout"] = 20
-    config.setdefault("services", {})["zpipes"] = {"enabled": False}
+    config["services"]["zpipes"].update(client_timeout=20, enabled=False)
     config.setdefault("cluster", {})["enabled"] = True
     b.config_path.write_text(yaml.safe_dump(config))
     r = zb(b, "reload", b.name)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == (f"reloaded {b.config_path}: changed clients.timeout\n"
+    assert r.stdout == (f"reloaded {b.config_path}: changed services.zpipes.client_timeout\n"
                         "restart needed for: cluster.enabled, services.zpipes.enabled (the "
                         "broker runs on their values of before until it restarts)\n")
     # the running values stay (and the next reload names them again)
     assert zb(b, "get", "cluster.enabled", b.name).stdout == "false\n"
-    assert zb(b, "get", "clients.timeout", b.name).stdout == "20.0\n"
+    assert zb(b, "get", "services.zpipes.client_timeout", b.name).stdout == "20.0\n"
     assert status(b)["cluster"] is None and "zpipes" in status(b)["services"]
     r = zb(b, "reload", b.name, "--json")
     assert json.loads(r.stdout) == {"config": str(b.config_path), "changed": [],
@@ -388,7 +390,7 @@ def test_status_text_renders_any_service_and_the_cluster():
                        "pipes": {"p": {"readers": 1, "writers": 0, "buffered": 5}}},
             "pzq": {"queues": {"orders": {"depth": 3, "in_flight": 1}}, "paused": False},
         },
-        "logs": {"level": "info", "format": "json", "file": None, "animate": False,
+        "logs": {"level": "info", "format": "json", "file": None,
                  "write_errors": 0, "repeats_collapsed": 1999,
                  "syslog": {"target": "udp://127.0.0.1:514", "format": "rfc5424",
                             "facility": "daemon", "connected": False,

@@ -72,10 +72,11 @@ def _snapshot(pipe_series: int = 0) -> dict:
     return {
         "name": "b1", "host": "hosta", "version": "9.9", "python": "3.11.0", "started": 1000.0,
         "uptime": 12.5,
-        "reloads": {"ok": 2, "refused": 1}, "pipe_series": pipe_series,
+        "reloads": {"ok": 2, "refused": 1},
         "log_write_errors": 0,
         "services": {
             "zpipes": {"clients": 3, "pipes": 2, "readers": 1, "writers": 2,
+                       "pipe_series": pipe_series,
                        "buffered_bytes": 10, "held_bytes": 0, "bytes_written": 700,
                        "bytes_read": 600, "clients_expired": 1, "clients_disconnected": 4,
                        "ends_failed": [("reader", "writer_lost", 2)], "connections": 3,

@@ -313,7 +313,7 @@ def stalled_writes(endpoint: str, n: int, size: int, sent: int) -> Iterator[list
                 refused.append(hog.recv())
             except TimeoutError:
                 pass
-        assert all(kind == WRITE_FAILED and "clients.max_buffered" in reason
+        assert all(kind == WRITE_FAILED and "services.zpipes.max_buffered" in reason
                    for kind, reason in refused), refused
         yield refused
     finally:

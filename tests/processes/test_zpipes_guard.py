@@ -311,7 +311,7 @@ def test_answers_waiting_for_readers_that_take_none_count_in_the_budget(start_br
         for _ in range(65):
             kind, reason = w.call(write(chunk, 0))
             if kind == WRITE_FAILED:
-                assert "clients.max_buffered" in reason, reason
+                assert "services.zpipes.max_buffered" in reason, reason
                 refused += 1
                 break
             assert kind == WRITE_OK, (kind, reason)
@@ -345,7 +345,7 @@ def test_writers_with_no_reader_cannot_grow_the_broker_past_its_budget(start_bro
     for hog in hogs:
         if not hog.nothing_within(300):
             kind, reason = hog.recv()
-            assert kind == WRITE_FAILED and "clients.max_buffered" in reason, (kind, reason)
+            assert kind == WRITE_FAILED and "services.zpipes.max_buffered" in reason, (kind, reason)
             refused += 1
     assert 40 - refused <= 9  # at most the budget's worth (and one) is held
     grown = rss_bytes(b.pid) - before

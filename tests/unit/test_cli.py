@@ -39,8 +39,8 @@ def test_bad_log_level_is_a_usage_error(capsys):
 
 def test_overrides_from_the_command_line():
     args = cli.broker_parser().parse_args(["b1", "--log-level", "debug", "--animate"])
-    assert cli.overrides_from(args) == {"broker": {"name": "b1"},
-                                        "log": {"level": "debug", "animate": True}}
+    assert cli.overrides_from(args) == {"broker": {"name": "b1"}, "log": {"level": "debug"},
+                                        "services": {"zpipes": {"animate": True}}}
     assert cli.overrides_from(cli.broker_parser().parse_args([])) == {}
 
 

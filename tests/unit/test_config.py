@@ -21,6 +21,7 @@ from zbroker.config import (
     parse_config,
     parse_size,
     schema_keys,
+    with_setting,
 )
 from zbroker.services.zpipes.config import MAX_CHUNK_LIMIT
 
@@ -55,11 +56,13 @@ def test_embedded_defaults():
     assert c.log.level == "info"
     assert c.log.format == "console"
     assert c.log.file is None
-    assert c.log.animate is False
-    assert c.clients.timeout == 60.0 and isinstance(c.clients.timeout, float)
+    z = c.services.zpipes
+    assert z.animate is False
+    assert z.client_timeout == 60.0 and isinstance(z.client_timeout, float)
     assert c.clients.max_clients == 10_000
-    assert c.clients.max_pipelined == 64
-    assert c.clients.max_pipelined_bytes == 8 * 1024 * 1024
+    assert z.max_pipelined == 64
+    assert z.max_pipelined_bytes == 8 * 1024 * 1024
+    assert c.notes == ()
     assert c.services.zpipes.enabled is True
     assert c.services.zpipes.endpoint == "ipc://@/zpipes/local"
     assert c.services.zpipes.capacity == 1024 * 1024
@@ -161,21 +164,28 @@ def test_parse_size_any_integer_and_unit(n, unit, space):
 
 def test_sizes_accept_ints_and_strings(tmp_path):
     c = load_text(tmp_path, """
-clients: {max_pipelined_bytes: 4096}
-services: {zpipes: {capacity: "64 KiB", max_chunk: 4GiB - 1}}
+services: {zpipes: {capacity: "64 KiB", max_chunk: 4GiB - 1, max_pipelined_bytes: 4096}}
 """.replace("4GiB - 1", str(MAX_CHUNK_LIMIT)))
-    assert c.clients.max_pipelined_bytes == 4096
+    assert c.services.zpipes.max_pipelined_bytes == 4096
     assert c.services.zpipes.capacity == 65536
     assert c.services.zpipes.max_chunk == MAX_CHUNK_LIMIT
 
 
 @pytest.mark.parametrize("value, expected", [("60", 60.0), ("0.25", 0.25), ("1.0e-3", 0.001)])
 def test_durations_accept_ints_and_floats(tmp_path, value, expected):
-    c = load_text(tmp_path, f"clients: {{timeout: {value}}}\n")
-    assert c.clients.timeout == expected and isinstance(c.clients.timeout, float)
+    c = load_text(tmp_path, f"services: {{zpipes: {{client_timeout: {value}}}}}\n")
+    z = c.services.zpipes
+    assert z.client_timeout == expected and isinstance(z.client_timeout, float)
 
 
 # --- every validation error, with the key path, the bad value and what is allowed ------------
+
+def zp(keys: str) -> str:
+    """A services.zpipes section of ``keys``, as YAML."""
+    return "services: {zpipes: {" + keys + "}}"
+
+
+ZP = "services.zpipes."
 
 BAD_VALUES = [
     # (yaml, key, bad value as shown, what is allowed)
@@ -189,23 +199,23 @@ BAD_VALUES = [
     ("log: {level: INFO}", "log.level", "'INFO'", "one of: debug, info, warning, error"),
     ("log: {format: xml}", "log.format", "'xml'", "one of: console, json"),
     ("log: {file: [a]}", "log.file", "a list", "a path, or null"),
-    ("log: {animate: 'maybe'}", "log.animate", "'maybe'", "true or false"),
-    ("log: {animate: 1}", "log.animate", "1", "true or false"),
-    ("clients: {timeout: 0}", "clients.timeout", "0", "a number of seconds > 0"),
-    ("clients: {timeout: -5}", "clients.timeout", "-5", "a number of seconds > 0"),
-    ("clients: {timeout: '60s'}", "clients.timeout", "'60s'", "a number of seconds > 0"),
-    ("clients: {timeout: true}", "clients.timeout", "True", "a number of seconds > 0"),
-    ("clients: {timeout: .inf}", "clients.timeout", "inf", "a number of seconds > 0"),
-    ("clients: {timeout: .nan}", "clients.timeout", "nan", "a number of seconds > 0"),
-    ("clients: {timeout: null}", "clients.timeout", "null", "a number of seconds > 0"),
+    (zp("animate: 'maybe'"), ZP + "animate", "'maybe'", "true or false"),
+    (zp("animate: 1"), ZP + "animate", "1", "true or false"),
+    (zp("client_timeout: 0"), ZP + "client_timeout", "0", "a number of seconds > 0"),
+    (zp("client_timeout: -5"), ZP + "client_timeout", "-5", "a number of seconds > 0"),
+    (zp("client_timeout: '60s'"), ZP + "client_timeout", "'60s'", "a number of seconds > 0"),
+    (zp("client_timeout: true"), ZP + "client_timeout", "True", "a number of seconds > 0"),
+    (zp("client_timeout: .inf"), ZP + "client_timeout", "inf", "a number of seconds > 0"),
+    (zp("client_timeout: .nan"), ZP + "client_timeout", "nan", "a number of seconds > 0"),
+    (zp("client_timeout: null"), ZP + "client_timeout", "null", "a number of seconds > 0"),
     ("clients: {max_clients: 0}", "clients.max_clients", "0", "an integer >= 1"),
     ("clients: {max_clients: 1.5}", "clients.max_clients", "1.5", "an integer >= 1"),
     ("clients: {max_clients: '10'}", "clients.max_clients", "'10'", "an integer >= 1"),
-    ("clients: {max_pipelined: -1}", "clients.max_pipelined", "-1", "an integer >= 1"),
-    ("clients: {max_pipelined: false}", "clients.max_pipelined", "False", "an integer"),
-    ("clients: {max_pipelined_bytes: 0}", "clients.max_pipelined_bytes", "0",
+    (zp("max_pipelined: -1"), ZP + "max_pipelined", "-1", "an integer >= 1"),
+    (zp("max_pipelined: false"), ZP + "max_pipelined", "False", "an integer"),
+    (zp("max_pipelined_bytes: 0"), ZP + "max_pipelined_bytes", "0",
      "a size in bytes"),
-    ("clients: {max_pipelined_bytes: 8 MiBs}", "clients.max_pipelined_bytes", "'8 MiBs'",
+    (zp("max_pipelined_bytes: 8 MiBs"), ZP + "max_pipelined_bytes", "'8 MiBs'",
      '"512KiB" or "16 MiB"'),
     ("services: {zpipes: {enabled: 'no'}}", "services.zpipes.enabled", "'no'", "true or false"),
     ("services: {zpipes: {endpoint: 'udp://x:1'}}", "services.zpipes.endpoint", "'udp://x:1'",
@@ -248,9 +258,9 @@ def test_fractional_sizes_are_fine_when_whole(tmp_path):
 @pytest.mark.parametrize("text, key, fragments", [
     ("colour: blue", "colour", ["unknown key 'colour'", "at the top level",
                                 "broker, log, clients, cluster, metrics, services"]),
-    ("clients: {timout: 5}", "clients.timout", ["unknown key 'clients.timout'",
-                                                "did you mean 'timeout'?",
-                                                "under 'clients'", "max_pipelined_bytes"]),
+    ("clients: {max_client: 5}", "clients.max_client", ["unknown key 'clients.max_client'",
+                                                        "did you mean 'max_clients'?",
+                                                        "under 'clients'", "max_per_source"]),
     ("services: {pzz: {enabled: true}}", "services.pzz", ["unknown key 'services.pzz'",
                                                           "did you mean 'pzq'?",
                                                           "known keys under 'services': zpipes"]),
@@ -268,7 +278,7 @@ def test_unknown_keys_are_errors(tmp_path, text, key, fragments):
     ("- a\n- b\n", ["got a list, expected a mapping of sections"]),
     ("just words\n", ["got 'just words', expected a mapping of sections"]),
     ("log: debug\n", ["log: got 'debug', expected a mapping of keys (level, format, file, "
-                      "animate, syslog)"]),
+                      "syslog)"]),
     ("services: {zpipes: on}\n", ["services.zpipes: got True, expected a mapping"]),
     ("log: {level: [debug\n", ["not valid YAML", "line 2"]),
     ("log:\n  level: info\n  level: debug\n", ["line 3, column 3", "duplicate key 'level'"]),
@@ -302,9 +312,11 @@ def test_missing_or_unreadable_file(tmp_path):
 
 def test_overrides_win_over_the_file(tmp_path):
     c = load_text(tmp_path, "broker: {name: filename}\nlog: {level: error, format: json}\n",
-                  {"broker": {"name": "cli"}, "log": {"level": "debug", "animate": True}})
+                  {"broker": {"name": "cli"}, "log": {"level": "debug"},
+                   "services": {"zpipes": {"animate": True}}})
     assert c.broker.name == "cli"
-    assert c.log.level == "debug" and c.log.format == "json" and c.log.animate is True
+    assert c.log.level == "debug" and c.log.format == "json"
+    assert c.services.zpipes.animate is True
     assert c.services.zpipes.endpoint == "ipc://@/zpipes/cli"
 
 
@@ -328,8 +340,8 @@ def test_parse_config_from_data():
     c = parse_config({"services": {"zpipes": {"endpoint": "ipc://@/zp-{name}"}}},
                      {"broker": {"name": "n1"}})
     assert c.services.zpipes.endpoint == "ipc://@/zp-n1"
-    with pytest.raises(ConfigError, match=r"^config: clients.timeout"):
-        parse_config({"clients": {"timeout": 0}})
+    with pytest.raises(ConfigError, match=r"^config: services.zpipes.client_timeout"):
+        parse_config({"services": {"zpipes": {"client_timeout": 0}}})
 
 
 # --- comparing -------------------------------------------------------------------------------
@@ -345,17 +357,19 @@ def test_config_diff_lists_changed_keys_in_schema_order():
 def test_schema_keys():
     assert schema_keys() == [
         "broker.name", "broker.run_dir",
-        "log.level", "log.format", "log.file", "log.animate",
+        "log.level", "log.format", "log.file",
         "log.syslog.target", "log.syslog.facility", "log.syslog.format", "log.syslog.queue",
-        "clients.timeout", "clients.max_clients", "clients.max_per_source", "clients.max_pipelined",
-        "clients.max_pipelined_bytes", "clients.max_buffered", "clients.max_buffered_per_source",
+        "clients.max_clients", "clients.max_per_source",
         "cluster.enabled", "cluster.name", "cluster.bind", "cluster.advertise",
         "cluster.discovery", "cluster.peers", "cluster.peer_timeout", "cluster.key_file",
         "cluster.insecure",
-        "metrics.bind", "metrics.pipe_series",
+        "metrics.bind",
         "services.zpipes.enabled", "services.zpipes.endpoint", "services.zpipes.capacity",
         "services.zpipes.max_chunk", "services.zpipes.allow.users",
-        "services.zpipes.allow.groups",
+        "services.zpipes.allow.groups", "services.zpipes.client_timeout",
+        "services.zpipes.max_pipelined", "services.zpipes.max_pipelined_bytes",
+        "services.zpipes.max_buffered", "services.zpipes.max_buffered_per_source",
+        "services.zpipes.animate", "services.zpipes.pipe_series",
         "services.pzq.enabled",
         *(f"services.pzq.defaults.{k}" for k in (
             "mode", "stream_endpoint", "retention_bytes", "retention_seconds",
@@ -416,3 +430,35 @@ def test_pzq_queue_defaults_agree_everywhere():
                  "max_replica_origins", "retention_bytes", "retention_seconds"):
         assert getattr(s, name) == getattr(config, name), name
     assert args.log_level == default_config().log.level
+
+
+# --- keys that moved into a service's section ----------------------------------------------
+
+
+def test_a_key_that_moved_works_by_its_old_name_and_the_new_one_is_said(tmp_path):
+    c = load_text(tmp_path, "clients: {timeout: 5, max_clients: 7}\nlog: {animate: true}\n"
+                            "metrics: {pipe_series: 3}\n")
+    z = c.services.zpipes
+    assert (z.client_timeout, z.animate, z.pipe_series) == (5.0, True, 3)
+    assert c.clients.max_clients == 7  # (the process's: it stays)
+    assert c.notes == (
+        "clients.timeout is now services.zpipes.client_timeout (the old name works for now)",
+        "log.animate is now services.zpipes.animate (the old name works for now)",
+        "metrics.pipe_series is now services.zpipes.pipe_series (the old name works for now)")
+
+
+def test_a_bad_value_under_an_old_name_is_named_as_the_file_names_it(tmp_path):
+    err = error_of(tmp_path, "clients: {timeout: -5}\n")
+    assert "clients.timeout (now services.zpipes.client_timeout): got -5, expected a number " \
+           "of seconds > 0" in str(err)
+
+
+def test_a_key_given_under_both_names_is_refused(tmp_path):
+    err = error_of(tmp_path, "clients: {max_buffered: 1MiB}\n"
+                             "services: {zpipes: {max_buffered: 2MiB}}\n")
+    assert "clients.max_buffered and services.zpipes.max_buffered are both given" in str(err)
+
+
+def test_set_by_an_old_name_sets_the_new_key():
+    c = with_setting(default_config(), "clients.max_pipelined", 9)
+    assert c.services.zpipes.max_pipelined == 9

@@ -526,14 +526,15 @@ def test_pipelined_write_bytes_are_bounded():
 
 
 def test_the_broker_wide_buffer_budget_refuses_writes_past_it_and_cuts_their_stream():
-    """Writers with no reader hold their WRITEs; past clients.max_buffered a WRITE is refused
-    with the reason, and the budget is given back when the holders go."""
+    """Writers with no reader hold their WRITEs; past services.zpipes.max_buffered a WRITE is
+    refused with the reason, and the budget is given back when the holders go."""
     h = Harness(max_buffered=12)
     hogs = [b"hog%d" % i for i in range(3)]
     for hog in hogs:
         h.send(hog, p.Output(b"nobody reads"))
         h.send(hog, p.Write(b"123456", 0))  # waits for a reader, holding 6 bytes
-    reason = "the broker's buffers for all clients are full (clients.max_buffered, 12 bytes)"
+    reason = ("the broker's buffers for all clients are full (services.zpipes.max_buffered, "
+              "12 bytes)")
     assert h.replies(hogs[0]) == [p.OutputOk()]
     assert h.replies(hogs[1]) == [p.OutputOk()]  # 12 held: at the budget, not past it
     assert h.replies(hogs[2]) == [p.OutputOk(), p.WriteFailed(reason)]
@@ -571,7 +572,8 @@ def test_answers_not_yet_taken_by_their_readers_count_in_the_budget():
     assert h.replies(R) == [p.ReadOk(b"1234")]
     unsent[0] = 12  # that answer waits in the reader's connection too
     h.send(W, p.Write(b"x", 0))
-    reason = "the broker's buffers for all clients are full (clients.max_buffered, 12 bytes)"
+    reason = ("the broker's buffers for all clients are full (services.zpipes.max_buffered, "
+              "12 bytes)")
     assert h.replies(W) == [p.WriteFailed(reason)]
     # counted by its kind, given where the failure was made; the reader it broke, by its own
     h.send(R, p.Read(100, 0))

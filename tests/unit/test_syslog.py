@@ -151,17 +151,18 @@ def test_syslog_config_defaults_and_validation():
 
 def test_with_setting_validates_like_a_file():
     c = default_config("n")
-    assert with_setting(c, "clients.timeout", 5).clients.timeout == 5.0
+    assert with_setting(c, "clients.max_clients", 5).clients.max_clients == 5
     assert with_setting(c, "log.file", "/tmp/{name}.log").log.file.name == "n.log"
     assert with_setting(c, "log.syslog.target", "udp://h").log.syslog.target == "udp://h:514"
     for key, value, message in [
         ("log.level", "loud", "set: log.level: got 'loud', expected one of: debug, info, "
                               "warning, error"),
-        ("clients.timeout", -1, "set: clients.timeout: got -1, expected a number of seconds > 0"),
+        ("services.zpipes.client_timeout", -1,
+         "set: services.zpipes.client_timeout: got -1, expected a number of seconds > 0"),
         ("log.levle", "x", "set: unknown key 'log.levle' (did you mean 'level'?); known keys "
-                           "under 'log': level, format, file, animate, syslog"),
+                           "under 'log': level, format, file, syslog"),
         ("log", "x", "set: 'log' is a section, not a setting; its keys: level, format, file, "
-                     "animate, syslog"),
+                     "syslog"),
         ("log.level.x", "x", "set: 'log.level' is a setting, not a section"),
     ]:
         with pytest.raises(ConfigError) as err:

@@ -145,6 +145,8 @@ class Broker:
         self._stop_requested = asyncio.Event()
         self._signals.install(self.loop, stop=self.request_stop, reload=self._on_sighup)
         try:
+            for note in self.config.notes:  # keys that moved: the old name works, for now
+                self.log.warning("config key moved", note=note)
             await self.start()
             self._start_control()
             self.metrics.start(self.config.metrics.bind)

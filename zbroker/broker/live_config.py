@@ -22,6 +22,7 @@ from zbroker.config import (
     config_diff,
     iter_settings,
     load_config,
+    moved_keys,
     with_setting,
     with_value,
 )
@@ -65,7 +66,9 @@ class LiveConfig:
 
     def get(self, key: str | None = None) -> dict[str, Any]:
         """The running config's settings under dotted ``key`` (a setting or a section; all
-        when None), by dotted key. Raises CommandError for an unknown key."""
+        when None), by dotted key (a key that moved: by its new name). Raises CommandError for
+        an unknown key."""
+        key = moved_keys().get(key, key) if key is not None else None
         found = {k: v for k, v in iter_settings(self.config)
                  if key is None or k == key or k.startswith(key + ".")}
         if not found:
@@ -78,7 +81,9 @@ class LiveConfig:
 
     def set(self, key: str, value: Any) -> dict[str, Any]:
         """Apply one setting (``zbroker set``): {"key", "old", "new"}. Raises CommandError
-        with the reason when the value is invalid or refused."""
+        with the reason when the value is invalid or refused. A key that moved is set, and
+        answered, by its new name."""
+        key = moved_keys().get(key, key)
         try:
             new = with_setting(self.config, key, value)
         except ConfigError as exc:
@@ -122,6 +127,8 @@ class LiveConfig:
             self.log.error("config reload refused", budget="reloads", reason=str(exc))
             self.reloads["refused"] += 1
             return str(exc)
+        for note in new.notes:  # (keys that moved: said at each reload, under its budget)
+            self.log.warning("config key moved", budget="reloads", note=note)
         from zbroker.config_checks import config_problems
 
         problems = config_problems(new, self.hosted.registry)  # a config that could not start

@@ -49,7 +49,7 @@ class Reports:
             "run_dir": str(config.broker.run_dir),
             "services": self.hosted.status(),
             "logs": {**logs.status(), "format": log.format,
-                     "file": str(log.file) if log.file else None, "animate": log.animate},
+                     "file": str(log.file) if log.file else None},
             "management": control.status() if control else None,
             "metrics": self.metrics.url,
             "metrics_endpoint": self.metrics.status(),
@@ -73,5 +73,4 @@ class Reports:
             "services": self.hosted.metrics(),
             "cluster": self.clustering.metrics(),
             "syslog": status["syslog"], "log_write_errors": status["write_errors"],
-            "pipe_series": self.live.config.metrics.pipe_series,
         }

@@ -101,7 +101,8 @@ def broker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", "-l", metavar="LEVEL", choices=LOG_LEVELS,
                         help="log level: " + ", ".join(LOG_LEVELS) + " (key log.level)")
     parser.add_argument("--animate", action="store_true",
-                        help="trace every ZPIPES state machine transition (key log.animate)")
+                        help="trace every ZPIPES state machine transition (key "
+                             "services.zpipes.animate)")
     parser.add_argument("--cluster", action="store_true",
                         help="join the cluster: find peer brokers (zeroconf and cluster.peers) "
                              "and route pipes between hosts (key cluster.enabled; off by "
@@ -137,7 +138,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     if args.log_level is not None:
         over.setdefault("log", {})["level"] = args.log_level
     if args.animate:
-        over.setdefault("log", {})["animate"] = True
+        over.setdefault("services", {}).setdefault("zpipes", {})["animate"] = True
     if args.cluster:
         over.setdefault("cluster", {})["enabled"] = True
     if args.metrics is not None:
@@ -365,6 +366,8 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         error(str(exc))
         return 1
+    for note in config.notes:
+        error(f"{path}: note: {note}")
     if problems:
         for problem in problems:
             error(f"{path}: {problem}" if path is not None else problem)

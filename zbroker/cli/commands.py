@@ -172,12 +172,20 @@ def _get(args: argparse.Namespace) -> int:
     if rc == 0:
         if args.json:
             _print_json(result)
-        elif args.key in result and len(result) == 1:
-            print(_show(result[args.key]))
+        elif len(result) == 1 and args.key in (*result, *_moved_to(result)):
+            print(_show(next(iter(result.values()))))
         else:
             for key, value in result.items():
                 print(f"{key}: {_show(value)}")
     return rc
+
+
+def _moved_to(result: dict[str, Any]) -> list[str]:
+    """The old names of the keys of ``result`` that moved (asked by an old name, a setting
+    is answered by its new one)."""
+    from zbroker.config import moved_keys
+
+    return [old for old, new in moved_keys().items() if new in result]
 
 
 get_command = Command("get", _get_parser, _get)

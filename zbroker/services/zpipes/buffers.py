@@ -1,6 +1,6 @@
 """The clients' buffers: what the broker holds of its clients' bytes, against the broker-wide
-budget (``clients.max_buffered``) and each source's share of it
-(``clients.max_buffered_per_source``). No I/O.
+budget (``services.zpipes.max_buffered``) and each source's share of it
+(``services.zpipes.max_buffered_per_source``). No I/O.
 
 Four things count: the WRITE data of requests waiting or queued here (``held``, by source),
 what the pipe table buffers for readers, and what the I/O layer holds, which it is asked for
@@ -85,9 +85,11 @@ class Buffers:
         share = self.per_source
         if self.held_by_source.get(source, 0) + self.outside.incoming_of(source) + size > share:
             return Failure(f"this user's or host's share of the broker's buffers is full "
-                           f"(clients.max_buffered_per_source, {share} bytes)", "buffers_full")
+                           f"(services.zpipes.max_buffered_per_source, {share} bytes)",
+                           "buffers_full")
         return None
 
     def full_reason(self) -> str:
-        return Failure(f"the broker's buffers for all clients are full (clients.max_buffered, "
-                       f"{self.max_buffered} bytes)", "buffers_full")
+        return Failure(f"the broker's buffers for all clients are full "
+                       f"(services.zpipes.max_buffered, {self.max_buffered} bytes)",
+                       "buffers_full")

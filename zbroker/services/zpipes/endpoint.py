@@ -30,7 +30,7 @@ whose replies are not taken (its transport's buffer over ``WRITE_HIGH``) is not 
 they are: what it can still be sent is the answers to requests taken before, which the ZPIPES
 core bounds (one request and ``max_pipelined`` queued behind it; a READ's answer at most its
 size, and at most what the pipe holds); what waits in the connections for their peers
-(:meth:`unsent_bytes`) counts in the broker-wide budget, ``clients.max_buffered``.
+(:meth:`unsent_bytes`) counts in the broker-wide budget, ``services.zpipes.max_buffered``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The ZPIPES service's metric families (``ZpipesService.metric_families``): its clients,
-connections, pipes, failed ends, link traffic and, for ``metrics.pipe_series`` pipes, bytes
+connections, pipes, failed ends, link traffic and, for ``services.zpipes.pipe_series`` pipes, bytes
 by pipe. No I/O: a snapshot in, prometheus_client families out."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def families(z: Mapping[str, Any], pipe_series: int) -> list[Metric]:
         gauge("zbroker_zpipes_clients_connected", "ZPIPES clients the broker knows now.",
               z.get("clients", 0)),
         counter("zbroker_zpipes_clients_expired", "ZPIPES clients expired: silent for "
-                "clients.timeout.", z.get("clients_expired", 0)),
+                "services.zpipes.client_timeout.", z.get("clients_expired", 0)),
         counter("zbroker_zpipes_clients_disconnected", "ZPIPES clients whose connection went.",
                 z.get("clients_disconnected", 0)),
         gauge("zbroker_zpipes_connections", "Open connections to the ZPIPES endpoint.",
@@ -70,10 +70,10 @@ def families(z: Mapping[str, Any], pipe_series: int) -> list[Metric]:
     if pipe_series > 0:
         written = counter("zbroker_zpipes_pipe_written_bytes",
                            "Bytes written into the pipe by this broker's clients, for the "
-                           "metrics.pipe_series busiest pipes.", labels=["pipe"])
+                           "services.zpipes.pipe_series busiest pipes.", labels=["pipe"])
         read = counter("zbroker_zpipes_pipe_read_bytes",
                         "Bytes read from the pipe by this broker's clients, for the "
-                        "metrics.pipe_series busiest pipes.", labels=["pipe"])
+                        "services.zpipes.pipe_series busiest pipes.", labels=["pipe"])
         for name, w, r in busiest(z.get("pipe_bytes", []), pipe_series):
             written.add_metric([name], w)
             read.add_metric([name], r)

@@ -38,7 +38,7 @@ from zpipes import hint
 from zpipes.protocol import SIGNATURE, MessageId
 
 from .actions import Reply
-from .config import ZpipesConfig
+from .config import MOVED_KEYS, ZpipesConfig
 from .endpoint import Endpoint
 from .server import ServerConfig, ZpipesServer
 
@@ -62,18 +62,19 @@ def access_policy(config: Any) -> Policy:
 
 
 def server_config(config: Any) -> ServerConfig:
-    """The core's settings from the broker's config."""
-    clients = config.clients
+    """The core's settings from the broker's config (its own section, and the process's
+    connection budget)."""
+    z = config.services.zpipes
     return ServerConfig(
-        capacity=config.services.zpipes.capacity,
-        client_timeout=clients.timeout,
-        max_chunk=config.services.zpipes.max_chunk,
-        max_clients=clients.max_clients,
-        max_pipelined=clients.max_pipelined,
-        max_pipelined_bytes=clients.max_pipelined_bytes,
-        max_buffered=clients.max_buffered,
-        max_buffered_per_source=clients.max_buffered_per_source or clients.max_buffered // 2,
-        animate=config.log.animate,
+        capacity=z.capacity,
+        client_timeout=z.client_timeout,
+        max_chunk=z.max_chunk,
+        max_clients=config.clients.max_clients,
+        max_pipelined=z.max_pipelined,
+        max_pipelined_bytes=z.max_pipelined_bytes,
+        max_buffered=z.max_buffered,
+        max_buffered_per_source=z.max_buffered_per_source or z.max_buffered // 2,
+        animate=z.animate,
     )
 
 
@@ -81,6 +82,7 @@ class ZpipesService(Service):
     name = "zpipes"
     start_order = 10
     config_section = ZpipesConfig
+    moved_keys = MOVED_KEYS
 
     @classmethod
     def bound_endpoints(cls, config: Any, run_dir: Path) -> list[tuple[str, str]]:
@@ -95,7 +97,7 @@ class ZpipesService(Service):
                         broker: Mapping[str, Any]) -> list[Any]:
         from .metrics import families
 
-        return families(metrics, broker.get("pipe_series", 0))
+        return families(metrics, metrics.get("pipe_series", 0))
 
     @classmethod
     def top_tables(cls, status: Mapping[str, Any], before: Mapping[str, Any] | None,
@@ -113,6 +115,7 @@ class ZpipesService(Service):
         self._timer_at = float("inf")
         self._log: Any = None
         self._cluster: ClusterPort | None = None
+        self._pipe_series = 0  # per-pipe metrics for this many pipes, the busiest
         self._bound: list[str] = []
         self._policy: Policy = default_policy()
         self._admission: Admission | None = None
@@ -123,6 +126,7 @@ class ZpipesService(Service):
 
     async def start(self, ctx: ServiceContext, config: Any) -> None:
         section = config.services.zpipes
+        self._pipe_series = section.pipe_series
         self.endpoint = section.endpoint  # the config has filled in the broker name
         self._loop, self._log, self._cluster = ctx.loop, ctx.log, ctx.cluster
         problem = clients_problem(config.clients.max_clients)
@@ -155,7 +159,7 @@ class ZpipesService(Service):
         self._schedule()
         ctx.log.info("zpipes bound", endpoint=self.endpoint,
                      capacity=section.capacity, max_chunk=section.max_chunk,
-                     client_timeout=config.clients.timeout, allowed=self._policy.describe())
+                     client_timeout=section.client_timeout, allowed=self._policy.describe())
 
     def _listen(self, ep: Endpoint, endpoint: str, in_use: str = "") -> Any:
         try:
@@ -187,6 +191,7 @@ class ZpipesService(Service):
         problem = clients_problem(new.clients.max_clients)
         if problem:
             raise ServiceError(problem)
+        self._pipe_series = section.pipe_series
         if section.endpoint != before.endpoint and section.endpoint not in self._bound:
             # listen on the new endpoint too; closing the old one would drop its clients
             sock = self._listen(self._ep, section.endpoint)
@@ -256,9 +261,10 @@ class ZpipesService(Service):
     def metrics(self) -> dict[str, Any]:
         if self.server is None:
             return {}
+        pipe_series = self._pipe_series
         return {**self.server.metrics(), "connections": self._connections(),
-                "refused": self._refused(),
-                "pipe_bytes": self._pipe_bytes()}
+                "refused": self._refused(), "pipe_series": pipe_series,
+                "pipe_bytes": self._pipe_bytes() if pipe_series else []}
 
     def _connections(self) -> int:
         return self._ep.connections if self._ep is not None else 0
@@ -293,8 +299,8 @@ class ZpipesService(Service):
 
     def _on_refused(self, routing_id: bytes, refused: zmtp.Refused) -> None:
         """A message over the endpoint's limit, max_chunk with a WRITE's header and timeout,
-        or a WRITE whose chunk does not fit the broker's budget (clients.max_buffered) as its
-        head arrives. A WRITE is refused by the core in its turn (WRITE_FAILED naming the limit
+        or a WRITE whose chunk does not fit the broker's budget (services.zpipes.max_buffered) as
+        its head arrives. A WRITE is refused by the core in its turn (WRITE_FAILED naming the limit
         or the budget), its chunk let go as it arrives, never held; a frame over twice the
         limit, or anything else that large, is no ZPIPES client's: its connection is dropped
         (its client detached)."""
