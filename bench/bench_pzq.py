@@ -305,7 +305,7 @@ def metrics_cost(base: Path, cases: list[str], sync: str, window_us: int,
 
 
 def monitor(endpoint: str) -> dict[str, int]:
-    from zbroker.pzq.core.wire import parse_monitor_text
+    from pzq.wire import parse_monitor_text
 
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.REQ)

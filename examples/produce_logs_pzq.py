@@ -17,7 +17,7 @@ import time
 
 from make_logs import make_line
 
-from zbroker.pzq.client import Producer
+from pzq import Producer
 
 
 def main(argv: list[str] | None = None) -> int:

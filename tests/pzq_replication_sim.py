@@ -36,7 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from zbroker.pzq.core import peering, wire
+from pzq import wire
+from zbroker.pzq.core import peering
 from zbroker.pzq.core.actions import (
     AckMany,
     Append,

@@ -1,9 +1,10 @@
-"""ZMTP's framing, as both ends of a ZPIPES connection write it: the signature, the flags of a
-frame, a frame's head, commands (READY, PING/PONG, ERROR). No I/O, nothing else imported.
+"""ZMTP's framing, as both ends of a connection write it: the signature, the flags of a frame,
+a frame's head, commands (READY, PING/PONG, ERROR). No I/O, nothing else imported.
 
-The client (:mod:`zpipes.zmtp`, a DEALER on a plain socket) and the broker's codec
-(:mod:`zbroker.zmtp.codec`, every endpoint's server side) take these from here: one
-definition of the bytes, in a module light enough for a client's start.
+The ZPIPES client (:mod:`zpipes.zmtp`, a DEALER on a plain socket), pzq's client wire
+(:mod:`pzq.wire`) and the broker's codec (:mod:`zbroker.zmtp.codec`, every endpoint's server
+side) take these from here: one definition of the bytes, in a leaf module light enough for a
+client's start.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from __future__ import annotations
 #: 1.0 length: the padding is ignored)
 SIGNATURE = b"\xff" + b"\x00" * 7 + b"\x01\x7f"
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
+#: a frame this large is written as it is (a buffer of its own in a gathered write), not
+#: copied into the framing
+LARGE_FRAME = 1 << 14
 
 _SHORT_HEADS = [bytes((0, n)) for n in range(256)]
 

@@ -112,3 +112,27 @@ def test_both_clients_share_one_protocol_module():
     for name in ("ReaderProtocol", "WriterProtocol", "Phase", "EOF", "check_pipe_name"):
         assert getattr(client, name) is getattr(client_protocol, name)  # the old path works
     assert aio.ReaderProtocol is client_protocol.ReaderProtocol
+
+
+def test_pzq_client_is_a_package_of_its_own_with_nothing_of_the_broker():
+    """pzq's client imports nothing of the broker (its wire format, which the broker's queue
+    cores take from it, not even pyzmq); its names load on use, and the old import path
+    still gives the same classes."""
+    done = run_without_zmq("""
+        import pzq.wire
+        assert not [m for m in sys.modules if m.split('.')[0] == 'zbroker'], 'the broker'
+        print('wire ok')
+    """)
+    assert done.returncode == 0 and done.stdout == "wire ok\n", done.stderr
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys
+        import pzq
+        assert 'pzq.client' not in sys.modules
+        producer = pzq.Producer
+        assert 'pzq.client' in sys.modules
+        assert not [m for m in sys.modules if m.split('.')[0] == 'zbroker'], 'the broker'
+        from zbroker.pzq.client import Producer
+        assert Producer is producer
+        print('client ok')
+    """)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "client ok\n", done.stderr

@@ -21,11 +21,12 @@ from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
+from pzq import wire
 from zbroker import zmtp
 from zbroker.pzq.client import Consumer, Producer
 from zbroker.pzq.client import monitor as queue_monitor
 from zbroker.pzq.consumers import Consumers
-from zbroker.pzq.core import records, wire
+from zbroker.pzq.core import records
 from zbroker.pzq.core.actions import Confirm
 from zbroker.pzq.core.counters import Dropped
 from zbroker.pzq.core.queue import Limits, QueueCore

@@ -24,10 +24,10 @@ from pzq_helpers import (
     wait_counter,
 )
 
+from pzq import wire
 from zbroker.config import default_config
 from zbroker.pzq.cli import parser, settings_from_args
 from zbroker.pzq.client import Consumer, Producer, monitor
-from zbroker.pzq.core import wire
 from zbroker.pzq.service import default_monitor_endpoint
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")

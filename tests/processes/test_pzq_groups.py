@@ -10,8 +10,8 @@ import pytest
 from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_stream import STREAM, put
 
+from pzq import wire
 from zbroker.pzq.client import Producer, StreamConsumer, StreamError
-from zbroker.pzq.core import wire
 from zbroker.pzq.core.queue import QueueCore
 from zbroker.pzq.core.stream import Offsets, Retention, StreamCore
 

@@ -11,8 +11,8 @@ import pytest
 import zmq
 from pzq_helpers import FakeStore, dealer, nothing, recv
 
+from pzq import wire
 from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
-from zbroker.pzq.core import wire
 from zbroker.pzq.core.queue import QueueCore
 from zbroker.pzq.core.stream import Offsets, StreamCore
 from zbroker.pzq.offsets_file import load_offsets, save_offsets

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pzq_helpers import FakeStore
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.dispatcher import Dispatcher
 from zbroker.pzq.core.queue import QUEUE_FULL, Limits, QueueCore
 

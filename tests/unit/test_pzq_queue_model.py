@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import AckMany, Append, AppendBatch, BatchResult, Confirm, Reply
 from zbroker.pzq.core.queue import Limits, QueueCore
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from zbroker.pzq.core import peering, wire
+from pzq import wire
+from zbroker.pzq.core import peering
 from zbroker.pzq.core.actions import (
     AckMany,
     Append,

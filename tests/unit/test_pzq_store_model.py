@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from test_pzq_store import Harness
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Append
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pzq_helpers import FakeStore
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.queue import QueueCore
 from zbroker.pzq.core.stream import Offsets, StreamCore
 

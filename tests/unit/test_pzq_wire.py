@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zbroker.pzq.core import records, wire
+from pzq import wire
+from zbroker.pzq.core import records
 
 
 def test_produce_with_headers_and_several_body_frames():

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Confirm
 from zbroker.pzq.core.counters import Dropped
 from zbroker.pzq.core.queue import CONSUMERS, QueueCore

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.queue import MODES, Limits
 from zbroker.pzq.core.replication import ReplicationSettings
 

@@ -40,11 +40,11 @@ from typing import Any
 
 import zmq
 
+from pzq import wire
 from zbroker.command import seconds_argument
 from zbroker.config import ConfigError
 from zbroker.locating import load_for_locating
 from zbroker.management import CommandError, NotRunning, request
-from zbroker.pzq.core import wire
 from zpipes import progress
 
 from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError

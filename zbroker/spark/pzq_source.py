@@ -75,8 +75,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from zbroker.pzq.client import Producer, StreamConsumer
-from zbroker.pzq.core import wire
+from pzq import wire
+from pzq.client import Producer, StreamConsumer
 from zbroker.spark.columns import value_column
 
 try:  # PySpark 4.2+: admission control and Trigger.AvailableNow for Python sources

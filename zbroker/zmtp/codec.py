@@ -37,6 +37,9 @@ from zpipes.zmtp_framing import (
     error_reason,
     split_command,
 )
+from zpipes.zmtp_framing import (
+    LARGE_FRAME as LARGE_FRAME,  # (the codec's, as the writers of frames read it)
+)
 
 MAJOR = 3
 MINOR = 1
@@ -122,7 +125,6 @@ def parse_properties(data: bytes) -> dict[bytes, bytes] | None:
 _HEAD_MORE = [bytes((MORE, n)) for n in range(256)]  # a short frame's header, more follow
 _HEAD_LAST = [bytes((0, n)) for n in range(256)]  # ... the last frame's
 _LONG_HEAD = struct.Struct(">BQ")
-LARGE_FRAME = 1 << 14  # a frame this large is written as it is, not copied into the framing
 
 
 def encode_parts(frames: Sequence[bytes | list[bytes]]) -> tuple[list[bytes], int]:

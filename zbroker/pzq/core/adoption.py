@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Adopted
 from zbroker.pzq.core.id_window import IdWindow
 from zbroker.pzq.core.messages import Message

@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 from itertools import repeat
 from typing import TypeAlias, final
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Confirm
 from zbroker.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
 from zbroker.pzq.core.messages import Message

@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from zbroker.pzq.core import peering, wire
+from pzq import wire
+from zbroker.pzq.core import peering
 from zbroker.pzq.core.actions import Adopted, BatchResult, Log, OpenLog, Reply, SendCluster
 from zbroker.pzq.core.fence import Fence
 from zbroker.pzq.core.messages import Message

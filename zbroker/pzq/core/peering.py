@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zbroker.pzq.core.wire import OK, REPLICA_HEADER, producer_ack
+from pzq.wire import OK, REPLICA_HEADER, producer_ack
 
 #: what the headers of static peers' messages begin with (REPLICA:, REPLICA-ACK:, REPLICA-PING:)
 REPLICA_PREFIX = b"REPLICA"

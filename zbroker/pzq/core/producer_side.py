@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import TypeAlias, cast, final
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Reply
 from zbroker.pzq.core.messages import Message
 from zbroker.runtime.stats import Buckets

@@ -50,7 +50,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import (
     AckMany,
     Append,

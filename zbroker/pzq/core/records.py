@@ -25,7 +25,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from zbroker.pzq.core import wire
+from pzq import wire
 
 try:  # ISA-L's CRC-32: the very checksum zlib computes (the log's format is the same), about
     # 4x faster on large payloads; zlib's where ISA-L has no wheel

@@ -37,7 +37,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zbroker.pzq.core import peering, wire
+from pzq import wire
+from zbroker.pzq.core import peering
 from zbroker.pzq.core.actions import (
     Adopted,
     BatchResult,

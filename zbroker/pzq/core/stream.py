@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zbroker.pzq.core import wire
+from pzq import wire
 from zbroker.pzq.core.actions import Log, StreamReply, WriteCommitted
 from zbroker.pzq.core.messages import Message
 from zbroker.pzq.core.queue import QueueCore

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import NamedTuple, cast
 
-from zbroker.zmtp import LARGE_FRAME
+from zpipes.zmtp_framing import LARGE_FRAME
 
 OK = b"1"
 FAILED = b"0"
