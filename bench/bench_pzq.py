@@ -65,7 +65,7 @@ from pzq_baselines import cpu_seconds, redis_case, redis_missing, relay_case
 from pzq_load import ack_arrived, free_port, produce_windowed
 
 from zbroker.config import parse_size
-from zbroker.pzq.core.group_commit import DEFAULT_SYNC, SYNC_MODES
+from zbroker.services.pzq.core.group_commit import DEFAULT_SYNC, SYNC_MODES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ("100:1", "100:64", "100:64:backlog", "100:256:batch", "100:64:batch",
@@ -136,7 +136,7 @@ def batch_producer(endpoint: str, n: int, size: int, window: int, max_bytes: int
     """The batch path: the client's Producer gathering up to BATCH messages a batch (at
     most half the window), at most ``window`` messages unACKed; the ACK latency of each
     message is timed."""
-    from zbroker.pzq.client import Producer
+    from pzq.client import Producer
 
     sent_at: dict[bytes, float] = {}
     lat: list[float] = []
@@ -163,7 +163,7 @@ def batch_producer(endpoint: str, n: int, size: int, window: int, max_bytes: int
 
 def batch_consumer(endpoint: str, n: int, window: int, out) -> None:
     """A batch consumer of the credit endpoint: takes what came, ACKs it in one message."""
-    from zbroker.pzq.client import Consumer
+    from pzq.client import Consumer
 
     got = 0
     last = 0.0
@@ -214,7 +214,8 @@ def start_pzq(data: Path, sync: str, window_us: int, max_sync: int | None
     mon = f"ipc://{data}.monitor"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zbroker.pzq", "--database", str(data), "--receive-dsn", receive,
+        [sys.executable, "-m", "zbroker.services.pzq", "--database", str(data),
+         "--receive-dsn", receive,
          "--send-dsn", send, "--credit-dsn", credit, "--monitor-dsn", mon, "--sync", sync,
          "--sync-window", str(window_us), "--inflight-window", "256",
          "--max-backlog", "2GiB", "--log-level", "warning",
@@ -259,7 +260,7 @@ def histogram_cost(samples: int = 200_000) -> float:
     producer side)."""
     import timeit
 
-    from zbroker.pzq.core.queue import QueueCore
+    from zbroker.services.pzq.core.queue import QueueCore
 
     producers = QueueCore().producers
     key = b"%d|%s%012x" % (time.time_ns() // 1000, b"x" * 24, 1)

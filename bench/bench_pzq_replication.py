@@ -52,7 +52,7 @@ import yaml
 import zmq
 from pzq_load import ack_arrived, free_port, produce_windowed
 
-from zbroker.pzq.client import monitor
+from pzq.client import monitor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "jobs"

@@ -39,7 +39,7 @@ def start_stream_queue(data: Path) -> tuple[subprocess.Popen, str, str]:
     stream = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zbroker.pzq", "--database", str(data), "--mode", "stream",
+        [sys.executable, "-m", "zbroker.services.pzq", "--database", str(data), "--mode", "stream",
          "--receive-dsn", receive, "--send-dsn", f"tcp://127.0.0.1:{free_port()}",
          "--stream-dsn", stream, "--monitor-dsn", f"ipc://{data}.monitor",
          "--max-backlog", "4GiB", "--log-level", "warning"],
@@ -49,7 +49,7 @@ def start_stream_queue(data: Path) -> tuple[subprocess.Popen, str, str]:
 
 
 def fill(receive: str, n: int, size: int) -> None:
-    from zbroker.pzq.client import Producer
+    from pzq.client import Producer
 
     body = b"x" * size
     with Producer(receive, window=512, batch=256) as p:
@@ -60,7 +60,7 @@ def fill(receive: str, n: int, size: int) -> None:
 
 def read_pass(stream: str, pid: int, batch: bool, count: int, n: int) -> dict:
     """Read every message once; the rate and the queue's CPU a message."""
-    from zbroker.pzq.client import StreamConsumer
+    from pzq.client import StreamConsumer
 
     with StreamConsumer(stream, batch=batch, timeout=30) as s:
         head = s.head()

@@ -78,13 +78,14 @@ def message_bodies(n: int) -> list[bytes]:
 def bench_pzq_source(spark: Any, tmp: Path, n: int) -> None:
     """Produce ``n`` 100-byte messages into a stream queue, then time a streaming count per
     level over format("pzq") with availableNow until all are consumed."""
-    from zbroker.pzq.client import Producer, StreamConsumer
+    from pzq.client import Producer, StreamConsumer
 
     receive = f"tcp://127.0.0.1:{free_port()}"
     stream_dsn = f"tcp://127.0.0.1:{free_port()}"
     env = dict(os.environ)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zbroker.pzq", "--mode", "stream", "--database", str(tmp / "pzq"),
+        [sys.executable, "-m", "zbroker.services.pzq", "--mode", "stream",
+         "--database", str(tmp / "pzq"),
          "--receive-dsn", receive, "--send-dsn", f"tcp://127.0.0.1:{free_port()}",
          "--stream-dsn", stream_dsn, "--monitor-dsn", f"ipc://{tmp}/pzq-monitor",
          "--log-level", "warning"], stdin=subprocess.DEVNULL, env=env)

@@ -84,7 +84,7 @@ def produce(host: str, incarnation: str, endpoint: str, path: str, until: float,
             rate: float) -> None:
     import zmq
 
-    from zbroker.pzq.client import Producer
+    from pzq.client import Producer
 
     stop, log = Stop(until), Events(path)
 
@@ -119,7 +119,7 @@ def consume(host: str, incarnation: str, endpoint: str, path: str, until: float,
             at_once: int) -> None:
     """Each message is ACKed WORK_S after it came, at most ``at_once`` worked on at a time:
     so about that many are unACKed, and their copies held by peers, besides the backlog."""
-    from zbroker.pzq.client import Consumer
+    from pzq.client import Consumer
 
     stop, log = Stop(until), Events(path)
     working: deque[tuple[float, Any]] = deque()

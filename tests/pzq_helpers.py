@@ -23,8 +23,8 @@ from typing import Any
 import zmq
 from helpers import REPO_ROOT, endpoint_accepts, free_port, wait_for
 
-from zbroker.pzq.client import monitor
-from zbroker.pzq.store import BatchResult
+from pzq.client import monitor
+from zbroker.services.pzq.store import BatchResult
 
 UP_TIMEOUT = 10.0
 
@@ -121,7 +121,7 @@ def spawn_pzq(database: Path, *args: str, receive: str | None = None, send: str 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "zbroker.pzq", "--database", str(database),
+        [sys.executable, "-m", "zbroker.services.pzq", "--database", str(database),
          "--receive-dsn", receive, "--send-dsn", send, "--monitor-dsn", monitor_,
          "--stream-dsn", stream, *args],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, preexec_fn=preexec)
@@ -190,7 +190,14 @@ class FakeStore:
         return core
 
     def pump(self) -> None:
-        from zbroker.pzq.core.actions import AckMany, Append, AppendBatch, Confirm, Move, Reply
+        from zbroker.services.pzq.core.actions import (
+            AckMany,
+            Append,
+            AppendBatch,
+            Confirm,
+            Move,
+            Reply,
+        )
         if self.core is None:
             return
         for a in self.core.take_output():

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import (
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import (
     AckMany,
     Append,
     BatchResult,
@@ -50,9 +50,9 @@ from zbroker.pzq.core.actions import (
     Reply,
     SendCluster,
 )
-from zbroker.pzq.core.queue import Limits, QueueCore
-from zbroker.pzq.core.records import MessageRecord
-from zbroker.pzq.core.replication import ReplicationCore, ReplicationSettings
+from zbroker.services.pzq.core.queue import Limits, QueueCore
+from zbroker.services.pzq.core.records import MessageRecord
+from zbroker.services.pzq.core.replication import ReplicationCore, ReplicationSettings
 
 QUEUE = b"jobs"
 PRODUCER = b"P"

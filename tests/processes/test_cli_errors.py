@@ -70,7 +70,7 @@ BAD = [
      ["/nonexistent.cfg"]),
 ]
 
-MODULES = {"zpipes": "zpipes", "pzq": "zbroker.pzq", "zbroker": "zbroker"}
+MODULES = {"zpipes": "zpipes", "pzq": "zbroker.services.pzq", "zbroker": "zbroker"}
 
 
 def run(command: str, args: list[str], cwd: Path, input: bytes = b""

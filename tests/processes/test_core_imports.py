@@ -131,8 +131,14 @@ def test_pzq_client_is_a_package_of_its_own_with_nothing_of_the_broker():
         producer = pzq.Producer
         assert 'pzq.client' in sys.modules
         assert not [m for m in sys.modules if m.split('.')[0] == 'zbroker'], 'the broker'
-        from zbroker.pzq.client import Producer
+        from pzq.client import Producer
         assert Producer is producer
         print('client ok')
     """)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "client ok\n", done.stderr
+    # the standalone queue by its old module name, as scripts may run it
+    old = subprocess.run([sys.executable, "-m", "zbroker.pzq", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    new = subprocess.run([sys.executable, "-m", "zbroker.services.pzq", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert old.returncode == 0 and old.stdout == new.stdout and "--receive-dsn" in old.stdout

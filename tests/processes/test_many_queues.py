@@ -11,7 +11,7 @@ import os
 import pytest
 from helpers import logged_broker, rss_bytes, run_zbroker, unique_name, wait_for, write_config
 
-from zbroker.pzq.client import Consumer, Producer
+from pzq.client import Consumer, Producer
 
 QUEUES = 2000
 

@@ -17,9 +17,9 @@ from metrics_helpers import full_config, parse, scrape, scrape_text, value
 from prometheus_client import CollectorRegistry, generate_latest
 
 import zpipes
+from pzq.client import Consumer, Producer
 from zbroker.config import ConfigError, parse_bind, parse_config
 from zbroker.metrics import beyond_loopback, families
-from zbroker.pzq.client import Consumer, Producer
 from zbroker.runtime.stats import Buckets, cumulative
 from zbroker.services.zpipes.failures import (
     FAILURE_KINDS,

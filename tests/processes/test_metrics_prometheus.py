@@ -19,7 +19,7 @@ import pytest
 from helpers import REPO_ROOT, free_port, through_a_pipe, wait_for
 from metrics_helpers import full_config
 
-from zbroker.pzq.client import Producer
+from pzq.client import Producer
 
 PROMETHEUS = shutil.which("prometheus")
 

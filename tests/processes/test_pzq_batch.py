@@ -22,16 +22,16 @@ from test_pzq_credit import credit_queue, drain
 from test_pzq_store import Harness, recover
 
 from pzq import wire
+from pzq.client import Consumer, Producer
+from pzq.client import monitor as queue_monitor
 from zbroker import zmtp
-from zbroker.pzq.client import Consumer, Producer
-from zbroker.pzq.client import monitor as queue_monitor
-from zbroker.pzq.consumers import Consumers
-from zbroker.pzq.core import records
-from zbroker.pzq.core.actions import Confirm
-from zbroker.pzq.core.counters import Dropped
-from zbroker.pzq.core.queue import Limits, QueueCore
-from zbroker.pzq.receiver import SENT
-from zbroker.pzq.settings import QueueSettings
+from zbroker.services.pzq.consumers import Consumers
+from zbroker.services.pzq.core import records
+from zbroker.services.pzq.core.actions import Confirm
+from zbroker.services.pzq.core.counters import Dropped
+from zbroker.services.pzq.core.queue import Limits, QueueCore
+from zbroker.services.pzq.receiver import SENT
+from zbroker.services.pzq.settings import QueueSettings
 
 # --- the codec ---------------------------------------------------------------------------
 
@@ -639,7 +639,7 @@ def test_queue_put_sends_batches_and_no_batch_the_original_wire(start_pzq, tmp_p
 
 
 def test_a_replicated_batch_is_answered_once_every_copy_is_confirmed_or_timed_out():
-    from zbroker.pzq.core.actions import Replicate
+    from zbroker.services.pzq.core.actions import Replicate
 
     q, store = core(replicas=1, replication_timeout=0.5)
     q.produce_batch(b"P", batch(b"B1", [b"a", b"b"]), 1, now=0.0)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from helpers import endpoint_accepts, free_port, spawn_broker, unique_name, wait_for
 
-from zbroker.pzq.client import Consumer, Producer, monitor
-from zbroker.pzq.service import default_monitor_endpoint
+from pzq.client import Consumer, Producer, monitor
+from zbroker.services.pzq.service import default_monitor_endpoint
 
 QUEUE = "jobs"
 

@@ -15,8 +15,8 @@ import zmq
 from helpers import endpoint_accepts, free_port, wait_for
 from pzq_helpers import dealer, recv, spawn_pzq, vm_kb, wait_counter
 
+from pzq.client import Consumer, Producer
 from zbroker import zmtp
-from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
 V3_GREETING = zmtp.SIGNATURE + bytes([3, 1]) + b"NULL".ljust(20, b"\0") + b"\0" * 32
@@ -265,7 +265,7 @@ def test_an_ipc_endpoint_file_of_a_live_queue_is_not_taken_over(start_pzq, tmp_p
     """A second queue given the monitor socket file of a running one fails to start with the
     reason, and the first goes on answering there; once the first is SIGKILLed, its file is
     taken over by the next start."""
-    from zbroker.pzq.client import monitor
+    from pzq.client import monitor
 
     path = f"ipc://{tmp_path}/shared.monitor"
     first = start_pzq(monitor_=path)

@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 
-import zbroker.pzq.core
+import zbroker.services.pzq.core
 
-#: every module of the package zbroker.pzq.core (what is a core is said by where it lives),
-#: and the ZMTP codec
-CORES = [*(f"zbroker.pzq.core.{m.name}" for m in pkgutil.iter_modules(zbroker.pzq.core.__path__)),
+#: every module of the package zbroker.services.pzq.core (what is a core is said by where it
+#: lives), and the ZMTP codec
+CORES = [*(f"zbroker.services.pzq.core.{m.name}"
+           for m in pkgutil.iter_modules(zbroker.services.pzq.core.__path__)),
          "zbroker.zmtp.codec"]
 #: modules of threads, loops, sockets, files, and pzq's own I/O modules
 IO_MODULES = ["zmq", "threading", "asyncio", "socket", "selectors", "fcntl", "shutil",
-              "zbroker.runtime.zmq_reader", *(f"zbroker.pzq.{m}" for m in (
+              "zbroker.runtime.zmq_reader", *(f"zbroker.services.pzq.{m}" for m in (
                   "store", "receiver", "endpoints", "sockets", "server", "consumers",
                   "queue_logs", "offsets_file", "replica_files", "stream_endpoint", "monitor")),
               "zbroker.zmtp.server"]
@@ -32,7 +33,7 @@ IO_NAMES = {"os", "pathlib", "Path", "open", "io", "tempfile", "time"}
 
 
 def test_the_cores_are_found():
-    assert len(CORES) >= 13 and "zbroker.pzq.core.queue" in CORES
+    assert len(CORES) >= 13 and "zbroker.services.pzq.core.queue" in CORES
 
 
 @pytest.mark.parametrize("core", CORES)

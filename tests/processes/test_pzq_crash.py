@@ -11,7 +11,7 @@ import time
 
 import zmq
 
-from zbroker.pzq.client import Consumer, Producer
+from pzq.client import Consumer, Producer
 
 ROUNDS = 6
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import endpoint_accepts, wait_for
 from pzq_helpers import dealer, free_port, recv, wait_counter
 
-from zbroker.pzq.client import Consumer, Producer
+from pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
 

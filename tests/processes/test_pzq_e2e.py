@@ -25,10 +25,10 @@ from pzq_helpers import (
 )
 
 from pzq import wire
+from pzq.client import Consumer, Producer, monitor
 from zbroker.config import default_config
-from zbroker.pzq.cli import parser, settings_from_args
-from zbroker.pzq.client import Consumer, Producer, monitor
-from zbroker.pzq.service import default_monitor_endpoint
+from zbroker.services.pzq.cli import parser, settings_from_args
+from zbroker.services.pzq.service import default_monitor_endpoint
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
 
@@ -559,7 +559,7 @@ def test_a_second_queue_on_the_same_data_is_refused(start_pzq):
 
 
 def test_broker_hosts_a_stream_queue_read_by_offset(start_broker, tmp_path):
-    from zbroker.pzq.client import StreamConsumer
+    from pzq.client import StreamConsumer
 
     stream_endpoint = f"tcp://127.0.0.1:{free_port()}"
     cfg = pzq_config(tmp_path, events={"mode": "stream", "stream_endpoint": stream_endpoint})

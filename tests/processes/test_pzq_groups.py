@@ -11,9 +11,9 @@ from pzq_helpers import FakeStore, dealer, recv, wait_counter
 from test_pzq_stream import STREAM, put
 
 from pzq import wire
-from zbroker.pzq.client import Producer, StreamConsumer, StreamError
-from zbroker.pzq.core.queue import QueueCore
-from zbroker.pzq.core.stream import Offsets, Retention, StreamCore
+from pzq.client import Producer, StreamConsumer, StreamError
+from zbroker.services.pzq.core.queue import QueueCore
+from zbroker.services.pzq.core.stream import Offsets, Retention, StreamCore
 
 # --- the core, without sockets -------------------------------------------------------------
 

@@ -16,8 +16,8 @@ import zmq
 from helpers import wait_for
 from pzq_helpers import RawProducer, dealer, recv, vm_kb, wait_counter
 
+from pzq.client import Consumer, Producer
 from zbroker import zmtp
-from zbroker.pzq.client import Consumer, Producer
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")
 
@@ -422,7 +422,7 @@ def test_a_full_disk_frees_its_log_once_everything_is_acked(start_pzq, small_fs)
 def test_the_python_producer_refuses_an_id_the_queue_would_refuse(ctx):
     """The queue answers a refused long id with the id cut to 255 bytes, which the producer
     could never match to what it sent: the producer refuses such an id itself."""
-    from zbroker.pzq.client import Producer
+    from pzq.client import Producer
 
     producer = Producer("tcp://127.0.0.1:1", context=ctx)
     try:

@@ -15,7 +15,7 @@ import pytest
 import zmq
 from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
 
-from zbroker.pzq.client import StreamConsumer, monitor
+from pzq.client import StreamConsumer, monitor
 
 
 def queue_config(tmp_path: Path) -> dict:

@@ -12,10 +12,10 @@ import zmq
 from pzq_helpers import FakeStore, dealer, nothing, recv
 
 from pzq import wire
-from zbroker.pzq.client import Producer, ProducerError, StreamConsumer, StreamError
-from zbroker.pzq.core.queue import QueueCore
-from zbroker.pzq.core.stream import Offsets, StreamCore
-from zbroker.pzq.offsets_file import load_offsets, save_offsets
+from pzq.client import Producer, ProducerError, StreamConsumer, StreamError
+from zbroker.services.pzq.core.queue import QueueCore
+from zbroker.services.pzq.core.stream import Offsets, StreamCore
+from zbroker.services.pzq.offsets_file import load_offsets, save_offsets
 
 STREAM = ("--mode", "stream")
 
@@ -402,7 +402,7 @@ def test_a_push_queue_has_no_stream_endpoint(start_pzq, ctx):
 
 def test_requests_waiting_for_a_slow_offsets_file_are_bounded_and_the_refused_change_nothing(
         monkeypatch):
-    from zbroker.pzq.core import stream
+    from zbroker.services.pzq.core import stream
     monkeypatch.setattr(stream, "MAX_WAITING", 3)
     monkeypatch.setattr(stream, "BUSY", "busy: 3 requests wait")
     store = FakeStore()

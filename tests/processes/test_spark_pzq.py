@@ -20,7 +20,7 @@ import pytest
 import zmq
 from helpers import wait_for
 
-from zbroker.pzq.client import Producer, StreamConsumer, monitor
+from pzq.client import Producer, StreamConsumer, monitor
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'zbroker[spark]')")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'zbroker[spark]')")

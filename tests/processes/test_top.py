@@ -18,7 +18,7 @@ from helpers import REPO_ROOT, broker_env, run_zbroker, wait_for
 
 import zpipes
 from zbroker.cli.top import Sample, compute_view, render_text
-from zbroker.pzq.top import queue_rows
+from zbroker.services.pzq.top import queue_rows
 from zbroker.services.zpipes.top import pipe_rows
 
 

@@ -36,7 +36,7 @@ from pipe_stream import (
     write,
 )
 
-from zbroker.pzq.client import Producer, StreamConsumer
+from pzq.client import Producer, StreamConsumer
 
 #: ``python -c UNREAD SECONDS TARGET FRAMES COUNT``: COUNT raw ZMTP 3.0 DEALER connections to
 #: TARGET (``@NAME``: an abstract ipc socket, else ``HOST:PORT``) that send one message

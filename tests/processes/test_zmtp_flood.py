@@ -43,7 +43,7 @@ from pipe_stream import (
 )
 from test_zpipes_guard import limit_files
 
-from zbroker.pzq.client import Consumer, Producer
+from pzq.client import Consumer, Producer
 from zbroker.runtime.limits import CONTROL_CONNECTIONS, FD_RESERVE
 from zbroker.zmtp.admission import HANDSHAKE_TIMEOUT_S
 

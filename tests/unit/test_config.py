@@ -403,10 +403,10 @@ def test_pzq_queue_defaults_agree_everywhere():
     pzq command start from the same defaults."""
     import inspect
 
-    from zbroker.pzq import cli as pzq_cli
-    from zbroker.pzq.core.queue import Limits
-    from zbroker.pzq.settings import QueueSettings
-    from zbroker.pzq.store import Store
+    from zbroker.services.pzq import cli as pzq_cli
+    from zbroker.services.pzq.core.queue import Limits
+    from zbroker.services.pzq.settings import QueueSettings
+    from zbroker.services.pzq.store import Store
 
     config = default_config().services.pzq.defaults
     settings = {f.name: f.default for f in dataclasses.fields(QueueSettings)

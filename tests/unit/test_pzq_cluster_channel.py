@@ -15,9 +15,9 @@ import zmq.asyncio
 from helpers import free_port, wait_for_async
 
 from zbroker.config import parse_config
-from zbroker.pzq.core.peering import BATCH_BYTES, copies, encode, parse_copies
-from zbroker.pzq.service import PzqService
 from zbroker.service import ClusterPort, PeerBroker, ServiceContext
+from zbroker.services.pzq.core.peering import BATCH_BYTES, copies, encode, parse_copies
+from zbroker.services.pzq.service import PzqService
 
 NODE = "0" * 32
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pzq_helpers import FakeStore
 
 from pzq import wire
-from zbroker.pzq.core.dispatcher import Dispatcher
-from zbroker.pzq.core.queue import QUEUE_FULL, Limits, QueueCore
+from zbroker.services.pzq.core.dispatcher import Dispatcher
+from zbroker.services.pzq.core.queue import QUEUE_FULL, Limits, QueueCore
 
 
 def two_consumers(credit: int, messages: int = 6) -> Dispatcher:
@@ -310,7 +310,7 @@ def test_a_paused_consumer_is_skipped_and_keeps_its_credit():
 
 
 def test_credit_consumers_are_counted_and_bounded():
-    from zbroker.pzq.core import consumer_side as queue_module
+    from zbroker.services.pzq.core import consumer_side as queue_module
 
     core = QueueCore()
     assert core.credit_consumer(b"c1", 4) and core.credit_consumer(b"c1", 8)
@@ -351,7 +351,7 @@ def test_without_a_clock_no_latency_is_kept():
 
 
 def test_consumer_acks_one_after_the_other_go_to_the_log_in_one_action():
-    from zbroker.pzq.core.actions import AckMany, Append, Reply
+    from zbroker.services.pzq.core.actions import AckMany, Append, Reply
     q = QueueCore(Limits())
     q.consumers_changed(1)
     for i in range(3):

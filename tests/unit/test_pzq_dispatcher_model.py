@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from zbroker.pzq.core.dispatcher import READY, Deliveries, Dispatcher
+from zbroker.services.pzq.core.dispatcher import READY, Deliveries, Dispatcher
 
 TIMEOUT = 5.0
 CONSUMERS = ("a", "b")

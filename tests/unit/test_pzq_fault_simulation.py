@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pzq_replication_sim import QUEUE, Sim, node_id_of
 
-from zbroker.pzq.core import peering
+from zbroker.services.pzq.core import peering
 
 SEEDS = range(24)
 #: the duplicates the random runs may have, as a share of the ids ACKed: those delivered

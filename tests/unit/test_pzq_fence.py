@@ -1,9 +1,9 @@
-"""The fence of a replicated queue (zbroker/pzq/core/fence.py), alone: the quorum of hosts
+"""The fence of a replicated queue (zbroker/services/pzq/core/fence.py), alone: the quorum of hosts
 that answered our LEASEs, and the TAKEN lists an origin waits for before it delivers."""
 
 from __future__ import annotations
 
-from zbroker.pzq.core.fence import LIST_WAIT, Fence
+from zbroker.services.pzq.core.fence import LIST_WAIT, Fence
 
 
 def fence_of(hosts: int, lease: float = 1.0) -> Fence:

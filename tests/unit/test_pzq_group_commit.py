@@ -10,7 +10,7 @@ from itertools import pairwise
 
 import pytest
 
-from zbroker.pzq.core.group_commit import AVOIDING, BACKOFF_MAX, BACKOFF_MIN, GroupCommit
+from zbroker.services.pzq.core.group_commit import AVOIDING, BACKOFF_MAX, BACKOFF_MIN, GroupCommit
 
 WINDOW = 0.010
 LINGER = WINDOW / 10

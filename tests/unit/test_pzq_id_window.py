@@ -1,5 +1,5 @@
-"""The idempotence window of a queue (zbroker/pzq/core/id_window.py): what it remembers is what
-an ordered dict trimmed one oldest id at a time would remember, ids added one by one or a
+"""The idempotence window of a queue (zbroker/services/pzq/core/id_window.py): what it remembers
+is what an ordered dict trimmed one oldest id at a time would remember, ids added one by one or a
 batch at a time, forgotten early, or remembered again; and it holds no more than twice the
 ids it remembers (and a constant), however many were forgotten early."""
 
@@ -10,7 +10,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zbroker.pzq.core.id_window import IdWindow
+from zbroker.services.pzq.core.id_window import IdWindow
 
 
 class Reference:

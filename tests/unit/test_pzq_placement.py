@@ -2,7 +2,7 @@
 
 from collections import deque
 
-from zbroker.pzq.core.placement import RECOPY_WINDOW, Placement, Recopy
+from zbroker.services.pzq.core.placement import RECOPY_WINDOW, Placement, Recopy
 
 ORIGIN = "a" * 32
 

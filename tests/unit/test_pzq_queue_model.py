@@ -13,8 +13,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from pzq import wire
-from zbroker.pzq.core.actions import AckMany, Append, AppendBatch, BatchResult, Confirm, Reply
-from zbroker.pzq.core.queue import Limits, QueueCore
+from zbroker.services.pzq.core.actions import (
+    AckMany,
+    Append,
+    AppendBatch,
+    BatchResult,
+    Confirm,
+    Reply,
+)
+from zbroker.services.pzq.core.queue import Limits, QueueCore
 
 IDS = [b"m%d" % i for i in range(8)]
 

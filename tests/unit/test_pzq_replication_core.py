@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pzq import wire
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import (
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import (
     AckMany,
     Append,
     BatchResult,
@@ -28,9 +28,13 @@ from zbroker.pzq.core.actions import (
     SendCluster,
     SendStatic,
 )
-from zbroker.pzq.core.queue import Limits, QueueCore
-from zbroker.pzq.core.records import MessageRecord
-from zbroker.pzq.core.replication import NOT_CONFIGURED, ReplicationCore, ReplicationSettings
+from zbroker.services.pzq.core.queue import Limits, QueueCore
+from zbroker.services.pzq.core.records import MessageRecord
+from zbroker.services.pzq.core.replication import (
+    NOT_CONFIGURED,
+    ReplicationCore,
+    ReplicationSettings,
+)
 
 FAILED = wire.REPLICATION_FAILED.encode()
 
@@ -380,7 +384,7 @@ def test_a_lost_holder_is_replaced_and_the_backlog_copied_again(net):
 
 
 def test_the_recopy_goes_a_window_at_a_time(net, monkeypatch):
-    from zbroker.pzq.core import placement
+    from zbroker.services.pzq.core import placement
     monkeypatch.setattr(placement, "RECOPY_WINDOW", 10)
     monkeypatch.setattr(placement.Recopy.next_keys, "__defaults__", (10,))
     a = net.node("a", replicas=1)
@@ -559,7 +563,7 @@ def test_lossy_reordering_links_never_break_the_promises(net, seed):
 
 
 def adopted(core: QueueCore) -> list:
-    from zbroker.pzq.core.actions import Adopted
+    from zbroker.services.pzq.core.actions import Adopted
     return [a for a in core.take_replication() if type(a) is Adopted]
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
-from zbroker.pzq.core import records
-from zbroker.pzq.store import BatchResult, Store, list_segments, segment_name
-from zbroker.pzq.writers import Writers, shared
+from zbroker.services.pzq.core import records
+from zbroker.services.pzq.store import BatchResult, Store, list_segments, segment_name
+from zbroker.services.pzq.writers import Writers, shared
 
 WAIT = 10.0
 

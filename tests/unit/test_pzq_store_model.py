@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 from test_pzq_store import Harness
 
 from pzq import wire
-from zbroker.pzq.core.actions import Append
+from zbroker.services.pzq.core.actions import Append
 
 
 class StoreModel(RuleBasedStateMachine):

@@ -14,8 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from pzq_helpers import FakeStore
 
 from pzq import wire
-from zbroker.pzq.core.queue import QueueCore
-from zbroker.pzq.core.stream import Offsets, StreamCore
+from zbroker.services.pzq.core.queue import QueueCore
+from zbroker.services.pzq.core.stream import Offsets, StreamCore
 
 GROUPS = (None, b"g")  # None: the default group (no GROUP frame)
 

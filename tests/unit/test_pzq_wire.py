@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pzq import wire
-from zbroker.pzq.core import records
+from zbroker.services.pzq.core import records
 
 
 def test_produce_with_headers_and_several_body_frames():

@@ -1,5 +1,5 @@
-"""The writer threads every queue's log shares (zbroker/pzq/writers.py), with real threads and
-real stores on a real disk."""
+"""The writer threads every queue's log shares (zbroker/services/pzq/writers.py), with real
+threads and real stores on a real disk."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 from helpers import wait_for
 
-from zbroker.pzq.store import Store
-from zbroker.pzq.writers import DONE, Writers
+from zbroker.services.pzq.store import Store
+from zbroker.services.pzq.writers import DONE, Writers
 
 
 class Turns:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from zbroker.pzq.receiver import Receiver
+from zbroker.services.pzq.receiver import Receiver
 from zbroker.zmtp.flow import ROUND_MESSAGES, TURN_MESSAGES, Rounds, read_size
 from zpipes.zmtp_framing import frame_head, greeting, ready_command
 

@@ -1,7 +1,8 @@
-"""``python -m zbroker.pzq``: the standalone pzq queue."""
+"""``python -m zbroker.pzq``, the old name of ``python -m zbroker.services.pzq``: the standalone
+pzq queue."""
 
 import sys
 
-from .cli import main
+from zbroker.services.pzq.cli import main
 
 sys.exit(main())

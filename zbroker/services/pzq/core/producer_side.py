@@ -21,9 +21,9 @@ from itertools import repeat
 from typing import TypeAlias, cast, final
 
 from pzq import wire
-from zbroker.pzq.core.actions import Reply
-from zbroker.pzq.core.messages import Message
 from zbroker.runtime.stats import Buckets
+from zbroker.services.pzq.core.actions import Reply
+from zbroker.services.pzq.core.messages import Message
 
 #: why producers get "0" ACKs, for metrics (QueueCore.refusals): the queue is full, the
 #: message over max_message_size, invalid (malformed, id too long, too many frames), the

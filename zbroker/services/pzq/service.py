@@ -15,8 +15,8 @@ from typing import Any
 import zmq
 
 from zbroker.command import Command
-from zbroker.pzq.core import peering
 from zbroker.service import ClusterPort, PeerBroker, Service, ServiceContext, ServiceError
+from zbroker.services.pzq.core import peering
 from zbroker.top_table import TopTable
 
 from .config import PzqConfig

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import ForgetTaken, Log, RememberTaken, SendCluster
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import ForgetTaken, Log, RememberTaken, SendCluster
 
 TAKEN_KEEP = 5  # rejoin graces a list of keys taken over is kept once told (taken_told)
 

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core.actions import Confirm
-from zbroker.pzq.core.counters import Dropped
-from zbroker.pzq.core.queue import CONSUMERS, QueueCore
 from zbroker.runtime.zmq_reader import DRAIN_BUDGET
+from zbroker.services.pzq.core.actions import Confirm
+from zbroker.services.pzq.core.counters import Dropped
+from zbroker.services.pzq.core.queue import CONSUMERS, QueueCore
 
 from .endpoints import RouterEndpoint, SendEndpoint, bind
 from .receiver import FULL, GONE, SENT

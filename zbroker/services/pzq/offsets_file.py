@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from zbroker.pzq.core.stream import Offsets, decode_offsets, encode_offsets
+from zbroker.services.pzq.core.stream import Offsets, decode_offsets, encode_offsets
 
 OFFSETS_FILE = "stream-offsets"
 

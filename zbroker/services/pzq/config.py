@@ -34,10 +34,14 @@ from zbroker.config import (
     show,
     size,
 )
-from zbroker.pzq.core.group_commit import DEFAULT_MAX_BATCH_BYTES, DEFAULT_SYNC, DEFAULT_SYNC_WINDOW
-from zbroker.pzq.core.group_commit import SYNC_MODES as PZQ_SYNC_MODES
-from zbroker.pzq.core.queue import MODES as PZQ_MODES
-from zbroker.pzq.core.queue import Limits
+from zbroker.services.pzq.core.group_commit import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_SYNC,
+    DEFAULT_SYNC_WINDOW,
+)
+from zbroker.services.pzq.core.group_commit import SYNC_MODES as PZQ_SYNC_MODES
+from zbroker.services.pzq.core.queue import MODES as PZQ_MODES
+from zbroker.services.pzq.core.queue import Limits
 
 from .store import DEFAULT_SEGMENT_SIZE
 

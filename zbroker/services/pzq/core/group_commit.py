@@ -65,7 +65,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 SYNC_MODES = ("batch", "always", "none")
-#: a Store's defaults, and so a queue's (zbroker.pzq.config.PzqQueueConfig refers to them)
+#: a Store's defaults, and so a queue's (zbroker.services.pzq.config.PzqQueueConfig refers to them)
 DEFAULT_SYNC = "batch"
 DEFAULT_SYNC_WINDOW = 0.002  # seconds a batch gathers messages before its fdatasync
 DEFAULT_MAX_BATCH_BYTES = 1 << 20  # a batch closes there: one fdatasync covers at most this

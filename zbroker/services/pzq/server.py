@@ -29,8 +29,9 @@ from typing import Any
 
 import zmq
 
-from zbroker.pzq.core import peering, stream
-from zbroker.pzq.core.actions import (
+from zbroker.runtime.zmq_reader import DRAIN_BUDGET
+from zbroker.services.pzq.core import peering, stream
+from zbroker.services.pzq.core.actions import (
     AckMany,
     Append,
     AppendBatch,
@@ -47,10 +48,9 @@ from zbroker.pzq.core.actions import (
     StreamReply,
     WriteCommitted,
 )
-from zbroker.pzq.core.counters import Dropped, queue_counters
-from zbroker.pzq.core.queue import Budget, QueueCore
-from zbroker.pzq.core.replication import ReplicationCore
-from zbroker.runtime.zmq_reader import DRAIN_BUDGET
+from zbroker.services.pzq.core.counters import Dropped, queue_counters
+from zbroker.services.pzq.core.queue import Budget, QueueCore
+from zbroker.services.pzq.core.replication import ReplicationCore
 
 from .consumers import Consumers
 from .monitor import Monitor

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import Log, Replicate, SendCluster, Unreplicate
-from zbroker.pzq.core.fence import Fence
-from zbroker.pzq.core.messages import Message
-from zbroker.pzq.core.placement import Placement
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import Log, Replicate, SendCluster, Unreplicate
+from zbroker.services.pzq.core.fence import Fence
+from zbroker.services.pzq.core.messages import Message
+from zbroker.services.pzq.core.placement import Placement
 
 
 class Holders:

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core.actions import Log, StreamReply, WriteCommitted
-from zbroker.pzq.core.messages import Message
-from zbroker.pzq.core.queue import QueueCore
-from zbroker.pzq.core.records import MessageRecord
+from zbroker.services.pzq.core.actions import Log, StreamReply, WriteCommitted
+from zbroker.services.pzq.core.messages import Message
+from zbroker.services.pzq.core.queue import QueueCore
+from zbroker.services.pzq.core.records import MessageRecord
 
 DEFAULT_GROUP = wire.DEFAULT_GROUP
 MAX_GROUPS = 64  # reader groups of one queue

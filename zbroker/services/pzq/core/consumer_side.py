@@ -23,9 +23,9 @@ from itertools import repeat
 from typing import TypeAlias, final
 
 from pzq import wire
-from zbroker.pzq.core.actions import Confirm
-from zbroker.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
-from zbroker.pzq.core.messages import Message
+from zbroker.services.pzq.core.actions import Confirm
+from zbroker.services.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
+from zbroker.services.pzq.core.messages import Message
 
 CONSUMERS = "*"  # the one consumer id when consumers are not told apart (a DEALER socket)
 MAX_CREDIT_CONSUMERS = 10_000  # consumers known by their credit (READY) at once

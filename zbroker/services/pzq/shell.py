@@ -41,13 +41,12 @@ from typing import Any
 import zmq
 
 from pzq import wire
+from pzq.client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
 from zbroker.command import seconds_argument
 from zbroker.config import ConfigError
 from zbroker.locating import load_for_locating
 from zbroker.management import CommandError, NotRunning, request
 from zpipes import progress
-
-from .client import Consumer, Producer, ProducerError, StreamConsumer, StreamError
 
 STREAM_BATCH = 1000  # messages printed, then committed, at a time (what a crash may repeat)
 PUT_WINDOW = 1024  # messages unACKed on the batch path

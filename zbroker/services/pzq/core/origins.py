@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from pzq import wire
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import Adopted, BatchResult, Log, OpenLog, Reply, SendCluster
-from zbroker.pzq.core.fence import Fence
-from zbroker.pzq.core.messages import Message
-from zbroker.pzq.core.queue import QUEUE_FULL, Budget, Limits, QueueCore
-from zbroker.pzq.core.records import MessageRecord
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import Adopted, BatchResult, Log, OpenLog, Reply, SendCluster
+from zbroker.services.pzq.core.fence import Fence
+from zbroker.services.pzq.core.messages import Message
+from zbroker.services.pzq.core.queue import QUEUE_FULL, Budget, Limits, QueueCore
+from zbroker.services.pzq.core.records import MessageRecord
 
 #: the routing id under which a cluster peer's copies enter a replica core (ZeroMQ never
 #: makes routing ids that start with a zero byte followed by text)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zbroker.pzq.core.peering import is_node
+from zbroker.services.pzq.core.peering import is_node
 
 from .store import Recovered, Store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zbroker.pzq.core.queue import QueueCore
+from zbroker.services.pzq.core.queue import QueueCore
 
 
 @dataclass

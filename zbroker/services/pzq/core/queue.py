@@ -51,7 +51,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core.actions import (
+from zbroker.runtime.stats import Buckets
+from zbroker.services.pzq.core.actions import (
     AckMany,
     Append,
     AppendBatch,
@@ -61,14 +62,13 @@ from zbroker.pzq.core.actions import (
     Replicate,
     Unreplicate,
 )
-from zbroker.pzq.core.adoption import Adoption
-from zbroker.pzq.core.consumer_side import CONSUMERS, ConsumerSide
-from zbroker.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
-from zbroker.pzq.core.id_window import IdWindow
-from zbroker.pzq.core.messages import Message, read_range
-from zbroker.pzq.core.producer_side import REFUSAL_KINDS, BatchWaiter, ProducerSide
-from zbroker.pzq.core.records import MessageRecord
-from zbroker.runtime.stats import Buckets
+from zbroker.services.pzq.core.adoption import Adoption
+from zbroker.services.pzq.core.consumer_side import CONSUMERS, ConsumerSide
+from zbroker.services.pzq.core.dispatcher import Deliveries, Delivery, Dispatcher
+from zbroker.services.pzq.core.id_window import IdWindow
+from zbroker.services.pzq.core.messages import Message, read_range
+from zbroker.services.pzq.core.producer_side import REFUSAL_KINDS, BatchWaiter, ProducerSide
+from zbroker.services.pzq.core.records import MessageRecord
 
 __all__ = ["CONSUMERS", "MODES", "QUEUE_FULL", "REFUSAL_KINDS", "Budget", "Limits", "Message",
            "QueueCore"]
@@ -84,7 +84,7 @@ MODES = ("push", "stream")
 @dataclass(frozen=True)
 class Limits:
     """A queue's limits. The defaults here are the queue's defaults: the broker's config
-    (zbroker.pzq.config.PzqQueueConfig) refers to them."""
+    (zbroker.services.pzq.config.PzqQueueConfig) refers to them."""
 
     ack_timeout: float = 5.0
     max_message_size: int = 16 << 20

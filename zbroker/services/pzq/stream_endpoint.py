@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from zbroker.pzq.core import stream
-from zbroker.pzq.core.counters import Dropped
+from zbroker.services.pzq.core import stream
+from zbroker.services.pzq.core.counters import Dropped
 
 from .endpoints import MAX_REQUEST, MAX_REQUEST_FRAMES, Drain, RouterEndpoint, bind
 from .offsets_file import save_offsets

@@ -12,7 +12,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from zbroker.pzq.core.actions import Append, BatchResult
+from zbroker.services.pzq.core.actions import Append, BatchResult
 
 from .replica_files import open_logs
 from .settings import QueueError, QueueSettings

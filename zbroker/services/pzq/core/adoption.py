@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core.actions import Adopted
-from zbroker.pzq.core.id_window import IdWindow
-from zbroker.pzq.core.messages import Message
+from zbroker.services.pzq.core.actions import Adopted
+from zbroker.services.pzq.core.id_window import IdWindow
+from zbroker.services.pzq.core.messages import Message
 
 MAX_DONE_ROOTS = 16_384  # delivered replicated messages known again if taken over later
 

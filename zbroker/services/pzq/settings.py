@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core.queue import MODES, Limits
-from zbroker.pzq.core.replication import ReplicationSettings
+from zbroker.services.pzq.core.queue import MODES, Limits
+from zbroker.services.pzq.core.replication import ReplicationSettings
 
 from .config import PzqQueueConfig
 from .receiver import Receiver

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pzq import wire
-from zbroker.pzq.core import peering
-from zbroker.pzq.core.actions import (
+from zbroker.services.pzq.core import peering
+from zbroker.services.pzq.core.actions import (
     Adopted,
     BatchResult,
     Log,
@@ -48,9 +48,9 @@ from zbroker.pzq.core.actions import (
     SendStatic,
     Unreplicate,
 )
-from zbroker.pzq.core.fence import Fence
-from zbroker.pzq.core.holders import Holders
-from zbroker.pzq.core.origins import (
+from zbroker.services.pzq.core.fence import Fence
+from zbroker.services.pzq.core.holders import Holders
+from zbroker.services.pzq.core.origins import (
     CLUSTER_PEER,
     NOT_CONFIGURED,
     Held,
@@ -58,11 +58,11 @@ from zbroker.pzq.core.origins import (
     Origins,
     not_accepted,
 )
-from zbroker.pzq.core.peering import is_node
-from zbroker.pzq.core.placement import Placement
-from zbroker.pzq.core.queue import Budget, QueueCore
-from zbroker.pzq.core.records import MessageRecord
-from zbroker.pzq.core.taken import TAKEN_KEEP, TakenLists
+from zbroker.services.pzq.core.peering import is_node
+from zbroker.services.pzq.core.placement import Placement
+from zbroker.services.pzq.core.queue import Budget, QueueCore
+from zbroker.services.pzq.core.records import MessageRecord
+from zbroker.services.pzq.core.taken import TAKEN_KEEP, TakenLists
 
 __all__ = ["NOT_CONFIGURED", "ReplicationCore", "ReplicationSettings"]
 

@@ -45,20 +45,20 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from zbroker.pzq.core import records
-from zbroker.pzq.core.actions import Append, BatchResult
-from zbroker.pzq.core.group_commit import (
+from zbroker.runtime.iovec import gather
+from zbroker.runtime.stats import BATCH_BOUNDS, Buckets
+from zbroker.services.pzq.core import records
+from zbroker.services.pzq.core.actions import Append, BatchResult
+from zbroker.services.pzq.core.group_commit import (
     DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_SYNC,
     DEFAULT_SYNC_WINDOW,
     GroupCommit,
 )
-from zbroker.pzq.writers import DONE, Writers
-from zbroker.pzq.writers import shared as shared_writers
-from zbroker.runtime.iovec import gather
-from zbroker.runtime.stats import BATCH_BOUNDS, Buckets
+from zbroker.services.pzq.writers import DONE, Writers
+from zbroker.services.pzq.writers import shared as shared_writers
 
-DEFAULT_SEGMENT_SIZE = 64 << 20  # a Store's default, and so a queue's (zbroker.pzq.config)
+DEFAULT_SEGMENT_SIZE = 64 << 20  # a Store's default, and so a queue's (zbroker.services.pzq.config)
 SUFFIX = ".seg"
 GATHER_MIN = 4096  # parts this large are written from where they are, not copied
 IOV_MAX = 1024
