@@ -132,7 +132,7 @@ def client_state(c) -> tuple:
     return (c.routing_id, c.id, c.state, c.end, c.pipe,
             [(event, type(msg).__name__) for event, msg in c.queue], c.queued_bytes, c.source,
             shown, c.request_event, c.request_serial, c.budget_serial, c.dequeued, c.deadline,
-            c.timer_armed, c.last_seen, c.event, c.next_event, c.reason, c.terminated,
+            c.timer_armed, c.last_seen, c.reason, c.terminated,
             c.failed_end, c.close_failure, c.closing_end, c.awaiting)
 
 

@@ -30,13 +30,8 @@ class Client:
     dequeued: bool = False  # the command being handled came from the client's queue
     deadline: float | None = None  # when the active request times out
     timer_armed: bool = False
-    # the event being handled and what the actions pass along; ``event`` is None only until
-    # the first event, and only actions read it, after ``_run`` has set it: typed for them
-    event: Event = None  # type: ignore[assignment]  # see above
-    msg: Any = None
+    #: why its last request or command failed: what its *_FAILED replies say
     reason: str = ""
-    next_event: Event | None = None
-    read_data: list[memoryview] | None = None
     terminated: bool = False
     failed_end: int | None = None  # the end whose failure was counted (once per end)
     #: why the stream of the writer end it just closed broke (its CLOSE answers CLOSE_FAILED)

@@ -111,6 +111,23 @@ _ENCODED: dict[type, bytes] = {
 
 _WRITE_OK = _ENCODED[p.WriteOk]
 
+class Step:
+    """The event a client's state machine handles, and what its actions pass on to each
+    other in one run of it: the command that came (``msg``), the event that follows
+    (``next``), a READ's data for its READ_OK (``data``). One per run, not kept."""
+
+    __slots__ = ("event", "msg", "next", "data")
+
+    def __init__(self) -> None:
+        self.event: Event = Event.PING  # (every run sets it before an action reads it)
+        self.msg: Any = None
+        self.next: Event | None = None
+        self.data: list[memoryview] | None = None
+
+
+Action = Callable[[Client, Step], None]
+
+
 class ClientEngine:
     """The clients of this broker and their requests. ``links`` and ``directory`` are the
     server core's other parts: the engine tells them of its ends (they never call it)."""
@@ -140,7 +157,7 @@ class ClientEngine:
         self.clients_expired = 0  # clients expired (silent for client_timeout)
         self.clients_disconnected = 0  # clients whose connection went (or unreachable)
         self.ends_failed: dict[tuple[str, str], int] = {}  # (role, failure kind) -> count
-        self.actions: dict[str, Callable[[Client], None]] = {
+        self.actions: dict[str, Action] = {
             "open pipe reader": self._open_pipe_reader,
             "open pipe writer": self._open_pipe_writer,
             "send INPUT_OK": self._reply(p.InputOk),
@@ -150,7 +167,7 @@ class ClientEngine:
             "start request": self._start_request,
             "try read": self._try_read,
             "try write": self._try_write,
-            "wait for pipe": self.timers.arm,
+            "wait for pipe": self._wait_for_pipe,
             "finish request": self._finish_request,
             "send READ_OK": self._send_read_ok,
             "send READ_END": self._reply(p.ReadEnd),
@@ -172,7 +189,7 @@ class ClientEngine:
         }
         #: each state's rules as the actions' methods and the next state, made as first used
         #: (the table's names looked up once, not at every event)
-        self._plans: dict[State, dict[Event, tuple[tuple[Callable[[Client], None], ...],
+        self._plans: dict[State, dict[Event, tuple[tuple[Action, ...],
                                                    State]]] = {state: {} for state in State}
 
     # --- inputs ------------------------------------------------------------------------------
@@ -322,7 +339,7 @@ class ClientEngine:
             if (change := _held_by(client) - before):
                 self.buffers.count(client.source, change)
 
-    def _plan(self, state: State, event: Event) -> tuple[tuple[Callable[[Client], None], ...],
+    def _plan(self, state: State, event: Event) -> tuple[tuple[Action, ...],
                                                          State]:
         """The rule for ``event`` in ``state`` (machine.py's), as methods to call in order
         and the next state."""
@@ -334,6 +351,7 @@ class ClientEngine:
     def _run(self, client: Client, event: Event | None, msg: Any) -> None:
         client.dequeued = False
         plans = self._plans
+        step = Step()
         while True:
             while event is not None:
                 state = client.state
@@ -343,14 +361,14 @@ class ClientEngine:
                     self.log.info("animate", budget="lines", client=client.id,
                                   pipe=shown(client.pipe), state=str(state), on=str(event),
                                   actions=list(rule.actions), next=str(rule.next))
-                client.event, client.msg, client.next_event = event, msg, None
+                step.event, step.msg, step.next = event, msg, None
                 reason = _REASONS.get(event)
                 if reason is not None:
                     client.reason = reason
                 for action in plan[0]:
-                    action(client)
+                    action(client, step)
                 client.state = plan[1]
-                event, msg = client.next_event, None
+                event, msg = step.next, None
             if client.terminated or client.state not in IDLE_STATES or not client.queue:
                 return
             event, msg = client.queue.popleft()  # pipelining: next queued command
@@ -404,8 +422,7 @@ class ClientEngine:
         client.dequeued = False
         client.request_serial += 1
         client.budget_serial = client.request_serial
-        client.event, client.msg, client.next_event = Event.ACCEPTED, None, None
-        client.request = client.request_event = client.deadline = client.read_data = None
+        client.request = client.request_event = client.deadline = None
         client.timer_armed = False
         self.out.append(Reply(client.routing_id, _WRITE_OK))
         return True
@@ -429,7 +446,6 @@ class ClientEngine:
             return False
         self.now = client.last_seen = now
         client.dequeued = False
-        client.event, client.msg, client.next_event = Event.READ, msg, None
         client.queue.append((Event.READ, msg))
         return True
 
@@ -457,16 +473,14 @@ class ClientEngine:
         result, more = self.pipes.read(client.end, client.request.size)  # type: ignore[arg-type]
         if result is ReadEnd.WAIT:  # (recorded as waiting: the table's try does the same)
             client.state = State.PROCESSING_READ
-            client.event, client.msg, client.next_event = Event.WAIT, None, None
             self.timers.arm(client)
             return True
         if type(result) is not list:  # END or FAILED: nothing taken
             return False
         self._woken.extend(more)
         client.state = State.READING
-        client.event, client.msg, client.next_event = Event.HAVE_DATA, None, None
         self.out.append(Reply(client.routing_id, p.encode_read_ok(result), woken))
-        client.request = client.request_event = client.deadline = client.read_data = None
+        client.request = client.request_event = client.deadline = None
         client.timer_armed = False
         client.last_seen = self.now
         return True
@@ -501,61 +515,61 @@ class ClientEngine:
 
     # --- actions -----------------------------------------------------------------------------
 
-    def _open_pipe_reader(self, client: Client) -> None:
-        self._open(client, "reader")
+    def _open_pipe_reader(self, client: Client, step: Step) -> None:
+        self._open(client, step, "reader")
 
-    def _open_pipe_writer(self, client: Client) -> None:
-        self._open(client, "writer")
+    def _open_pipe_writer(self, client: Client, step: Step) -> None:
+        self._open(client, step, "writer")
 
-    def _open(self, client: Client, role: str) -> None:
-        problem = self.ends.open(client, role, bytes(client.msg.pipename))
+    def _open(self, client: Client, step: Step, role: str) -> None:
+        problem = self.ends.open(client, role, bytes(step.msg.pipename))
         if problem:
             client.reason = problem
-            client.next_event = Event.ERROR
+            step.next = Event.ERROR
         else:
-            client.next_event = Event.OK
+            step.next = Event.OK
 
-    def _cut_pipe_end(self, client: Client) -> None:
-        self._close_pipe_end(client, "closed with a WRITE pending")
+    def _cut_pipe_end(self, client: Client, step: Step) -> None:
+        self._close_pipe_end(client, step, "closed with a WRITE pending")
 
-    def _close_pipe_end(self, client: Client, cut: str | None = None) -> None:
+    def _close_pipe_end(self, client: Client, step: Step, cut: str | None = None) -> None:
         if client.end is None:
             return
-        lost = cut or (None if client.event is Event.CLOSE
-                       else _END_LOST.get(client.event, "invalid command"))
-        self.ends.close(client, client.event, lost, cut=cut is not None)
+        lost = cut or (None if step.event is Event.CLOSE
+                       else _END_LOST.get(step.event, "invalid command"))
+        self.ends.close(client, step.event, lost, cut=cut is not None)
 
-    def _start_request(self, client: Client) -> None:
-        msg = client.msg
-        client.request, client.request_event = msg, client.event
+    def _start_request(self, client: Client, step: Step) -> None:
+        msg = step.msg
+        client.request, client.request_event = msg, step.event
         client.request_serial += 1
         client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
         client.timer_armed = False
         if _logs_debug(self.log):  # once per request: its fields cost more than the call
-            size = msg.size if client.event is Event.READ else len(msg.chunk)
+            size = msg.size if step.event is Event.READ else len(msg.chunk)
             self.log.debug("request", client=client.id, pipe=shown(client.pipe),
-                           command=str(client.event), size=size, timeout_ms=msg.timeout,
+                           command=str(step.event), size=size, timeout_ms=msg.timeout,
                            queued=len(client.queue))
 
-    def _try_read(self, client: Client) -> None:
+    def _try_read(self, client: Client, step: Step) -> None:
         size = client.request.size
         if size == 0:  # like read(2) with a count of 0
-            client.read_data, client.next_event = [], Event.HAVE_DATA
+            step.data, step.next = [], Event.HAVE_DATA
             return
         # reading: the client's end is open (the same below and in _try_write)
         result, woken = self.pipes.read(client.end, size)  # type: ignore[arg-type]
         self._woken.extend(woken)
         if result is ReadEnd.WAIT:
-            client.next_event = Event.WAIT
+            step.next = Event.WAIT
         elif result is ReadEnd.END:
-            client.next_event = Event.END_OF_PIPE
+            step.next = Event.END_OF_PIPE
         elif result is ReadEnd.FAILED:
             client.reason = self.pipes.failure(client.end) or "failed"  # type: ignore[arg-type]
-            client.next_event = Event.FAILED
+            step.next = Event.FAILED
         else:
-            client.read_data, client.next_event = result, Event.HAVE_DATA
+            step.data, step.next = result, Event.HAVE_DATA
 
-    def _try_write(self, client: Client) -> None:
+    def _try_write(self, client: Client, step: Step) -> None:
         chunk = client.request.chunk
         problem: str | None
         if type(chunk) is p.Withheld:  # let go as it arrived: refused, whatever the limit now
@@ -565,13 +579,13 @@ class ClientEngine:
         if problem:
             client.reason = problem
             self._break_stream(client, problem)
-            client.next_event = Event.FAILED
+            step.next = Event.FAILED
             return
         result, woken = self.pipes.write(client.end, chunk)  # type: ignore[arg-type]
         self._woken.extend(woken)
         if result is WriteResult.FAILED:
             client.reason = self.pipes.failure(client.end) or "failed"  # type: ignore[arg-type]
-        client.next_event = _WRITE_EVENT[result]
+        step.next = _WRITE_EVENT[result]
 
     def _write_problem(self, client: Client, size: int) -> str | None:
         """Why a WRITE of ``size`` bytes cannot be taken (the first time it is tried), or None.
@@ -599,30 +613,33 @@ class ClientEngine:
         if client.end is not None and client.state in (State.WRITING, State.PROCESSING_WRITE):
             self._woken.extend(self.pipes.break_writer(client.end, reason))
 
-    def _finish_request(self, client: Client) -> None:
-        client.request = client.request_event = client.deadline = client.read_data = None
+    def _wait_for_pipe(self, client: Client, step: Step) -> None:
+        self.timers.arm(client)
+
+    def _finish_request(self, client: Client, step: Step) -> None:
+        client.request = client.request_event = client.deadline = None
         client.timer_armed = False
         client.last_seen = self.now  # its silence counts from our answer
 
-    def _send_read_ok(self, client: Client) -> None:
-        # HAVE_DATA: _try_read has set read_data
+    def _send_read_ok(self, client: Client, step: Step) -> None:
+        # HAVE_DATA: _try_read has put the data in the step
         self.out.append(Reply(client.routing_id,
-                              p.encode_read_ok(client.read_data)))  # type: ignore[arg-type]
+                              p.encode_read_ok(step.data)))  # type: ignore[arg-type]
 
-    def _reply(self, cls: type) -> Callable[[Client], None]:
+    def _reply(self, cls: type) -> Action:
         frame = _ENCODED[cls]
 
-        def send(client: Client) -> None:
+        def send(client: Client, step: Step) -> None:
             self.out.append(Reply(client.routing_id, frame))
 
         return send
 
-    def _await_confirmation(self, client: Client) -> None:
+    def _await_confirmation(self, client: Client, step: Step) -> None:
         """The CLOSE is answered (CONFIRMED) now, unless its end is awaited elsewhere."""
         if not client.awaiting:
-            client.next_event = Event.CONFIRMED
+            step.next = Event.CONFIRMED
 
-    def _stop_awaiting(self, client: Client) -> None:
+    def _stop_awaiting(self, client: Client, step: Step) -> None:
         """The client goes before its readers' brokers confirmed its end: if it is to be
         answered, it learns that its end may not have arrived."""
         if client.awaiting and client.close_failure is None:
@@ -635,7 +652,7 @@ class ClientEngine:
             self.links.stop_awaiting(client.closing_end)
         client.closing_end, client.awaiting = None, set()
 
-    def _answer_close(self, client: Client) -> None:
+    def _answer_close(self, client: Client, step: Step) -> None:
         """CLOSE_OK, or CLOSE_FAILED for a writer whose stream broke after its last WRITE was
         taken (the broker of a reader of it was lost): its data may not all have arrived,
         and no end-of-stream did."""
@@ -647,28 +664,28 @@ class ClientEngine:
                               p.encode(p.CloseFailed(p.reason_text(reason)))))
 
     def _reply_failed(self, cls: Callable[[str], Any],
-                      role: str | None = None) -> Callable[[Client], None]:
+                      role: str | None = None) -> Action:
         """The action sending ``cls`` with the client's reason; ``role``: a READ_FAILED or
         WRITE_FAILED, counted as a failed end of that role (the first of each end: a client
         with pipelined READs gets one answer each)."""
-        def send(client: Client) -> None:
+        def send(client: Client, step: Step) -> None:
             self.out.append(Reply(client.routing_id,
                                   p.encode(cls(p.reason_text(client.reason)))))
 
         if role is None:
             return send
 
-        def send_counted(client: Client) -> None:
+        def send_counted(client: Client, step: Step) -> None:
             if client.failed_end != client.end or client.end is None:
                 client.failed_end = client.end
                 key = (role, kind_of(client.reason))
                 self.ends_failed[key] = self.ends_failed.get(key, 0) + 1
-            send(client)
+            send(client, step)
 
         return send_counted
 
-    def _queue_command(self, client: Client) -> None:
-        event, msg = client.event, client.msg
+    def _queue_command(self, client: Client, step: Step) -> None:
+        event, msg = step.event, step.msg
         size = len(msg.chunk) if event is Event.WRITE else 0
         problem = None
         if (len(client.queue) >= self.config.max_pipelined
@@ -687,7 +704,7 @@ class ClientEngine:
         client.queue.append((event, msg))
         client.queued_bytes += size
 
-    def _fail_queued_commands(self, client: Client) -> None:
+    def _fail_queued_commands(self, client: Client, step: Step) -> None:
         while client.queue:
             event, _ = client.queue.popleft()
             self._fail_command(client.routing_id, event, client.reason)
@@ -700,7 +717,7 @@ class ClientEngine:
         frame = _ENCODED[p.Invalid] if reply is None else p.encode(reply(p.reason_text(reason)))
         self.out.append(Reply(routing_id, frame))
 
-    def _terminate(self, client: Client) -> None:
+    def _terminate(self, client: Client, step: Step) -> None:
         client.terminated = True
         self.clients.pop(client.routing_id, None)
 
