@@ -70,9 +70,6 @@ class _Endpoint(Receiver):
     def writable(self, link: _Link) -> None:
         self.on_writable()
 
-    def _full(self, link: _Link) -> bool:
-        return link.over(self.high)
-
 
 class SendEndpoint(_Endpoint):
     """The send endpoint: a bound DEALER. ``on_consumers(n)`` when the number of consumers
@@ -110,7 +107,7 @@ class SendEndpoint(_Endpoint):
                 turn = 0
             link = ring[turn]
             turn += 1
-            if not self._full(link):
+            if not link.over(self.high):
                 self._turn = turn
                 self.put(link, frames)
                 return True
@@ -144,14 +141,14 @@ class RouterEndpoint(_Endpoint):
         link = self.links.get(routing_id)
         if link is None:
             return GONE
-        return FULL if self._full(link) else SENT
+        return FULL if link.over(self.high) else SENT
 
     def send(self, routing_id: bytes, frames: list[bytes]) -> str:
         """Send ``frames`` to ``routing_id`` at :meth:`flush`: SENT, FULL or GONE."""
         link = self.links.get(routing_id)
         if link is None:
             return GONE
-        if self._full(link):
+        if link.over(self.high):
             return FULL
         self.put(link, frames)
         return SENT

@@ -10,8 +10,9 @@ later), and a connection whose finished messages wait is not read until they are
 
 Received messages wait in :attr:`Receiver.inbox` as ``(routing id, frames, refusal)``:
 ``refusal`` is None, or the reason a message was refused, its frames then just ``[first
-frame]`` (cut to ``keep_first`` bytes). Answers go out with :meth:`Receiver.send` (or, in
-order, :meth:`Receiver.answer`) and leave together at :meth:`Receiver.flush`.
+frame]`` (cut to ``keep_first`` bytes). Answers go out, in order, with
+:meth:`Receiver.answer` (the endpoints of consumers and requests: their own ``send``) and
+leave together at :meth:`Receiver.flush`.
 """
 
 from __future__ import annotations
@@ -173,15 +174,6 @@ class Receiver(Server):
         """Queue ``frames`` for ``link``'s peer, to leave at :meth:`flush`."""
         parts, size = zmtp.encode_parts(frames)
         self.queue(link, parts, size)
-
-    def send(self, routing_id: bytes, frames: list[bytes]) -> str:
-        link = self.links.get(routing_id)
-        if link is None:
-            return GONE
-        if link.full:
-            return FULL
-        self.put(link, frames)
-        return SENT
 
     def answer(self, routing_id: bytes, frames: list[bytes]) -> None:
         """Send ``frames`` at :meth:`flush`, after the answers before it on its connection.
