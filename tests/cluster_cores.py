@@ -13,7 +13,12 @@ clock of its own: no sockets, no sleeps. Each core's actions are carried out as 
   those in flight between brokers cut apart, or to a broker gone, are lost;
 * what a service's send ends (core.deferred) is carried out on the next turn, as the layer does;
 * time moves only by ``run``/``advance``: each core's ``tick`` runs when it asked (Wake, or
-  ``next_wake``), at that very time.
+  ``next_wake``), at that very time;
+* a broker may be paused (``pause``, as SIGSTOP does): it runs nothing, what comes to it and
+  what its monitor says wait, and on ``resume`` it reads them before its timers run;
+* a service on a broker (``Node.service``) is told what the layer tells services: a peer's
+  life begun (``joined(life)``), ended (``left(life, why)``), a message of it
+  (``message(life, service, frames)``).
 
 Used by tests/unit/test_gossip.py and tests/unit/test_cluster_node.py.
 """
@@ -93,6 +98,11 @@ class Node:
         self.told: list[tuple[str, str, str]] = []
         self.trusted: set[str] = set()
         self.lookups = 0
+        #: told what the layer tells the services (joined, left, message), if not None
+        self.service: Any = None
+        self.paused = False
+        #: what came while paused, read on resume: ("frames", frames) | ("link", endpoint, up)
+        self.waiting: list[tuple[Any, ...]] = []
 
     # --- what the services see -------------------------------------------------------------------
 
@@ -156,13 +166,19 @@ class Node:
         elif isinstance(action, Joined):
             self.joined.append(action.life)
             self.told.append(("joined", action.life.id, action.life.member))
+            if self.service is not None:
+                self.service.joined(action.life)
         elif isinstance(action, Left):
             self.left.append((action.life, action.why))
             self.told.append(("left", action.life.id, action.life.member))
+            if self.service is not None:
+                self.service.left(action.life, action.why)
         elif isinstance(action, Deliver):
             self.told.append(("message", action.life.id, action.life.member))
             self.messages.append((action.life.id, action.service,
                                   [bytes(f) for f in action.frames]))
+            if self.service is not None:
+                self.service.message(action.life, action.service, action.frames)
         elif isinstance(action, Log):
             self.logs.append(action)
         elif isinstance(action, Wake):
@@ -179,8 +195,9 @@ class Node:
 
     def due(self) -> float:
         """When it ticks next: a timer due at once runs a turn of the loop later (1 ms) than
-        the last tick, as a loop's timers do (a PING refused is due again at once)."""
-        return max(self.wake_at, self.ticked + 0.001)
+        the last tick, as a loop's timers do (a PING refused is due again at once); never
+        while paused."""
+        return INF if self.paused else max(self.wake_at, self.ticked + 0.001)
 
 
 class Network:
@@ -237,6 +254,24 @@ class Network:
     def node(self, name: str) -> Node:
         return self.nodes[endpoint_of(name)]
 
+    def pause(self, name: str) -> None:
+        """``name`` stops running (SIGSTOP): its links stay up, what comes waits."""
+        self.node(name).paused = True
+
+    def resume(self, name: str) -> None:
+        """``name`` runs again: it reads what came meanwhile, then its timers run."""
+        node = self.node(name)
+        node.paused = False
+        waiting, node.waiting = node.waiting, []
+        for what in waiting:
+            if what[0] == "frames":
+                node.run(node.core.received(what[1], self.now, self.now))
+            else:
+                node.run(node.core.link_event(what[1], what[2], self.now))
+        node.rearm()
+        self.defer(node)
+        self.deliver()
+
     def inject(self, name: str, sender: bytes, frames: list[bytes], address: str = "") -> None:
         """A message at ``name``'s socket from anyone (a stranger's DEALER)."""
         node = self.node(name)
@@ -275,6 +310,9 @@ class Network:
     def _link_event(self, node: Node, endpoint: str, connected: bool,
                     watched: bool = False) -> None:
         if watched or node.links.get(endpoint):
+            if node.paused:
+                node.waiting.append(("link", endpoint, connected))
+                return
             node.run(node.core.link_event(endpoint, connected, self.now))
             node.rearm()
 
@@ -302,8 +340,10 @@ class Network:
     def deliver(self) -> None:
         """Everything in flight arrives (and what it makes the brokers send)."""
         for _ in range(100_000):
-            if self._deferred:
-                node = self._deferred.pop(0)
+            ready = next((n for n in self._deferred if not n.paused), None)
+            if ready is not None:
+                self._deferred.remove(ready)
+                node = ready
                 actions, node.core.deferred = node.core.deferred, []
                 node.run(actions)
                 node.rearm()
@@ -318,6 +358,9 @@ class Network:
                 frames = self.tamper(src, node, frames)
                 if frames is None:
                     continue
+            if node.paused:
+                node.waiting.append(("frames", frames))
+                continue
             node.run(node.core.received(frames, self.now, self.now))
             node.rearm()
         raise AssertionError("the brokers never stop talking")

@@ -166,6 +166,44 @@ def test_a_broker_that_did_not_run_does_not_count_the_pause_as_its_peers_silence
     assert stalled and stalled[0]["seconds"] >= 9
 
 
+class _Told:
+    """A service on a broker: what the layer told it, in order."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str]] = []
+
+    def joined(self, life):
+        self.told.append(("joined", life.id))
+
+    def left(self, life, why):
+        self.told.append(("left", life.id))
+
+    def message(self, life, service, frames):
+        self.told.append((bytes(frames[0]).decode(), life.id))
+
+
+def test_a_broker_paused_alone_is_lost_by_its_peer_and_reads_what_came_once_it_resumes():
+    """One broker stopped (SIGSTOP) past the timeout: its peer ends its life; the paused one
+    ticks nothing meanwhile, then reads what waited (the messages sent before the loss) before
+    its timers run, and the two begin new lives."""
+    net = Network(timeout=3.0)
+    a, b = net.meet("a", "b")
+    a.service, b.service = _Told(), _Told()
+    first_b_at_a, first_a_at_b = a.lives()["b"], b.lives()["a"]
+    net.pause("b")
+    assert a.send(first_b_at_a, "svc", [b"before"])
+    ticked = b.ticked
+    net.run(10)
+    assert b.ticked == ticked  # nothing ran
+    assert ("left", first_b_at_a) in a.service.told
+    assert b.service.told == []
+    net.resume("b")
+    net.run(5, until=lambda: "b" in a.lives() and a.lives()["b"] != first_b_at_a)
+    assert b.service.told[:2] == [("before", first_a_at_b), ("left", first_a_at_b)]
+    assert "b" in a.lives() and a.lives()["b"] != first_b_at_a
+    assert "a" in b.lives()
+
+
 def test_a_stranger_routing_id_is_logged_escaped():
     """A message on the cluster port from a connection that is not a peer is logged with
     its sender's routing id, which any stranger chooses: a NUL byte in it went into the log
