@@ -619,3 +619,22 @@ def test_the_same_message_taken_over_from_two_holders_is_held_once():
     written(core)
     got = {a.token[0]: a.claim for a in adopted(core)}
     assert got == {"a": True, "b": False}  # only the copy held is claimed
+
+
+def test_a_copy_taken_over_as_its_roots_are_trimmed_is_still_known_from_another_holder():
+    """The first keys of copies taken over are let go once their messages are gone (a trim,
+    when they outnumber the messages held); the trim that the copy being taken over makes
+    keeps that copy's own: it is not in the queue yet, and taken over again from another
+    holder it is held once."""
+    core = QueueCore(Limits(replicas=1))
+    for i in range(70):  # taken over, then delivered: their roots outlive them
+        core.adopt(b"replica:old%d~a" % i, (b"body",), 1, ("a", b"old%d~a" % i),
+                   copy_key=b"old%d~a" % i)
+    written(core)
+    for m in list(core.messages.values()):
+        core.consumer_ack([m.key, wire.OK])
+    assert not core.messages and len(core.adoption.roots) >= 64
+    core.adopt(b"replica:k1~a", (b"body",), 2, ("a", b"k1~a"), copy_key=b"k1~a")
+    assert len(core.adoption.roots) < 64  # trimmed
+    core.adopt(b"replica:k1~b", (b"body",), 2, ("b", b"k1~b"), copy_key=b"k1~b")
+    assert len(core.messages) == 1

@@ -92,7 +92,10 @@ class Adoption:
                 for seq in seqs for token, claim in adopting.pop(seq, ())]
 
     def _keep_root(self, root: bytes, seq: int) -> None:
+        """Remember ``root`` as message ``seq``'s, letting go of the roots of messages gone
+        once they outnumber those held; ``seq`` itself is not in the queue yet, and kept."""
         roots = self.roots
         roots[root] = seq
         if len(roots) > 64 and len(roots) > 2 * len(self.messages):
-            self.roots = {r: s for r, s in roots.items() if s in self.messages}
+            held = self.messages
+            self.roots = {r: s for r, s in roots.items() if s in held or s == seq}
