@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import random
 import struct
+from collections import Counter
 
 import pytest
 import structlog
@@ -164,6 +165,27 @@ def test_a_broker_that_did_not_run_does_not_count_the_pause_as_its_peers_silence
     stalled = a.said("broker did not run (paused, or its loop blocked): its peers' silence "
                      "meanwhile is not counted")
     assert stalled and stalled[0]["seconds"] >= 9
+
+
+def test_a_ping_that_cannot_be_sent_is_tried_again_soon_not_at_every_turn():
+    """A peer's link refuses our PINGs (its queue full): the heartbeat is tried again a
+    tenth of a second later, not at every turn of the loop; the peer, which hears nothing of
+    us, loses us after its timeout, and we keep it while we hear it."""
+    net = Network(timeout=3.0)
+    a, b = net.meet("a", "b")
+    ticks = Counter()
+    tick = a.core.tick
+
+    def counted(now, mono):
+        ticks["a"] += 1
+        return tick(now, mono)
+
+    a.core.tick = counted
+    net.full.add((a.endpoint, b.endpoint))
+    net.run(2)
+    assert 10 <= ticks["a"] <= 40, ticks
+    net.run(2)
+    assert [why for _, why in b.left] == ["silent for 3.0 s"]
 
 
 class _Told:

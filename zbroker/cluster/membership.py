@@ -69,6 +69,7 @@ MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
 MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
 MAX_LEARNED = 512  # contacts learned from gossip that have not become a peer
 MAX_GONE = 1024  # ids of lost members remembered (against stale gossip)
+SEND_RETRY = 0.1  # seconds before a PING (or MEMBERS) the peer's link refused is tried again
 STALL_MIN = 0.5  # seconds late a timer must be for the broker to count as not having run
 
 
@@ -192,6 +193,8 @@ class Peer:
     #: its service messages' numbers and ours in this life (None: a broker of before)
     numbering: Numbering | None = None
     host: str = ""  # its host name, as its HELLO said it ("" for a broker of before)
+    #: a PING refused (its link's queue full, or not connected): not tried again before then
+    retry_at: float = float("-inf")
 
     @property
     def label(self) -> str:
@@ -492,6 +495,13 @@ class Membership:
         if peer is not None:
             peer.last_sent = now
 
+    def send_refused(self, peer_id: str, now: float) -> None:
+        """Our PING (or MEMBERS) to ``peer_id`` could not go: tried again SEND_RETRY later,
+        not at every turn of the loop until the peer is lost."""
+        peer = self.peers.get(peer_id)
+        if peer is not None:
+            peer.retry_at = now + SEND_RETRY
+
     def bye(self, peer_id: str, now: float = 0.0) -> Change:
         change = Change()
         peer = self.peers.get(peer_id)
@@ -518,7 +528,8 @@ class Membership:
             if now - contact.since >= self.contact_timeout:
                 del self.contacts[contact.endpoint]
                 change.dropped.append(contact.endpoint)
-        to_ping = [p for p in self.peers.values() if now - p.last_sent >= self.interval]
+        to_ping = [p for p in self.peers.values()
+                   if now - p.last_sent >= self.interval and now >= p.retry_at]
         return to_ping, change
 
     def _credit_stall(self, now: float, change: Change) -> None:
@@ -543,7 +554,8 @@ class Membership:
         expiries = [c.since + self.contact_timeout for c in self._pending("unpinned")]
         if any(p.gossip for p in self.peers.values()):
             expiries.append(self._last_gossip + self.gossip_interval)
-        return min([*(min(p.last_heard + self.timeout, p.last_sent + self.interval,
+        return min([*(min(p.last_heard + self.timeout,
+                          max(p.last_sent + self.interval, p.retry_at),
                           float("inf") if p.suspect_since is None
                           else p.suspect_since + self.suspect_grace)
                       for p in self.peers.values()), *expiries], default=float("inf"))

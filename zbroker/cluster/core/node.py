@@ -189,6 +189,8 @@ class NodeCore:
         if send.report == PEER_SENT or send.report == SERVICE_SENT:
             if ok:
                 self.membership.sent(send.peer, now)
+            elif send.report == PEER_SENT:
+                self.membership.send_refused(send.peer, now)
             return []
         contact = self.membership.contacts.get(send.endpoint)
         if ok:
