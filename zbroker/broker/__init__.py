@@ -91,7 +91,7 @@ class Broker:
                                hosted=self.hosted, clustering=self.clustering,
                                metrics=self.metrics, log=self.log)
         self.reports = Reports(self.name, self.live, self.hosted, self.clustering, self.metrics)
-        self.zmq_context: zmq.Context | None = None
+        self.zmq_context: zmq.Context[Any] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
         self._created_dirs: list[Path] = []
@@ -190,12 +190,13 @@ class Broker:
             raise StartupError("\n".join(problems))
         if not wanted:
             self.log.warning("no service is enabled", name=self.name)
+        assert config.broker.run_dir is not None  # (resolved as the config loads)
         self._created_dirs = make_private_dir(config.broker.run_dir)
         open_files = raise_open_file_limit()
         self.log.debug("open-file limit", soft=open_files)
         # every ZMTP endpoint of every service draws on one budget of connections
         PROCESS_BUDGET.set_limit(config.clients.max_clients, config.clients.max_per_source)
-        self.zmq_context = zmq.Context()
+        self.zmq_context = zmq.Context[Any]()
         try:
             await self.hosted.start(wanted, config, broker_name=self.name,
                                     zmq_context=self.zmq_context, loop=self.loop,
@@ -283,6 +284,7 @@ class Broker:
 
     def _start_control(self) -> None:
         assert self.loop is not None and self.zmq_context is not None
+        assert self.config.broker.run_dir is not None
         control = ControlServer(
             self.config.broker.run_dir, self.zmq_context, self.loop, log=self.log,
             handlers={

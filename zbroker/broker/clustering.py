@@ -37,10 +37,10 @@ class Clustering:
         self.keys: Any = None
         self._memory: Any = None  # the cluster's snapshot, kept (cluster/snapshot.py)
         self._relinking: asyncio.Task[None] | None = None  # the node started anew
-        self._zmq_context: zmq.Context | None = None
+        self._zmq_context: zmq.Context[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def start(self, zmq_context: zmq.Context, loop: asyncio.AbstractEventLoop) -> None:
+    async def start(self, zmq_context: zmq.Context[Any], loop: asyncio.AbstractEventLoop) -> None:
         """Start the node (after the services: it tells peers their features). Raises
         StartupError if it cannot."""
         from zbroker.cluster.node import ClusterError
@@ -88,6 +88,7 @@ class Clustering:
         """A cluster node for the running config and services (not started)."""
         from zbroker.cluster.node import ClusterNode, message_limit
 
+        assert self._zmq_context is not None and self._loop is not None  # (start gave them)
         return ClusterNode(
             self.config.cluster, self.name, self._zmq_context, self._loop,
             logs.get_logger(component="cluster"),

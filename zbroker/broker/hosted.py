@@ -54,13 +54,14 @@ class HostedServices:
                     for name in self.enabled(config)), default=0)
 
     async def start(self, names: list[str], config: Config, *, broker_name: str,
-                    zmq_context: zmq.Context, loop: asyncio.AbstractEventLoop,
+                    zmq_context: zmq.Context[Any], loop: asyncio.AbstractEventLoop,
                     timeout: float) -> None:
         """Start the services ``names``, in that order, each within ``timeout`` seconds.
         Raises at the first that does not (StartupError, ServiceError, or a bug's own
         exception); those started are in ``started``, for ``stop``."""
         for name in names:
             service = self.registry[name]()
+            assert config.broker.run_dir is not None  # (resolved as the config loads)
             run_dir = config.broker.run_dir / name
             self._created_dirs += make_private_dir(run_dir)
             port = ClusterPort(name)
