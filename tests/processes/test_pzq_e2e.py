@@ -27,7 +27,7 @@ from pzq_helpers import (
 from pzq import wire
 from pzq.client import Consumer, Producer, monitor
 from zbroker.config import default_config
-from zbroker.services.pzq.cli import parser, settings_from_args
+from zbroker.services.pzq.commands.standalone import parser, settings_from_args
 from zbroker.services.pzq.service import default_monitor_endpoint
 
 FAST = ("--ack-timeout", "400000", "--reaper-frequency", "50000")

@@ -19,10 +19,10 @@ def test_help_explains_the_broker(capsys):
 
 @pytest.mark.parametrize("command", ["zbroker", "zpipes", "pzq"])
 def test_every_command_says_its_version(capsys, command):
-    import zbroker.services.pzq.cli
     import zpipes.cli
+    from zbroker.services.pzq.commands import standalone
 
-    main = {"zbroker": cli.main, "zpipes": zpipes.cli.main, "pzq": zbroker.services.pzq.cli.main}
+    main = {"zbroker": cli.main, "zpipes": zpipes.cli.main, "pzq": standalone.main}
     with pytest.raises(SystemExit) as info:
         main[command](["--version"])
     assert info.value.code == 0

@@ -403,7 +403,7 @@ def test_pzq_queue_defaults_agree_everywhere():
     pzq command start from the same defaults."""
     import inspect
 
-    from zbroker.services.pzq import cli as pzq_cli
+    from zbroker.services.pzq.commands import standalone
     from zbroker.services.pzq.core.queue import Limits
     from zbroker.services.pzq.settings import QueueSettings
     from zbroker.services.pzq.store import Store
@@ -420,8 +420,8 @@ def test_pzq_queue_defaults_agree_everywhere():
     assert (store["sync"].default, store["sync_window"].default, store["segment_size"].default,
             store["max_batch_bytes"].default) == (config.sync, config.sync_window,
                                                   config.segment_size, config.sync_max_bytes)
-    args = pzq_cli.parser().parse_args([])
-    s = pzq_cli.settings_from_args(args)
+    args = standalone.parser().parse_args([])
+    s = standalone.settings_from_args(args)
     for name in ("sync", "sync_window", "sync_max_bytes", "segment_size", "ack_timeout",
                  "reaper_frequency", "inflight_window", "inflight_size", "max_message_size",
                  "max_backlog", "idempotence_bytes", "max_frames", "replicas",

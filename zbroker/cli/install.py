@@ -50,7 +50,7 @@ def parser_for(command: str, zbroker_parser: ParserMaker) -> argparse.ArgumentPa
         from zpipes.cli import build_parser
 
         return build_parser()
-    from zbroker.services.pzq.cli import parser
+    from zbroker.services.pzq.commands.standalone import parser
 
     return parser()
 

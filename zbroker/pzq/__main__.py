@@ -3,6 +3,6 @@ pzq queue."""
 
 import sys
 
-from zbroker.services.pzq.cli import main
+from zbroker.services.pzq.commands.standalone import main
 
 sys.exit(main())

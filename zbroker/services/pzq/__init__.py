@@ -21,7 +21,8 @@
     sockets.py     a queue's ZeroMQ sockets with their readers, its static peers' DEALERs;
                    non-blocking sends
     service.py     the broker service hosting the configured queues
+    commands/      its programs, apart from what runs in a broker: the standalone ``pzq``
+                   command and ``zbroker queue put|get|group`` (which service.py hands to the
+                   broker's CLI); they import the service's modules, not the other way round
     (the Python client is the package ``pzq``, beside ``zpipes``)
-    shell.py       ``zbroker queue put|get``
-    cli.py         the standalone ``pzq`` command
 """

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import main
+from .commands.standalone import main
 
 sys.exit(main())

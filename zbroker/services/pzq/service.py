@@ -6,7 +6,6 @@ routes the peers' replication messages to the queue they name (replication.py).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from zbroker.service import ClusterPort, PeerBroker, Service, ServiceContext, Se
 from zbroker.services.pzq.core import peering
 from zbroker.top_table import TopTable
 
+from .commands import QUEUE
 from .config import PzqConfig
 from .host_names import HostNames
 from .server import QueueServer
@@ -174,9 +174,7 @@ class PzqService(Service):
 
     @classmethod
     def commands(cls) -> list[Command]:
-        return [Command("queue", _shell_parser, _shell_run, usage=(
-            "queue put|get QUEUE   put messages into / get them from a pzq queue",
-            "queue group create|list|delete QUEUE [G]   a stream queue's reader groups"))]
+        return [QUEUE]  # (its modules are imported when it is used)
 
     @classmethod
     def top_tables(cls, status: Mapping[str, Any], before: Mapping[str, Any] | None,
@@ -268,14 +266,3 @@ class PzqService(Service):
                        **q.counters()}
                 for name, q in self.queues.items()}
 
-
-def _shell_parser() -> argparse.ArgumentParser:
-    from .shell import parser  # (the shell's imports only when it is used)
-
-    return parser()
-
-
-def _shell_run(args: argparse.Namespace) -> int:
-    from .shell import run
-
-    return run(args)

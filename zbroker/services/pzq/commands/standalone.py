@@ -20,11 +20,10 @@ import zmq
 
 from zbroker.config import LOG_LEVELS, LogConfig, parse_size
 from zbroker.runtime import event_loop, heap
+from zbroker.services.pzq.config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
+from zbroker.services.pzq.server import QueueServer
+from zbroker.services.pzq.settings import QueueError, QueueSettings
 from zpipes.version import VersionAction
-
-from .config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
-from .server import QueueServer
-from .settings import QueueError, QueueSettings
 
 DESCRIPTION = "Persistent store and forward device for ZeroMQ (a zbroker pzq queue)."
 
