@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import random
 import struct
+import time
 from collections import Counter
 
 import pytest
@@ -289,6 +290,11 @@ def test_a_refused_link_is_said_once_counted_and_closed():
         a.run(a.core.link_refused("tcp://b:5670", "another cluster key", True, net.now))
     said = a.said("cluster link refused")
     assert len(said) == 1 and said[0]["why"] == "another cluster key"
+    # the others are said again, counted, under the same log budget (it bounds how many go out)
+    again = a.said("cluster link still refused")
+    assert [f["times"] for f in again] == [2, 3]
+    assert {f["budget"] for f in again} == {said[0]["budget"]}
+    assert said[0]["budget"].startswith("troubles:")
     assert "tcp://b:5670" not in a.links  # made anew when next used
     assert a.core.diagnosis.refusals.total["theirs"] == 3
     assert "refuse each other (another cluster key)" in a.core.diagnosis.hint(net.now)
@@ -545,3 +551,12 @@ async def test_a_seeds_link_that_fails_its_handshake_is_said_once_and_made_anew(
         assert len(said) == 1 and said[0]["peer"] == endpoint, seen
         assert said[0]["why"] == "this broker has no key (cluster.insecure), the peer has one"
         assert a.node.refusals.total["theirs"] == 3
+        # the next are said again, under its budget, with since when (a time of day)
+        again = [e for e in seen if e["event"] == "cluster link still refused"]
+        assert [e["times"] for e in again] == [2, 3], seen
+        assert {e["budget"] for e in again} == {said[0]["budget"]}
+        now = time.localtime()
+        for e in again:
+            h, m, s = map(int, e["since"].split(":"))
+            ago = (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec - h * 3600 - m * 60 - s)
+            assert ago % 86400 <= 5, again

@@ -78,6 +78,7 @@ from .core.actions import (
     LookUpClosed,
     Send,
     SendHeld,
+    Then,
     Trust,
     Wake,
     Watch,
@@ -402,8 +403,15 @@ class ClusterNode:
         self._on_message(action.life, action.service, action.frames)
 
     def _do_log(self, action: Log) -> None:
-        fields = {k: _clock(v) if v.__class__ is Clock else v for k, v in action.fields.items()}
+        fields = {k: self._written(v) if v.__class__ in (Clock, Then) else v
+                  for k, v in action.fields.items()}
         getattr(self._log, action.level)(action.event, **fields)
+
+    def _written(self, when: float) -> str:
+        """A Clock or a Then field as the log's reader reads it (local time of day)."""
+        if when.__class__ is Then:
+            when = time.time() - (self._loop.time() - when)
+        return _clock(when)
 
     def _do_connect(self, action: Connect) -> None:
         """Make our link to an endpoint (and follow it: ``watch``)."""

@@ -13,10 +13,11 @@ sender thread, never blocking), and *taps* that the broker adds for the life of 
 
 How many lines of a kind go out is bounded by one processor, the log budget (budget.py):
 lines marked with a ``budget`` field (``log.info("pipe opened", budget="lines", ...)``) go out
-a few times a second each, and repeated warnings of one source once every 10 s; the lines held
-back are counted in the next that goes out, or in a line of their own (``flush_budget``, every
-second). A flood of bad input (malformed frames, a refused peer reconnecting, a client opening
-and closing pipes) costs a few lines, not one per message.
+a few times a second each (why brokers do not link: once a minute for each peer), and
+repeated warnings of one source once every 10 s; the lines held back are counted in the next
+that goes out, or in a line of their own (``flush_budget``, every second). A flood of bad
+input (malformed frames, a refused peer reconnecting, a client opening and closing pipes)
+costs a few lines, not one per message.
 
 Re-configuring (SIGHUP) takes effect in loggers bound before it too, services' included:
 

@@ -6,13 +6,16 @@ of their kind that goes out, or by :meth:`LogBudget.flush` (the broker calls it 
 once their interval is over. Two kinds of line have a budget:
 
 * Lines that name one, with a ``budget`` field: routine events and complaints about one
-  client (a pipe opened, an invalid frame), refusals of an endpoint, reloads. The field is
-  "<rate>" or "<rate>:<kind>": the rate is one of RATES (``lines`` 5 a second, ``peer`` 50,
-  ``refused`` 1, ``reloads`` 5); the kind is the part after the ``:``, else the event's name
+  client (a pipe opened, an invalid frame), refusals of an endpoint, reloads, why brokers do
+  not link. The field is "<rate>" or "<rate>:<kind>": the rate is one of RATES (``lines`` 5 a
+  second, ``peer`` 50, ``refused`` 1, ``reloads`` 5, ``troubles`` 1 a minute); the kind is
+  the part after the ``:``, else the event's name
   (``budget="refused:broken queue=jobs"``: each queue's refusals of that kind, whatever their
   words); with the CONTEXT_KEYS it makes the key. A kind goes out ``burst`` times an interval;
   the next line of it that goes out carries ``suppressed=N``; a flush writes "<event> (held
-  back)" with ``suppressed=N``.
+  back)" with ``suppressed=N``. The cluster's troubles (zbroker/cluster/troubles.py) say each
+  refusal of a peer and each look at a silent seed, under a kind of its own for each peer and
+  side (or seed) and episode: the first line of it goes out at once, then one a minute.
 
       log.info("pipe opened", budget="lines", client=7, pipe="logs")
 
@@ -59,6 +62,7 @@ RATES: dict[str, Rate] = {
     "peer": Rate(50, INTERVAL_S),  # what the cluster's brokers cause (ends told as a peer links)
     "refused": Rate(1, INTERVAL_S),  # refusals of one endpoint, by kind
     "reloads": Rate(5, INTERVAL_S),  # what reloads did (a flood of SIGHUPs)
+    "troubles": Rate(1, 60.0),  # why brokers do not link: of one peer and side, or one seed
 }
 DEFAULT_RATE = RATES["lines"]  # a budget of a name not in RATES
 REPEAT_INTERVAL = 10.0  # seconds: at most one line per kind and source in that time

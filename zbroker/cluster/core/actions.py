@@ -16,7 +16,7 @@
     Wake        call NodeCore.tick at this time (the earliest asked for wins)
     LookUpClosed    in ``after`` seconds, read which connections to our socket were closed
                 here and give them to NodeCore.attribute
-    Log         a line for the operator (its Clock fields: wall-clock times)
+    Log         a line for the operator (its Clock and Then fields: times of day)
 """
 
 from __future__ import annotations
@@ -110,6 +110,11 @@ class LookUpClosed:
 class Clock(float):
     """A wall-clock time (seconds since the epoch) in a Log's fields: written as the log's
     reader reads it, a local time of day."""
+
+
+class Then(float):
+    """A time of the core's own clock (the ``now`` its calls are given) in a Log's fields:
+    written as a Clock, the wall clock's time of day it was then."""
 
 
 @dataclass(slots=True)

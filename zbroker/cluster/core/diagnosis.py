@@ -1,7 +1,9 @@
 """Why hosts do not link, as the cluster core tells it: handshakes refused at our socket and on
 our links (troubles.Refusals), each given to the peer it came from, seeds that do not answer
 (troubles.Seeds), and what the status and a client's hint say of them. No I/O: the time, the
-wall clock and the connections closed at our socket are passed in.
+wall clock and the connections closed at our socket are passed in. Every refusal and every
+look at a silent seed is a line; how many of them go out is the log budget's (its
+``budget`` field, see troubles.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from .. import troubles
 from ..membership import Contact, Hello, Membership, endpoint_host
-from .actions import Action, Clock, Log, LookUpClosed
+from .actions import Action, Clock, Log, LookUpClosed, Then
 
 #: seconds between looks at what to tell of refusals and seeds, and how long a refusal is
 #: shown in the status after the last of it
@@ -48,9 +50,10 @@ class Diagnosis:
 
     def refused(self, peer: str, why: str, side: str, now: float, times: int = 1,
                 sure: bool = True) -> list[Action]:
-        """``times`` handshakes of ``peer`` refused for ``why``: said the first time."""
-        first = self.refusals.note(peer, why, side, now, times, sure)
-        return [self._say_refused(first)] if first is not None else []
+        """``times`` handshakes of ``peer`` refused for ``why``: said (the first time at
+        once, or once its guessed cause waited; the next under its episode's budget)."""
+        noted = self.refusals.note(peer, why, side, now, times, sure)
+        return [self._say_refused(*noted)] if noted is not None else []
 
     def socket_refused(self, why: str, sure: bool, now: float) -> list[Action]:
         """Our peer socket refused a handshake: which peer it was is looked up soon after (the
@@ -96,14 +99,22 @@ class Diagnosis:
                 return endpoint
         return host
 
-    def _say_refused(self, r: troubles.Refusal) -> Log:
-        """The first line of a refusal (or the one of the cause found after a guess)."""
-        event = ("cluster connection refused" if r.side == troubles.OURS
-                 else "cluster link refused")
-        # (a cause found after a guess was said: a line of its own name, so that the log's
-        # repeat filter does not hold it back as a repeat of the guess)
-        return Log("warning", f"{event}, cause found" if r.corrected else event,
-                   {"peer": r.peer, "why": r.why, "fix": troubles.advice(r.why, self.key_file)})
+    def _say_refused(self, what: str, r: troubles.Refusal) -> Log:
+        """The line of a refusal: its first (troubles.FIRST), the cause found after a guess
+        (FOUND), or one more of it (AGAIN, "still refused", with how many and since when)."""
+        event = ("cluster connection" if r.side == troubles.OURS else "cluster link")
+        budget = troubles.budget(f"{r.side} {r.peer}", r.since)
+        if what == troubles.AGAIN:
+            return Log("warning", f"{event} still refused",
+                       {"peer": r.peer, "why": r.why, "times": r.times, "since": Then(r.since),
+                        "budget": budget})
+        fields = {"peer": r.peer, "why": r.why, "fix": troubles.advice(r.why, self.key_file)}
+        if what == troubles.FOUND:
+            # (once an episode: no budget; a line of its own name, so that the log's repeat
+            # rule does not hold it back as a repeat of the guess)
+            return Log("warning", f"{event} refused, cause found", fields)
+        # (the first of its episode: its budget's first line, the ones after held back)
+        return Log("warning", f"{event} refused", {**fields, "budget": budget})
 
     def dropped_why(self, dropped: list[str]) -> str:
         """Why contacts were given up: their brokers answered but refuse us, or not."""
@@ -140,27 +151,22 @@ class Diagnosis:
     # --- what is said ----------------------------------------------------------------------------
 
     def diagnose(self, now: float, wall: float) -> list[Action]:
-        """What went on since: refusals that go on (counted), seeds that do not answer (or
-        answer now). ``wall``: the wall clock's time now (seconds since the epoch)."""
+        """What went on since: refusals of a guessed cause whose wait is over, seeds that do
+        not answer (said at each look: under a budget) or answer now. ``wall``: the wall
+        clock's time now (seconds since the epoch)."""
         out: list[Action] = []
         up = {p.endpoint for p in self.membership.peers.values()}
         self.refusals.linked(up | {e.partition("://")[2].rpartition(":")[0] for e in up}, now,
                              2 * DIAGNOSE_EVERY)
-        for r in self.refusals.due(now):
-            if r.told_at is None:
-                out.append(self._say_refused(r))
-                continue
-            out.append(Log("warning", "cluster connection still refused"
-                           if r.side == troubles.OURS else "cluster link still refused",
-                           {"peer": r.peer, "why": r.why, "times": r.times,
-                            "since": Clock(wall - (now - r.since))}))
+        out += [self._say_refused(troubles.FIRST, r) for r in self.refusals.due(now)]
         self.seeds.retain(self.static)  # (a seed that is this broker is none)
         for endpoint, what, since in self.seeds.check(up | self.answering_seeds(), now):
             fields: dict[str, Any] = {"seed": endpoint, "since": Clock(wall - (now - since)),
                                       "seconds": round(now - since, 1)}
-            if what == troubles.Seeds.ANSWERS:
+            if what == troubles.Seeds.ANSWERS:  # (once a silence: no budget)
                 out.append(Log("info", "cluster seed answers", fields))
-            else:
+            else:  # not answering, then still not: one episode, one budget
+                fields["budget"] = troubles.budget(f"seed {endpoint}", since)
                 refused = [r.why for r in self.refusals.current(now, REFUSAL_SHOWN)
                            if r.peer == endpoint]
                 fields["why"] = (f"refused: {refused[0]}" if refused else
