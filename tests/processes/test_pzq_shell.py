@@ -161,14 +161,21 @@ def test_stream_get_that_cannot_print_commits_nothing(shell):
 
 def test_interrupted_stream_get_loses_nothing(shell):
     shell.put("events", lines(5))
+    # (a get that does not stop at SIGINT prints where it is, as SIGABRT makes faulthandler do)
     get = subprocess.Popen(shell.argv("get", "events", "--count", "0", "--timeout", "30"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell.env)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           env={**shell.env, "PYTHONFAULTHANDLER": "1"})
     try:
         printed = [get.stdout.readline().rstrip(b"\n") for _ in range(5)]
         assert printed == lines(5)
         wait_for(lambda: shell.offsets()[1] == 5, 5, "the printed batch to be committed")
         get.send_signal(signal.SIGINT)  # while it waits for more
-        out, err = get.communicate(timeout=10)
+        try:
+            out, err = get.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            get.send_signal(signal.SIGABRT)
+            out, err = get.communicate(timeout=10)
+            raise AssertionError(f"no exit within 10 s of SIGINT; where it was: {err!r}") from None
     finally:
         get.kill()
         get.wait()
