@@ -203,8 +203,8 @@ def _get_batches(args: argparse.Namespace, endpoint: str, note: str = "") -> int
             c.confirm(max(args.timeout, 1.0))
             for m in batch[len(take):] if batch else ():
                 c.nack(m)
-            while (m := c.recv_nowait()) is not None:
-                c.nack(m)
+            while (late := c.recv_nowait()) is not None:
+                c.nack(late)
         except TimeoutError as exc:
             return error(f"{got} message(s) printed, their ACKs not confirmed: {exc}")
         except OSError as exc:

@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint = (getattr(args, "receive", None) or getattr(args, "send", None)
                     or getattr(args, "stream", None))
         where = f"endpoint {endpoint!r}" if endpoint else f"queue {args.queue!r}"
-        return error(f"cannot connect to {where}: {zmq.strerror(exc.errno)} (an endpoint "
+        why = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
+        return error(f"cannot connect to {where}: {why} (an endpoint "
                      "is e.g. tcp://host:port or ipc:///path)")
 
 

@@ -20,7 +20,9 @@ import zmq
 
 from zbroker.config import LOG_LEVELS, LogConfig, parse_size
 from zbroker.runtime import event_loop, heap
-from zbroker.services.pzq.config import PZQ_MODES, PZQ_SYNC_MODES, PzqQueueConfig, node_id_list
+from zbroker.services.pzq.config import PzqQueueConfig, node_id_list
+from zbroker.services.pzq.core.group_commit import SYNC_MODES as PZQ_SYNC_MODES
+from zbroker.services.pzq.core.queue import MODES as PZQ_MODES
 from zbroker.services.pzq.server import QueueServer
 from zbroker.services.pzq.settings import QueueError, QueueSettings
 from zpipes.version import VersionAction
