@@ -638,3 +638,46 @@ def test_a_copy_taken_over_as_its_roots_are_trimmed_is_still_known_from_another_
     assert len(core.adoption.roots) < 64  # trimmed
     core.adopt(b"replica:k1~b", (b"body",), 2, ("b", b"k1~b"), copy_key=b"k1~b")
     assert len(core.messages) == 1
+
+
+def fenced_origin(answers: dict[str, float]) -> tuple[ReplicationCore, dict[str, str]]:
+    """An origin of three hosts, in a cluster with a lease of 0.5 s, whose copies go to b:
+    each peer's life (by name) answered the LEASE asked at the time in ``answers``."""
+    rep = ReplicationCore(QueueCore(Limits(replicas=1)), ReplicationSettings(
+        name="jobs", node_id=node_id_of("a"), replicas=1, cluster=True, rejoin_grace=4.0,
+        lease=0.5))
+    rep.started(0.0)
+    lives = {"b": "b#1", "c": "c#1"}
+    for name, life in lives.items():
+        rep.peer_hosts(life, node_id_of(name), 0.0)
+        rep.cluster_message(life, peering.encode(peering.Taken(b"jobs", node_id_of("a"), [])),
+                            0.0, 0)  # (its list: nothing taken)
+    for name, asked in answers.items():
+        rep.cluster_message(lives[name], peering.encode(peering.Lease(
+            b"jobs", node_id_of(name), repr(asked).encode(), answer=True)), asked, 0)
+    assert rep.placement.holders == ["b#1"] and rep.queue.deliver_until > 0.0
+    rep.take_output()
+    return rep, lives
+
+
+@pytest.mark.parametrize("answers", [{"b": 1.0, "c": 1.0}, {"b": 1.4, "c": 1.0}],
+                         ids=["lease-run-out-unnoticed", "quorum-lost-with-the-holder"])
+def test_a_holder_lost_with_the_quorum_is_waited_for_like_one_lost_after(answers):
+    """The origin's links close (its holder b and c are lost at once, the connections'
+    grace ending as the lease does): b's life ends with the quorum, before a timer of the
+    origin judged the lease, or its answer was the last to count. b may have taken the
+    copies over (it died before it could tell c): the origin must wait for b's TAKEN list
+    when b is back, as it does for a holder it had when its lease ran out first."""
+    rep, lives = fenced_origin(answers)
+    now = 1.6
+    rep.peer_gone(lives["b"], now, int(now * 1e6))
+    rep.peer_gone(lives["c"], now, int(now * 1e6))
+    assert node_id_of("b") in rep.fence.waiting_takers
+    assert rep.queue.deliver_until <= now
+
+
+def test_a_holder_lost_while_the_quorum_holds_is_not_waited_for():
+    rep, lives = fenced_origin({"b": 1.0, "c": 1.4})
+    rep.peer_gone(lives["b"], 1.6, 1_600_000)  # c still answers: a new holder, no fence
+    assert not rep.fence.waiting_takers and rep.queue.deliver_until > 1.6
+    assert rep.placement.holders == ["c#1"]

@@ -86,10 +86,16 @@ class Fence:
             if taker != me and taker not in self.synced:
                 self.waiting_takers.setdefault(taker, (now, None))
 
-    def fenced(self, holders: list[str], now: float) -> None:
-        """We lost the quorum: the holders we have may take our copies over from now on."""
+    def fenced(self, holders: list[str], now: float,
+               gone: tuple[str, str] | None = None) -> None:
+        """We lost the quorum: the holders we have may take our copies over from now on.
+        ``gone``: a life (and its node id) that ended as we found the quorum lost, its host
+        gone already: the quorum was lost while it held our copies, if it did (its links
+        closed as ours to the rest did, or its answers were the last to count)."""
         for life in holders:
             node_id = self.hosts.get(life)
+            if node_id is None and gone is not None and gone[0] == life:
+                node_id = gone[1]
             if node_id is not None:
                 self.waiting_takers.setdefault(node_id, (now, life))
 

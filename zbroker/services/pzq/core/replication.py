@@ -258,8 +258,11 @@ class ReplicationCore:
         """A peer of the cluster left (or was lost): replace it as a holder of our copies;
         deliver the copies we hold for it if a quorum without it answers our LEASEs (else it
         may still deliver them; they wait for its return, and its RELEASE)."""
+        node_id = self.fence.hosts.get(life)
         self.fence.left(life)
-        self._fence(now)
+        # (a quorum found lost now was lost with this life at the latest: if it held our
+        # copies, it is one of the holders that may take them over)
+        self._fence(now, gone=(life, node_id) if node_id is not None else None)
         holders = self.holders
         if holders is not None:
             self._from_queue()
@@ -423,9 +426,10 @@ class ReplicationCore:
         self._fence(now)
         return True
 
-    def _fence(self, now: float) -> None:
+    def _fence(self, now: float, gone: tuple[str, str] | None = None) -> None:
         """Until when our queue may deliver (fence.py), said to the queue core; what the
-        fence owes us when it is lifted (the backlog's copies)."""
+        fence owes us when it is lifted (the backlog's copies). ``gone``: the peer life (and
+        its node id) that has just ended, if that is why we look."""
         if not self.settings.lease or not self.settings.cluster:
             return
         fence = self.fence
@@ -434,7 +438,7 @@ class ReplicationCore:
         if quorum != fence.quorum:
             fence.quorum = quorum
             if not quorum and self.holders is not None:
-                fence.fenced(self.holders.placement.holders, now)
+                fence.fenced(self.holders.placement.holders, now, gone)
             if quorum:
                 self._log("info", "pzq queue delivers again: a quorum of its hosts answers",
                           **fence.counts(now))
