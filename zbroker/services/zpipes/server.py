@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import peering
 from .buffers import Outside
@@ -38,7 +38,27 @@ from .failures import FAILURE_KINDS
 from .links import PeerLinks
 from .pipes import PipeTable, shown
 
-__all__ = ["FAILURE_KINDS", "ServerConfig", "ZpipesServer"]
+if TYPE_CHECKING:
+    from zbroker.service import PeerBroker
+
+__all__ = ["FAILURE_KINDS", "SERVICE", "ServerConfig", "ZpipesServer", "peer_terms"]
+
+SERVICE = "zpipes"  # the service's name: its messages' on the cluster, its features' key
+
+
+def peer_terms(peer: PeerBroker) -> dict[str, Any]:
+    """What ``ZpipesServer.peer_up`` is told of a peer's life as the cluster gives it (its
+    member id, its label) and of what its HELLO said ZPIPES does there (the ``features`` of
+    SERVICE): the directory, a DATA for several readers, a chunk in its WRITE frame, and
+    CONFIRM, taken only on a numbered link (a CONFIRMED proves what came before it only if
+    the link's order and losses are known). A feature is said with ``true``; anything else,
+    or nothing (a broker of before), is not."""
+    said = peer.features_of(SERVICE)
+    return {"member": peer.member, "label": peer.label,
+            "directory": said.get("directory") is True,
+            "fanout": said.get("fanout") is True,
+            "write_frames": said.get("write_frames") is True,
+            "confirm": said.get("confirm") is True and peer.numbered}
 
 
 class ZpipesServer:

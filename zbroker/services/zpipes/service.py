@@ -40,7 +40,7 @@ from zpipes.protocol import SIGNATURE, MessageId
 from .actions import Reply
 from .config import MOVED_KEYS, ZpipesConfig
 from .endpoint import Endpoint
-from .server import ServerConfig, ZpipesServer
+from .server import SERVICE, ServerConfig, ZpipesServer, peer_terms
 
 FRAME_OVERHEAD = 11  # WRITE header (7) and timeout (4) around a chunk
 # A WRITE over max_chunk, up to this many times max_chunk, is refused by the core (WRITE_FAILED
@@ -79,7 +79,7 @@ def server_config(config: Any) -> ServerConfig:
 
 
 class ZpipesService(Service):
-    name = "zpipes"
+    name = SERVICE
     start_order = 10
     config_section = ZpipesConfig
     moved_keys = MOVED_KEYS
@@ -218,15 +218,7 @@ class ZpipesService(Service):
             if member is not None:
                 self.server.set_member(member)
             self._lives[peer.member] = peer.id
-            said = peer.features_of(self.name)
-            self.server.peer_up(peer.id, self._loop.time(), member=peer.member,
-                                directory=said.get("directory") is True,
-                                fanout=said.get("fanout") is True,
-                                write_frames=said.get("write_frames") is True,
-                                # (a CONFIRMED proves what came before it only on a
-                                # numbered link)
-                                confirm=said.get("confirm") is True and peer.numbered,
-                                label=peer.label)
+            self.server.peer_up(peer.id, self._loop.time(), **peer_terms(peer))
             self._flush_outside()
 
     def features(self) -> dict[str, Any]:
