@@ -18,9 +18,16 @@ clock of its own: no sockets, no sleeps. Each core's actions are carried out as 
   what its monitor says wait, and on ``resume`` it reads them before its timers run;
 * a service on a broker (``Node.service``) is told what the layer tells services: a peer's
   life begun (``joined(life)``), ended (``left(life, why)``), a message of it
-  (``message(life, service, frames)``).
+  (``message(life, service, frames)``);
+* one way between two brokers may be held (``hold``: what goes that way waits, heartbeats
+  too, until ``release``), and links' messages may arrive one at a time: one random link's
+  next (``step``: links overtake each other, a link's messages never do), or one link's
+  (``deliver_link``).
 
-Used by tests/unit/test_gossip.py and tests/unit/test_cluster_node.py.
+Used by tests/unit/test_gossip.py, tests/unit/test_cluster_node.py and
+tests/unit/test_cluster_troubles.py, and by tests/zpipes_cluster.py (ZPIPES's cores as the
+brokers' service: tests/unit/test_cluster_core.py, tests/unit/test_directory_core.py,
+bench/bench_directory.py).
 """
 
 from __future__ import annotations
@@ -215,6 +222,9 @@ class Network:
         self._deferred: list[Node] = []
         #: frames -> frames, for a message on its way from one broker to another (None: lost)
         self.tamper: Any = None
+        #: (from, to) endpoints whose messages wait (``hold``); those that wait, in order
+        self.holding: set[tuple[str, str]] = set()
+        self.held_back: list[tuple[Node, str, list[Frame]]] = []
 
     # --- brokers ---------------------------------------------------------------------------------
 
@@ -354,6 +364,9 @@ class Network:
             node = self.nodes.get(endpoint)
             if node is None or frozenset((src.endpoint, endpoint)) in self.cut:
                 continue
+            if (src.endpoint, endpoint) in self.holding:
+                self.held_back.append((src, endpoint, frames))
+                continue
             if self.tamper is not None:
                 frames = self.tamper(src, node, frames)
                 if frames is None:
@@ -412,3 +425,65 @@ class Network:
         self.run(within, until=self.complete)
         assert self.complete(), {n.name: n.peers() for n in nodes}
         return nodes
+
+    # --- links held one way, and links overtaking each other -------------------------------------
+
+    def hold(self, src: str, dst: str) -> None:
+        """What ``src`` sends ``dst`` waits on the way (a slow link, one way: its heartbeats
+        too), until ``release``."""
+        self.holding.add((endpoint_of(src), endpoint_of(dst)))
+
+    def release(self, src: str, dst: str) -> None:
+        """What waited from ``src`` to ``dst`` arrives, in order, before anything sent after
+        it; then everything in flight."""
+        link = (endpoint_of(src), endpoint_of(dst))
+        self.holding.discard(link)
+        waited = [m for m in self.held_back if (m[0].endpoint, m[1]) == link]
+        self.held_back = [m for m in self.held_back if (m[0].endpoint, m[1]) != link]
+        self.queue.extendleft(reversed(waited))
+        self.deliver()
+
+    def in_flight(self) -> list[tuple[str, str]]:
+        """The links (from, to: names) with a message on its way, not held."""
+        links = dict.fromkeys((src.name, endpoint) for src, endpoint, _ in self.queue
+                              if (src.endpoint, endpoint) not in self.holding)
+        return [(src, endpoint.split("//")[1][:-5]) for src, endpoint in links]
+
+    def deliver_link(self, src: str, dst: str, count: int | None = None) -> int:
+        """The next ``count`` messages (all, if None) on their way from ``src`` to ``dst``
+        arrive, and only they: what they make the brokers send stays on its way. How many
+        arrived."""
+        link = (endpoint_of(src), endpoint_of(dst))
+        if link in self.holding:
+            return 0
+        mine = [m for m in self.queue if (m[0].endpoint, m[1]) == link][:count]
+        if mine:
+            taken = {id(m) for m in mine}
+            self.queue = deque(m for m in self.queue if id(m) not in taken)
+        for src_node, endpoint, frames in mine:
+            self._arrive(src_node, endpoint, frames)
+        return len(mine)
+
+    def step(self, rng: Any) -> bool:
+        """One random link's next message arrives (False: none is on its way): messages of
+        different links overtake each other, those of one link never do."""
+        links = self.in_flight()
+        if not links:
+            return False
+        self.deliver_link(*rng.choice(links), count=1)
+        return True
+
+    def _arrive(self, src: Node, endpoint: str, frames: list[Frame]) -> None:
+        """One message at ``endpoint``, as ``deliver`` has it arrive."""
+        node = self.nodes.get(endpoint)
+        if node is None or frozenset((src.endpoint, endpoint)) in self.cut:
+            return
+        if self.tamper is not None:
+            frames = self.tamper(src, node, frames)
+            if frames is None:
+                return
+        if node.paused:
+            node.waiting.append(("frames", frames))
+            return
+        node.run(node.core.received(frames, self.now, self.now))
+        node.rearm()
