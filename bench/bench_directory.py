@@ -1,17 +1,19 @@
-"""The pipe directory at scale, in memory: ZPIPES server cores wired together without sockets
-(tests/zpipes_cluster.py), 5 to 300 brokers, each pipe a writer and a reader on two random
-brokers. Printed per cluster size:
+"""The pipe directory at scale, in memory: ZPIPES server cores, each the service of a broker's
+cluster core, on the in-memory network of those cores (tests/zpipes_cluster.py on
+tests/cluster_cores.py), without sockets, 5 to 300 brokers, each pipe a writer and a reader on
+two random brokers. Printed per cluster size:
 
 * cluster messages per pipe opened (REGISTER, INTRODUCE, ATTACH: not DATA nor CREDIT), mean
   and worst, and per pipe closed;
 * what each broker holds for 10 000 open pipes cluster-wide: entries (its own ends, proxies of
   other brokers' ends, directory entries as a home) and bytes (tracemalloc, the cluster's
   growth over opening the pipes divided by the brokers);
-* a broker joining, then one lost: messages, pipes whose home moved, pipes failed among those
-  that do not touch the lost broker (must be 0), and those that do (their streams break, as
-  they must);
+* a broker joining (through one seed, learning the others from it), then one lost (killed):
+  ZPIPES messages, pipes whose home moved, pipes failed among those that do not touch the lost
+  broker (must be 0), and those that do (their streams break, as they must);
 * heartbeats (the membership layer, zbroker/cluster/membership.py, not changed here): PINGs a
-  broker sends per second when idle, and MEMBERS.
+  broker sends per second when idle, and MEMBERS; the join's seconds until every member has
+  the new broker as a peer and it has every member, and the cluster layer's messages then.
 
 The same with every broker telling every peer of every end (the way before, and still the way
 towards brokers that do not speak the directory) at the sizes where it fits in memory.
@@ -31,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from zpipes_cluster import Cluster  # noqa: E402
 
+from zbroker.cluster.core.protocol import KIND_SVCN  # noqa: E402
 from zbroker.cluster.membership import Hello, Membership  # noqa: E402
 from zpipes import protocol as p  # noqa: E402
 
@@ -92,28 +95,6 @@ def heartbeats(n: int, timeout: float = 3.0, seconds: float = 30.0) -> tuple[flo
     return pings / seconds, members / seconds
 
 
-def join_known(n: int, timeout: float = 3.0) -> tuple[float, int]:
-    """A broker joins a full mesh of ``n - 1`` through one seed (the membership and gossip
-    cores, wired in memory by tests/unit/test_gossip.py): seconds until every member has it as a
-    peer and it has every member, and the messages that took."""
-    from test_gossip import Net as Members
-
-    net = Members(timeout)
-    nodes = [net.start(f"b{i:03d}") for i in range(n - 1)]
-    for a in nodes:  # the mesh as it stands, every pair admitted
-        for b in nodes:
-            if a is not b:
-                a.hello(Hello(b.me.id, b.me.name, "prod", b.me.endpoint, reply=True,
-                              echo=a.nonce(b.me.endpoint)), 0.0)
-    counted = len(net.queue)
-    sent = []
-    send = net.send
-    net.send = lambda *args: (sent.append(args[2]), send(*args))
-    net.start("new", seeds=["b000"])
-    took = net.run(20 * timeout, until=net.complete)
-    return took, len(sent) - counted
-
-
 def run(n: int, pipes: int, directory: bool, seed: int = 1) -> dict:
     rng = random.Random(seed)
     names = [f"b{i:03d}" for i in range(n)]
@@ -135,9 +116,10 @@ def run(n: int, pipes: int, directory: bool, seed: int = 1) -> dict:
            "open_s": open_s}
     # a broker joins: homes move to it
     before_homes = {name: net.home(name) for name, *_ in opened} if directory else {}
-    sent = net.control_messages()
-    net.join("new")
+    sent, layer, t0 = net.control_messages(), cluster_messages(net), net.now
+    net.join("new", via=names[0])
     out["join_msgs"] = net.control_messages() - sent
+    out["join_s"], out["join_member_msgs"] = net.now - t0, cluster_messages(net) - layer
     out["moved_join"] = sum(net.home(name) != before_homes[name]
                             for name, *_ in opened) if directory else 0
     out["failed_join"] = flows(net, opened, b"after join").count(False)
@@ -162,8 +144,12 @@ def run(n: int, pipes: int, directory: bool, seed: int = 1) -> dict:
         net.send(reader, b"r" + name, p.Close())
     out["close_mean"] = (net.control_messages() - sent) / len(others)
     out["pings_s"], out["members_s"] = heartbeats(n)
-    out["join_s"], out["join_member_msgs"] = join_known(n) if directory else (0.0, 0)
     return out
+
+
+def cluster_messages(net: Cluster) -> int:
+    """The cluster layer's messages sent so far (HELLO, PING, MEMBERS, BYE: not the services')."""
+    return sum(n for kind, n in net.net.sent.items() if kind != KIND_SVCN)
 
 
 def main() -> None:
@@ -191,7 +177,7 @@ def main() -> None:
                   f"{r['bytes_per_broker'] / 1024:>10.0f} | {r['join_msgs']:>9} "
                   f"{r['moved_join']:>5} {r['failed_join']:>6} | {r['lose_msgs']:>9} "
                   f"{r['moved_lose']:>5} {r['failed_others']:>6} {r['touching']:>5} | "
-                  f"{r['pings_s']:>6.0f} {r['members_s']:>9.2f} {r['join_s']:>6.2f} "
+                  f"{r['pings_s']:>6.0f} {r['members_s']:>9.2f} {r['join_s']:>6.3f} "
                   f"{r['join_member_msgs']:>5}", flush=True)
             assert r["failed_join"] == 0 and r["failed_others"] == 0
             if r["mode"] == "directory":
@@ -201,7 +187,8 @@ def main() -> None:
           "0); cut: pipes with an end on the lost broker (they fail, as they must). PING/s, "
           "MEMBERS/s: what one idle broker sends (peer_timeout 3 s: a PING per peer per "
           "second); join s: until a broker that joins through one seed is everyone's peer "
-          "(simulated clock, 50 ms steps), msgs: the membership messages it took.")
+          "(simulated clock, 1 ms steps), msgs: the cluster layer's messages meanwhile, "
+          "every broker's heartbeats too.")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""Pipes across brokers, without sockets: several ZpipesServer cores joined by an in-memory
-link that carries their peer messages. The same scenarios run over real namespaces in
-test_cluster_netns.py."""
+"""Pipes across brokers, without sockets: several ZpipesServer cores, each the ZPIPES service of
+a broker's cluster core, on the in-memory network (zpipes_cluster.py on cluster_cores.py). The
+same scenarios run over real namespaces in test_cluster_netns.py."""
+
+import dataclasses
 
 import pytest
 from zpipes_cluster import Cluster
 
+from zbroker.service import PeerBroker
 from zbroker.services.zpipes import peering
+from zbroker.services.zpipes.server import peer_terms
 from zpipes import protocol as p
 
 
@@ -101,13 +105,13 @@ def test_peer_lost_fails_the_writer_pending_write(c):
     c.send("B", b"r", p.Input(b"x"))
     c.send("A", b"w", p.Output(b"x"))
     c.send("A", b"w", p.Write(b"a", 0))
-    c.cut.add(frozenset("AB"))  # B's credits no longer arrive: the writer waits...
+    c.cut("A", "B")  # B's credits no longer arrive: the writer waits...
     c.servers["A"].pipes.capacity = 1
     c.send("A", b"w", p.Write(b"b", 0))
     c.lose("B")  # ...until B is declared lost
-    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteFailed("peer lost")]
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.WriteFailed(c.lost("B"))]
     c.send("A", b"w", p.Write(b"c", 0))  # and it stays failed: no WRITE_OK into the void
-    assert c.replies("A", b"w") == [p.WriteFailed("peer lost")]
+    assert c.replies("A", b"w") == [p.WriteFailed(c.lost("B"))]
 
 
 def test_a_writer_whose_reader_was_lost_after_its_write_fails_its_close(c):
@@ -116,11 +120,11 @@ def test_a_writer_whose_reader_was_lost_after_its_write_fails_its_close(c):
     reach its end: the CLOSE says so (CLOSE_FAILED, the original protocol's), never OK."""
     c.send("B", b"r", p.Input(b"x"))
     c.send("A", b"w", p.Output(b"x"))
-    c.cut.add(frozenset("AB"))  # the DATA is lost on the way
+    c.cut("A", "B")  # the DATA is lost on the way
     c.send("A", b"w", p.Write(b"works again", 0))
     c.lose("B")
     c.send("A", b"w", p.Close())
-    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseFailed("peer lost")]
+    assert c.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseFailed(c.lost("B"))]
     c.send("A", b"w", p.Output(b"x"))  # the client may open again: a close all the same
     assert c.replies("A", b"w") == [p.OutputOk()]
 
@@ -143,7 +147,7 @@ def test_peer_lost_fails_the_reader_not_end_of_stream(c):
     c.send("B", b"r", p.Read(100, 0))  # pending when A dies
     c.lose("A")
     assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"partial"),
-                                    p.ReadFailed("writer lost: peer lost")]
+                                    p.ReadFailed("writer lost: " + c.lost("A"))]
 
 
 def test_losing_a_peer_that_had_not_written_is_not_a_failure(c):
@@ -154,6 +158,18 @@ def test_losing_a_peer_that_had_not_written_is_not_a_failure(c):
     c.send("C", b"w", p.Write(b"fine", 0))
     c.send("B", b"r", p.Read(100, 0))
     assert c.replies("B", b"r") == [p.InputOk(), p.ReadOk(b"fine")]
+
+
+def test_what_a_peers_hello_says_is_what_its_core_is_told():
+    """The service and the harness tell the core the same (server.peer_terms): a feature is
+    said with true and nothing else, CONFIRM only on a numbered link."""
+    said = {"zpipes": {"directory": True, "fanout": 1, "write_frames": "yes", "confirm": True}}
+    life = PeerBroker("b.1#1", "b", "tcp://b:5670", member="b.1", features=said, numbered=True,
+                      label="b@h")
+    assert peer_terms(life) == {"member": "b.1", "label": "b@h", "directory": True,
+                                "fanout": False, "write_frames": False, "confirm": True}
+    assert peer_terms(dataclasses.replace(life, numbered=False))["confirm"] is False
+    assert not any(peer_terms(PeerBroker("c#1", "c", "tcp://c:1")).values())
 
 
 def test_broker_joining_late_learns_the_open_pipes():
@@ -218,8 +234,8 @@ def test_writer_close_reaches_reader_after_its_data(c):
 
 def test_malformed_peer_messages_are_dropped(c):
     c.send("B", b"r", p.Input(b"x"))
-    c.servers["B"].peer_receive("A", [b"DATA", b"short"], c.now)
-    c.servers["B"].peer_receive("A", [], c.now)
+    c.servers["B"].peer_receive(c.life("B", "A"), [b"DATA", b"short"], c.now)
+    c.servers["B"].peer_receive(c.life("B", "A"), [], c.now)
     c.servers["B"].peer_receive("Z", [b"DETACH", b"\0" * 8], c.now)  # not a peer
     c.send("A", b"w", p.Output(b"x"))
     c.send("A", b"w", p.Write(b"ok", 0))
@@ -397,7 +413,7 @@ def test_a_lost_broker_fails_only_the_streams_that_touch_it_with_fan_out():
     c.send("A", b"wb", p.Close())
     c.send("A", b"wc", p.Write(b"two", 0))
     assert c.replies("A", b"wb") == [p.OutputOk(), p.WriteOk(), p.WriteOk(), p.CloseOk()]
-    assert c.replies("A", b"wc") == [p.OutputOk(), p.WriteOk(), p.WriteFailed("peer lost")]
+    assert c.replies("A", b"wc") == [p.OutputOk(), p.WriteOk(), p.WriteFailed(c.lost("C"))]
     for client in (b"r1", b"r2"):
         assert read_all(c, "B", client) == (b"onetwo", p.ReadEnd())
 
@@ -483,22 +499,23 @@ def test_a_remote_readers_window_is_sized_to_its_link_and_bounded():
                 return b.pipes.buffered_bytes()
 
     assert fill() == 1 << 20  # a LAN: the capacity (1 MiB) in flight, no more
-    a.peer_rtt("B", 0.016)  # 16 ms: twice the round trip at LINK_RATE
+    life = c.life("A", "B")
+    a.peer_rtt(life, 0.016)  # 16 ms: twice the round trip at LINK_RATE
     window = 2 * 0.016 * LINK_RATE
     assert window <= fill() < window + (128 << 10)
     for _ in range(RTT_SAMPLES):  # however long the round trip, the window is bounded
-        a.peer_rtt("B", 0.5)
+        a.peer_rtt(life, 0.5)
     assert fill() == MAX_WINDOW  # all the reader's broker holds for it
     c.send("B", b"r", p.Read(1 << 20, 0))  # credit for 1 MiB lets as much more in
     assert fill() == MAX_WINDOW
-    a.peer_rtt("B", 0.000_2)  # a short round trip: the window is the capacity again, and
+    a.peer_rtt(life, 0.000_2)  # a short round trip: the window is the capacity again, and
     for _ in range(15):  # what is in flight drains to it before anything more goes
         c.send("B", b"r", p.Read(1 << 20, 0))
     assert c.replies("A", b"w") == []
     c.send("B", b"r", p.Read(1 << 20, 0))
     assert c.replies("A", b"w") == [p.WriteOk()]
     waiting = 0
-    a.peer_rtt("B", 0.020)  # one slow echo (a busy host) is not a longer link: the least
+    a.peer_rtt(life, 0.020)  # one slow echo (a busy host) is not a longer link: the least
     assert fill() == 1 << 20  # of the last few round trips counts
 
 
@@ -519,12 +536,13 @@ def test_a_writers_close_is_answered_once_its_readers_broker_has_the_end():
     cc.send("A", b"w", p.Write(b"all of it", 0))
     cc.send("B", b"r", p.Read(100, 0))
     cc.send("B", b"r", p.Read(100, 0))  # pending: its client is not silent either
-    cc.paused.add(("B", "A"))  # B's answer is on its way
+    cc.pause("B", "A")  # B's answer is on its way
     cc.send("A", b"w", p.Close())
     cc.send("A", b"w", p.Ping())  # answered at once
     cc.send("A", b"w", p.Output(b"y"))  # queued behind the CLOSE: answered after it
     assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.PingOk()]
-    cc.advance(5.0)  # waiting for its answer, the client is not silent: never expired
+    cc.advance(2.0)  # waiting for its answer, the client is not silent: never expired
+    # (2 s: over the client timeout, under the peers' (3 s): B's heartbeats wait too)
     assert cc.replies("A", b"w") == []
     cc.resume("B", "A")
     assert cc.replies("A", b"w") == [p.CloseOk(), p.OutputOk()]
@@ -539,11 +557,11 @@ def test_a_readers_broker_lost_before_it_confirmed_fails_the_close():
     cc.send("B", b"r", p.Input(b"x"))
     cc.send("A", b"w", p.Output(b"x"))
     cc.send("A", b"w", p.Write(b"gone", 0))
-    cc.cut.add(frozenset("AB"))
+    cc.cut("A", "B")
     cc.send("A", b"w", p.Close())
     assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
     cc.lose("B")
-    assert cc.replies("A", b"w") == [p.CloseFailed("peer lost")]
+    assert cc.replies("A", b"w") == [p.CloseFailed(cc.lost("B"))]
     assert not cc.servers["A"].links.closing
 
 
@@ -554,7 +572,8 @@ def test_the_close_waits_for_every_readers_broker_and_only_for_them():
     cc.send("A", b"r", p.Input(b"x"))  # a local reader needs no confirmation
     cc.send("A", b"w", p.Output(b"x"))
     cc.send("A", b"w", p.Write(b"both", 0))
-    cc.paused |= {("B", "A"), ("C", "A")}
+    cc.pause("B", "A")
+    cc.pause("C", "A")
     cc.send("A", b"w", p.Close())
     cc.resume("B", "A")
     assert cc.replies("A", b"w") == [p.OutputOk(), p.WriteOk()]
@@ -567,7 +586,7 @@ def test_a_close_before_the_stream_started_waits_for_the_remote_readers_too():
     """An empty stream ends for its readers too: its end must get there."""
     cc.send("B", b"r", p.Input(b"x"))
     cc.send("A", b"w", p.Output(b"x"))
-    cc.paused.add(("B", "A"))
+    cc.pause("B", "A")
     cc.send("A", b"w", p.Close())
     assert cc.replies("A", b"w") == [p.OutputOk()]
     cc.resume("B", "A")
@@ -582,7 +601,7 @@ def test_a_broker_that_does_not_confirm_is_not_waited_for():
     cl.send("B", b"r", p.Input(b"x"))
     cl.send("A", b"w", p.Output(b"x"))
     cl.send("A", b"w", p.Write(b"x", 0))
-    cl.paused.add(("B", "A"))
+    cl.pause("B", "A")
     cl.send("A", b"w", p.Close())
     assert cl.replies("A", b"w") == [p.OutputOk(), p.WriteOk(), p.CloseOk()]
     assert cl.sent["A", "B", b"CONFIRM"] == 0
@@ -594,7 +613,7 @@ def test_a_client_gone_or_a_broker_stopping_while_its_close_waits():
         cc.send("B", b"r" + client, p.Input(b"x" + client))
         cc.send("A", client, p.Output(b"x" + client))
         cc.send("A", client, p.Write(b"x", 0))
-    cc.paused.add(("B", "A"))
+    cc.pause("B", "A")
     cc.send("A", b"w1", p.Close())
     cc.send("A", b"w2", p.Close())
     cc.servers["A"].disconnected(b"w1", cc.now)  # gone: nothing to answer
@@ -603,7 +622,7 @@ def test_a_client_gone_or_a_broker_stopping_while_its_close_waits():
     assert cc.replies("A", b"w2") == [p.OutputOk(), p.WriteOk(), p.CloseOk()]
     cc.send("A", b"w2", p.Output(b"xw2"))
     cc.send("A", b"w2", p.Write(b"y", 0))
-    cc.paused.add(("B", "A"))
+    cc.pause("B", "A")
     cc.send("A", b"w2", p.Close())
     cc.send("A", b"w2", p.Read(1, 0))  # queued behind it
     cc.servers["A"].shutdown(cc.now)
