@@ -27,7 +27,8 @@ clock of its own: no sockets, no sleeps. Each core's actions are carried out as 
 Used by tests/unit/test_gossip.py, tests/unit/test_cluster_node.py and
 tests/unit/test_cluster_troubles.py, and by tests/zpipes_cluster.py (ZPIPES's cores as the
 brokers' service: tests/unit/test_cluster_core.py, tests/unit/test_directory_core.py,
-bench/bench_directory.py).
+bench/bench_directory.py), and by tests/pzq_replication_sim.py (pzq's replicated queues as the
+brokers' service, under faults: tests/unit/test_pzq_fault_simulation.py).
 """
 
 from __future__ import annotations
@@ -260,6 +261,16 @@ class Network:
         for other in self.nodes.values():
             if node.endpoint in other.links:
                 self._link_event(other, node.endpoint, False)
+
+    def crash(self, name: str) -> None:
+        """``name`` killed at once (kill -9), as ``kill``; and its messages still on their way
+        (not those a held link keeps: ``hold``), and what it had still to carry out, are lost
+        with its process, as if libzmq had not handed them on yet."""
+        node = self.node(name)
+        self.queue = deque(m for m in self.queue if m[0] is not node)
+        if node in self._deferred:
+            self._deferred.remove(node)
+        self.kill(name)
 
     def node(self, name: str) -> Node:
         return self.nodes[endpoint_of(name)]

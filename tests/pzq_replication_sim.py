@@ -1,6 +1,6 @@
 """Replicated pzq queues in a deterministic simulation: the real cores (QueueCore and its
-ReplicationCore) of several brokers, with simulated logs, links, cluster sessions and clock,
-and a nemesis that crashes, cuts off and pauses brokers, chosen from a seed.
+ReplicationCore) of several brokers on their real cluster cores, with simulated logs, links
+and clock, and a nemesis that crashes, cuts off and pauses brokers, chosen from a seed.
 
 Nothing here is a socket, a thread or a disk, so a run of a minute of simulated faults takes
 a second, and a seed replays it exactly. What is modelled, and how it maps to the real thing:
@@ -9,16 +9,22 @@ a second, and a seed replays it exactly. What is modelled, and how it maps to th
   chance, as a writer thread would); a crash loses what waits, never what was written. An
   ACK of a record not written yet drops it unwritten (the store's write avoidance). The file
   of keys taken over (RememberTaken) is written at once, as replica_files.py does.
-- **Sessions** (the cluster's lives): each broker has its own life of each peer. A peer not
-  heard for ``peer_timeout`` (or at once, plus 0.5 s, when its process died: the kernel
-  closes its connections) is lost: its life ends (``peer_gone``). Two running brokers whose
-  link works and who lack a life of each other start new lives on both sides and tell each
-  other their queues (QUEUES). A message is taken while its receiver still has the life of
-  its sender that it had when it was sent, whatever the sender did since (what came before
-  the sender's BYE), and dropped otherwise, as the cluster drops a late message of an old
-  life; a message on a cut link waits (TCP).
+- **The cluster**: the real cluster cores (NodeCore) of the brokers carry it, one node each on
+  the in-memory network of tests/cluster_cores.py, whose clock is the simulation's: HELLOs,
+  PINGs, lives (a peer's life begins and ends for each broker on its own), BYEs, numbered
+  messages held while a link is down. A peer is lost when silent for ``peer_timeout`` (the
+  network's timeout), or sooner when its connections closed (its process killed, or a cut:
+  the links go down) and nothing came for the core's grace after that. A message of a life
+  that ended is not delivered, whatever the sender did since. A kill also loses what the
+  broker sent that no peer has read yet (a step's worth at most).
+- **The pzq service** (zbroker/services/pzq/service.py) on each node: to a peer's life that
+  begins it tells its queue (QUEUES, with its node id); a life that ends is the queue's
+  ``peer_gone``; a peer's message is the queue's (``peer_hosts`` for QUEUES). The queue's
+  core is told at once; what it asks (a message to a life, a write) is carried out at the
+  broker's next turn, each step, as the queue's server does it at the loop's next turn: a
+  re-copy's message the cluster refuses makes that life unreachable (``peer_unreachable``).
 - **Pause** (SIGSTOP): the broker runs nothing, its clock jumps on resume; what its peers sent
-  meanwhile is read before its timers judge them (the cluster credits a stall).
+  meanwhile is read before its timers judge them (its cluster core credits a stall).
 - **Clients**: a producer per broker (unique ids, the body is the id), a consumer per broker
   slower than it (a backlog builds up, as copies to take over) that ACKs each delivery after
   a while (lost with a crash of its broker, so redelivered); when draining, as fast as it can.
@@ -35,6 +41,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
+
+from cluster_cores import Network, Node
 
 from pzq import wire
 from zbroker.services.pzq.core import peering
@@ -57,7 +65,7 @@ from zbroker.services.pzq.core.replication import ReplicationCore, ReplicationSe
 QUEUE = b"jobs"
 PRODUCER = b"P"
 STEP = 0.05  # seconds of simulated time a step
-CLOSED_NOTICED = 0.5  # a dead process's peers notice its closed connection this much later
+SERVICE = "pzq"  # the service's name on the cluster channel
 
 
 def node_id_of(name: str) -> str:
@@ -125,6 +133,7 @@ class SimBroker:
 
     def __init__(self, sim: Sim, name: str, disk: Disk):
         self.sim, self.name, self.disk = sim, name, disk
+        self.node: Node | None = None  # its cluster node, once started
         self.node_id = node_id_of(name)
         self.core = QueueCore(Limits(replicas=sim.replicas, replication_timeout=0.5,
                                      ack_timeout=sim.ack_timeout))
@@ -143,8 +152,11 @@ class SimBroker:
         self.credit = 0.0  # what the consumer can take now (it takes consume_rate a second)
         self.events: list[str] = []  # log events, in order
 
-    def carry_out(self) -> bool:
-        out = self.rep.take_output()
+    def carry_out(self) -> None:
+        while out := self.rep.take_output():  # (carrying them out may make more)
+            self._execute(out)
+
+    def _execute(self, out: list[Any]) -> None:
         logs = self.disk.logs
         for a in out:
             t = type(a)
@@ -160,8 +172,10 @@ class SimBroker:
             elif t is Reply:
                 if a.peer == PRODUCER:
                     self.sim.producer_answer(self.name, a.frames)
-            elif t is SendCluster:
-                self.sim.send(self.name, a.life, peering.encode(a.message))
+            elif t is SendCluster:  # as server.py does
+                assert self.node is not None
+                if not self.node.send(a.life, SERVICE, peering.encode(a.message)) and a.recopy:
+                    self.rep.peer_unreachable(a.life)
             elif t is Log:
                 self.events.append(a.event)
                 self.sim.logged(self, a)
@@ -171,7 +185,6 @@ class SimBroker:
                 self.disk.taken.pop(a.node_id, None)
             else:
                 assert t is Confirm, a
-        return bool(out)
 
     def write_some(self, rng: random.Random, chance: float) -> None:
         for log, sim_log in list(self.disk.logs.items()):
@@ -202,12 +215,36 @@ class SimBroker:
         self.rep.wakeup(self.sim.now, self.sim.now_us)
 
 
-@dataclass
-class Session:
-    """A broker's life of a peer."""
+class PzqService:
+    """What the broker's pzq service (zbroker/services/pzq/service.py) does with what the
+    cluster tells it, for one broker's queue: the queue's core is told at once, its outputs
+    are carried out at the broker's next turn (as the queue's server flushes them)."""
 
-    life: str
-    heard: float
+    def __init__(self, broker: SimBroker) -> None:
+        self.broker = broker
+
+    def joined(self, life: Any) -> None:
+        b = self.broker
+        assert b.node is not None
+        b.node.send(life.id, SERVICE, peering.encode(peering.Queues({QUEUE.decode(): b.node_id})))
+
+    def left(self, life: Any, why: str) -> None:
+        sim = self.broker.sim
+        self.broker.rep.peer_gone(life.id, sim.now, sim.now_us)
+
+    def message(self, life: Any, service: str, frames: list[Any]) -> None:
+        assert service == SERVICE, service
+        sim, rep = self.broker.sim, self.broker.rep
+        frames = [bytes(f) for f in frames]
+        if frames[0] == peering.QUEUES:
+            msg = peering.decode(frames)
+            assert isinstance(msg, peering.Queues), frames
+            for name, node_id in msg.hosted.items():
+                if name == QUEUE.decode():
+                    rep.peer_hosts(life.id, node_id, sim.now)
+        else:
+            assert frames[1] == QUEUE and rep.cluster_message(life.id, frames, sim.now,
+                                                              sim.now_us), frames
 
 
 class Sim:
@@ -221,27 +258,31 @@ class Sim:
         self.lease = peer_timeout / 4 if lease is None else lease
         self.ack_timeout, self.rate, self.write_chance = ack_timeout, rate, write_chance
         self.consume_rate = consume_rate  # each consumer's, at most (a backlog builds up)
-        self.now = 1000.0
+        #: the cluster, whose clock is the simulation's
+        self.net = Network(timeout=peer_timeout)
+        self.net.now = 1000.0
         self.names = names
         self.disks = {n: Disk() for n in names}
         self.brokers: dict[str, SimBroker | None] = {n: None for n in names}
         self.paused: set[str] = set()
         self.cut: set[str] = set()
-        self.sessions: dict[tuple[str, str], Session] = {}  # (who, of whom)
-        self.wire: list[tuple[str, str, tuple[str, str], list[bytes]]] = []
-        self._lives = 0
         self._ids = 0
         self.sent: set[bytes] = set()
         self.acked: dict[bytes, bytes] = {}  # id -> the answer's text ("" or the failure)
         self.refused: set[bytes] = set()
         self.deliveries: dict[bytes, list[tuple[str, bytes]]] = {}  # id -> (host, key)
+        self.delivery_count = 0
         self.faults: list[str] = []  # what the nemesis did, with the time
         self.kill_after_takeover = False
         self.disk_faults = False  # the nemesis also fills disks (for 2-8 s)
         self._doomed: set[str] = set()
         self._restarts: list[tuple[float, str, str]] = []  # (when, what, whom)
         for n in names:
-            self.brokers[n] = SimBroker(self, n, self.disks[n])
+            self._start(n)
+
+    @property
+    def now(self) -> float:
+        return self.net.now
 
     @property
     def now_us(self) -> int:
@@ -249,22 +290,27 @@ class Sim:
 
     # --- what the brokers do -------------------------------------------------------------------
 
+    def _start(self, name: str) -> None:
+        """``name``'s process starts: its queue on its disk, its cluster node (a new id) with
+        the others as its seeds."""
+        b = self.brokers[name] = SimBroker(self, name, self.disks[name])
+        b.node = self.net.start(name, seeds=[n for n in self.names if n != name])
+        b.node.service = PzqService(b)
+
     def running(self, name: str) -> SimBroker | None:
         b = self.brokers[name]
         return None if b is None or name in self.paused else b
 
-    def linked(self, x: str, y: str) -> bool:
-        return x not in self.cut and y not in self.cut
+    def life_of(self, who: str, whom: str) -> str | None:
+        """The life ``who``'s services have of ``whom`` now."""
+        b = self.brokers[who]
+        return None if b is None or b.node is None else b.node.lives().get(whom)
 
-    def send(self, src: str, life: str, frames: list[Any]) -> None:
-        dst = next((y for (x, y), s in self.sessions.items() if x == src and s.life == life),
-                   None)
-        if dst is not None:
-            self.wire.append((src, dst, self._tag(src, dst), [bytes(f) for f in frames]))
-
-    def _tag(self, x: str, y: str) -> tuple[str, str]:
-        sx, sy = self.sessions.get((x, y)), self.sessions.get((y, x))
-        return (sx.life if sx else "", sy.life if sy else "")
+    def peer_of(self, who: str, life: str) -> str:
+        """The broker whose life ``life`` is, at ``who``."""
+        b = self.brokers[who]
+        assert b is not None and b.node is not None
+        return next(name for name, its in b.node.lives().items() if its == life)
 
     def producer_answer(self, name: str, frames: list[bytes]) -> None:
         msg_id = bytes(frames[0])
@@ -275,71 +321,12 @@ class Sim:
 
     def delivered(self, host: str, key: bytes, body: bytes) -> None:
         self.deliveries.setdefault(body, []).append((host, key))
+        self.delivery_count += 1
 
     def logged(self, broker: SimBroker, line: Log) -> None:
         if (self.kill_after_takeover and line.event.startswith("pzq replica origin lost")
                 and line.fields.get("messages")):
             self._doomed.add(broker.name)  # killed before its logs write again
-
-    # --- the cluster ---------------------------------------------------------------------------
-
-    def _end(self, x: str, y: str) -> None:
-        """``x``'s life of ``y`` ends (and with it, what is under way between them)."""
-        s = self.sessions.pop((x, y), None)
-        if s is None:
-            return
-        b = self.brokers[x]
-        if b is not None:
-            b.rep.peer_gone(s.life, self.now, self.now_us)
-
-    def _cluster(self) -> None:
-        names = self.names
-        for x in names:
-            if self.running(x) is None:
-                continue
-            for y in names:
-                if y == x:
-                    continue
-                s = self.sessions.get((x, y))
-                if s is not None and self.running(y) is not None and self.linked(x, y):
-                    s.heard = self.now  # its traffic, or its pings
-                if s is not None and self.now - s.heard >= self.peer_timeout:
-                    self._end(x, y)
-        for x in names:
-            for y in names:
-                if (x < y and self.running(x) is not None and self.running(y) is not None
-                        and self.linked(x, y) and ((x, y) not in self.sessions
-                                                   or (y, x) not in self.sessions)):
-                    self._meet(x, y)
-
-    def _meet(self, x: str, y: str) -> None:
-        self._end(x, y)
-        self._end(y, x)
-        for a, b in ((x, y), (y, x)):
-            self._lives += 1
-            self.sessions[(a, b)] = Session(f"{b}#{self._lives}", self.now)
-        for a, b in ((x, y), (y, x)):
-            self.wire.append((a, b, self._tag(a, b), peering.encode(
-                peering.Queues({QUEUE.decode(): node_id_of(a)}))))
-
-    def _deliver(self) -> None:
-        waiting = []
-        for src, dst, tag, frames in self.wire:
-            if self._tag(src, dst)[1] != tag[1] or not tag[1]:
-                continue  # the receiver's life of the sender ended (or had not started)
-            b = self.running(dst)
-            if b is None or not self.linked(src, dst):
-                waiting.append((src, dst, tag, frames))
-                continue
-            life = self.sessions[(dst, src)].life
-            if frames[0] == peering.QUEUES:
-                msg = peering.decode(frames)
-                assert isinstance(msg, peering.Queues)
-                for node_id in msg.hosted.values():
-                    b.rep.peer_hosts(life, node_id, self.now)
-            else:
-                assert b.rep.cluster_message(life, frames, self.now, self.now_us), frames
-        self.wire = waiting
 
     # --- the nemesis ---------------------------------------------------------------------------
 
@@ -352,12 +339,7 @@ class Sim:
             sim_log.crash()
         self.brokers[name] = None
         self.paused.discard(name)
-        for (x, y), s in list(self.sessions.items()):
-            if x == name:
-                del self.sessions[(x, y)]
-            elif y == name and self.linked(x, y):
-                s.heard = min(s.heard, self.now - self.peer_timeout + CLOSED_NOTICED)
-        self.wire = [w for w in self.wire if name not in (w[0], w[1])]
+        self.net.crash(name)
         self._restarts.append((self.now + restart_after, "start", name))
 
     def restart_at(self, name: str, at: float) -> None:
@@ -370,6 +352,7 @@ class Sim:
             return
         self.faults.append(f"{self.now - 1000:7.2f} pause {name} for {seconds:.1f} s")
         self.paused.add(name)
+        self.net.pause(name)
         self._restarts.append((self.now + seconds, "resume", name))
 
     def fill_disk(self, name: str, seconds: float) -> None:
@@ -385,6 +368,7 @@ class Sim:
             return
         self.faults.append(f"{self.now - 1000:7.2f} cut {name} off for {seconds:.1f} s")
         self.cut.add(name)
+        self.net.partition([name], [n for n in self.names if n != name])
         self._restarts.append((self.now + seconds, "link", name))
 
     def _heal_due(self, everything: bool = False) -> None:
@@ -392,14 +376,14 @@ class Sim:
         self._restarts = [r for r in self._restarts if r not in due]
         for _, what, name in due:
             if what == "start" and self.brokers[name] is None:
-                self.brokers[name] = SimBroker(self, name, self.disks[name])
-            elif what == "resume":
+                self._start(name)
+            elif what == "resume" and name in self.paused:
                 self.paused.discard(name)
-                for (x, y), s in self.sessions.items():
-                    if x == name and self.running(y) is not None and self.linked(x, y):
-                        s.heard = self.now  # read before its timers run
-            elif what == "link":
+                self.net.resume(name)  # (it reads what came before its timers run)
+            elif what == "link" and name in self.cut:
                 self.cut.discard(name)
+                self.net.partition([name], [n for n in self.names
+                                            if n != name and n not in self.cut], cut=False)
             elif what == "free":
                 self.disks[name].full = False
 
@@ -419,8 +403,11 @@ class Sim:
     # --- running -------------------------------------------------------------------------------
 
     def step(self, produce: bool = True) -> None:
+        """``STEP`` seconds: the cluster's timers and messages, each at its time (what they
+        tell the queues' cores); then each broker's turn: its queue's timers, its clients, its
+        outputs, its logs' writes; then what they sent arrives."""
         rng = self.rng
-        self.now += STEP
+        self.net.advance(self.now + STEP)
         self._heal_due()
         for name in self.names:
             b = self.running(name)
@@ -441,9 +428,7 @@ class Sim:
             self.faults.append(f"{self.now - 1000:7.2f} {name} took copies over: killed")
             self.crash(name, rng.uniform(0.5, 2))
         self._doomed.clear()
-        self._deliver()  # (a broker resumed reads what came before it judges its peers)
-        self._cluster()
-        self._deliver()
+        self.net.deliver()
         for name in self.names:
             b = self.running(name)
             if b is not None:
@@ -470,7 +455,7 @@ class Sim:
         last = (self.now, -1)
         while self.now - start < limit:
             self.step(produce=False)
-            count = sum(len(v) for v in self.deliveries.values())
+            count = self.delivery_count
             if count != last[1]:
                 last = (self.now, count)
             empty = all(b is not None and not b.core.messages and not b.unacked

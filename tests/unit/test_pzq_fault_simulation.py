@@ -22,7 +22,7 @@ def holder_of(sim: Sim, origin: str) -> str:
     """The broker that holds ``origin``'s copies."""
     rep = sim.brokers[origin].rep
     (life,) = rep.placement.holders
-    return next(y for (x, y), s in sim.sessions.items() if x == origin and s.life == life)
+    return sim.peer_of(origin, life)
 
 
 def test_a_holder_killed_right_after_a_takeover_loses_nothing():
@@ -185,7 +185,8 @@ def test_a_holder_resumed_takes_nothing_over_from_an_origin_that_ended_its_life(
     holder = holder_of(sim, "c")
     third = next(n for n in sim.names if n not in (holder, "c"))
     h, t = sim.brokers[holder], sim.brokers[third]
-    old_c, old_t = sim.sessions[(holder, "c")].life, sim.sessions[(holder, third)].life
+    old_c, old_t = sim.life_of(holder, "c"), sim.life_of(holder, third)
+    assert old_c and old_t
     copies = len(h.rep.origins[sim.brokers["c"].node_id].core.messages)
     assert copies > 0
     now = sim.now + 4.4  # resumed: what c sent while it was paused is read first
@@ -238,6 +239,7 @@ def test_a_holder_whose_disk_is_full_keeps_the_copies_and_takes_them_over_later(
     and the copies must stay in the replica log, to be taken over once it can write."""
     sim = Sim(10, consume_rate=0.0, write_chance=1.0)
     sim.run(2, faults=False)
+    sim.step(produce=False)  # the last copies arrive and are written: all held are on disk
     holder = holder_of(sim, "a")
     h = sim.brokers[holder]
     a_id = sim.brokers["a"].node_id
