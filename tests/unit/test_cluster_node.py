@@ -189,6 +189,26 @@ def test_a_ping_that_cannot_be_sent_is_tried_again_soon_not_at_every_turn():
     assert [why for _, why in b.left] == ["silent for 3.0 s"]
 
 
+def test_a_tick_sends_its_pings_before_it_tells_services_of_a_loss():
+    """A service told of a peer's loss sends to the others at once; a PING of the same tick
+    counts the messages sent before it, so it goes first (sent after a service's message, it
+    would count one too few, and the peer would end the life: "out of order")."""
+    from zbroker.cluster.core.actions import Left, Send
+
+    net = Network(timeout=3.0)
+    a, b, c = net.meet("a", "b", "c")
+    membership, now = a.core.membership, net.now + 0.5
+    membership.peers[c.id].last_heard = now - 10  # c silent: lost at this tick
+    membership.peers[b.id].last_heard = now  # b heard, its PING due
+    membership.peers[b.id].last_sent = now - 10
+    actions = a.core.tick(now, now)
+    kinds = [("left" if isinstance(x, Left) else
+              "ping to b" if isinstance(x, Send) and x.endpoint == b.endpoint
+              and x.frames[0] == b"PING" else None) for x in actions]
+    assert "left" in kinds and "ping to b" in kinds, actions
+    assert kinds.index("ping to b") < kinds.index("left")
+
+
 class _Told:
     """A service on a broker: what the layer told it, in order."""
 

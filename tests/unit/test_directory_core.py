@@ -253,13 +253,7 @@ def test_ends_closed_before_their_introduction_leave_nothing_behind(seed):
     assert net.replies("A", b"keep-r")[-1] == p.ReadOk(b"still")
 
 
-# seed 7: a broker's tick builds its PINGs (each with the count of the messages sent to its
-# peer) before it carries out a peer's loss; ZPIPES, told of the loss, sends that peer
-# messages at once, ahead of the PING, which then counts too few: the peer ends the life "out
-# of order", failing the pipes through it (zbroker/cluster/core/node.py, NodeCore.tick)
-@pytest.mark.parametrize("seed", [pytest.param(7, marks=pytest.mark.xfail(
-    strict=True, reason="a PING's count is stale behind the sends a loss in its tick makes"))
-    if seed == 7 else seed for seed in range(30)])
+@pytest.mark.parametrize("seed", range(30))
 def test_members_changing_while_messages_are_in_flight_fail_no_pipe(seed):
     """A broker joins and a broker with no pipe end (only homes) is lost while registrations,
     introductions and data are on their way: every stream still ends whole."""

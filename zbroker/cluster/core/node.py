@@ -279,7 +279,6 @@ class NodeCore:
             out.append(Log("warning", "broker did not run (paused, or its loop blocked): its "
                            "peers' silence meanwhile is not counted",
                            {"seconds": round(change.stalled, 2)}))
-        self._apply(change, now, out)
         ping = wire.ASK + wire.PING_CLOCK.pack(mono)
         for peer in to_ping:
             self._ping(peer, ping, now, out)
@@ -289,6 +288,9 @@ class NodeCore:
         for contact in self.membership.unanswered():
             if now - contact.last_said >= CONTACT_RETRY:
                 self._say_hello(contact.endpoint, False, now, out, HELLO_RETRY)
+        # the losses last: services told of one send at once, and a PING built above counts
+        # the messages sent before it; sent after theirs, it would count too few
+        self._apply(change, now, out)
         return out
 
     # --- messages from peers ---------------------------------------------------------------------
