@@ -371,22 +371,7 @@ class Network:
                 continue
             if not self.queue:
                 return
-            src, endpoint, frames = self.queue.popleft()
-            node = self.nodes.get(endpoint)
-            if node is None or frozenset((src.endpoint, endpoint)) in self.cut:
-                continue
-            if (src.endpoint, endpoint) in self.holding:
-                self.held_back.append((src, endpoint, frames))
-                continue
-            if self.tamper is not None:
-                frames = self.tamper(src, node, frames)
-                if frames is None:
-                    continue
-            if node.paused:
-                node.waiting.append(("frames", frames))
-                continue
-            node.run(node.core.received(frames, self.now, self.now))
-            node.rearm()
+            self._arrive(*self.queue.popleft())
         raise AssertionError("the brokers never stop talking")
 
     def advance(self, to: float) -> None:
@@ -485,9 +470,13 @@ class Network:
         return True
 
     def _arrive(self, src: Node, endpoint: str, frames: list[Frame]) -> None:
-        """One message at ``endpoint``, as ``deliver`` has it arrive."""
+        """One message on its way to ``endpoint`` arrives: lost (the broker gone, the link
+        cut), held back (``hold``), or read (now, or on ``resume``)."""
         node = self.nodes.get(endpoint)
         if node is None or frozenset((src.endpoint, endpoint)) in self.cut:
+            return
+        if (src.endpoint, endpoint) in self.holding:
+            self.held_back.append((src, endpoint, frames))
             return
         if self.tamper is not None:
             frames = self.tamper(src, node, frames)
