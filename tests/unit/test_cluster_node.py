@@ -209,6 +209,20 @@ def test_a_tick_sends_its_pings_before_it_tells_services_of_a_loss():
     assert kinds.index("ping to b") < kinds.index("left")
 
 
+def test_what_a_killed_peer_sent_before_it_died_does_not_clear_its_closed_connection():
+    """A broker killed with its last messages still on their way: they are read after its
+    connection is seen closed, and prove nothing of after; its peer loses it by the closed
+    connection (0.5 s), not by its silence (3 s)."""
+    net = Network(timeout=3.0)
+    a, b = net.meet("a", "b")
+    assert b.send(b.lives()["a"], "svc", [b"last words"])  # on its way, not read yet
+    net.kill("b")
+    net.run(1)
+    assert [m[2] for m in a.messages] == [[b"last words"]]
+    assert [why for _, why in a.left] == [
+        "its connection closed and nothing was heard for 0.5 s"]
+
+
 class _Told:
     """A service on a broker: what the layer told it, in order."""
 

@@ -5,6 +5,8 @@ nothing for ``interval``; anything heard from a peer counts as liveness; a peer 
 ``timeout`` is lost. Sooner, when our connection to it closed (its process died: the kernel
 closes its sockets at once) and nothing was heard from it for ``suspect_grace`` after that
 (a connection that only broke is made again, and the peer's own traffic goes on meanwhile).
+What is read within ``SUSPECT_SETTLE`` of the close does not count: a dead process's last
+messages, sent before it died, may be read after its closed connection is seen.
 mDNS says nothing about liveness (it keeps a killed broker for many
 minutes): only what is heard counts.
 
@@ -69,6 +71,7 @@ MAX_PENDING = 64  # contacts learned from HELLOs that have not become a peer
 MAX_ENDPOINT = 256  # characters of an endpoint a HELLO may claim
 MAX_LEARNED = 512  # contacts learned from gossip that have not become a peer
 MAX_GONE = 1024  # ids of lost members remembered (against stale gossip)
+SUSPECT_SETTLE = 0.1  # seconds after a close in which what is read was sent before it
 SEND_RETRY = 0.1  # seconds before a PING (or MEMBERS) the peer's link refused is tried again
 STALL_MIN = 0.5  # seconds late a timer must be for the broker to count as not having run
 
@@ -475,7 +478,8 @@ class Membership:
         if peer is None:
             return False
         peer.last_heard = now
-        peer.suspect_since = None
+        if peer.suspect_since is not None and now - peer.suspect_since >= SUSPECT_SETTLE:
+            peer.suspect_since = None  # (sooner, it may be what it sent before it died)
         return True
 
     def disconnected(self, endpoint: str, now: float) -> None:
