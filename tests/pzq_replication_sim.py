@@ -19,10 +19,11 @@ a second, and a seed replays it exactly. What is modelled, and how it maps to th
   broker sent that no peer has read yet (a step's worth at most).
 - **The pzq service** (zbroker/services/pzq/service.py) on each node: to a peer's life that
   begins it tells its queue (QUEUES, with its node id); a life that ends is the queue's
-  ``peer_gone``; a peer's message is the queue's (``peer_hosts`` for QUEUES). The queue's
-  core is told at once; what it asks (a message to a life, a write) is carried out at the
-  broker's next turn, each step, as the queue's server does it at the loop's next turn: a
-  re-copy's message the cluster refuses makes that life unreachable (``peer_unreachable``).
+  ``peer_gone`` (with the cluster's ``alive``: the peer ended it and runs on); a peer's
+  message is the queue's (``peer_hosts`` for QUEUES). The queue's core is told at once;
+  what it asks (a message to a life, a write) is carried out at the broker's next turn, each
+  step, as the queue's server does it at the loop's next turn: a re-copy's message the
+  cluster refuses makes that life unreachable (``peer_unreachable``).
 - **Pause** (SIGSTOP): the broker runs nothing, its clock jumps on resume; what its peers sent
   meanwhile is read before its timers judge them (its cluster core credits a stall).
 - **Clients**: a producer per broker (unique ids, the body is the id), a consumer per broker
@@ -229,8 +230,9 @@ class PzqService:
         b.node.send(life.id, SERVICE, peering.encode(peering.Queues({QUEUE.decode(): b.node_id})))
 
     def left(self, life: Any, why: str) -> None:
-        sim = self.broker.sim
-        self.broker.rep.peer_gone(life.id, sim.now, sim.now_us)
+        b = self.broker
+        assert b.node is not None
+        b.rep.peer_gone(life.id, b.sim.now, b.sim.now_us, alive=life.id in b.node.ended_alive)
 
     def message(self, life: Any, service: str, frames: list[Any]) -> None:
         assert service == SERVICE, service

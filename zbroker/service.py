@@ -148,8 +148,10 @@ class Service(ABC):
     def peer_joined(self, peer: PeerBroker) -> None:
         """A peer broker joined the cluster."""
 
-    def peer_left(self, peer: PeerBroker) -> None:
-        """A peer broker left the cluster or was lost."""
+    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
+        """A peer broker left the cluster or was lost (that life of it ended). ``alive``: it
+        was running when the life ended (it ended the life itself, e.g. it had lost us and
+        started afresh): not a loss of the broker, which goes on serving."""
 
     def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         """A message from this service on a peer broker (frames as memoryviews)."""

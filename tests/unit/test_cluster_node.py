@@ -239,6 +239,32 @@ class _Told:
         self.told.append((bytes(frames[0]).decode(), life.id))
 
 
+def test_a_life_that_ends_with_its_peer_running_is_told_so_a_loss_is_not():
+    """Services are told whether a peer was running when its life ended (Left.alive): a
+    broker paused past the timeout is lost by the others (silent: not alive); resumed, it
+    reads their HELLOs that start afresh (they had lost it) and ends its lives of them, which
+    run (alive). A BYE that says why ends a life of a peer that runs on; one without, and a
+    closed connection, a peer that stops or died."""
+    net = Network(timeout=3.0)
+    a, b, c, d = net.meet("a", "b", "c", "d")
+    net.pause("b")
+    net.run(4, until=lambda: "b" not in a.lives() and "b" not in c.lives())
+    assert [w for _, w in a.left] == ["silent for 3.0 s"] and not a.ended_alive
+    net.resume("b")
+    net.run(2, until=lambda: len(b.left) == 3)
+    assert [w for _, w in b.left] == ["restarted its session with us"] * 3
+    assert b.ended_alive == {life.id for life, _ in b.left}
+    net.stop("c", why="a new cluster key")
+    assert a.left[-1][1] == "it ended its life of us: a new cluster key"
+    assert a.left[-1][0].id in a.ended_alive
+    net.stop("d")
+    assert a.left[-1][1] == "said goodbye" and a.left[-1][0].id not in a.ended_alive
+    net.kill("b")
+    net.run(1, until=lambda: "b" not in a.lives())
+    assert a.left[-1][1].startswith("its connection closed")
+    assert a.left[-1][0].id not in a.ended_alive
+
+
 def test_a_broker_paused_alone_is_lost_by_its_peer_and_reads_what_came_once_it_resumes():
     """One broker stopped (SIGSTOP) past the timeout: its peer ends its life; the paused one
     ticks nothing meanwhile, then reads what waited (the messages sent before the loss) before
@@ -480,7 +506,7 @@ class Node:
                                insecure=True, peers=tuple(peers), peer_timeout=2.0)
         self.node = ClusterNode(config, name, ctx, asyncio.get_running_loop(),
                                 structlog.get_logger(), on_join=self.joined.append,
-                                on_leave=lambda peer, why: self.left.append(why),
+                                on_leave=lambda peer, why, alive: self.left.append(why),
                                 on_message=lambda peer, service, frames:
                                 self.messages.append([bytes(f) for f in frames]))
 

@@ -681,3 +681,45 @@ def test_a_holder_lost_while_the_quorum_holds_is_not_waited_for():
     rep.peer_gone(lives["b"], 1.6, 1_600_000)  # c still answers: a new holder, no fence
     assert not rep.fence.waiting_takers and rep.queue.deliver_until > 1.6
     assert rep.placement.holders == ["c#1"]
+
+
+@pytest.mark.parametrize("alive", [True, False], ids=["ended-by-the-origin", "origin-lost"])
+def test_a_holder_takes_nothing_over_from_an_origin_that_ended_its_life_alive(alive):
+    """Holder b, paused past peer_timeout, runs again: what its origin a sent meanwhile is read
+    first, then a's HELLO that starts afresh (a had lost b: it took c as its holder, went on
+    delivering, and sent its DELETEs there) ends b's life of a; a is cut off just after, so
+    nothing more comes from it, while c answers b's LEASEs. b's copies are stale: taken over,
+    c (a's holder now) and b both delivered a's backlog (seen in the fault runs, seed 26: 879
+    delivered twice). The cluster says that life ended with a running (``alive``): the copies
+    wait for a's RELEASE. Lost (silent, its connection closed), a's copies are taken over."""
+    a, b, c = (node_id_of(n) for n in "abc")
+    rep = ReplicationCore(QueueCore(Limits()), ReplicationSettings(
+        name="jobs", node_id=b, cluster=True, rejoin_grace=4.0, lease=0.5))
+    rep.started(0.0)
+    rep.peer_hosts("a#1", a, 0.0)
+    rep.peer_hosts("c#1", c, 0.0)
+    copies = [(b"k%d" % i, [b"body"]) for i in range(5)]
+    for msg in peering.copies(b"jobs", a, copies):
+        assert rep.cluster_message("a#1", peering.encode(msg), 0.0, 0)
+    assert len(rep.origins[a].core.messages) == 5
+
+    def answered_by_c(now: float) -> None:
+        rep.tick(now, int(now * 1e6))  # (our LEASE, asked at ``now``; c answers at once)
+        rep.cluster_message("c#1", peering.encode(peering.Lease(
+            b"jobs", c, repr(now).encode(), answer=True)), now, int(now * 1e6))
+
+    now = 5.0  # resumed
+    answered_by_c(now)
+    assert rep.cluster_message("a#1", peering.encode(peering.Lease(b"jobs", a, b"4.9")),
+                               now, int(now * 1e6))  # sent by a before it lost b, read now
+    assert rep.fence.quorum_without(a, now)
+    rep.peer_gone("a#1", now, int(now * 1e6), alive=alive)
+    for i in range(1, 13):  # c answers every quarter lease, for 1.5 s; a says nothing
+        answered_by_c(now + i * 0.125)
+    if alive:
+        assert rep.taken_over == 0 and len(rep.origins[a].core.messages) == 5
+        assert any(line.event.startswith("pzq replica origin ended its life with us, its "
+                                          "copies kept") for line in rep.take_output()
+                   if type(line) is Log)
+    else:
+        assert rep.taken_over == 5

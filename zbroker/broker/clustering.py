@@ -93,7 +93,7 @@ class Clustering:
             self.config.cluster, self.name, self._zmq_context, self._loop,
             logs.get_logger(component="cluster"),
             on_join=self._peer_joined,
-            on_leave=lambda peer, why: self.hosted.peer_left(peer),
+            on_leave=lambda peer, why, alive: self.hosted.peer_left(peer, alive),
             on_message=self.hosted.message_relay(),
             max_message=message_limit(self.hosted.largest_payload(self.config)),
             features=self.hosted.features(),

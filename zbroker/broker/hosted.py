@@ -122,9 +122,9 @@ class HostedServices:
         for service in self.started:
             service.peer_joined(peer)
 
-    def peer_left(self, peer: PeerBroker) -> None:
+    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
         for service in self.started:
-            service.peer_left(peer)
+            service.peer_left(peer, alive)
 
     def message_relay(self) -> Callable[[PeerBroker, str, list[Any]], None]:
         """What to do with a peer's message to a service: given to the service of that name

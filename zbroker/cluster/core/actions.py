@@ -11,7 +11,8 @@
     Disconnect  close everything our link to an endpoint opened (``linger``: ms to let what
                 was sent go; ``soon``: on the next turn, not from inside the link's own event)
     Joined, Left, Deliver   what the services see: a peer's life began, ended, or brought
-                a service message
+                a service message (Left says ``why``, and whether the peer was running as it
+                ended: ``alive``)
     Trust       a host that is a peer's: out of the strangers' pool at our socket's door
     Wake        call NodeCore.tick at this time (the earliest asked for wins)
     LookUpClosed    in ``after`` seconds, read which connections to our socket were closed
@@ -83,6 +84,10 @@ class Joined:
 class Left:
     life: PeerBroker
     why: str
+    #: the peer was running when the life ended: it ended the life itself (its HELLO starts
+    #: afresh with us: it had lost us; its BYE says why), or we did, on a message of it out of
+    #: order. Not a loss of the peer: what it serves, it goes on serving
+    alive: bool = False
 
 
 @dataclass(slots=True)

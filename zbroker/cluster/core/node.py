@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from zbroker.runtime.stats import LATENCY_BOUNDS, Buckets
@@ -333,8 +333,10 @@ class NodeCore:
         elif kind == wire.KIND_BYE:
             why = frames[2].bytes[:wire.MAX_WHY].decode("utf-8", "replace") \
                 if len(frames) > 2 else ""
+            # (a BYE that says why ends the life, not the peer: one without is its stop)
             self._apply(membership.bye(sender, now), now, out,
-                        f"it ended its life of us: {why}" if why else None)
+                        f"it ended its life of us: {why}" if why else None,
+                        alive=(sender,) if why else ())
         elif kind == wire.KIND_MEMBERS and len(frames) == 3:
             self._members(sender, frames[2], now, out)
         else:
@@ -348,7 +350,7 @@ class NodeCore:
         it, and tell the peer so (it ends its own; both then start afresh)."""
         peer = self.membership.peers[sender]
         self._send(out, peer.endpoint, [wire.KIND_BYE, why.encode()], now)
-        self._apply(self.membership.bye(sender, now), now, out, why)
+        self._apply(self.membership.bye(sender, now), now, out, why, alive=(sender,))
 
     def _echo(self, sender: str, payload: bytes, now: float, mono: float,
               out: list[Action]) -> None:
@@ -401,7 +403,9 @@ class NodeCore:
                 self._say_hello(change.challenge, False, now, out, HELLO_SENT)
         if change.reply_hello_to:  # first, so that it reaches the peer before what services
             self._say_hello(change.reply_hello_to, True, now, out, HELLO_SENT)  # send it
-        self._apply(change, now, out, address=address)  # when it joins
+        # when it joins; a life of the sender that ends on its HELLO ends with the sender
+        # running (it restarted its session with us), unlike that of an old start of it
+        self._apply(change, now, out, address=address, alive=(hello.id,))
 
     def _members(self, sender: str, frame: Frame, now: float, out: list[Action]) -> None:
         """What a peer says of whom it knows: the members we did not know are said HELLO to."""
@@ -479,8 +483,9 @@ class NodeCore:
     # --- joins and losses ------------------------------------------------------------------------
 
     def _apply(self, change: Change, now: float, out: list[Action], reason: str | None = None,
-               address: str = "") -> None:
-        """Act on ``change``; ``address``: where the message that made it came from."""
+               address: str = "", alive: Collection[str] = ()) -> None:
+        """Act on ``change``; ``address``: where the message that made it came from;
+        ``alive``: the ids of the peers whose lives end while they run (Left.alive)."""
         if change.dropped:
             # a flood of HELLOs gives contacts up one by one: logged by where the HELLOs come
             # from, so that the repeats are counted into one line
@@ -500,7 +505,7 @@ class NodeCore:
                 "peer": peer.label, "id": peer.id, "life": peer.life, "endpoint": peer.endpoint,
                 "why": reason or why}))
             if life is not None:
-                out.append(Left(life, reason or why))
+                out.append(Left(life, reason or why, alive=peer.id in alive))
         for peer in change.joined:
             life = PeerBroker(peer.life, peer.name, peer.endpoint, member=peer.id,
                               features=peer.features, numbered=peer.numbering is not None,

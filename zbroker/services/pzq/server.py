@@ -357,10 +357,11 @@ class QueueServer:
             self.replication.peer_hosts(life, node_id, self.loop.time())
             self._soon()
 
-    def peer_gone(self, life: str) -> None:
-        """A peer of the cluster left (or was lost)."""
+    def peer_gone(self, life: str, alive: bool = False) -> None:
+        """A peer of the cluster left (or was lost; ``alive``: it ended that life itself and
+        runs on)."""
         if self._running:
-            self.replication.peer_gone(life, self.loop.time(), time.time_ns() // 1000)
+            self.replication.peer_gone(life, self.loop.time(), time.time_ns() // 1000, alive)
             self._soon()
 
     def cluster_message(self, life: str, frames: list[Any]) -> bool:

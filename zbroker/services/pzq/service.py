@@ -224,9 +224,9 @@ class PzqService(Service):
             hosted = {name: q.node_id for name, q in self.queues.items()}
             self._cluster.send(peer.id, peering.encode(peering.Queues(hosted)))
 
-    def peer_left(self, peer: PeerBroker) -> None:
+    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
         for q in self.queues.values():
-            q.peer_gone(peer.id)
+            q.peer_gone(peer.id, alive)
 
     def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         kind = bytes(frames[0]) if frames else b""

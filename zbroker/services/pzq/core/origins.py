@@ -228,11 +228,25 @@ class Origins:
             origin.lost_at = None
             origin.stale = {m.msg_id for m in origin.core.messages.values()}
 
-    def life_ended(self, life: str, now: float) -> None:
-        """A peer life left the cluster: the origins of that life are lost since ``now``."""
+    def life_ended(self, life: str, now: float, alive: bool = False) -> list[Log]:
+        """A peer life left the cluster: the origins of that life are lost since ``now``.
+        ``alive``: the peer was running as the life ended (the cluster's Left.alive: it had
+        lost us and started afresh, so it took another holder, went on delivering and sent
+        its DELETEs there; or it said why it ended the life): their copies are stale, never
+        taken over, kept until it is back and releases them (its RELEASE). The log lines of
+        those kept."""
+        out: list[Log] = []
         for origin in self.origins.values():
             if origin.life == life and not origin.taken_over and origin.current():
-                origin.lost_at = now
+                if not alive:
+                    origin.lost_at = now
+                    continue
+                origin.lost_at = None
+                out.append(self._log(
+                    "warning", "pzq replica origin ended its life with us, its copies kept: "
+                    "it had lost us and went on without us", node=origin.node_id,
+                    copies=len(origin.core.messages)))
+        return out
 
     def lost(self, now: float, lease: float, fence: Fence) -> list[Origin | Log]:
         """The origins whose life ended to take over now, in order with the log lines of

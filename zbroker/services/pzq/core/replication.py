@@ -254,10 +254,12 @@ class ReplicationCore:
             self.out += holders.available(life, node_id, self.fence)
             self.queue.replica_targets = len(holders)
 
-    def peer_gone(self, life: str, now: float, now_us: int) -> None:
+    def peer_gone(self, life: str, now: float, now_us: int, alive: bool = False) -> None:
         """A peer of the cluster left (or was lost): replace it as a holder of our copies;
         deliver the copies we hold for it if a quorum without it answers our LEASEs (else it
-        may still deliver them; they wait for its return, and its RELEASE)."""
+        may still deliver them; they wait for its return, and its RELEASE). ``alive``: the
+        peer ended the life itself and runs on (the cluster's Left.alive): it had lost us,
+        and the copies we hold for it are stale; they wait for its RELEASE."""
         node_id = self.fence.hosts.get(life)
         self.fence.left(life)
         # (a quorum found lost now was lost with this life at the latest: if it held our
@@ -268,7 +270,7 @@ class ReplicationCore:
             self._from_queue()
             self.out += holders.gone(life, self.fence)
             self.queue.replica_targets = len(holders)
-        self.holding.life_ended(life, now)
+        self.out += self.holding.life_ended(life, now, alive)
         self._take_over_lost(now, now_us)
 
     def cluster_message(self, life: str, frames: Sequence[Any], now: float,
