@@ -204,6 +204,11 @@ class ReplicationCore:
                 sends.append(a)
         # remembered before the copies leave the replica log (the actions run in order)
         self.out += self.taken_lists.remember(taken)
+        for node_id, keys in taken.items():
+            # its queue is back already (a new life), and was told its list without these
+            life = next((k for k, v in self.fence.hosts.items() if v == node_id), None)
+            if life is not None:
+                self.out += self.taken_lists.tell_written(life, node_id, keys)
         if not sends:
             return
         if self.holders is not None:

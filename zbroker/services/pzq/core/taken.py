@@ -75,6 +75,17 @@ class TakenLists:
         out.append(SendCluster(life, peering.Taken(self._qname, node_id, [])))
         return out
 
+    def tell_written(self, life: str, node_id: str, keys: list[bytes]) -> list[Any]:
+        """Keys taken over from ``node_id`` that our queue wrote after that queue was back
+        (``life``) and told its list: told at once, so that it drops them before it delivers
+        them (a restarted origin holds what it recovered for a rejoin grace). Kept all the
+        same, and told again at its next return."""
+        out: list[Any] = [SendCluster(life, peering.Taken(self._qname, node_id, chunk))
+                          for chunk in peering.key_chunks(keys, peering.TAKEN_BATCH)]
+        out.append(Log("info", "pzq told a queue that is back what was taken over of it since",
+                       {"queue": self.name, "node": node_id, "messages": len(keys)}))
+        return out
+
     def forget(self, node_id: str) -> ForgetTaken:
         self.taken.pop(node_id, None)
         self.taken_told.pop(node_id, None)
