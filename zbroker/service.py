@@ -148,10 +148,15 @@ class Service(ABC):
     def peer_joined(self, peer: PeerBroker) -> None:
         """A peer broker joined the cluster."""
 
-    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
-        """A peer broker left the cluster or was lost (that life of it ended). ``alive``: it
-        was running when the life ended (it ended the life itself, e.g. it had lost us and
-        started afresh): not a loss of the broker, which goes on serving."""
+    def peer_left(self, peer: PeerBroker) -> None:
+        """A peer broker left the cluster or was lost (that life of it ended)."""
+
+    def peer_ended(self, peer: PeerBroker, alive: bool) -> None:
+        """That life of a peer broker ended; ``alive``: the peer was running as it ended (it
+        ended the life itself, e.g. it had lost us and started afresh): not a loss of the
+        broker, which goes on serving. The broker calls this; by default it is
+        :meth:`peer_left`, for a service to which why makes no difference."""
+        self.peer_left(peer)
 
     def peer_message(self, peer: PeerBroker, frames: list[Any]) -> None:
         """A message from this service on a peer broker (frames as memoryviews)."""

@@ -103,7 +103,7 @@ class EchoService(Service):
         if said is not None:
             self.peers[peer.name] = said
 
-    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
+    def peer_left(self, peer: PeerBroker) -> None:
         self.peers.pop(peer.name, None)
 
     def status(self) -> dict[str, Any]:

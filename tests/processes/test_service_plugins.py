@@ -148,6 +148,9 @@ def test_peer_brokers_carry_a_plugins_features_without_knowing_them(with_plugin,
 
     for i in (0, 1):
         wait_for(lambda i=i: told(i), 15, f"broker {i} to hear its peer's echo")
+    # a plug-in that knows only peer_left(peer) is told of a peer lost, as before
+    brokers[1].kill()
+    wait_for(lambda: not told(0), 15, "broker 0's echo to forget its peer, killed")
 
 
 

@@ -103,6 +103,7 @@ async def pair(tmp_path):
 
 
 async def settle(rounds: int = 50) -> None:
+    """A window of ``rounds`` turns of 10 ms in which what must not happen would."""
     for _ in range(rounds):
         await asyncio.sleep(0.01)
 
@@ -184,7 +185,9 @@ async def test_taken_keys_are_dropped_only_for_this_node(pair):
     assert len(qa.core.messages) == 4  # another node's list: not ours
     a.peer_message(peer_b, [memoryview(f) for f in [b"TAKEN", b"jobs", qa.node_id.encode(),
                                                        keys[0], keys[1], b"gone"]])
-    await settle(5)
+    await wait_for_async(  # taken back here, and their copies deleted on b
+        lambda: len(qa.core.messages) == 2
+        and b.queues["jobs"].counters()["replicas_held"] == 2, 5, "two messages taken back")
     assert len(qa.core.messages) == 2 and qa.core.counters["taken_back"] == 2
     assert b.queues["jobs"].counters()["replicas_held"] == 2  # their copies deleted too
 
@@ -192,7 +195,7 @@ async def test_taken_keys_are_dropped_only_for_this_node(pair):
 async def test_a_lost_holder_makes_new_messages_fail_replication_at_once(pair):
     a, b, pa, pb, peer_a, peer_b = pair
     qa = a.queues["jobs"]
-    a.peer_left(peer_b)
+    a.peer_ended(peer_b, alive=False)
     assert qa.replication.placement.holders == [] and qa.core.replica_targets == 0
     acks = await produce(a, 2)
     assert all(ack[1:] == [b"1", b"", b"REPLICATION_FAILED"] for ack in acks), acks

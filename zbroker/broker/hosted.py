@@ -124,7 +124,7 @@ class HostedServices:
 
     def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
         for service in self.started:
-            service.peer_left(peer, alive)
+            service.peer_ended(peer, alive)
 
     def message_relay(self) -> Callable[[PeerBroker, str, list[Any]], None]:
         """What to do with a peer's message to a service: given to the service of that name

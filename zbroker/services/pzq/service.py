@@ -224,7 +224,7 @@ class PzqService(Service):
             hosted = {name: q.node_id for name, q in self.queues.items()}
             self._cluster.send(peer.id, peering.encode(peering.Queues(hosted)))
 
-    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
+    def peer_ended(self, peer: PeerBroker, alive: bool) -> None:
         for q in self.queues.values():
             q.peer_gone(peer.id, alive)
 

@@ -227,7 +227,7 @@ class ZpipesService(Service):
         (zpipes/peering.py)."""
         return {"directory": True, "fanout": True, "write_frames": True, "confirm": True}
 
-    def peer_left(self, peer: PeerBroker, alive: bool = False) -> None:
+    def peer_left(self, peer: PeerBroker) -> None:
         if self._lives.get(peer.member) == peer.id:
             del self._lives[peer.member]
             self._rtts.pop(peer.member, None)
