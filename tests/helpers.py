@@ -70,6 +70,22 @@ async def wait_for_async(predicate: Callable[[], Any], timeout: float, what: str
         await asyncio.sleep(interval)
 
 
+def wait_steady(measure: Callable[[], int], timeout: float, what: str, tolerance: int = 0,
+                interval: float = 0.2) -> int:
+    """Poll ``measure`` until two readings ``interval`` apart differ by at most
+    ``tolerance`` (a process's memory or descriptors once it has settled); the last one."""
+    last: int | None = None
+
+    def steady() -> bool:
+        nonlocal last
+        before, last = last, measure()
+        return before is not None and abs(last - before) <= tolerance
+
+    wait_for(steady, timeout, f"{what} to hold steady", interval=interval)
+    assert last is not None
+    return last
+
+
 def assert_writer_lost(error: Exception) -> None:
     """A reader's error says its writer was lost: the stream was cut, not whole."""
     from zpipes import PipeFailed
@@ -288,6 +304,15 @@ def run_zbroker(args: Sequence[str], cwd: Path, timeout: float = 30.0
     return subprocess.run([sys.executable, "-m", "zbroker", *args], cwd=cwd,
                           env=broker_env(cwd), capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def zpipes_connections(b: BrokerProcess) -> int:
+    """How many connections the broker's ZPIPES endpoint has (``zbroker status``); 0 while
+    it does not answer."""
+    import json
+
+    r = run_zbroker(["status", b.name, "--json"], cwd=b.dir)
+    return json.loads(r.stdout)["services"]["zpipes"]["connections"] if r.returncode == 0 else 0
 
 
 _HANDED_OUT: dict[int, None] = {}  # ports free_port gave lately, oldest first

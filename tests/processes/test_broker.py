@@ -348,7 +348,9 @@ async def test_an_exception_nothing_caught_is_in_the_brokers_log_with_its_traceb
 
     try:
         loop.call_soon(failing)
-        await asyncio.sleep(0.01)
+        ran = loop.create_future()
+        loop.call_soon(ran.set_result, None)  # (callbacks run in order: after failing's)
+        await ran
     finally:
         loop.set_exception_handler(previous)
     logs.flush_budget(everything=True)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import zmq
+from helpers import wait_for
 from wire import (
     CLOSE_OK,
     INPUT_FAILED,
@@ -113,7 +114,7 @@ def test_defect2_and_3_ping_during_pending_read(clients):
     writer.call(output(b"p23"))
     reader.send(read(10, 400))
     for _ in range(3):
-        time.sleep(0.05)
+        time.sleep(0.05)  # PINGs spread over the READ's wait
         assert reader.call(ping()) == (PING_OK, None)
     assert reader.recv() == (READ_TIMEOUT, None)  # the timeout still fired
     reader.send(read(10, 0))
@@ -314,7 +315,8 @@ def test_request_logs_carry_pipe_client_size_and_timeout(start_broker, ctx):
     try:
         c.call(output(b"logged"))
         c.send(write(b"12345", 700))
-        time.sleep(0.2)
+        # the broker has taken the WRITE (it waits: nobody reads) and logged its request
+        wait_for(lambda: '"request"' in b.stderr(), 5, "the WRITE's request line")
         c.call(close())
     finally:
         c.close()

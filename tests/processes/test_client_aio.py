@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import os
 import random
 import signal
@@ -18,7 +19,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import assert_writer_lost, cut
+from helpers import assert_writer_lost, cut, wait_for_async, zpipes_connections
 
 import zpipes
 from zpipes import BrokenPipe, BrokerUnavailable, PipeFailed, PipeTimeout, ZpipesError, aio
@@ -121,7 +122,7 @@ async def test_end_timeout_and_failure_are_distinct(start_broker):
 
         # a failure: a reader that waits (for a writer) when the broker stops
         failing = asyncio.create_task(waiter.read(1))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: the read waits
         assert not failing.done()
         assert await asyncio.to_thread(b.stop) == 0
         with pytest.raises(ZpipesError) as failure:
@@ -145,7 +146,9 @@ async def test_a_timeout_or_a_cancel_loses_nothing_and_a_later_read_picks_up(bro
             await reader.readline()  # no newline yet
         reader.timeout = None
         pending = asyncio.create_task(reader.read(10))
-        await asyncio.sleep(0.1)
+        await wait_for_async(  # the read has begun and waits
+            lambda: inspect.getcoroutinestate(pending.get_coro()) == inspect.CORO_SUSPENDED,
+            5, "the read to wait")
         pending.cancel()  # the program's own cancellation
         with pytest.raises(asyncio.CancelledError):
             await pending
@@ -268,11 +271,13 @@ async def test_broker_stopped_fails_blocked_and_idle_ends_with_broker_stopping(s
             await writer.write(b"nobody reads this")  # no reader: the WRITE waits
         blocked = [asyncio.create_task(blocked_reader.read(1)),
                    asyncio.create_task(blocked_writer.flush())]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: both wait
         assert not any(call.done() for call in blocked)
         stopped_at = time.monotonic()
         assert await asyncio.to_thread(b.stop) == 0
-        await asyncio.sleep(0.3)
+        await wait_for_async(  # the idle ends have seen their connection drop
+            lambda: all(end._channel.dead for end in (idle_reader, idle_writer)), 5,
+            "the idle ends to see the connection drop")
         idle = [asyncio.create_task(idle_reader.read(1)),
                 asyncio.create_task(idle_writer.flush())]
         outcomes = await asyncio.wait_for(
@@ -300,7 +305,8 @@ async def test_broker_killed_gives_broker_unavailable_in_bounded_time(start_brok
     try:
         await writer.write(b"nobody reads this")
         calls = [asyncio.create_task(reader.read(1)), asyncio.create_task(writer.flush())]
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # a window: both wait
+        assert not any(call.done() for call in calls)
         killed_at = time.monotonic()
         b.kill()
         outcomes = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 10)
@@ -326,7 +332,8 @@ async def test_broker_restarted_under_the_same_name_is_not_taken_for_the_old_one
     try:
         b.kill()
         b2 = start_broker(name=b.name)  # listening again before the ends do anything
-        await asyncio.sleep(0.5)  # time enough to reconnect
+        await asyncio.sleep(0.5)  # a window in which a reconnecting socket would reconnect:
+        assert await asyncio.to_thread(zpipes_connections, b2) == 0  # the ends make no other
         for call in (reader.read(1), writer.write(b"x" * 10)):
             start = time.monotonic()
             with pytest.raises(BrokerUnavailable, match="lost the connection"):

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import assert_writer_lost, broker_env, cut, read_within
+from helpers import (
+    assert_writer_lost,
+    broker_env,
+    cut,
+    read_within,
+    wait_for,
+    zpipes_connections,
+)
 from wire import (
     INPUT_OK,
     INVALID,
@@ -219,7 +226,7 @@ def test_seed_zpipes_client_read_returns_ambiguous_results_end_timeout_failure(s
         # a failure: a reader that waits (for a writer, on another pipe) when the broker stops
         waiter = zpipes.open("amb2", "r", broker=b.name)
         failing = Background(waiter.read, 1)
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window: the read waits
         assert failing.running()
         assert b.stop() == 0
         failing.join(10)
@@ -244,7 +251,10 @@ def test_an_end_of_stream_once_consumed_is_not_seen_again_by_a_new_writers_reade
         assert reader.read() == b"one"  # blocked while the data and the end arrive
         assert reader.read() == b""
         first.outcome()
-        time.sleep(0.3)  # the late READ_ENDs arrive
+        # the late READ_ENDs of the READs still outstanding arrive (the heartbeat thread
+        # takes them in)
+        wait_for(lambda: len(reader._channel._inbox) >= reader._proto.outstanding, 5,
+                 "the late READ_ENDs")
         with zpipes.open("eos", "w", broker=broker.name, timeout=10) as writer:
             reader.timeout = 0.5
             with pytest.raises(TimeoutError):
@@ -442,7 +452,7 @@ def test_broker_stopped_while_ends_wait_fails_them_with_a_zpipes_error(start_bro
         waiting = Background(reader.read, 1)
         writer.write(b"nobody reads this")  # no reader: the WRITE waits
         flushing = Background(writer.flush)
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window: both wait
         assert waiting.running() and flushing.running()
         stopped_at = time.monotonic()
         assert b.stop() == 0
@@ -471,9 +481,11 @@ def test_broker_stopped_fails_every_end_with_broker_stopping(start_broker):
         for writer in (blocked_writer, idle_writer):
             writer.write(b"nobody reads this")  # no reader: the WRITE waits in the broker
         blocked = [Background(blocked_reader.read, 1), Background(blocked_writer.flush)]
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window: both wait
+        assert all(call.running() for call in blocked)
         assert b.stop() == 0
-        time.sleep(0.3)
+        wait_for(lambda: all(end._channel.dead for end in (idle_reader, idle_writer)), 5,
+                 "the idle ends to see the connection drop")
         idle = [Background(idle_reader.read, 1), Background(idle_writer.flush)]
         reasons = []
         for call in blocked + idle:
@@ -492,7 +504,8 @@ def test_closing_an_end_after_broker_stopping_does_not_wait_for_the_gone_broker(
     reader = zpipes.open("gone", "r", broker=b.name)
     try:
         waiting = Background(reader.read, 1)
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window: the read waits
+        assert waiting.running()
         assert b.stop() == 0
         waiting.join(10)
         assert getattr(waiting.error, "reason", None) == "broker stopping", waiting.error
@@ -511,7 +524,7 @@ def test_broker_killed_while_ends_wait_gives_broker_unavailable_in_bounded_time(
         waiting = Background(reader.read, 1)
         writer.write(b"nobody reads this")
         flushing = Background(writer.flush)
-        time.sleep(0.3)
+        time.sleep(0.3)  # a window: both wait
         assert waiting.running() and flushing.running()
         killed_at = time.monotonic()
         b.kill()
@@ -542,7 +555,8 @@ def test_broker_restarted_under_the_same_name_is_not_taken_for_the_old_one(start
     try:
         b.kill()
         b2 = start_broker(name=b.name)  # listening again before the ends do anything
-        time.sleep(0.5)  # time enough to reconnect
+        time.sleep(0.5)  # a window in which a reconnecting socket would reconnect:
+        assert zpipes_connections(b2) == 0  # the ends make no second connection
         for call in (lambda: reader.read(1), lambda: writer.write(b"x" * 10)):
             start = time.monotonic()
             with pytest.raises(BrokerUnavailable, match="lost the connection"):

@@ -17,13 +17,14 @@ from helpers import AS_NOBODY, logged_broker, needs_nobody, unique_name, wait_fo
 
 import zpipes
 
-#: ``python3 -c HOGS COUNT NAME``: COUNT raw ZMTP connections to the abstract ipc socket NAME,
-#: each opening pipe "hog-N" as its writer and sending one 4 MiB WRITE (no reader: it waits);
-#: then reads what comes back on each (OUTPUT_OK, and WRITE_FAILED or nothing), prints how
-#: many WRITEs were refused, and holds the connections until its standard input closes
+#: ``python3 -c HOGS COUNT NAME WANT``: COUNT raw ZMTP connections to the abstract ipc socket
+#: NAME, each opening pipe "hog-N" as its writer and sending one 4 MiB WRITE (no reader: it
+#: waits); then reads what comes back on each (OUTPUT_OK, and WRITE_FAILED or nothing) until
+#: WANT were refused (or 30 s), prints how many WRITEs were refused, and holds the
+#: connections until its standard input closes
 HOGS = textwrap.dedent("""
-    import socket, struct, sys, time
-    count, name = int(sys.argv[1]), sys.argv[2]
+    import select, socket, struct, sys, time
+    count, name, want = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     body = b"\\x05READY" + b"\\x0bSocket-Type" + (6).to_bytes(4, "big") + b"DEALER"
     hello = (b"\\xff" + bytes(8) + b"\\x7f" + b"\\x03\\x00" + b"NULL" + bytes(16) + bytes(32)
              + bytes([4, len(body)]) + body)
@@ -41,21 +42,26 @@ HOGS = textwrap.dedent("""
                   + frame(b"\\xaa\\xa0\\x0c" + struct.pack(">I", len(chunk)) + chunk
                           + struct.pack(">I", 0)))
         socks.append(s)
-    time.sleep(2)  # the broker takes or refuses each
-    refused = 0
-    for s in socks:
-        s.settimeout(0.2)
-        data = b""
-        try:
-            while True:
-                got = s.recv(65536)
-                if not got:
-                    break
-                data += got
-        except OSError:
-            pass
-        refused += b"\\xaa\\xa0\\x0f" in data  # WRITE_FAILED
-    print(refused, flush=True)
+    # the broker takes or refuses each: read until WANT were refused (WRITE_FAILED), or
+    # every connection was refused or ended, or 30 s have gone by
+    got = {s: b"" for s in socks}
+    refused, ended = set(), set()
+    deadline = time.monotonic() + 30
+    while len(refused) < want and time.monotonic() < deadline:
+        waiting = [s for s in socks if s not in refused and s not in ended]
+        if not waiting:
+            break
+        for s in select.select(waiting, [], [], 0.2)[0]:
+            try:
+                data = s.recv(65536)
+            except OSError:
+                data = b""
+            got[s] += data
+            if b"\\xaa\\xa0\\x0f" in got[s]:  # WRITE_FAILED
+                refused.add(s)
+            elif not data:
+                ended.add(s)
+    print(len(refused), flush=True)
     sys.stdin.read()
 """)
 
@@ -72,11 +78,12 @@ def test_one_users_writers_cannot_take_everyones_buffers(tmp_path):
     hogs = None
     try:
         wait_for(lambda: "zpipes bound" in log_path.read_text(), 30, "the broker to start")
-        hogs = subprocess.Popen([*AS_NOBODY, "-c", HOGS, str(HOGS_N), f"/zpipes/{name}"],
+        # its share is 32 MiB: 8 WRITEs of 4 MiB at most are held, the others refused
+        hogs = subprocess.Popen([*AS_NOBODY, "-c", HOGS, str(HOGS_N), f"/zpipes/{name}",
+                                 str(HOGS_N - 8)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                 cwd=tmp_path)
         refused = int(hogs.stdout.readline())
-        # its share is 32 MiB: 8 WRITEs of 4 MiB at most are held, the others refused
         assert refused >= HOGS_N - 8, f"only {refused} of {HOGS_N} hostile WRITEs refused"
         assert "services.zpipes.max_buffered_per_source" in log_path.read_text()
 

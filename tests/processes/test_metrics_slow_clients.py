@@ -385,7 +385,7 @@ def test_out_of_descriptors_the_endpoint_waits_then_serves_again(tmp_path, loop)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: b\r\n\r\n")  # waits in the backlog
             cpu = cpu_seconds(server.pid)
-            time.sleep(3)
+            time.sleep(3)  # a window of 3 s: its CPU time while the connection waits
             assert server.poll() is None
             assert cpu_seconds(server.pid) - cpu < 0.2  # it rests: no spinning on accept
             server.stdin.write(b"free\n")

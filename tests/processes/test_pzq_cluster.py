@@ -99,6 +99,11 @@ def produce(node: Node, n: int, prefix: bytes = b"m") -> Producer:
 
 def consume(node: Node, n: int, timeout: float = 10.0) -> list[bytes]:
     got = []
+
+    def acks(counters: dict[str, int]) -> int:
+        return counters["consumer_acks"] + counters["unknown_acks"]
+
+    before = acks(node.counters())
     with Consumer(node.queue["send_endpoint"]) as c:
         deadline = time.monotonic() + timeout
         while len(got) < n and time.monotonic() < deadline:
@@ -106,7 +111,9 @@ def consume(node: Node, n: int, timeout: float = 10.0) -> list[bytes]:
             if m is not None:
                 got.append(m.body)
                 c.ack(m)
-        time.sleep(0.2)  # let the last ACKs leave before the socket closes
+        # the queue has taken every ACK before the socket closes
+        wait_for(lambda: acks(node.counters()) >= before + len(got), timeout,
+                 f"{node.name}: the consumer's {len(got)} ACKs")
     return got
 
 

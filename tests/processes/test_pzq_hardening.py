@@ -375,7 +375,7 @@ def test_a_full_disk_backs_off_and_recovers_losing_nothing_acked(start_pzq, smal
             if m.body[:4] not in big:
                 c.ack(m)
         c1 = wait_counter(q, "write_failing", lambda n: n == 1)
-        time.sleep(3)
+        time.sleep(3)  # a window of 3 s: how often it tries again (backing off: seldom)
         c2 = q.counters()
     assert got == acked  # every producer-ACKed message
     failed = c2["failed_writes"] - c1["failed_writes"]

@@ -16,6 +16,7 @@ import zmq
 from helpers import broker_env, endpoint_accepts, free_port, wait_for, write_config
 
 from pzq.client import StreamConsumer, monitor
+from zbroker.services.pzq.service import default_monitor_endpoint
 
 
 def queue_config(tmp_path: Path) -> dict:
@@ -120,11 +121,15 @@ def test_stream_get_by_count_goes_on_without_loss_or_duplicates(shell):
 
 
 def test_stream_get_waits_for_messages(shell):
+    mon = default_monitor_endpoint(shell.broker.run_dir / "pzq", shell.broker.name, "events")
+    asked = monitor(mon)["stream_requests"]
     started = time.monotonic()
     get = subprocess.Popen(shell.argv("get", "events", "--count", "2", "--timeout", "10"),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=shell.env)
     try:
-        time.sleep(1.0)  # the get is up and finds nothing
+        # the get is up and finds nothing: its offset, then a RANGE empty, and it asks again
+        wait_for(lambda: monitor(mon)["stream_requests"] >= asked + 3, 10,
+                 "the get's requests")
         assert get.poll() is None
         shell.put("events", lines(2))
         out, err = get.communicate(timeout=10)

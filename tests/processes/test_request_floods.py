@@ -25,6 +25,7 @@ from helpers import (
     run_zbroker,
     unique_name,
     wait_for,
+    wait_steady,
     write_config,
 )
 from test_unread_replies import UNREAD
@@ -56,8 +57,8 @@ def test_floods_of_every_request_type_leave_memory_flat_and_a_pair_moves_all(tmp
     floods: list[subprocess.Popen] = []
     try:
         wait_for(lambda: "broker started" in log_path.read_text(), 30, "the broker to start")
-        time.sleep(0.5)
-        before = rss_bytes(broker.pid)
+        before = wait_steady(lambda: rss_bytes(broker.pid), 10, "the broker's memory",
+                             tolerance=1 << 20)
         floods = [subprocess.Popen(
             [sys.executable, "-c", UNREAD, str(SECONDS), f"@/zpipes/{name}", frame, str(EACH)],
             stdout=subprocess.PIPE, text=True) for frame in REQUESTS.values()]

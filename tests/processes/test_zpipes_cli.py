@@ -290,7 +290,7 @@ def test_interrupted_command_exits_quietly(broker, env, command, signum, status)
             proc.stdin.write(b"waiting for a reader\n")
             proc.stdin.flush()
         wait_attached(broker, pipe, "writer" if command == "write" else "reader")
-        time.sleep(0.2)  # and waiting
+        time.sleep(0.2)  # a window: it stays, waiting
         assert proc.poll() is None
         proc.send_signal(signum)
         got, err = finish(proc, 10)
@@ -400,7 +400,8 @@ def test_broker_stopping_ends_read_with_status_1_and_a_message(start_broker, env
     reader = zpipes_cmd(env, "read", "--broker", b.name, "stop", stdin=subprocess.DEVNULL)
     try:
         wait_attached(b, "stop")
-        time.sleep(0.2)  # connected and waiting for a writer
+        time.sleep(0.2)  # a window: it stays, connected and waiting for a writer
+        assert reader.poll() is None
         assert b.stop() == 0
         status, err = finish(reader, 15)
         assert_quiet_failure(status, err, "broker stopping")
@@ -416,7 +417,8 @@ def test_read_exits_promptly_with_broker_stopping_when_the_broker_stops(start_br
     reader = zpipes_cmd(env, "read", "--broker", b.name, "stop", stdin=subprocess.DEVNULL)
     try:
         wait_attached(b, "stop")
-        time.sleep(0.2)
+        time.sleep(0.2)  # a window: it stays, waiting for a writer
+        assert reader.poll() is None
         assert b.stop() == 0
         stopped_at = time.monotonic()
         status, err = finish(reader, 15)
@@ -431,7 +433,8 @@ def test_broker_killed_ends_read_with_status_1_in_bounded_time(start_broker, env
     reader = zpipes_cmd(env, "read", "--broker", b.name, "kill", stdin=subprocess.DEVNULL)
     try:
         wait_attached(b, "kill")
-        time.sleep(0.2)
+        time.sleep(0.2)  # a window: it stays, waiting for a writer
+        assert reader.poll() is None
         b.kill()
         killed_at = time.monotonic()
         status, err = finish(reader, 15)
@@ -458,7 +461,7 @@ def test_interactive_line_reaches_the_reader_within_0_2_s(broker, env):
         delays = []
         for i in range(5):
             line = f"line {i}\n".encode()
-            time.sleep(0.1)
+            time.sleep(0.1)  # a pause, as one types: the writer is idle when the line comes
             start = time.monotonic()
             writer.stdin.write(line)
             writer.stdin.flush()  # stdin stays open: no more data, no end of input

@@ -101,7 +101,7 @@ def test_a_heartbeating_client_is_answered_and_kept(broker, ctx):
     try:
         assert reader.call(input_(b"beat")) == (INPUT_OK, None)
         assert writer.call(output(b"beat")) == (OUTPUT_OK, None)
-        time.sleep(1.0)
+        time.sleep(1.0)  # silent for five times its heartbeat timeout (200 ms)
         assert writer.call(write(b"still here", 0)) == (WRITE_OK, None)
         assert reader.call(read(100, 0)) == (READ_OK, b"still here")
     finally:
