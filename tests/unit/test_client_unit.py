@@ -10,10 +10,11 @@ import os
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 import zmq
-from helpers import wait_for
+from helpers import endpoint_accepts, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -757,8 +758,8 @@ def test_client_timeout_keeps_outstanding_reads(broker):
 
 def test_client_pings_while_waiting_and_while_idle(broker):
     reader = zpipes.open("p", "r", broker=broker.name, ping_interval=0.1)
-    time.sleep(0.5)  # the program is busy elsewhere: the heartbeat thread pings
-    assert broker.count(p.Ping) >= 3
+    # the program is busy elsewhere (here: waiting): the heartbeat thread pings
+    wait_for(lambda: broker.count(p.Ping) >= 3, 5, "three PINGs of the heartbeat thread")
     reader.timeout = 0.5
     before = broker.count(p.Ping)
     with pytest.raises(PipeTimeout):
@@ -792,7 +793,7 @@ def test_writer_window_and_errors_on_later_calls(broker):
     assert [bytes(m.chunk) for m in writes] == [b"abcd", b"efgh", b"ij"]
     broker.reply(p.WriteFailed("no readers"))
     broker.reply(p.WriteOk())
-    time.sleep(0.1)
+    arrived(writer, 2)
     with pytest.raises(BrokenPipe):
         writer.write(b"more")
     with pytest.raises(BrokenPipeError):
@@ -861,7 +862,7 @@ def test_failure_never_looks_like_end(broker):
     broker.wait_for(p.Read, 4)
     broker.reply(p.ReadOk(b"partial"))
     broker.reply(p.ReadFailed("broker stopping"))
-    time.sleep(0.1)
+    arrived(reader, 2)
     with pytest.raises(PipeFailed, match="broker stopping"):
         reader.read(100)  # a short read would look like the end of the stream
     with pytest.raises(PipeFailed):
@@ -874,10 +875,16 @@ def test_failure_never_looks_like_end(broker):
     reader.close()
 
 
-def _scripted_broker_goes_away(broker: ScriptedBroker) -> None:
+def arrived(end: Any, count: int) -> None:
+    """Wait until ``count`` replies the end has not taken yet have arrived (its heartbeat
+    thread takes them in while the program does not call)."""
+    wait_for(lambda: len(end._channel._inbox) >= count, 5, f"{count} replies to arrive")
+
+
+def _scripted_broker_goes_away(broker: ScriptedBroker, end: Any, replies: int) -> None:
     """The stand-in closes its socket (like a broker process that exits), once what it sent
-    has been delivered."""
-    time.sleep(0.2)
+    has been delivered: the ``replies`` sent to ``end``."""
+    arrived(end, replies)
     broker.close()
 
 
@@ -892,8 +899,10 @@ def test_replies_sent_before_the_broker_went_away_win_and_close_does_not_wait():
         broker.reply(p.ReadOk(b"last"), to=p.Input)
         for _ in range(3):
             broker.reply(p.ReadFailed("broker stopping"), to=p.Input)
-        _scripted_broker_goes_away(broker)
-        time.sleep(0.3)  # both ends are idle when the connection drops
+        _scripted_broker_goes_away(broker, reader, 4)
+        # both ends are idle when the connection drops, and see it
+        wait_for(lambda: reader._channel.dead and writer._channel.dead, 5,
+                 "the ends to see the connection drop")
         assert reader.read1(100) == b"last"
         start = time.monotonic()
         with pytest.raises(PipeFailed, match="broker stopping"):
@@ -915,7 +924,7 @@ def test_a_lost_connection_keeps_the_data_that_came_before():
         reader = zpipes.open("p", "r", broker=broker.name, timeout=5, broker_timeout=30)
         broker.wait_for(p.Read, 4)
         broker.reply(p.ReadOk(b"0123456789"))
-        _scripted_broker_goes_away(broker)
+        _scripted_broker_goes_away(broker, reader, 1)
         start = time.monotonic()
         assert reader.read(4) == b"0123"  # the top-up READ finds the connection lost
         assert reader.read1(100) == b"456789"
@@ -958,7 +967,7 @@ def test_endpoint_probe_fails_fast_on_a_closed_tcp_port():
     probe = zmq.Context.instance().socket(zmq.ROUTER)
     port = probe.bind_to_random_port("tcp://127.0.0.1")
     probe.close(linger=0)
-    time.sleep(0.05)
+    wait_for(lambda: not endpoint_accepts(f"tcp://127.0.0.1:{port}"), 5, "the port to close")
     with pytest.raises(BrokerUnavailable):
         zpipes.open("p", "r", endpoint=f"tcp://127.0.0.1:{port}")
 

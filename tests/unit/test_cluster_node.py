@@ -16,6 +16,7 @@ import pytest
 import structlog
 import zmq
 from cluster_cores import Network
+from helpers import endpoint_accepts
 
 from zbroker.cluster.core.held import HOLD_BYTES, HOLD_MESSAGES, Held
 from zbroker.cluster.node import ClusterNode
@@ -580,8 +581,10 @@ async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_ord
         b.node._router.unbind(b.node.endpoint)  # (for a moment: nobody listens there)
         a.node._close_link(b.node.endpoint)  # made again at the next send
         assert all(a.node.send(life, "svc", [b"%d" % i]) for i in range(3))
-        await asyncio.sleep(0.2)
-        assert len(a.node.core.held[b.node.id].messages) == 3  # refused by the new link: held
+        # refused by the new link: held; and b's port let go (an unbind takes a moment)
+        await until(lambda: b.node.id in a.node.core.held
+                    and len(a.node.core.held[b.node.id].messages) == 3
+                    and not endpoint_accepts(b.node.endpoint))
         b.node._router.bind(b.node.endpoint)
         await until(lambda: len(b.messages) == 3)
         assert b.messages == [[b"0"], [b"1"], [b"2"]] and not a.node.core.held

@@ -7,6 +7,7 @@ import errno
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -424,10 +425,16 @@ def test_an_ack_waiting_for_the_lock_while_the_writer_takes_the_acks_is_written(
     h.append(1)
     h.settle()  # both written: an ACK of either needs an ACK record
     store = h.store
+
+    def waits_for_the_lock() -> bool:
+        frame = sys._current_frames().get(acking.ident)  # its innermost: taking the lock
+        return (frame is not None and frame.f_code is threading.Condition.__enter__.__code__
+                and frame.f_back is not None and frame.f_back.f_code.co_name == "ack_many")
+
     with store._cond:  # as the writer holds it while it takes what waits
         acking = threading.Thread(target=store.ack, args=(1,))
         acking.start()
-        time.sleep(0.3)  # the ACK waits for the lock
+        wait_for(waits_for_the_lock, WAIT, "the ACK to wait for the lock")
         taken, store._pending_acks = store._pending_acks, []  # as the writer's take does
     acking.join(WAIT)
     assert taken == []

@@ -33,7 +33,8 @@ async def test_messages_that_waited_before_start_and_that_come_later_are_all_rea
         sender, sock = pair(ctx, "reader-1")
         for i in range(10):
             sender.send_multipart([b"early", b"%d" % i])
-        await asyncio.sleep(0.05)  # their edge has gone by before the reader exists
+        # they wait at the socket, and their edge has gone by (seen) before the reader exists
+        await until(lambda: sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
         got, flushes = [], []
         reader = SocketReader(asyncio.get_running_loop(), sock, got.append,
                               after=lambda: flushes.append(len(got)))
@@ -56,7 +57,7 @@ async def test_a_flood_is_read_in_budgets_with_timers_running_between():
         sender, sock = pair(ctx, "reader-2")
         for i in range(5000):
             sender.send(b"%d" % i)
-        await asyncio.sleep(0.05)
+        await until(lambda: sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)  # they wait there
         loop = asyncio.get_running_loop()
         got: list = []
         seen_by_timer: list[int] = []
@@ -87,7 +88,7 @@ async def test_a_handler_that_stops_the_reader_gets_no_more_messages():
             sender.send(b"x")
         reader.start()
         await until(lambda: len(got) == 1)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a window for more to come (none may)
         assert len(got) == 1 and not reader.running
     finally:
         ctx.destroy(linger=0)

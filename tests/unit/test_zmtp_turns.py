@@ -14,11 +14,11 @@ import asyncio
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 import structlog
+from helpers import wait_for
 
 from zbroker.services.pzq.receiver import Receiver
 from zbroker.zmtp.flow import ROUND_MESSAGES, TURN_MESSAGES, Rounds, read_size
@@ -104,8 +104,7 @@ def test_a_flood_on_one_queue_does_not_hold_back_a_producer_of_another(two_queue
 
     try:
         for _ in range(PROBES):
-            while seen.flood < 1000:  # the flood is being read
-                time.sleep(0.001)
+            wait_for(lambda: seen.flood >= 1000, 10, "the flood being read", interval=0.001)
             seen.arrived.clear()
             loop.call_soon_threadsafe(send_probe)
             assert seen.arrived.wait(10), "the probe's message never came"
