@@ -14,6 +14,7 @@ import time
 
 import netns
 import pytest
+from helpers import wait_for, wait_steady
 
 why_not = netns.available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
@@ -281,7 +282,8 @@ def test_broker_joining_late_finds_a_pipe_opened_before(testbed):
     w = writer(a, "early")
     w.stdin.write(b"waited for you\n")
     w.stdin.close()
-    time.sleep(1.0)  # the writer's pipe exists before b's broker does
+    # the writer's pipe exists before b's broker does
+    wait_logged(a, "pipe opened", "early", "writer")
     b.start_broker()
     wait_for_cluster([a, b])
     r = reader(b, "early")
@@ -303,7 +305,7 @@ def test_other_cluster_names_do_not_pair(testbed):
     a, b = bed.hosts
     a.start_broker({"cluster": {"name": "blue"}})
     b.start_broker({"cluster": {"name": "green"}})
-    time.sleep(3)
+    time.sleep(3)  # a window in which they would have paired: they do not
     assert a.peers() == set() and b.peers() == set()
 
 
@@ -362,13 +364,14 @@ def test_curve_keyed_brokers_pair_and_a_keyless_one_is_refused(testbed, tmp_path
     a, b, c = keyed_pair_and_a_third(testbed, tmp_path, third_key=None)
     wait_for_cluster([a, b])
     a.wait_for_log("cluster connection refused", timeout=10)
-    time.sleep(1)
+    time.sleep(1)  # a window in which c's further tries go on: none is let in
     assert c.peers() == set() and a.peers() == {b.endpoint}
     # traffic still flows between the keyed brokers, encrypted
     line_crosses(a, b, "secret", b"for key holders only\n")
     # and a keyless broker's pipe of the same name never meets them
     rc = reader(c, "secret")
-    time.sleep(0.5)
+    wait_logged(c, "pipe opened", "secret", "reader")
+    time.sleep(0.5)  # a window in which a remote end would attach: none does
     assert not any(e.get("event") == "remote end attached" for e in c.log_events())
     rc.kill()
 
@@ -381,7 +384,9 @@ def test_a_broker_with_another_key_is_refused_in_a_few_log_lines(testbed, tmp_pa
     a.wait_for_log("cluster connection refused", timeout=10, peer=c.address,
                    why="another cluster key")
     line_crosses(a, b, "keyed", b"beside the refusals\n")
-    time.sleep(3)
+    # c knocks again and again meanwhile: counted, not logged
+    wait_for(lambda: json.loads(a.zbroker("status", "--json"))["cluster"]["refused"] > 3, 15,
+             "more refusals of c")
     refused = [e for e in a.log_events() if "refused" in e.get("event", "")]
     assert [(e["event"], e["peer"]) for e in refused] == [
         ("cluster connection refused", c.address)], refused
@@ -408,7 +413,8 @@ def test_seed_bugs_multi_broker_sequences(testbed):
     "segv on multi-broker" (writer on one broker, reader on another),
     "zpipes_client_new asserts on rapid open" (writer A, reader B, writer A in quick succession),
     "rapid writer opens asserts" (writer A, reader B, new writer B, write),
-    "sometimes reader and writer pipes don't connect" (writer, sleep 1 s, reader elsewhere, write).
+    "sometimes reader and writer pipes don't connect" (writer, sleep 1 s, reader elsewhere, write;
+    here the reader comes once the writer's pipe is open).
     """
     a, b, _ = testbed(3).hosts
     # segv on multi-broker + rapid open: three opens in quick succession, nothing crashes
@@ -437,7 +443,7 @@ def test_seed_bugs_multi_broker_sequences(testbed):
     assert sorted(out.splitlines()) == [b"w1", b"w2", b"w3"]
     # sometimes reader and writer pipes don't connect
     w = writer(a, "connect")
-    time.sleep(1.0)
+    wait_logged(a, "pipe opened", "connect", "writer")  # the writer's pipe is open first
     r = reader(b, "connect")
     w.stdin.write(b"connected\n")
     w.stdin.close()
@@ -512,8 +518,9 @@ def test_hello_flood_is_bounded_and_a_real_broker_still_joins(testbed):
     bed = testbed(3, start=False)
     a, b, evil = bed.hosts
     a.start_broker({"cluster": {"discovery": False}})
-    time.sleep(0.5)
-    base, base_sockets = fd_count(a), a.zmq_sockets()
+    # the started broker's descriptors (its ZeroMQ sockets among them) hold still
+    base = wait_steady(lambda: fd_count(a), 10, "the broker's descriptors")
+    base_sockets = a.zmq_sockets()
     peak_sockets = base_sockets
     flood = evil.python(HELLO_FLOOD, a.endpoint, evil.address, "600", stdin=subprocess.PIPE,
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -580,7 +587,7 @@ def test_a_cluster_without_a_key_file_makes_one_and_only_its_holders_pair(testbe
     assert key_a.stat().st_mode & 0o777 == 0o600
     assert key_a.read_bytes() != key_b.read_bytes()
     a.wait_for_log("cluster connection refused", timeout=10)
-    time.sleep(1)
+    time.sleep(1)  # a window in which they would pair: they do not
     assert a.peers() == set() and b.peers() == set()
     b.kill_broker()
     key_b.write_bytes(key_a.read_bytes())  # what the operator is told to do
@@ -599,7 +606,7 @@ def test_clustering_without_a_key_only_when_asked_for(testbed):
     a.wait_for_log("cluster without a key (cluster.insecure): any host that says the "
                    "cluster's name can join and reach every pipe and queue", timeout=10)
     b.start_broker({"cluster": {**peers, "insecure": False}})  # the default: keyed
-    time.sleep(3)
+    time.sleep(3)  # a window in which they would pair: they do not
     assert a.peers() == set() and b.peers() == set()
     b.kill_broker()
     b.start_broker({"cluster": {**peers, "insecure": True}})

@@ -12,6 +12,7 @@ import time
 
 import netns
 import pytest
+from helpers import wait_steady
 
 why_not = netns.available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
@@ -208,8 +209,7 @@ def test_hostile_gossip_is_refused_or_bounded_and_a_real_broker_still_joins(tmp_
     try:
         a, b, evil = bed.hosts
         a.start_broker({"cluster": {"discovery": False, "peer_timeout": PEER_TIMEOUT}})
-        time.sleep(0.5)
-        base = a.zmq_sockets()
+        base = wait_steady(a.zmq_sockets, 10, "the broker's ZeroMQ sockets")  # started
         peer = evil.python(HOSTILE_PEER, a.endpoint, evil.address, stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert peer.stdout.readline() == b"sent\n", peer.stderr.read()
