@@ -16,6 +16,10 @@ SEEDS = range(24)
 #: runs are harsh (a fault every 3-8 s, consumers slower than producers, so that thousands
 #: of messages are at stake) and deterministic: a change that makes them worse fails here
 MEDIAN_DUPLICATES = 0.025
+#: and in any one of them: a holder that took over copies its origin had moved elsewhere
+#: meanwhile made 14 % once (a holder paused past the timeout, its origin's life ended on its
+#: HELLO); what is under way at a fault stays under this
+MAX_DUPLICATES = 0.05
 
 
 def holder_of(sim: Sim, origin: str) -> str:
@@ -394,3 +398,4 @@ def test_random_faults_deliver_few_twice(random_runs):
     shares = sorted(v.duplicated / v.acked for v in random_runs)
     median = shares[len(shares) // 2]
     assert median <= MEDIAN_DUPLICATES, [f"{s:.3f}" for s in shares]
+    assert shares[-1] <= MAX_DUPLICATES, [f"{s:.3f}" for s in shares]
