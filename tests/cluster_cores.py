@@ -17,9 +17,9 @@ clock of its own: no sockets, no sleeps. Each core's actions are carried out as 
 * a broker may be paused (``pause``, as SIGSTOP does): it runs nothing, what comes to it and
   what its monitor says wait, and on ``resume`` it reads them before its timers run;
 * a service on a broker (``Node.service``) is told what the layer tells services: a peer's
-  life begun (``joined(life)``), ended (``left(life, why)``; ``Node.ended_alive`` has the
-  lives that ended with their peer running), a message of it (``message(life, service,
-  frames)``);
+  life begun (``joined(life)``), ended (``left(life, why, alive)``: ``alive``, the peer was
+  running as it ended; ``Node.ended_alive`` keeps those lives), a message of it
+  (``message(life, service, frames)``);
 * one way between two brokers may be held (``hold``: what goes that way waits, heartbeats
   too, until ``release``), and links' messages may arrive one at a time: one random link's
   next (``step``: links overtake each other, a link's messages never do), or one link's
@@ -184,7 +184,7 @@ class Node:
                 self.ended_alive.add(action.life.id)
             self.told.append(("left", action.life.id, action.life.member))
             if self.service is not None:
-                self.service.left(action.life, action.why)
+                self.service.left(action.life, action.why, action.alive)
         elif isinstance(action, Deliver):
             self.told.append(("message", action.life.id, action.life.member))
             self.messages.append((action.life.id, action.service,

@@ -229,10 +229,9 @@ class PzqService:
         assert b.node is not None
         b.node.send(life.id, SERVICE, peering.encode(peering.Queues({QUEUE.decode(): b.node_id})))
 
-    def left(self, life: Any, why: str) -> None:
+    def left(self, life: Any, why: str, alive: bool) -> None:
         b = self.broker
-        assert b.node is not None
-        b.rep.peer_gone(life.id, b.sim.now, b.sim.now_us, alive=life.id in b.node.ended_alive)
+        b.rep.peer_gone(life.id, b.sim.now, b.sim.now_us, alive=alive)
 
     def message(self, life: Any, service: str, frames: list[Any]) -> None:
         assert service == SERVICE, service

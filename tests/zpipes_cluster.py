@@ -63,7 +63,7 @@ class Broker:
         self.server.peer_up(life.id, self.cluster.now, **terms)
         self.flush()
 
-    def left(self, life: Any, why: str) -> None:
+    def left(self, life: Any, why: str, alive: bool) -> None:
         if self.alive.get(life.name) == life.id:
             del self.alive[life.name]
         self.server.peer_down(life.id, self.cluster.now)

@@ -233,7 +233,7 @@ class _Told:
     def joined(self, life):
         self.told.append(("joined", life.id))
 
-    def left(self, life, why):
+    def left(self, life, why, alive):
         self.told.append(("left", life.id))
 
     def message(self, life, service, frames):
