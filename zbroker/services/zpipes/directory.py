@@ -370,8 +370,8 @@ class DirectoryMember:
                 role=role, end=end,
                 peer=owner or "self", met=len(intros) - (owner in intros))
         elif entries:
-            self.log.info("pipe ends registered", ends=len(entries) - refused,
-                          peer=owner or "self")
+            self.log.info("pipe ends registered", budget="peer" if owner else "lines",
+                          ends=len(entries) - refused, peer=owner or "self")
         if refused:
             self.log.warning("directory entries refused", peer=owner or "self", ends=refused,
                              limit=self.held.max_per_owner)
