@@ -53,13 +53,14 @@ from zbroker.services.pzq.core.queue import Budget, QueueCore
 from zbroker.services.pzq.core.replication import ReplicationCore
 
 from .consumers import Consumers
+from .endpoints import bind
 from .monitor import Monitor
 from .offsets_file import load_offsets
 from .queue_logs import QueueLogs
-from .receiver import EndpointError, Receiver
+from .receiver import Receiver
 from .replica_files import forget_taken, load_node_id, load_taken, remember_taken
 from .settings import QueueError, QueueSettings
-from .sockets import Sockets, StaticPeers, make_ipc_dir
+from .sockets import Sockets, StaticPeers
 from .stream_endpoint import StreamEndpoint
 
 STOP_TIMEOUT = 5.0
@@ -189,18 +190,9 @@ class QueueServer:
     async def _open_sockets(self) -> None:
         """Bind and connect the sockets; their readers start with the queue."""
         s, socks = self.settings, self._sockets
-        self._receiver = s.receiver(self.loop, self._soon, self.log)
-        make_ipc_dir(s.receive_endpoint)
-        try:
-            await self._receiver.start(s.receive_endpoint)
-        except (OSError, EndpointError) as exc:
-            self._receiver = None
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            from zbroker.runtime.port_holder import held
-
-            raise QueueError(f"queue {s.name!r}: cannot bind its receive socket "
-                             f"(services.pzq.queues.{s.name}.receive_endpoint) to "
-                             f"{s.receive_endpoint}: {why}{held(s.receive_endpoint)}") from None
+        receiver = s.receiver(self.loop, self._soon, self.log)
+        await bind(receiver, s.receive_endpoint, "receive", s.name)
+        self._receiver = receiver
         self._consumers = Consumers(self.core, s, self.loop, self._flush, self._soon,
                                     self.log, self.dropped)
         await self._consumers.start()
