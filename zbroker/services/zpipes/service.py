@@ -306,10 +306,9 @@ class ZpipesService(Service):
                                                refused.reason if over_budget else None)
             return
         client = self.server.clients.get(routing_id)
-        self.server.engine.log.warning("zpipes message refused; its connection is dropped",
-                                       budget="lines",
-                                       client=client.id if client is not None else None,
-                                       reason=refused.reason)
+        self._log.warning("zpipes message refused; its connection is dropped", budget="lines",
+                          client=client.id if client is not None else None,
+                          reason=refused.reason)
         self._ep.hang_up(routing_id)
 
     def _on_gone(self, routing_id: bytes) -> None:
