@@ -90,6 +90,10 @@ from .membership import Hello, Membership
 from .security import Guard, KeyFileError, cluster_keys
 
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
+#: what our link to a peer may take in: the peer answers on its own link to us, never on
+#: ours, so nothing but the handshake's and the heartbeat's small commands comes this way,
+#: and what any listener a HELLO named sends us there is never read: kept to one small message
+LINK_INBOUND_MAX = 1 << 16
 MIN_MESSAGE_LIMIT = 64 << 20  # the least a peer's message may be (MAXMSGSIZE)
 ZERO_COPY_MIN = 1 << 16
 # pyzmq's backend socket methods with int flags: several times cheaper per frame than the
@@ -465,6 +469,8 @@ class ClusterNode:
             dealer.setsockopt(zmq.ROUTING_ID, self.id.encode())
             dealer.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for a peer we cannot reach
             dealer.setsockopt(zmq.SNDHWM, SEND_HWM)
+            dealer.setsockopt(zmq.RCVHWM, 1)
+            dealer.setsockopt(zmq.MAXMSGSIZE, LINK_INBOUND_MAX)
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RECONNECT_IVL, 100)
             dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
