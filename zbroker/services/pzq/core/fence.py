@@ -52,6 +52,10 @@ class Fence:
         if self.lease:
             self.awaiting[life] = now
 
+    def life_of(self, node_id: str) -> str | None:
+        """The present life of the host whose queue's node id is ``node_id``, if it is one."""
+        return next((life for life, n in self.hosts.items() if n == node_id), None)
+
     def left(self, life: str) -> None:
         self.synced.discard(self.hosts.pop(life, ""))
         self.answered.pop(life, None)

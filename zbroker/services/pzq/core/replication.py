@@ -206,7 +206,7 @@ class ReplicationCore:
         self.out += self.taken_lists.remember(taken)
         for node_id, keys in taken.items():
             # its queue is back already (a new life), and was told its list without these
-            life = next((k for k, v in self.fence.hosts.items() if v == node_id), None)
+            life = self.fence.life_of(node_id)
             if life is not None:
                 self.out += self.taken_lists.tell_written(life, node_id, keys)
         if not sends:
@@ -334,7 +334,7 @@ class ReplicationCore:
         if taker is None or origin == taker:
             return
         self.taken_lists.took(origin, taker, now)
-        origin_life = next((k for k, v in self.fence.hosts.items() if v == origin), None)
+        origin_life = self.fence.life_of(origin)
         if origin_life is not None:
             self.out.append(SendCluster(origin_life, peering.Takers(
                 self._qname, origin, [taker])))
