@@ -98,10 +98,6 @@ def _plugins() -> dict[str, Any]:
 # --- drawing ---------------------------------------------------------------------------------
 
 
-def _uptime(seconds: float) -> str:
-    return duration(seconds)
-
-
 def render(view: View, plain: bool = False) -> Any:
     """The view as a rich renderable: a title line and a table per section. ``plain``: no
     box lines, no colours (text for pipes and files)."""
@@ -115,7 +111,7 @@ def render(view: View, plain: bool = False) -> Any:
              "header_style": None if plain else "bold"}
     every = "" if view.interval is None else f", rates over {view.interval:.1f} s"
     parts: list[Any] = [Text(
-        f"zbroker top: broker {view.broker} (pid {view.pid}), up {_uptime(view.uptime)}"
+        f"zbroker top: broker {view.broker} (pid {view.pid}), up {duration(view.uptime)}"
         f"{every}" + ("" if plain else "   q: quit"), style=None if plain else "bold",
         no_wrap=True, overflow="ellipsis")]
 
