@@ -95,6 +95,27 @@ def test_one_budget_is_shared_by_every_endpoint_and_given_back():
                       "hung up until some go", "zpipes takes connections again"]
 
 
+def test_churn_at_the_budgets_edge_is_not_a_flood_of_lines_that_it_takes_again():
+    clock = Clock()
+    log = Log(clock)
+    door = Admission("zpipes", Refusals(log), budget=ConnectionBudget(limit=1, per_source=1))
+    assert door.admit(None, HOST) is None
+    for _ in range(100):  # one goes, the next is taken, the one after it refused
+        door.release(HOST)
+        assert door.admit(None, HOST) is None
+        assert door.admit(None, HOST) == TOO_MANY
+    assert door.refused()[TOO_MANY] == 100
+    events = [event for _, event, _ in log.lines]
+    assert events == ["zpipes connection refused: too many clients; newer connections are "
+                      "hung up until some go", "zpipes takes connections again"]  # a second
+    clock.now += 1.0
+    door.release(HOST)
+    assert door.admit(None, HOST) is None
+    level, event, fields = log.lines[-1]
+    assert (level, event) == ("info", "zpipes takes connections again")
+    assert fields["refused"] == 100 and fields["suppressed"] == 98
+
+
 def test_on_ipc_a_user_not_allowed_is_refused_and_logged_once_and_takes_no_place():
     log = Log()
     budget = ConnectionBudget(limit=10)

@@ -33,6 +33,7 @@ TOO_MANY = "too many clients"
 SOURCE_FULL = "too many from one source"
 NO_HANDSHAKE = "no handshake"
 BROKEN = "protocol error"
+TAKING_AGAIN = "taking again"  # not a refusal: the budget's line that refusals stopped
 REFUSED_USERS_REMEMBERED = 1024  # uids whose refusal was logged (each is logged once)
 
 
@@ -136,10 +137,11 @@ class Admission:
                                max_clients=self.budget.limit, open=self.budget.open)
             return TOO_MANY
         if self._full:
+            # (at the budget's edge a connection taken and the next refused alternate: this
+            # line has a budget too, or the churn would be a flood of it)
             self._full = False
-            self.refusals.log.info(f"{self.what} takes connections again",
-                                   **self.refusals.context,
-                                   refused=self.refusals.count(TOO_MANY))
+            self.refusals.tell(TAKING_AGAIN, f"{self.what} takes connections again",
+                               refused=self.refusals.count(TOO_MANY))
         return None
 
     def refused(self) -> dict[str, int]:

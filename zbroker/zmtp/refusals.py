@@ -32,5 +32,11 @@ class Refusals:
         """Count one refusal of ``kind``, and log ``event`` with ``fields``: the log budget
         lets one line of each kind of this endpoint out a second."""
         self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.tell(kind, event, level=level, **fields)
+
+    def tell(self, kind: str, event: str, /, level: str = "info", **fields: Any) -> None:
+        """Log ``event`` with ``fields`` under this endpoint's budget of ``kind`` (a line a
+        second), counting nothing: what a flood of refusals says besides them (that the
+        endpoint takes connections again) is bounded as they are."""
         getattr(self.log, level)(event, budget=f"refused:{kind} {self._budget}",
                                  **self.context, **fields)
