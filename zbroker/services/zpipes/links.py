@@ -127,7 +127,7 @@ class PeerLinks:
         break ("peer lost")."""
         self.peers.discard(peer)
         label = self.labels.get(peer, "")  # (let go by fail_confirmations, which follows)
-        why = self.lost_reason(label)
+        why = peer_lost(label)
         lost = [(key, proxy) for key, proxy in self._proxies.items() if key[0] == peer]
         for key, proxy in lost:
             del self._proxies[key]
@@ -143,15 +143,10 @@ class PeerLinks:
         self.windows.pop(peer, None)
         self._rtts.pop(peer, None)
 
-    @staticmethod
-    def lost_reason(label: str) -> str:
-        """What the ends a lost peer broke are told: which broker, on which host."""
-        return peer_lost(label)
-
     def fail_confirmations(self, peer: str) -> None:
         """The CLOSEs awaiting the lost ``peer`` are answered: its stream's end may not have
         arrived there, and their CLOSE says so."""
-        why = self.lost_reason(self.labels.pop(peer, ""))
+        why = peer_lost(self.labels.pop(peer, ""))
         for client in [c for c in self.closing.values() if peer in c.awaiting]:
             client.close_failure = client.close_failure or why
             self._answered.append(client)
