@@ -591,6 +591,24 @@ async def test_messages_sent_while_the_link_is_made_again_are_held_and_go_in_ord
         assert a.left == [] and b.left == []
 
 
+async def test_a_life_a_services_send_ended_just_before_a_stop_is_still_told(monkeypatch):
+    """A life that ends in a service's send is told on the next turn; a stop in between (a
+    new cluster key) tells it then, rather than dropping it: the services would keep it."""
+    import zbroker.cluster.core.held as held
+
+    monkeypatch.setattr(held, "HOLD_MESSAGES", 1)
+    async with two_nodes() as (a, b):
+        await until(lambda: a.joined and b.joined)
+        life = a.joined[0].id
+        b.node._router.unbind(b.node.endpoint)
+        a.node._close_link(b.node.endpoint)  # made again at the next send: refuses it
+        assert a.node.send(life, "svc", [b"0"])  # held
+        assert not a.node.send(life, "svc", [b"1"])  # past what is held: the life ends
+        assert a.left == []  # (told on the next turn)
+        await a.node.stop(why="the cluster key changed")
+        assert len(a.left) == 1 and a.left[0].startswith("unreachable"), a.left
+
+
 async def test_a_seeds_link_that_fails_its_handshake_is_said_once_and_made_anew():
     """What a link's monitor says of a failed handshake reaches the core, which says it once
     and closes the link; the link is made anew when next used, and followed again. (The

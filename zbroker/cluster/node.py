@@ -263,11 +263,10 @@ class ClusterNode:
         """Stop: say BYE to every peer and close every socket. With ``why`` (the broker goes
         on: a new node takes this one's place), the BYEs say it and every peer's life ends
         here too, the services told as of a loss."""
-        for handle in (self._timer, self._deferred, self._diagnose_timer,
-                       self._attribute_timer):
+        for handle in (self._timer, self._diagnose_timer, self._attribute_timer):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._deferred = self._diagnose_timer = self._attribute_timer = None
+        self._timer = self._diagnose_timer = self._attribute_timer = None
         if self._door is not None:
             self._door.stop()
             self._door = None
@@ -275,6 +274,14 @@ class ClusterNode:
             await self.discovery.stop()
         if self._core is not None:
             self._run(self._core.stop(why, self._loop.time()))
+            # what a service's send ended (a life, told on the next turn) is told now: the
+            # services would keep that life for ever, the core no longer has it to end
+            if self._deferred is not None:
+                self._deferred.cancel()
+            self._run_deferred()
+        if self._timer is not None:  # (a Wake among them, or one asked for meanwhile)
+            self._timer.cancel()
+            self._timer = None
         if self._router is not None:
             self._reader.stop()
             self._router.close(linger=0)
