@@ -74,6 +74,12 @@ class Origin:
         stale = self.stale
         return [m for m in self.core.messages.values() if m.msg_id not in stale]
 
+    def has_current(self) -> bool:
+        """It sent copies in its present life (or sent them again): :meth:`current` is not
+        empty, found without listing them."""
+        stale = self.stale
+        return any(m.msg_id not in stale for m in self.core.messages.values())
+
 
 def holder_output(actions: list[Any], qname: bytes) -> Iterator[Any]:
     """A replica core's output: its log actions as they are; its answers to a static peer on
@@ -237,7 +243,7 @@ class Origins:
         those kept."""
         out: list[Log] = []
         for origin in self.origins.values():
-            if origin.life == life and not origin.taken_over and origin.current():
+            if origin.life == life and not origin.taken_over and origin.has_current():
                 if not alive:
                     origin.lost_at = now
                     continue
@@ -258,7 +264,7 @@ class Origins:
         out: list[Origin | Log] = []
         for origin in self.origins.values():
             lost = origin.lost_at
-            if lost is None or origin.taken_over or not origin.current():
+            if lost is None or origin.taken_over or not origin.has_current():
                 origin.lost_at = None
                 continue
             node_id = origin.node_id
