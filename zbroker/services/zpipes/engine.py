@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from logging import DEBUG as _DEBUG
 from typing import TYPE_CHECKING, Any
@@ -317,11 +317,6 @@ class ClientEngine:
         self._confirmed(client)
         self._execute(client, Event.CONFIRMED)
 
-    def budget_problem(self, size: int, source: Hashable = None) -> str | None:
-        """Why ``size`` more bytes of a client's (of ``source``) cannot be held: the
-        broker-wide budget (``max_buffered``), or its source's share; or None."""
-        return self.buffers.problem(size, source)
-
     @property
     def held(self) -> int:
         """Bytes of WRITE data in requests waiting or queued, all clients."""
@@ -410,7 +405,7 @@ class ClientEngine:
         if type(chunk) is p.Withheld or not self._quick():
             return False
         size = len(chunk)
-        if size > self.config.max_chunk or self._budget_problem(client, size) is not None:
+        if size > self.config.max_chunk or self.buffers.problem(size, client.source) is not None:
             return False
         # (the pipe table changes nothing unless it accepts: WAIT only records the end as
         # waiting, as the table's own try then does again)
@@ -596,15 +591,12 @@ class ClientEngine:
         if client.request_serial != client.budget_serial:  # its first try
             client.budget_serial = client.request_serial
             if not client.dequeued:  # (queued: admitted then)
-                return self._budget_problem(client, size)
+                return self.buffers.problem(size, client.source)
         return None
 
     def _over_max_chunk(self, size: int) -> str:
         return Failure(f"chunk of {size} bytes is over the broker's limit of "
                        f"{self.config.max_chunk} bytes (max_chunk)", "chunk_too_large")
-
-    def _budget_problem(self, client: Client, size: int) -> str | None:
-        return self.buffers.problem(size, client.source)
 
     def _break_stream(self, client: Client, reason: str) -> None:
         """A chunk of the client's stream was refused: its stream is cut for its readers."""
@@ -695,7 +687,7 @@ class ClientEngine:
                              queued_bytes=client.queued_bytes)
             problem = "too many pipelined requests"
         elif size:
-            problem = self._budget_problem(client, size)
+            problem = self.buffers.problem(size, client.source)
         if problem:
             self._fail_command(client.routing_id, event, problem)
             if event is Event.WRITE:  # the stream has lost that chunk

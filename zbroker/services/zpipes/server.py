@@ -103,7 +103,7 @@ class ZpipesServer:
         self.unreachable = engine.unreachable
         self.shutdown = engine.shutdown
         self.reconfigure = engine.reconfigure
-        self.budget_problem = engine.budget_problem
+        self.budget_problem = engine.buffers.problem
 
     def take_output(self) -> list[Any]:
         """The actions recorded since the last call, in order (actions.py)."""
