@@ -282,10 +282,12 @@ class QueueCore:
         repeats an id: the new messages are written, the others waited for."""
         new_ids: list[bytes] = []
         new_bodies: list[bytes] = []
+        new: set[bytes] = set()  # (new_ids, to look in: a batch has up to wire.MAX_BATCH)
         first = self.next_seq
         for msg_id, body in zip(ids, bodies, strict=True):
             prior = self.ids.get(msg_id)
-            if prior is None and msg_id not in new_ids:
+            if prior is None and msg_id not in new:
+                new.add(msg_id)
                 new_ids.append(msg_id)
                 new_bodies.append(body)
                 continue
