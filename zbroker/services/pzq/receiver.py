@@ -76,7 +76,6 @@ class Receiver(Server):
         self.inbox_bytes = 0
         self.refused_busy = 0
         self.dropped_answers = 0  # (none: a producer whose answers wait is not read)
-        self._answers_waiting: set[_Link] = set()  # connections with answers that wait
         self._paused: set[_Link] = set()  # held while the inbox is full
 
     def counters(self) -> dict[str, int]:
@@ -189,27 +188,23 @@ class Receiver(Server):
         cost = ANSWER_OVERHEAD + sum(map(len, frames))
         link.answers.append((frames, cost))
         link.answers_cost += cost
-        self._answers_waiting.add(link)
         if link.answers_cost > MAX_WAITING_ANSWERS and not link.holds & ANSWERS:
             link.hold(ANSWERS)
 
-    def flush(self) -> None:
-        if self._answers_waiting:
-            for link in list(self._answers_waiting):
-                answers = link.answers
-                while answers and not link.full:
-                    frames, cost = answers.popleft()
-                    link.answers_cost -= cost
-                    self.put(link, frames)
-                if not answers:
-                    self._answers_waiting.discard(link)
-                if link.holds & ANSWERS and link.answers_cost <= MAX_WAITING_ANSWERS // 2:
-                    link.release(ANSWERS)
-        super().flush()
-
     def writable(self, link: _Link) -> None:
-        if link.answers:  # its connection takes more: what waited goes
-            self.flush()
+        """``link``'s connection takes more: the answers that waited for it go, and it is
+        read again. (Only here: a connection has answers waiting only while it is full, so
+        a flush need not look at the connections of producers that read none.)"""
+        answers = link.answers
+        if not answers:
+            return
+        while answers and not link.full:
+            frames, cost = answers.popleft()
+            link.answers_cost -= cost
+            self.put(link, frames)
+        if link.holds & ANSWERS and link.answers_cost <= MAX_WAITING_ANSWERS // 2:
+            link.release(ANSWERS)
+        self.flush()
 
 
 class _Link(Link):
@@ -231,7 +226,6 @@ class _Link(Link):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._paused.discard(self)
-        self.server._answers_waiting.discard(self)
         self.answers.clear()
         self.answers_cost = 0
         super().connection_lost(exc)
