@@ -40,7 +40,6 @@ from typing import Any
 
 from zbroker.cluster.core.actions import (
     NOT_REPORTED,
-    SERVICE_SENT,
     Connect,
     Deliver,
     Disconnect,
@@ -127,10 +126,8 @@ class Node:
             got = [got]
         *first, send = got
         self.run(first)  # (the link, made first)
-        if self.net.transmit(self, send.endpoint, send.frames):
-            self.core.sent(send, True, now)
-            return True
-        taken = self.core.service_refused(send, now)
+        taken = self.core.service_sent(send, self.net.transmit(self, send.endpoint, send.frames),
+                                       now)
         self.net.defer(self)
         return taken
 
@@ -157,10 +154,7 @@ class Node:
         if isinstance(action, Send):
             linked = not action.if_writable or net.connected(self, action.endpoint)
             ok = linked and net.transmit(self, action.endpoint, action.frames)
-            if action.report == SERVICE_SENT and not ok:
-                core.service_refused(action, now)
-                net.defer(self)
-            elif action.report != NOT_REPORTED:
+            if action.report != NOT_REPORTED:
                 self.run(core.sent(action, ok, now, linked))
         elif isinstance(action, SendHeld):
             done = action.held.send(lambda frames: net.transmit(self, action.endpoint, frames))

@@ -66,7 +66,6 @@ from zbroker.zmtp.refusals import Refusals
 from . import handshake, tcp_table, troubles
 from .core.actions import (
     NOT_REPORTED,
-    SERVICE_SENT,
     Action,
     Clock,
     Connect,
@@ -315,11 +314,9 @@ class ClusterNode:
         return self._send_service(core, send, now)
 
     def _send_service(self, core: NodeCore, send: Send, now: float) -> bool:
-        if self._send_raw(send.endpoint, send.frames):
-            core.sent(send, True, now)
-            return True
-        taken = core.service_refused(send, now)
-        self._defer()
+        taken = core.service_sent(send, self._send_raw(send.endpoint, send.frames), now)
+        if core.deferred:
+            self._defer()
         return taken
 
     def set_max_message(self, max_message: int) -> None:
@@ -399,10 +396,7 @@ class ClusterNode:
         linked = dealer is not None and (not action.if_writable or bool(
             dealer.getsockopt(zmq.EVENTS) & zmq.POLLOUT))
         ok = linked and self._send_raw(action.endpoint, action.frames)
-        if action.report == SERVICE_SENT and not ok:
-            core.service_refused(action, self._loop.time())
-            self._defer()
-        elif action.report != NOT_REPORTED:
+        if action.report != NOT_REPORTED:
             self._run(core.sent(action, ok, self._loop.time(), linked))
 
     def _do_send_held(self, action: SendHeld) -> None:

@@ -39,8 +39,8 @@ class Send:
     frames: list[Any]
     #: NOT_REPORTED; HELLO_SENT (the contact at ``endpoint`` was said HELLO), HELLO_RETRY
     #: (the same, and a link that stays unconnected is made anew); PEER_SENT (to peer
-    #: ``peer``: a heartbeat's clock restarts); SERVICE_SENT (a service's message: reported
-    #: with NodeCore.sent when it went, NodeCore.service_refused when it did not)
+    #: ``peer``: a heartbeat's clock restarts); SERVICE_SENT (a service's message: only in
+    #: what NodeCore.send returns, reported with NodeCore.service_sent)
     report: int = NOT_REPORTED
     peer: str = ""
     #: send only if the link is connected (else it is refused, and reported as such)

@@ -10,9 +10,9 @@ time is passed in: ``now`` on the clock the caller's timers run on, ``mono`` a p
 the heartbeat's round trips (a loop's clock may tick in whole milliseconds).
 
 A send whose outcome matters (``Send.report``) is reported back by the caller at once, before
-any other event: with ``sent``, or for a service's message refused, ``service_refused``. What a
-service's send takes besides (a life that ends in it) waits in ``deferred``, for the caller to
-carry out on its next turn, not from inside the service's send.
+any other event: with ``sent``, or for a service's message (the Send ``send`` returns), with
+``service_sent``. What a service's send takes besides (a life that ends in it) waits in
+``deferred``, for the caller to carry out on its next turn, not from inside the service's send.
 """
 
 from __future__ import annotations
@@ -135,8 +135,9 @@ class NodeCore:
 
     def send(self, life: str, service: str, frames: list[Any], now: float
              ) -> Send | list[Action] | bool:
-        """A service message to one life of a peer: the Send of SERVICE_SENT that sends it
-        (or the actions that do, the last that Send, when its link is to be made first), True
+        """A service message to one life of a peer: the Send of SERVICE_SENT that sends it,
+        reported with ``service_sent`` (or the actions that do, the last that Send, when its
+        link is to be made first), True
         if it is held (its peer's link is made again), False if that life has ended (a life
         that ends here: what it takes is in ``deferred``)."""
         peer_id = life.partition("#")[0]
@@ -161,9 +162,13 @@ class NodeCore:
         out.append(send)
         return out
 
-    def service_refused(self, send: Send, now: float) -> bool:
-        """A service message (``send``) the link refused: held, in order, for a numbered peer
-        (True), else that peer is unreachable (False). What it takes is in ``deferred``."""
+    def service_sent(self, send: Send, ok: bool, now: float) -> bool:
+        """The outcome of the Send ``send`` returned: it went (``ok``: True); or the link
+        refused it: held, in order, for a numbered peer (True), else that peer is unreachable
+        (False). What it takes is in ``deferred``."""
+        if ok:
+            self.membership.sent(send.peer, now)
+            return True
         peer = self.membership.peers.get(send.peer)
         if peer is not None and peer.numbering is not None:  # its link is made again?
             held = self.held.get(send.peer)
@@ -186,10 +191,10 @@ class NodeCore:
     def sent(self, send: Send, ok: bool, now: float, linked: bool = True) -> list[Action]:
         """The outcome of a Send that asked for it (``ok``: it went; ``linked``: its link was
         connected, for one ``if_writable``)."""
-        if send.report == PEER_SENT or send.report == SERVICE_SENT:
+        if send.report == PEER_SENT:
             if ok:
                 self.membership.sent(send.peer, now)
-            elif send.report == PEER_SENT:
+            else:
                 self.membership.send_refused(send.peer, now)
             return []
         contact = self.membership.contacts.get(send.endpoint)
