@@ -417,8 +417,7 @@ class ClientEngine:
         client.dequeued = False
         client.request_serial += 1
         client.budget_serial = client.request_serial
-        client.request = client.request_event = client.deadline = None
-        client.timer_armed = False
+        self._finish(client)
         self.out.append(Reply(client.routing_id, _WRITE_OK))
         return True
 
@@ -449,10 +448,7 @@ class ClientEngine:
         what follows: ``_answer_read``). False, having changed nothing, when its pipe has
         ended or failed."""
         client.dequeued = dequeued  # (a table's run sets it again first: no need to undo it)
-        client.request, client.request_event = msg, Event.READ
-        client.request_serial += 1
-        client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
-        client.timer_armed = False
+        self._begin(client, msg, Event.READ)
         if self._answer_read(client, woken):
             return True
         client.request = client.request_event = client.deadline = None  # (as it was)
@@ -475,9 +471,7 @@ class ClientEngine:
         self._woken.extend(more)
         client.state = State.READING
         self.out.append(Reply(client.routing_id, p.encode_read_ok(result), woken))
-        client.request = client.request_event = client.deadline = None
-        client.timer_armed = False
-        client.last_seen = self.now
+        self._finish(client)
         return True
 
     def _next_reads(self, client: Client) -> None:
@@ -536,10 +530,7 @@ class ClientEngine:
 
     def _start_request(self, client: Client, step: Step) -> None:
         msg = step.msg
-        client.request, client.request_event = msg, step.event
-        client.request_serial += 1
-        client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
-        client.timer_armed = False
+        self._begin(client, msg, step.event)
         if _logs_debug(self.log):  # once per request: its fields cost more than the call
             size = msg.size if step.event is Event.READ else len(msg.chunk)
             self.log.debug("request", client=client.id, pipe=shown(client.pipe),
@@ -608,7 +599,19 @@ class ClientEngine:
     def _wait_for_pipe(self, client: Client, step: Step) -> None:
         self.timers.arm(client)
 
+    def _begin(self, client: Client, msg: Any, event: Event) -> None:
+        """``msg`` (a READ or WRITE) becomes the client's active request (start request; the
+        shortcuts' too)."""
+        client.request, client.request_event = msg, event
+        client.request_serial += 1
+        client.deadline = self.now + msg.timeout / 1000 if msg.timeout else None
+        client.timer_armed = False
+
     def _finish_request(self, client: Client, step: Step) -> None:
+        self._finish(client)
+
+    def _finish(self, client: Client) -> None:
+        """The client's active request is answered (finish request; the shortcuts' too)."""
         client.request = client.request_event = client.deadline = None
         client.timer_armed = False
         client.last_seen = self.now  # its silence counts from our answer
