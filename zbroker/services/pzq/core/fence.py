@@ -151,4 +151,8 @@ class Fence:
         for node_id in [k for k, (t, _) in self.waiting_takers.items()
                         if now - t >= self.taker_wait]:
             del self.waiting_takers[node_id]
+        return self.owed()
+
+    def owed(self) -> bool:
+        """A TAKEN list is owed, of those not let go yet (:meth:`waiting` lets go)."""
         return bool(self.awaiting or self.waiting_takers)

@@ -112,7 +112,7 @@ class Holders:
     def fence_lifted(self, fence: Fence) -> list[Any]:
         """The peers that may have taken messages over have said which: the backlog owed to
         the holders goes to them now."""
-        if not self._recopy_owed or fence.awaiting or fence.waiting_takers:
+        if not self._recopy_owed or fence.owed():
             return []
         self._recopy_owed = False
         backlog = self._backlog(fence)
@@ -142,7 +142,7 @@ class Holders:
         """What a new holder is to get a copy of: the messages not yet ACKed, none while a
         peer that may have taken them over has not said which (they go once it has:
         :meth:`fence_lifted`)."""
-        if fence.awaiting or fence.waiting_takers:
+        if fence.owed():
             self._recopy_owed = True
             return []
         return [m.key for m in self.messages.values()]
