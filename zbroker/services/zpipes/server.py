@@ -232,6 +232,15 @@ class ZpipesServer:
             },
         }
 
+    def pipe_bytes(self) -> list[tuple[str, int, int]]:
+        """(pipe name, bytes written, bytes read) of each open pipe, by this broker's clients."""
+        out = []
+        for name, pipe in self.pipes.pipes.items():
+            written = sum(w.bytes_in for w in pipe.writers.values() if not w.remote)
+            read = sum(r.bytes_out for r in pipe.readers.values() if not r.remote)
+            out.append((name.decode("utf-8", errors="backslashreplace"), written, read))
+        return out
+
     def metrics(self) -> dict[str, Any]:
         """Totals for metrics, as plain data: counts of this broker's own clients' ends
         (remote ends stand in for other brokers' clients, which those count)."""

@@ -256,22 +256,13 @@ class ZpipesService(Service):
         pipe_series = self._pipe_series
         return {**self.server.metrics(), "connections": self._connections(),
                 "refused": self._refused(), "pipe_series": pipe_series,
-                "pipe_bytes": self._pipe_bytes() if pipe_series else []}
+                "pipe_bytes": self.server.pipe_bytes() if pipe_series else []}
 
     def _connections(self) -> int:
         return self._ep.connections if self._ep is not None else 0
 
     def _refused(self) -> dict[str, int]:
         return self._admission.refused() if self._admission is not None else {}
-
-    def _pipe_bytes(self) -> list[tuple[str, int, int]]:
-        """(pipe name, bytes written, bytes read) of each open pipe, by this broker's clients."""
-        out = []
-        for name, pipe in self.server.pipes.pipes.items():
-            written = sum(w.bytes_in for w in pipe.writers.values() if not w.remote)
-            read = sum(r.bytes_out for r in pipe.readers.values() if not r.remote)
-            out.append((name.decode("utf-8", errors="backslashreplace"), written, read))
-        return out
 
     # --- I/O: the endpoint calls these -----------------------------------------------------
 
