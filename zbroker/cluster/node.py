@@ -85,7 +85,7 @@ from .core.actions import (
 from .core.diagnosis import DIAGNOSE_EVERY
 from .core.node import Counters, NodeCore
 from .core.protocol import wildcard_host
-from .membership import Hello, Membership
+from .membership import Hello
 from .security import Guard, KeyFileError, cluster_keys
 
 SEND_HWM = 100_000  # messages queued to one peer before it counts as unreachable
@@ -159,19 +159,11 @@ class ClusterNode:
         self._attribute_timer: asyncio.TimerHandle | None = None
 
     @property
-    def membership(self) -> Membership | None:
-        return self._core.membership if self._core is not None else None
-
-    @property
     def core(self) -> NodeCore | None:
         """What this node knows and decides (None until it started)."""
         return self._core
 
-    bytes_sent = property(lambda self: self.counters.bytes_sent)
-    bytes_received = property(lambda self: self.counters.bytes_received)
-    peer_losses = property(lambda self: self.counters.peer_losses)
-    rtt = property(lambda self: self.counters.rtt)
-    last_rtt = property(lambda self: self.counters.last_rtt)
+    last_rtt = property(lambda self: self.counters.last_rtt)  # (what services read)
 
     # --- life cycle ----------------------------------------------------------------------------
 
