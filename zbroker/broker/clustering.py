@@ -268,13 +268,10 @@ class Clustering:
         node = self.node
         if node is None:
             return None
-        return {"endpoint": getattr(node, "endpoint", None),
-                "peers": node.peers() if hasattr(node, "peers") else [],
-                "pending_contacts": (node.pending_contacts()
-                                     if hasattr(node, "pending_contacts") else 0),
-                **(node.security() if hasattr(node, "security") else {}),
-                **(node.diagnosis() if hasattr(node, "diagnosis") else {})}
+        return {"endpoint": node.endpoint, "peers": node.peers(),
+                "pending_contacts": node.pending_contacts(), **node.security(),
+                **node.diagnosis()}
 
     def metrics(self) -> Any:
         """The cluster's part of the metrics snapshot (None without a node)."""
-        return self.node.metrics() if hasattr(self.node, "metrics") else None
+        return self.node.metrics() if self.node is not None else None
