@@ -11,6 +11,7 @@ import socket
 
 import pytest
 
+from zbroker.zmtp import server as zmtp_server
 from zbroker.zmtp.codec import LARGE_FRAME
 from zbroker.zmtp.server import DEFAULT_POLICY, HELD_WAIT_S, Link
 
@@ -72,4 +73,44 @@ async def test_mixed_pieces_to_a_peer_that_reads_late_arrive_whole_and_in_order(
         received += chunk
     assert bytes(received[4 << 20:]) == b"".join(parts_all)
     link.transport.close()
+    theirs.close()
+
+
+@pytest.mark.asyncio
+async def test_a_connection_hung_up_is_cut_once_its_peer_takes_nothing_not_while_it_reads(
+        monkeypatch):
+    monkeypatch.setattr(zmtp_server, "CLOSE_LINGER_S", 0.2)
+    loop = asyncio.get_running_loop()
+    # a peer that reads nothing: its connection, closed, does not stay for ever
+    ours, theirs = socket.socketpair()
+    link = _Link(_Server(loop))
+    await loop.connect_accepted_socket(lambda: link, ours)
+    link.write_parts([os.urandom(4 << 20)])
+    link.hang_up()
+    deadline = loop.time() + 5
+    while link.transport is not None:
+        assert loop.time() < deadline, "a peer that reads nothing kept its connection"
+        await asyncio.sleep(0.05)
+    theirs.close()
+    # a peer that reads, slowly: everything it was sent, then the end
+    ours, theirs = socket.socketpair()
+    link = _Link(_Server(loop))
+    await loop.connect_accepted_socket(lambda: link, ours)
+    data = os.urandom(4 << 20)
+    link.write_parts([data])
+    link.hang_up()
+    theirs.setblocking(False)
+    received = bytearray()
+    deadline = loop.time() + 20
+    while True:
+        assert loop.time() < deadline, f"{len(data) - len(received)} bytes never came"
+        try:
+            chunk = theirs.recv(128 << 10)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            break
+        received += chunk or b""
+        await asyncio.sleep(0.05)  # (a few reads in each CLOSE_LINGER_S)
+    assert bytes(received) == data
     theirs.close()

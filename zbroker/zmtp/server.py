@@ -58,6 +58,10 @@ from .flow import READ_SIZE, ReadPolicy, Rounds, read_size
 #: peer that does not read cost tens of times their bytes (100 unread HINT askers: 1.2 GB)
 HELD_WAIT_S = 0.01
 HELD_MAX = 64 << 10
+#: a connection hung up waits for its peer to take what it was sent, but is cut when its peer
+#: takes nothing of it for this long: a peer that does not read cannot keep a connection (its
+#: place in the budget, its bytes) for ever once it is closed
+CLOSE_LINGER_S = 10.0
 # TCP keepalive, so that a peer host that vanished without closing is noticed (~16 s)
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 10, 2, 3
 
@@ -314,6 +318,7 @@ class Link(asyncio.BufferedProtocol):
         self._handshake: asyncio.TimerHandle | None = None
         self._held = bytearray()  # small pieces waiting for the transport (HELD_WAIT_S)
         self._held_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None  # (hung up: cut if nothing is taken)
 
     def codec(self, server: Server) -> Connection:
         raise NotImplementedError
@@ -532,10 +537,28 @@ class Link(asyncio.BufferedProtocol):
         self.server.writable(self)
 
     def hang_up(self) -> None:
-        """Close the connection once what it was sent is written."""
+        """Close the connection once what it was sent is written, or cut it if its peer
+        takes none of that for CLOSE_LINGER_S."""
         self.write_held()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.close()
+            if (left := transport.get_write_buffer_size()):
+                self._lingering(left)
+
+    def _lingering(self, left: int) -> None:
+        self._linger = self.server.loop.call_later(CLOSE_LINGER_S, self._linger_over, left)
+
+    def _linger_over(self, left: int) -> None:
+        self._linger = None
+        transport = self.transport
+        if transport is None:
+            return
+        now_left = transport.get_write_buffer_size()
+        if now_left >= left:  # nothing taken meanwhile
+            transport.abort()
+        elif now_left:
+            self._lingering(now_left)
 
     def eof_received(self) -> bool:
         return False  # close
@@ -547,6 +570,9 @@ class Link(asyncio.BufferedProtocol):
             self._held_timer.cancel()
             self._held_timer = None
         self._held = bytearray()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.out, self.queued = [], 0
         self.conn.release()
         if self.incoming:
